@@ -1,0 +1,455 @@
+//! The embedded backend: one redb file, etcd's semantics.
+//!
+//! # How it works
+//! - Three tables: `kv` (key → latest record), `log` (revision → the event of that
+//!   revision, with the key's previous value), `meta` (current and compacted revision,
+//!   format version).
+//! - Writes go to one committer thread ([`committer`]) that drains every request
+//!   waiting, applies them in order in one write transaction, fsyncs once, publishes
+//!   the events, then acknowledges. Concurrent writers therefore share an fsync:
+//!   that is where the throughput comes from.
+//! - Reads open their own read transaction (redb is MVCC): they never wait for writers.
+//!   A list at a past revision reads the latest `kv` and undoes the log entries after
+//!   that revision (each entry carries the previous value).
+//! - Watches ([`watch`]) replay the log from their start revision, then follow a
+//!   bounded broadcast of committed batches. A watcher that falls too far behind is
+//!   ended with [`Error::WatcherLagged`] rather than buffering without bound.
+//! - `compact` records the compacted revision at once; the committer drops the old log
+//!   entries afterwards in small steps between write batches, so writers never wait
+//!   for a whole purge.
+
+mod codec;
+mod committer;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::{
+    DEFAULT_MAX_VALUE_SIZE, Deleted, Error, Event, KeyValue, ListRequest, ListResponse, Result,
+    Revision, Store, WatchStream,
+};
+use codec::{Record, decode_record};
+use committer::{Committer, Op, Reply, Request};
+
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+const META_FORMAT: &str = "format";
+const META_REVISION: &str = "revision";
+const META_COMPACTED: &str = "compacted";
+/// Bumped on any incompatible change of the tables or their encodings.
+const FORMAT_VERSION: u64 = 1;
+
+/// Settings of a [`RedbStore`].
+#[derive(Clone, Debug)]
+pub struct RedbConfig {
+    /// The store file; created (with its directory) if missing.
+    pub path: PathBuf,
+    /// Largest value accepted, in bytes.
+    pub max_value_size: usize,
+    /// How many commits a watcher may fall behind before it is ended. Bounds the
+    /// memory a slow watcher can hold.
+    pub watch_buffer: usize,
+    /// Most write requests applied in one transaction. Larger batches amortise the
+    /// fsync further but hold every writer in the batch for longer.
+    pub max_batch: usize,
+    /// History entries dropped per purge step after a compaction. Bounds how long a
+    /// purge step can hold up the next write batch.
+    pub purge_chunk: usize,
+}
+
+impl RedbConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            max_value_size: DEFAULT_MAX_VALUE_SIZE,
+            watch_buffer: 1024,
+            max_batch: 4096,
+            purge_chunk: 1024,
+        }
+    }
+}
+
+/// The embedded store. See the module docs for how it works.
+#[derive(Debug)]
+pub struct RedbStore {
+    shared: Arc<Shared>,
+    requests: mpsc::Sender<Request>,
+    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    max_value_size: usize,
+}
+
+/// What the committer thread and the watch streams share with the store handle.
+#[derive(Debug)]
+struct Shared {
+    db: Database,
+    path: PathBuf,
+    hub: Hub,
+    /// Mirrors `meta.compacted`, so watch and list can refuse without a read.
+    compacted: AtomicU64,
+}
+
+/// Fan-out of committed batches to live watchers.
+#[derive(Debug)]
+struct Hub {
+    /// `None` once the store is closed. Held while publishing so that a subscriber
+    /// learns exactly which revisions it will receive live.
+    sender: Mutex<Option<broadcast::Sender<Arc<[Event]>>>>,
+    /// The last revision sent to live watchers; every acknowledged write is at or
+    /// below it.
+    published: AtomicU64,
+}
+
+impl Hub {
+    fn published(&self) -> Revision {
+        self.published.load(Ordering::Acquire)
+    }
+
+    fn publish(&self, events: Arc<[Event]>, revision: Revision) {
+        let sender = lock(&self.sender);
+        if let Some(sender) = sender.as_ref() {
+            // An error only means nobody is watching.
+            let _ = sender.send(events);
+        }
+        self.published.store(revision, Ordering::Release);
+    }
+
+    /// A receiver of every batch after the returned revision.
+    fn subscribe(&self) -> Option<(broadcast::Receiver<Arc<[Event]>>, Revision)> {
+        let sender = lock(&self.sender);
+        sender.as_ref().map(|s| (s.subscribe(), self.published()))
+    }
+
+    fn close(&self) {
+        lock(&self.sender).take();
+    }
+}
+
+/// Poisoning only follows a panic elsewhere; the guarded data stays consistent.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file and starts its committer thread.
+    pub fn open(config: RedbConfig) -> Result<Self> {
+        let path = config.path.clone();
+        let open_err =
+            |source: Box<dyn std::error::Error + Send + Sync>| Error::Open { path: path.clone(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| open_err(e.into()))?;
+        }
+        // redb validates its header and checksums; a foreign or damaged file must be an
+        // error that names the file, so a panic deep in a decoder is caught here too.
+        let db = std::panic::catch_unwind(|| Database::builder().create(&path))
+            .map_err(|_| open_err("the file is not a readable redb database".into()))?
+            .map_err(|e| open_err(e.into()))?;
+        let (revision, compacted) = init_tables(&db, &path)?;
+
+        let (sender, _) = broadcast::channel(config.watch_buffer.max(1));
+        let shared = Arc::new(Shared {
+            db,
+            path,
+            hub: Hub { sender: Mutex::new(Some(sender)), published: AtomicU64::new(revision) },
+            compacted: AtomicU64::new(compacted),
+        });
+        let (requests, rx) = mpsc::channel(config.max_batch.max(1) * 4);
+        let committer = Committer::new(shared.clone(), rx, revision, compacted, &config)?;
+        let handle = std::thread::Builder::new()
+            .name("trellis-store-commit".into())
+            .spawn(move || committer.run())
+            .map_err(|e| Error::backend("start committer thread", e))?;
+        Ok(Self {
+            shared,
+            requests,
+            committer: Mutex::new(Some(handle)),
+            max_value_size: config.max_value_size,
+        })
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Stops accepting writes, finishes the ones already queued, and waits for the
+    /// committer thread. The file closes when the last open watch stream is dropped.
+    pub async fn close(&self) -> Result<()> {
+        let (reply, _) = oneshot::channel();
+        // An error means the committer is already gone.
+        let _ = self.requests.send(Request { op: Op::Shutdown, reply }).await;
+        let handle = lock(&self.committer).take();
+        if let Some(handle) = handle {
+            tokio::task::spawn_blocking(move || handle.join())
+                .await
+                .map_err(|e| Error::backend("join committer thread", e))?
+                .map_err(|_| Error::backend("join committer thread", "committer thread panicked"))?;
+        }
+        Ok(())
+    }
+
+    async fn submit(&self, op: Op) -> Result<Reply> {
+        let (reply, rx) = oneshot::channel();
+        self.requests.send(Request { op, reply }).await.map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    fn check_write(&self, key: &str, value: &Bytes) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if value.len() > self.max_value_size {
+            return Err(Error::ValueTooLarge {
+                key: key.to_owned(),
+                size: value.len(),
+                limit: self.max_value_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RedbStore {
+    fn drop(&mut self) {
+        let (reply, _) = oneshot::channel();
+        // Without a close() the committer still stops once the queue drains; a full
+        // queue means it is busy and will see the channel close instead.
+        let _ = self.requests.try_send(Request { op: Op::Shutdown, reply });
+    }
+}
+
+/// Creates the tables of a new file, or checks that an existing one is a Trellis store.
+/// Returns the current and the compacted revision.
+fn init_tables(db: &Database, path: &Path) -> Result<(Revision, Revision)> {
+    let corrupt = |detail: String| Error::Corrupt { path: path.to_owned(), detail };
+    let backend = |e: redb::Error| Error::Open { path: path.to_owned(), source: e.into() };
+    let txn = db.begin_write().map_err(|e| backend(e.into()))?;
+    let tables: Vec<String> =
+        txn.list_tables().map_err(|e| backend(e.into()))?.map(|t| t.name().to_owned()).collect();
+    let ours = [KV.name(), LOG.name(), META.name()];
+    if let Some(foreign) = tables.iter().find(|t| !ours.contains(&t.as_str())) {
+        return Err(corrupt(format!(
+            "not a Trellis store: it holds a table {foreign:?} that Trellis does not write"
+        )));
+    }
+    let fresh = tables.is_empty();
+    let (revision, compacted) = {
+        let mut meta = txn.open_table(META).map_err(|e| backend(e.into()))?;
+        txn.open_table(KV).map_err(|e| backend(e.into()))?;
+        txn.open_table(LOG).map_err(|e| backend(e.into()))?;
+        let get = |meta: &redb::Table<&str, u64>, name: &str| -> Result<Option<u64>> {
+            Ok(meta.get(name).map_err(|e| backend(e.into()))?.map(|v| v.value()))
+        };
+        if fresh {
+            meta.insert(META_FORMAT, FORMAT_VERSION).map_err(|e| backend(e.into()))?;
+            meta.insert(META_REVISION, 1).map_err(|e| backend(e.into()))?;
+            meta.insert(META_COMPACTED, 0).map_err(|e| backend(e.into()))?;
+            (1, 0)
+        } else {
+            match get(&meta, META_FORMAT)? {
+                Some(FORMAT_VERSION) => {}
+                Some(other) => {
+                    return Err(corrupt(format!(
+                        "store format {other} is not the supported format {FORMAT_VERSION}"
+                    )));
+                }
+                None => return Err(corrupt("not a Trellis store: no format marker".into())),
+            }
+            let revision =
+                get(&meta, META_REVISION)?.ok_or_else(|| corrupt("no current revision".into()))?;
+            let compacted = get(&meta, META_COMPACTED)?.unwrap_or(0);
+            (revision, compacted)
+        }
+    };
+    if fresh {
+        txn.commit().map_err(|e| backend(e.into()))?;
+    } else {
+        txn.abort().map_err(|e| backend(e.into()))?;
+    }
+    Ok((revision, compacted))
+}
+
+fn read_err(step: &'static str) -> impl Fn(redb::Error) -> Error {
+    move |e| Error::backend(step, e)
+}
+
+impl Shared {
+    fn corrupt(&self, detail: String) -> Error {
+        Error::Corrupt { path: self.path.clone(), detail }
+    }
+
+    fn list_at(&self, request: &ListRequest) -> Result<ListResponse> {
+        let err = read_err("read list");
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        let meta_get = |name| -> Result<u64> {
+            Ok(meta.get(name).map_err(|e| err(e.into()))?.map(|v| v.value()).unwrap_or(0))
+        };
+        let current = meta_get(META_REVISION)?;
+        let compacted = meta_get(META_COMPACTED)?;
+        let at = match request.revision {
+            None | Some(0) => current,
+            Some(r) if r > current => {
+                return Err(Error::FutureRevision { requested: r, current });
+            }
+            Some(r) if r < compacted => {
+                return Err(Error::Compacted { requested: r, compacted: Some(compacted) });
+            }
+            Some(r) => r,
+        };
+        let limit = request.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let kv = txn.open_table(KV).map_err(|e| err(e.into()))?;
+        let start = match &request.start_after {
+            Some(after) if after.as_str() >= request.prefix.as_str() => {
+                Bound::Excluded(after.as_str())
+            }
+            _ => Bound::Included(request.prefix.as_str()),
+        };
+        let in_range = |key: &str| {
+            key.starts_with(&request.prefix)
+                && request.start_after.as_deref().is_none_or(|after| key > after)
+        };
+
+        // The state at `at` differs from the latest only for keys written after `at`:
+        // for each, the earliest later log entry carries its value as of `at`.
+        let mut undo: BTreeMap<String, Option<KeyValue>> = BTreeMap::new();
+        if at < current {
+            let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
+            for entry in log.range(at + 1..).map_err(|e| err(e.into()))? {
+                let (rev, bytes) = entry.map_err(|e| err(e.into()))?;
+                let event = codec::decode_event(rev.value(), bytes.value())
+                    .map_err(|d| self.corrupt(d))?;
+                if in_range(&event.kv.key) && !undo.contains_key(&event.kv.key) {
+                    undo.insert(event.kv.key, event.prev);
+                }
+            }
+        }
+
+        // Collect one key past the limit to learn whether there are more.
+        let want = limit.saturating_add(1);
+        let mut kvs = Vec::new();
+        let mut pending = undo.into_iter().peekable();
+        for entry in kv.range::<&str>((start, Bound::Unbounded)).map_err(|e| err(e.into()))? {
+            let (key, bytes) = entry.map_err(|e| err(e.into()))?;
+            let key = key.value();
+            if !key.starts_with(&request.prefix) || kvs.len() >= want {
+                break;
+            }
+            // Keys deleted after `at` sort between the live ones.
+            while let Some((k, _)) = pending.peek() {
+                if k.as_str() >= key || kvs.len() >= want {
+                    break;
+                }
+                if let Some((_, Some(prev))) = pending.next() {
+                    kvs.push(prev);
+                }
+            }
+            let item = match pending.peek() {
+                Some((k, _)) if k == key => pending.next().and_then(|(_, prev)| prev),
+                _ => Some(
+                    decode_record(bytes.value())
+                        .map_err(|d| self.corrupt(d))?
+                        .into_kv(key.to_owned()),
+                ),
+            };
+            if let Some(item) = item
+                && kvs.len() < want
+            {
+                kvs.push(item);
+            }
+        }
+        kvs.extend(pending.filter_map(|(_, prev)| prev).take(want.saturating_sub(kvs.len())));
+        let more = kvs.len() > limit;
+        kvs.truncate(limit);
+        Ok(ListResponse { kvs, revision: at, more })
+    }
+
+    /// Log events with revisions in `from..=to` whose key starts with `prefix`.
+    fn read_log(&self, prefix: &str, from: Revision, to: Revision) -> Result<Vec<Event>> {
+        let err = read_err("read history");
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        let compacted =
+            meta.get(META_COMPACTED).map_err(|e| err(e.into()))?.map(|v| v.value()).unwrap_or(0);
+        if from < compacted {
+            return Err(Error::Compacted { requested: from, compacted: Some(compacted) });
+        }
+        let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
+        let mut events = Vec::new();
+        for entry in log.range(from..=to).map_err(|e| err(e.into()))? {
+            let (rev, bytes) = entry.map_err(|e| err(e.into()))?;
+            let event =
+                codec::decode_event(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
+            if event.kv.key.starts_with(prefix) {
+                events.push(event);
+            }
+        }
+        Ok(events)
+    }
+}
+
+#[async_trait]
+impl Store for RedbStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        let err = read_err("read key");
+        let txn = self.shared.db.begin_read().map_err(|e| err(e.into()))?;
+        let kv = txn.open_table(KV).map_err(|e| err(e.into()))?;
+        let Some(bytes) = kv.get(key).map_err(|e| err(e.into()))? else {
+            return Ok(None);
+        };
+        let record: Record = decode_record(bytes.value()).map_err(|d| self.shared.corrupt(d))?;
+        Ok(Some(record.into_kv(key.to_owned())))
+    }
+
+    async fn list(&self, request: ListRequest) -> Result<ListResponse> {
+        self.shared.list_at(&request)
+    }
+
+    async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue> {
+        self.check_write(key, &value)?;
+        match self.submit(Op::Create { key: key.to_owned(), value }).await? {
+            Reply::Kv(kv) => Ok(kv),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    async fn update(&self, key: &str, value: Bytes, expected: Option<Revision>) -> Result<KeyValue> {
+        self.check_write(key, &value)?;
+        match self.submit(Op::Update { key: key.to_owned(), value, expected }).await? {
+            Reply::Kv(kv) => Ok(kv),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Deleted> {
+        match self.submit(Op::Delete { key: key.to_owned(), expected }).await? {
+            Reply::Deleted(d) => Ok(d),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    async fn watch(&self, prefix: &str, start: Revision) -> Result<WatchStream> {
+        watch::watch(self.shared.clone(), prefix.to_owned(), start)
+    }
+
+    async fn current_revision(&self) -> Result<Revision> {
+        Ok(self.shared.hub.published())
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        match self.submit(Op::Compact { revision }).await? {
+            Reply::Done => Ok(()),
+            other => Err(other.unexpected()),
+        }
+    }
+}

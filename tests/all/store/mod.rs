@@ -1,0 +1,3 @@
+mod conformance;
+mod crash;
+mod redb;
