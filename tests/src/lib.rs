@@ -15,7 +15,10 @@ pub struct StoreSettings {
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        Self { watch_buffer: 1024, max_value_size: trellis_store::DEFAULT_MAX_VALUE_SIZE }
+        Self {
+            watch_buffer: 1024,
+            max_value_size: trellis_store::DEFAULT_MAX_VALUE_SIZE,
+        }
     }
 }
 
@@ -35,7 +38,11 @@ impl TestStore {
         config.watch_buffer = settings.watch_buffer;
         config.max_value_size = settings.max_value_size;
         let store = RedbStore::open(config)?;
-        Ok(Self { store: Arc::new(store), _redb_dir: Some(dir), _etcd: None })
+        Ok(Self {
+            store: Arc::new(store),
+            _redb_dir: Some(dir),
+            _etcd: None,
+        })
     }
 
     /// An etcd store on a fresh etcd process of its own.
@@ -45,6 +52,10 @@ impl TestStore {
         config.watch_buffer = settings.watch_buffer;
         config.max_value_size = settings.max_value_size;
         let store = EtcdStore::connect(config).await?;
-        Ok(Self { store: Arc::new(store), _redb_dir: None, _etcd: Some(etcd) })
+        Ok(Self {
+            store: Arc::new(store),
+            _redb_dir: None,
+            _etcd: Some(etcd),
+        })
     }
 }

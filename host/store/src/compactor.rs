@@ -24,7 +24,10 @@ pub struct CompactorConfig {
 
 impl Default for CompactorConfig {
     fn default() -> Self {
-        Self { window: Duration::from_secs(300), interval: Duration::from_secs(30) }
+        Self {
+            window: Duration::from_secs(300),
+            interval: Duration::from_secs(30),
+        }
     }
 }
 
@@ -38,7 +41,11 @@ pub struct Compactor {
 
 impl Compactor {
     pub fn new(config: CompactorConfig) -> Self {
-        Self { samples: VecDeque::new(), compacted: 0, config }
+        Self {
+            samples: VecDeque::new(),
+            compacted: 0,
+            config,
+        }
     }
 
     /// Runs until `shutdown` completes.

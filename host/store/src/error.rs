@@ -25,17 +25,31 @@ pub enum Error {
         "conflict on key {key:?}: expected modification revision {expected}, found {}",
         current.mod_revision
     )]
-    Conflict { key: String, expected: Revision, current: Box<KeyValue> },
+    Conflict {
+        key: String,
+        expected: Revision,
+        current: Box<KeyValue>,
+    },
 
     /// The requested revision is older than the compacted one.
     #[error("revision {requested} has been compacted{}", compacted.map(|c| format!(" (compacted revision {c})")).unwrap_or_default())]
-    Compacted { requested: Revision, compacted: Option<Revision> },
+    Compacted {
+        requested: Revision,
+        compacted: Option<Revision>,
+    },
 
     #[error("revision {requested} is newer than the current revision {current}")]
-    FutureRevision { requested: Revision, current: Revision },
+    FutureRevision {
+        requested: Revision,
+        current: Revision,
+    },
 
     #[error("value for key {key:?} is {size} bytes, over the limit of {limit} bytes")]
-    ValueTooLarge { key: String, size: usize, limit: usize },
+    ValueTooLarge {
+        key: String,
+        size: usize,
+        limit: usize,
+    },
 
     #[error("key must not be empty")]
     EmptyKey,
@@ -74,6 +88,9 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn backend(step: &'static str, source: impl Into<BoxError>) -> Self {
-        Error::Backend { step, source: source.into() }
+        Error::Backend {
+            step,
+            source: source.into(),
+        }
     }
 }

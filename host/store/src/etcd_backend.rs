@@ -59,7 +59,9 @@ pub struct EtcdStore {
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("EtcdStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -67,9 +69,15 @@ fn etcd_err(step: &'static str) -> impl Fn(etcd_client::Error) -> Error {
     move |e| {
         let message = e.to_string();
         if message.contains("required revision has been compacted") {
-            Error::Compacted { requested: 0, compacted: None }
+            Error::Compacted {
+                requested: 0,
+                compacted: None,
+            }
         } else if message.contains("required revision is a future revision") {
-            Error::FutureRevision { requested: 0, current: 0 }
+            Error::FutureRevision {
+                requested: 0,
+                current: 0,
+            }
         } else {
             Error::backend(step, e)
         }
@@ -79,7 +87,10 @@ fn etcd_err(step: &'static str) -> impl Fn(etcd_client::Error) -> Error {
 /// Fills in the requested revision that etcd's error text leaves out.
 fn with_requested(e: Error, requested: Revision) -> Error {
     match e {
-        Error::Compacted { compacted, .. } => Error::Compacted { requested, compacted },
+        Error::Compacted { compacted, .. } => Error::Compacted {
+            requested,
+            compacted,
+        },
         Error::FutureRevision { current, .. } => Error::FutureRevision { requested, current },
         e => e,
     }
@@ -177,11 +188,15 @@ impl EtcdStore {
             _ => None,
         });
         match (current, expected) {
-            (None, _) => Error::NotFound { key: key.to_owned() },
+            (None, _) => Error::NotFound {
+                key: key.to_owned(),
+            },
             (Some(Err(e)), _) => e,
-            (Some(Ok(current)), Some(expected)) => {
-                Error::Conflict { key: key.to_owned(), expected, current: Box::new(current) }
-            }
+            (Some(Ok(current)), Some(expected)) => Error::Conflict {
+                key: key.to_owned(),
+                expected,
+                current: Box::new(current),
+            },
             // Existence was the only condition and the key exists: etcd raced a delete
             // and a re-create between compare and read; report it as a conflict.
             (Some(Ok(current)), None) => Error::Conflict {
@@ -201,9 +216,15 @@ impl EtcdStore {
     fn prev_of(&self, resp: &TxnResponse) -> Result<Option<KeyValue>> {
         for op in resp.op_responses() {
             match op {
-                TxnOpResponse::Put(put) => return put.prev_key().map(|kv| self.convert_kv(kv)).transpose(),
+                TxnOpResponse::Put(put) => {
+                    return put.prev_key().map(|kv| self.convert_kv(kv)).transpose();
+                }
                 TxnOpResponse::Delete(del) => {
-                    return del.prev_kvs().first().map(|kv| self.convert_kv(kv)).transpose();
+                    return del
+                        .prev_kvs()
+                        .first()
+                        .map(|kv| self.convert_kv(kv))
+                        .transpose();
                 }
                 _ => {}
             }
@@ -216,7 +237,9 @@ impl EtcdStore {
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let mut kv = self.client.kv_client();
-        let resp = self.call("get key", kv.get(self.full_key(key), None)).await?;
+        let resp = self
+            .call("get key", kv.get(self.full_key(key), None))
+            .await?;
         resp.kvs().first().map(|kv| self.convert_kv(kv)).transpose()
     }
 
@@ -241,12 +264,20 @@ impl Store for EtcdStore {
             .call("list keys", kv.get(start, Some(options)))
             .await
             .map_err(|e| with_requested(e, request.revision.unwrap_or(0)))?;
-        let kvs = resp.kvs().iter().map(|kv| self.convert_kv(kv)).collect::<Result<Vec<_>>>()?;
+        let kvs = resp
+            .kvs()
+            .iter()
+            .map(|kv| self.convert_kv(kv))
+            .collect::<Result<Vec<_>>>()?;
         let revision = match request.revision.filter(|r| *r > 0) {
             Some(r) => r,
             None => resp.header().map(|h| rev(h.revision())).unwrap_or(0),
         };
-        Ok(ListResponse { kvs, revision, more: resp.more() })
+        Ok(ListResponse {
+            kvs,
+            revision,
+            more: resp.more(),
+        })
     }
 
     async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue> {
@@ -257,7 +288,9 @@ impl Store for EtcdStore {
             .and_then([TxnOp::put(full, value.to_vec(), None)]);
         let resp = self.txn("create key", txn).await?;
         if !resp.succeeded() {
-            return Err(Error::AlreadyExists { key: key.to_owned() });
+            return Err(Error::AlreadyExists {
+                key: key.to_owned(),
+            });
         }
         let revision = Self::header_revision(&resp)?;
         Ok(KeyValue {
@@ -269,12 +302,21 @@ impl Store for EtcdStore {
         })
     }
 
-    async fn update(&self, key: &str, value: Bytes, expected: Option<Revision>) -> Result<KeyValue> {
+    async fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Option<Revision>,
+    ) -> Result<KeyValue> {
         self.check_write(key, &value)?;
         let full = self.full_key(key);
         let txn = Txn::new()
             .when([self.guard(key, expected)])
-            .and_then([TxnOp::put(full.clone(), value.to_vec(), Some(etcd_client::PutOptions::new().with_prev_key()))])
+            .and_then([TxnOp::put(
+                full.clone(),
+                value.to_vec(),
+                Some(etcd_client::PutOptions::new().with_prev_key()),
+            )])
             .or_else([TxnOp::get(full, None)]);
         let resp = self.txn("update key", txn).await?;
         if !resp.succeeded() {
@@ -297,7 +339,10 @@ impl Store for EtcdStore {
         let full = self.full_key(key);
         let txn = Txn::new()
             .when([self.guard(key, expected)])
-            .and_then([TxnOp::delete(full.clone(), Some(etcd_client::DeleteOptions::new().with_prev_key()))])
+            .and_then([TxnOp::delete(
+                full.clone(),
+                Some(etcd_client::DeleteOptions::new().with_prev_key()),
+            )])
             .or_else([TxnOp::get(full, None)]);
         let resp = self.txn("delete key", txn).await?;
         if !resp.succeeded() {
@@ -316,10 +361,18 @@ impl Store for EtcdStore {
             // Refuse a compacted start here, as the embedded backend does, rather than
             // as the first item of the stream.
             let mut kv = self.client.kv_client();
-            let probe = GetOptions::new().with_revision(signed(start)).with_count_only();
-            match self.call("check watch start", kv.get(full.clone(), Some(probe))).await {
+            let probe = GetOptions::new()
+                .with_revision(signed(start))
+                .with_count_only();
+            match self
+                .call("check watch start", kv.get(full.clone(), Some(probe)))
+                .await
+            {
                 Err(Error::Compacted { compacted, .. }) => {
-                    return Err(Error::Compacted { requested: start, compacted });
+                    return Err(Error::Compacted {
+                        requested: start,
+                        compacted,
+                    });
                 }
                 Ok(_) | Err(Error::FutureRevision { .. }) => {}
                 Err(e) => return Err(e),
@@ -380,14 +433,18 @@ impl Store for EtcdStore {
                         return;
                     }
                 };
-                let Some(first) = events.first().map(Event::revision) else { continue };
+                let Some(first) = events.first().map(Event::revision) else {
+                    continue;
+                };
                 let last = events.last().map_or(first, Event::revision);
                 match tx.try_send(Ok(events)) {
                     Ok(()) => next = last + 1,
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         debug!(resume_from = first, "etcd watcher fell behind");
                         // Delivered once the consumer drains what it already holds.
-                        let _ = tx.send(Err(Error::WatcherLagged { resume_from: first })).await;
+                        let _ = tx
+                            .send(Err(Error::WatcherLagged { resume_from: first }))
+                            .await;
                         return;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
@@ -403,7 +460,9 @@ impl Store for EtcdStore {
     async fn current_revision(&self) -> Result<Revision> {
         let mut kv = self.client.kv_client();
         let options = GetOptions::new().with_count_only();
-        let resp = self.call("read revision", kv.get(self.full_key("/"), Some(options))).await?;
+        let resp = self
+            .call("read revision", kv.get(self.full_key("/"), Some(options)))
+            .await?;
         resp.header()
             .map(|h| rev(h.revision()))
             .ok_or_else(|| Error::backend("read revision", "response has no header"))

@@ -110,7 +110,10 @@ pub struct ListRequest {
 
 impl ListRequest {
     pub fn prefix(prefix: impl Into<String>) -> Self {
-        Self { prefix: prefix.into(), ..Self::default() }
+        Self {
+            prefix: prefix.into(),
+            ..Self::default()
+        }
     }
 }
 
@@ -147,7 +150,8 @@ pub trait Store: Send + Sync + 'static {
     /// Replaces the value of an existing key. With `expected`, the write happens only
     /// if the key's modification revision equals it ([`Error::Conflict`] otherwise,
     /// carrying the current value so the caller can retry).
-    async fn update(&self, key: &str, value: Bytes, expected: Option<Revision>) -> Result<KeyValue>;
+    async fn update(&self, key: &str, value: Bytes, expected: Option<Revision>)
+    -> Result<KeyValue>;
 
     /// Deletes an existing key, optionally only at the expected modification
     /// revision ([`Error::Conflict`] otherwise).
@@ -183,7 +187,10 @@ mod tests {
 
     #[test]
     fn prefix_end_increments_last_byte() {
-        assert_eq!(prefix_end(b"/registry/pods/"), Some(b"/registry/pods0".to_vec()));
+        assert_eq!(
+            prefix_end(b"/registry/pods/"),
+            Some(b"/registry/pods0".to_vec())
+        );
         assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
         assert_eq!(prefix_end(b"\xff\xff"), None);
         assert_eq!(prefix_end(b""), None);

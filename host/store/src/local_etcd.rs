@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{EtcdConfig, EtcdStore, Error, Result};
+use crate::{Error, EtcdConfig, EtcdStore, Result};
 
 /// A running etcd process and its data directory.
 #[derive(Debug)]
@@ -31,8 +31,14 @@ impl LocalEtcd {
     /// Starts etcd and waits until it serves requests (at most 20 s).
     pub async fn start() -> Result<Self> {
         let start_err = |e: std::io::Error| Error::backend("start local etcd", e);
-        let data = tempfile::Builder::new().prefix("trellis-etcd-").tempdir().map_err(start_err)?;
-        let (client_port, peer_port) = (free_port().map_err(start_err)?, free_port().map_err(start_err)?);
+        let data = tempfile::Builder::new()
+            .prefix("trellis-etcd-")
+            .tempdir()
+            .map_err(start_err)?;
+        let (client_port, peer_port) = (
+            free_port().map_err(start_err)?,
+            free_port().map_err(start_err)?,
+        );
         let endpoint = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let binary = etcd_binary();
@@ -59,7 +65,11 @@ impl LocalEtcd {
                     ),
                 )
             })?;
-        let mut etcd = Self { child, endpoint, _data: data };
+        let mut etcd = Self {
+            child,
+            endpoint,
+            _data: data,
+        };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
             let mut config = EtcdConfig::new([etcd.endpoint.clone()]);

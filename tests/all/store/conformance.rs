@@ -25,7 +25,11 @@ async fn next_events(watch: &mut WatchStream, n: usize) -> Result<Vec<Event>> {
             Ok(Some(item)) => events.extend(item.context("watch item")?),
         }
     }
-    ensure!(events.len() == n, "got {} events, wanted {n}: {events:?}", events.len());
+    ensure!(
+        events.len() == n,
+        "got {} events, wanted {n}: {events:?}",
+        events.len()
+    );
     Ok(events)
 }
 
@@ -40,20 +44,36 @@ async fn assert_quiet(watch: &mut WatchStream) -> Result<()> {
 async fn crud_follows_etcd_semantics(s: &dyn Store) -> Result<()> {
     let created = s.create("/crud/a", val("one")).await?;
     ensure!(created.version == 1 && created.create_revision == created.mod_revision);
-    ensure!(s.get("/crud/a").await? == Some(created.clone()), "get returns what create wrote");
+    ensure!(
+        s.get("/crud/a").await? == Some(created.clone()),
+        "get returns what create wrote"
+    );
     match s.create("/crud/a", val("again")).await {
         Err(Error::AlreadyExists { key }) => ensure!(key == "/crud/a"),
         other => bail!("second create: {other:?}"),
     }
 
-    let updated = s.update("/crud/a", val("two"), Some(created.mod_revision)).await?;
-    ensure!(updated.mod_revision == created.mod_revision + 1, "{updated:?}");
+    let updated = s
+        .update("/crud/a", val("two"), Some(created.mod_revision))
+        .await?;
+    ensure!(
+        updated.mod_revision == created.mod_revision + 1,
+        "{updated:?}"
+    );
     ensure!(updated.create_revision == created.create_revision && updated.version == 2);
 
     // A stale compare-and-swap fails and reports the current value.
-    match s.update("/crud/a", val("stale"), Some(created.mod_revision)).await {
-        Err(Error::Conflict { expected, current, .. }) => {
-            ensure!(expected == created.mod_revision && *current == updated, "{current:?}");
+    match s
+        .update("/crud/a", val("stale"), Some(created.mod_revision))
+        .await
+    {
+        Err(Error::Conflict {
+            expected, current, ..
+        }) => {
+            ensure!(
+                expected == created.mod_revision && *current == updated,
+                "{current:?}"
+            );
         }
         other => bail!("stale update: {other:?}"),
     }
@@ -61,17 +81,28 @@ async fn crud_follows_etcd_semantics(s: &dyn Store) -> Result<()> {
         Err(Error::Conflict { current, .. }) => ensure!(*current == updated),
         other => bail!("stale delete: {other:?}"),
     }
-    ensure!(s.get("/crud/a").await?.map(|kv| kv.value) == Some(val("two")), "failed writes change nothing");
+    ensure!(
+        s.get("/crud/a").await?.map(|kv| kv.value) == Some(val("two")),
+        "failed writes change nothing"
+    );
 
     let unconditional = s.update("/crud/a", val("three"), None).await?;
     ensure!(unconditional.version == 3);
-    let deleted = s.delete("/crud/a", Some(unconditional.mod_revision)).await?;
+    let deleted = s
+        .delete("/crud/a", Some(unconditional.mod_revision))
+        .await?;
     ensure!(deleted.prev == unconditional && deleted.revision == unconditional.mod_revision + 1);
     ensure!(s.get("/crud/a").await?.is_none());
     ensure!(s.current_revision().await? == deleted.revision);
 
-    ensure!(matches!(s.update("/crud/a", val("x"), None).await, Err(Error::NotFound { .. })));
-    ensure!(matches!(s.delete("/crud/a", None).await, Err(Error::NotFound { .. })));
+    ensure!(matches!(
+        s.update("/crud/a", val("x"), None).await,
+        Err(Error::NotFound { .. })
+    ));
+    ensure!(matches!(
+        s.delete("/crud/a", None).await,
+        Err(Error::NotFound { .. })
+    ));
 
     // A key created again starts over: new create revision, version 1.
     let again = s.create("/crud/a", val("four")).await?;
@@ -85,7 +116,11 @@ async fn revisions_advance_by_one_per_committed_write(s: &dyn Store) -> Result<(
     for i in 0..20 {
         let kv = s.create(&format!("/rev/{i:02}"), val("v")).await?;
         expected += 1;
-        ensure!(kv.mod_revision == expected, "write {i}: {} != {expected}", kv.mod_revision);
+        ensure!(
+            kv.mod_revision == expected,
+            "write {i}: {} != {expected}",
+            kv.mod_revision
+        );
         // Failed writes use no revision.
         ensure!(s.create(&format!("/rev/{i:02}"), val("v")).await.is_err());
         ensure!(s.update("/rev/missing", val("v"), None).await.is_err());
@@ -96,13 +131,18 @@ async fn revisions_advance_by_one_per_committed_write(s: &dyn Store) -> Result<(
 
 async fn list_pages_show_one_snapshot(s: &dyn Store) -> Result<()> {
     for i in 0..10 {
-        s.create(&format!("/list/a/{i:02}"), val(format!("v{i}"))).await?;
+        s.create(&format!("/list/a/{i:02}"), val(format!("v{i}")))
+            .await?;
     }
     s.create("/list/b/00", val("other prefix")).await?;
-    s.create("/list/a", val("exact key, outside the prefix /list/a/")).await?;
+    s.create("/list/a", val("exact key, outside the prefix /list/a/"))
+        .await?;
 
     let first = s
-        .list(ListRequest { limit: Some(4), ..ListRequest::prefix("/list/a/") })
+        .list(ListRequest {
+            limit: Some(4),
+            ..ListRequest::prefix("/list/a/")
+        })
         .await?;
     ensure!(first.kvs.len() == 4 && first.more, "{first:?}");
     let snapshot = first.revision;
@@ -135,15 +175,28 @@ async fn list_pages_show_one_snapshot(s: &dyn Store) -> Result<()> {
     let keys: Vec<String> = seen.iter().map(|kv| kv.key.clone()).collect();
     let want: Vec<String> = (0..10).map(|i| format!("/list/a/{i:02}")).collect();
     ensure!(keys == want, "pages at the snapshot: {keys:?}");
-    ensure!(seen.iter().enumerate().all(|(i, kv)| kv.value == val(format!("v{i}"))), "old values");
+    ensure!(
+        seen.iter()
+            .enumerate()
+            .all(|(i, kv)| kv.value == val(format!("v{i}"))),
+        "old values"
+    );
     ensure!(seen.iter().all(|kv| kv.mod_revision <= snapshot));
 
     let latest = s.list(ListRequest::prefix("/list/a/")).await?;
     let keys: Vec<&str> = latest.kvs.iter().map(|kv| kv.key.as_str()).collect();
     ensure!(
         keys == [
-            "/list/a/00", "/list/a/01", "/list/a/02", "/list/a/03", "/list/a/04", "/list/a/05x",
-            "/list/a/06", "/list/a/07", "/list/a/08", "/list/a/99"
+            "/list/a/00",
+            "/list/a/01",
+            "/list/a/02",
+            "/list/a/03",
+            "/list/a/04",
+            "/list/a/05x",
+            "/list/a/06",
+            "/list/a/07",
+            "/list/a/08",
+            "/list/a/99"
         ],
         "latest: {keys:?}"
     );
@@ -152,12 +205,21 @@ async fn list_pages_show_one_snapshot(s: &dyn Store) -> Result<()> {
 
     // A list before any of these keys existed is empty.
     let before = s
-        .list(ListRequest { revision: Some(first.kvs[0].mod_revision - 1), ..ListRequest::prefix("/list/a/") })
+        .list(ListRequest {
+            revision: Some(first.kvs[0].mod_revision - 1),
+            ..ListRequest::prefix("/list/a/")
+        })
         .await?;
     ensure!(before.kvs.is_empty(), "{before:?}");
 
     let future = latest.revision + 100;
-    match s.list(ListRequest { revision: Some(future), ..ListRequest::prefix("/list/") }).await {
+    match s
+        .list(ListRequest {
+            revision: Some(future),
+            ..ListRequest::prefix("/list/")
+        })
+        .await
+    {
         Err(Error::FutureRevision { requested, .. }) => ensure!(requested == future),
         other => bail!("list at a future revision: {other:?}"),
     }
@@ -174,11 +236,27 @@ async fn watch_replays_history_then_follows_live(s: &dyn Store) -> Result<()> {
     let mut watch = s.watch("/w/", a.mod_revision).await?;
     let events = next_events(&mut watch, 4).await?;
     let revisions: Vec<Revision> = events.iter().map(Event::revision).collect();
-    ensure!(revisions == [a.mod_revision, a2.mod_revision, b.mod_revision, del.revision], "{revisions:?}");
+    ensure!(
+        revisions
+            == [
+                a.mod_revision,
+                a2.mod_revision,
+                b.mod_revision,
+                del.revision
+            ],
+        "{revisions:?}"
+    );
     ensure!(events[0].kind == EventKind::Put && events[0].prev.is_none() && events[0].kv == a);
-    ensure!(events[1].kv == a2 && events[1].prev.as_ref() == Some(&a), "update carries prev");
+    ensure!(
+        events[1].kv == a2 && events[1].prev.as_ref() == Some(&a),
+        "update carries prev"
+    );
     ensure!(events[3].kind == EventKind::Delete && events[3].kv.key == "/w/a");
-    ensure!(events[3].prev.as_ref() == Some(&a2), "delete carries prev: {:?}", events[3]);
+    ensure!(
+        events[3].prev.as_ref() == Some(&a2),
+        "delete carries prev: {:?}",
+        events[3]
+    );
 
     // Live changes follow, in order, exactly once.
     let c = s.create("/w/c", val("c1")).await?;
@@ -200,7 +278,14 @@ async fn watch_replays_history_then_follows_live(s: &dyn Store) -> Result<()> {
     let rest = next_events(&mut middle, 5).await?;
     let revisions: Vec<Revision> = rest.iter().map(Event::revision).collect();
     ensure!(
-        revisions == [b.mod_revision, del.revision, c.mod_revision, c2.mod_revision, d.mod_revision],
+        revisions
+            == [
+                b.mod_revision,
+                del.revision,
+                c.mod_revision,
+                c2.mod_revision,
+                d.mod_revision
+            ],
         "{revisions:?}"
     );
     Ok(())
@@ -209,7 +294,11 @@ async fn watch_replays_history_then_follows_live(s: &dyn Store) -> Result<()> {
 async fn compaction_ends_history_below_it(s: &dyn Store) -> Result<()> {
     let mut revs = Vec::new();
     for i in 0..6 {
-        revs.push(s.create(&format!("/c/{i}"), val(format!("v{i}"))).await?.mod_revision);
+        revs.push(
+            s.create(&format!("/c/{i}"), val(format!("v{i}")))
+                .await?
+                .mod_revision,
+        );
     }
     s.update("/c/0", val("v0b"), None).await?;
     let mid = revs[3];
@@ -220,7 +309,13 @@ async fn compaction_ends_history_below_it(s: &dyn Store) -> Result<()> {
         Err(e) => bail!("watch below the compacted revision: {e}"),
         Ok(_) => bail!("watch below the compacted revision succeeded"),
     }
-    match s.list(ListRequest { revision: Some(revs[1]), ..ListRequest::prefix("/c/") }).await {
+    match s
+        .list(ListRequest {
+            revision: Some(revs[1]),
+            ..ListRequest::prefix("/c/")
+        })
+        .await
+    {
         Err(Error::Compacted { .. }) => {}
         other => bail!("list below the compacted revision: {other:?}"),
     }
@@ -228,16 +323,32 @@ async fn compaction_ends_history_below_it(s: &dyn Store) -> Result<()> {
     let mut watch = s.watch("/c/", mid).await?;
     let events = next_events(&mut watch, 4).await?;
     ensure!(events[0].revision() == mid, "{events:?}");
-    let at_mid = s.list(ListRequest { revision: Some(mid), ..ListRequest::prefix("/c/") }).await?;
-    ensure!(at_mid.kvs.len() == 4 && at_mid.kvs[0].value == val("v0"), "{at_mid:?}");
+    let at_mid = s
+        .list(ListRequest {
+            revision: Some(mid),
+            ..ListRequest::prefix("/c/")
+        })
+        .await?;
+    ensure!(
+        at_mid.kvs.len() == 4 && at_mid.kvs[0].value == val("v0"),
+        "{at_mid:?}"
+    );
     // Latest values survive compaction, including keys last written below it.
     ensure!(s.get("/c/1").await?.map(|kv| kv.value) == Some(val("v1")));
     ensure!(s.list(ListRequest::prefix("/c/")).await?.kvs.len() == 6);
 
-    ensure!(matches!(s.compact(mid).await, Err(Error::Compacted { .. })), "compact twice");
+    ensure!(
+        matches!(s.compact(mid).await, Err(Error::Compacted { .. })),
+        "compact twice"
+    );
     let current = s.current_revision().await?;
-    ensure!(matches!(s.compact(current + 10).await, Err(Error::FutureRevision { .. })));
-    s.compact(current).await.context("compact to the current revision")?;
+    ensure!(matches!(
+        s.compact(current + 10).await,
+        Err(Error::FutureRevision { .. })
+    ));
+    s.compact(current)
+        .await
+        .context("compact to the current revision")?;
     ensure!(s.get("/c/0").await?.map(|kv| kv.value) == Some(val("v0b")));
     Ok(())
 }
@@ -256,7 +367,10 @@ async fn concurrent_writers_lose_no_update(s: Arc<dyn Store>) -> Result<()> {
                 loop {
                     let cur = s.get("/counter").await?.context("counter exists")?;
                     let n: usize = std::str::from_utf8(&cur.value)?.parse()?;
-                    match s.update("/counter", val((n + 1).to_string()), Some(cur.mod_revision)).await {
+                    match s
+                        .update("/counter", val((n + 1).to_string()), Some(cur.mod_revision))
+                        .await
+                    {
                         Ok(_) => break,
                         Err(Error::Conflict { .. }) => conflicts += 1,
                         Err(e) => return Err(e.into()),
@@ -272,9 +386,15 @@ async fn concurrent_writers_lose_no_update(s: Arc<dyn Store>) -> Result<()> {
     }
     let total = WRITERS * INCREMENTS;
     let last = s.get("/counter").await?.context("counter exists")?;
-    ensure!(last.value == val(total.to_string()), "lost updates: {last:?}");
+    ensure!(
+        last.value == val(total.to_string()),
+        "lost updates: {last:?}"
+    );
     ensure!(last.version == total as u64 + 1);
-    ensure!(conflicts > 0, "16 writers on one key should conflict at least once");
+    ensure!(
+        conflicts > 0,
+        "16 writers on one key should conflict at least once"
+    );
     // Every update is one event, each building on the previous one.
     let events = next_events(&mut watch, total).await?;
     for (i, e) in events.iter().enumerate() {
@@ -298,14 +418,20 @@ async fn slow_watcher_is_ended_without_blocking_others(s: Arc<dyn Store>) -> Res
     let last = tokio::time::timeout(Duration::from_secs(30), async {
         let mut last = 0;
         for i in 0..WRITES {
-            last = s.create(&format!("/slow/{i:04}"), val("v")).await?.mod_revision;
+            last = s
+                .create(&format!("/slow/{i:04}"), val("v"))
+                .await?
+                .mod_revision;
         }
         anyhow::Ok(last)
     })
     .await
     .context("writers were blocked by a slow watcher")??;
     let fast_events = reader.await??;
-    ensure!(fast_events.last().map(Event::revision) == Some(last), "fast watcher got everything");
+    ensure!(
+        fast_events.last().map(Event::revision) == Some(last),
+        "fast watcher got everything"
+    );
 
     // The slow watcher gets what was buffered, then an error naming where to resume.
     let mut got: Vec<Revision> = vec![start];
@@ -316,14 +442,24 @@ async fn slow_watcher_is_ended_without_blocking_others(s: Arc<dyn Store>) -> Res
             other => bail!("slow watcher: {other:?}"),
         }
     };
-    ensure!(slow.next().await.is_none(), "the stream ends after the error");
-    ensure!(got.len() < WRITES, "the slow watcher was not cut off: {} events", got.len());
+    ensure!(
+        slow.next().await.is_none(),
+        "the stream ends after the error"
+    );
+    ensure!(
+        got.len() < WRITES,
+        "the slow watcher was not cut off: {} events",
+        got.len()
+    );
     // Resuming where it said loses nothing and repeats nothing.
     let mut resumed = s.watch("/slow/", resume_from).await?;
     let rest = next_events(&mut resumed, (last - resume_from + 1) as usize).await?;
     got.extend(rest.iter().map(Event::revision));
     let want: Vec<Revision> = (start..=last).collect();
-    ensure!(got == want, "revisions seen across the resume are not exactly {start}..={last}");
+    ensure!(
+        got == want,
+        "revisions seen across the resume are not exactly {start}..={last}"
+    );
     Ok(())
 }
 
@@ -337,8 +473,14 @@ async fn oversized_values_are_refused(s: &dyn Store) -> Result<()> {
         other => bail!("oversized create: {other:?}"),
     }
     let ok = s.create("/big", Bytes::from(vec![b'x'; 1024])).await?;
-    ensure!(matches!(s.update("/big", big, None).await, Err(Error::ValueTooLarge { .. })));
-    ensure!(s.get("/big").await? == Some(ok.clone()), "the refused update changed nothing");
+    ensure!(matches!(
+        s.update("/big", big, None).await,
+        Err(Error::ValueTooLarge { .. })
+    ));
+    ensure!(
+        s.get("/big").await? == Some(ok.clone()),
+        "the refused update changed nothing"
+    );
     ensure!(s.current_revision().await? == ok.mod_revision);
     Ok(())
 }
@@ -372,11 +514,17 @@ macro_rules! conformance {
 }
 
 fn small_watch_buffer() -> StoreSettings {
-    StoreSettings { watch_buffer: 8, ..StoreSettings::default() }
+    StoreSettings {
+        watch_buffer: 8,
+        ..StoreSettings::default()
+    }
 }
 
 fn small_values() -> StoreSettings {
-    StoreSettings { max_value_size: 1024, ..StoreSettings::default() }
+    StoreSettings {
+        max_value_size: 1024,
+        ..StoreSettings::default()
+    }
 }
 
 conformance! {

@@ -33,7 +33,11 @@ fn parse_acks(stdout: &[u8]) -> Result<Vec<Ack>> {
         let (Some(key), Some(rev), Some(value)) = (parts.next(), parts.next(), parts.next()) else {
             bail!("malformed line from the child: {line:?}");
         };
-        acks.push(Ack { key: key.into(), revision: rev.parse()?, value: value.into() });
+        acks.push(Ack {
+            key: key.into(),
+            revision: rev.parse()?,
+            value: value.into(),
+        });
     }
     Ok(acks)
 }
@@ -73,7 +77,11 @@ async fn acknowledged_writes_survive_sigkill() -> Result<()> {
 
     for iteration in 0..iterations {
         let mut child = Command::new(env!("CARGO_BIN_EXE_crash_writer"))
-            .args(["write", path.to_str().context("utf-8 path")?, &WRITERS.to_string()])
+            .args([
+                "write",
+                path.to_str().context("utf-8 path")?,
+                &WRITERS.to_string(),
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -103,27 +111,43 @@ async fn acknowledged_writes_survive_sigkill() -> Result<()> {
             revisions.iter().copied().eq(verified + 1..=current),
             "iteration {iteration}: revisions after {verified} are not gapless up to {current}"
         );
-        let by_revision: BTreeMap<Revision, &Event> = events.iter().map(|e| (e.revision(), e)).collect();
+        let by_revision: BTreeMap<Revision, &Event> =
+            events.iter().map(|e| (e.revision(), e)).collect();
         for ack in &acks {
             let event = by_revision.get(&ack.revision).with_context(|| {
-                format!("iteration {iteration}: acknowledged revision {} of {} is lost", ack.revision, ack.key)
+                format!(
+                    "iteration {iteration}: acknowledged revision {} of {} is lost",
+                    ack.revision, ack.key
+                )
             })?;
             ensure!(
-                event.kv.key == ack.key && event.kv.value == Bytes::from(ack.value.clone()),
+                event.kv.key == ack.key && event.kv.value == ack.value.as_bytes(),
                 "iteration {iteration}: revision {} holds {:?}, acknowledged {} = {}",
                 ack.revision,
                 event.kv,
                 ack.key,
                 ack.value
             );
-            let latest = store.get(&ack.key).await?.context("acknowledged key is gone")?;
-            ensure!(latest.mod_revision >= ack.revision, "{} went back in time", ack.key);
+            let latest = store
+                .get(&ack.key)
+                .await?
+                .context("acknowledged key is gone")?;
+            ensure!(
+                latest.mod_revision >= ack.revision,
+                "{} went back in time",
+                ack.key
+            );
         }
 
         // A watch started before a write after the crash sees it at the next revision.
         let mut watch = store.watch("/resume/", 0).await?;
-        let after = store.create(&format!("/resume/{iteration}"), Bytes::from("x")).await?;
-        ensure!(after.mod_revision == current + 1, "the first write after reopen skipped revisions");
+        let after = store
+            .create(&format!("/resume/{iteration}"), Bytes::from("x"))
+            .await?;
+        ensure!(
+            after.mod_revision == current + 1,
+            "the first write after reopen skipped revisions"
+        );
         let seen = tokio::time::timeout(Duration::from_secs(10), watch.next())
             .await?
             .context("watch ended")??;
@@ -137,6 +161,8 @@ async fn acknowledged_writes_survive_sigkill() -> Result<()> {
         kills_mid_write * 2 >= iterations,
         "only {kills_mid_write} of {iterations} kills landed while the child was writing"
     );
-    eprintln!("{iterations} kills, {kills_mid_write} mid-write, {acked_total} acknowledged writes verified");
+    eprintln!(
+        "{iterations} kills, {kills_mid_write} mid-write, {acked_total} acknowledged writes verified"
+    );
     Ok(())
 }

@@ -15,7 +15,9 @@ async fn reopen_keeps_keys_revisions_and_history() -> Result<()> {
     let config = RedbConfig::new(dir.path().join("nested/dir/store.redb"));
     let store = RedbStore::open(config.clone())?;
     let a = store.create("/k/a", Bytes::from("1")).await?;
-    store.update("/k/a", Bytes::from("2"), Some(a.mod_revision)).await?;
+    store
+        .update("/k/a", Bytes::from("2"), Some(a.mod_revision))
+        .await?;
     store.create("/k/b", Bytes::from("b")).await?;
     let deleted = store.delete("/k/b", None).await?;
     store.close().await?;
@@ -32,7 +34,10 @@ async fn reopen_keeps_keys_revisions_and_history() -> Result<()> {
     }
     ensure!(events.last().map(|e| e.revision()) == Some(deleted.revision));
     let next = store.create("/k/c", Bytes::from("c")).await?;
-    ensure!(next.mod_revision == deleted.revision + 1, "revisions continue after reopen");
+    ensure!(
+        next.mod_revision == deleted.revision + 1,
+        "revisions continue after reopen"
+    );
     Ok(())
 }
 
@@ -67,7 +72,8 @@ fn refuses_files_that_are_not_a_store() -> Result<()> {
     {
         let db = redb::Database::create(&foreign)?;
         let txn = db.begin_write()?;
-        txn.open_table(redb::TableDefinition::<&str, u64>::new("users"))?.insert("alice", 1)?;
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("users"))?
+            .insert("alice", 1)?;
         txn.commit()?;
     }
     let message = expect_open_error(&foreign, "another program's redb file")?;
@@ -80,14 +86,19 @@ fn refuses_files_that_are_not_a_store() -> Result<()> {
         rt.block_on(async {
             let store = RedbStore::open(RedbConfig::new(&truncated))?;
             for i in 0..200 {
-                store.create(&format!("/t/{i}"), Bytes::from(vec![b'v'; 512])).await?;
+                store
+                    .create(&format!("/t/{i}"), Bytes::from(vec![b'v'; 512]))
+                    .await?;
             }
             store.close().await?;
             anyhow::Ok(())
         })?;
     }
     let len = std::fs::metadata(&truncated)?.len();
-    std::fs::OpenOptions::new().write(true).open(&truncated)?.set_len(len.min(4096) / 2)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&truncated)?
+        .set_len(len.min(4096) / 2)?;
     expect_open_error(&truncated, "a truncated store")?;
     Ok(())
 }
@@ -105,26 +116,51 @@ async fn full_disk_fails_the_write_not_the_process() -> Result<()> {
         env!("CARGO_BIN_EXE_crash_writer"),
         path.display()
     );
-    let output = Command::new("sh").args(["-c", &script]).output().context("run the fill child")?;
+    let output = Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .context("run the fill child")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    ensure!(output.status.success(), "the child failed ({}): {stderr}\n{stdout}", output.status);
+    ensure!(
+        output.status.success(),
+        "the child failed ({}): {stderr}\n{stdout}",
+        output.status
+    );
     let acked: Vec<&str> = stdout.lines().filter(|l| l.starts_with("/fill/")).collect();
-    let refusal = stdout.lines().find(|l| l.starts_with("ERR ")).context("no refused write")?;
-    ensure!(acked.len() > 10, "only {} writes before the limit", acked.len());
+    let refusal = stdout
+        .lines()
+        .find(|l| l.starts_with("ERR "))
+        .context("no refused write")?;
+    ensure!(
+        acked.len() > 10,
+        "only {} writes before the limit",
+        acked.len()
+    );
     ensure!(stdout.lines().last() == Some("ALIVE"), "{stdout}");
-    ensure!(refusal.contains("commit") || refusal.contains("write"), "unclear refusal: {refusal}");
+    ensure!(
+        refusal.contains("commit") || refusal.contains("write"),
+        "unclear refusal: {refusal}"
+    );
 
     // Every acknowledged write is there after reopening without the limit.
     let store = RedbStore::open(RedbConfig::new(&path))?;
     for line in &acked {
         let mut parts = line.split(' ');
-        let (key, rev) = (parts.next().context("key")?, parts.next().context("rev")?.parse::<u64>()?);
-        let kv = store.get(key).await?.with_context(|| format!("acknowledged {key} is lost"))?;
+        let (key, rev) = (
+            parts.next().context("key")?,
+            parts.next().context("rev")?.parse::<u64>()?,
+        );
+        let kv = store
+            .get(key)
+            .await?
+            .with_context(|| format!("acknowledged {key} is lost"))?;
         ensure!(kv.mod_revision == rev);
     }
     ensure!(store.current_revision().await? >= acked.len() as u64 + 1);
-    store.create("/after/full", Bytes::from("room again")).await?;
+    store
+        .create("/after/full", Bytes::from("room again"))
+        .await?;
     Ok(())
 }
 
@@ -133,19 +169,35 @@ async fn compactor_keeps_a_time_window_of_history() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let store = RedbStore::open(RedbConfig::new(dir.path().join("store.redb")))?;
     let window = Duration::from_secs(300);
-    let mut compactor = Compactor::new(CompactorConfig { window, interval: Duration::from_secs(30) });
+    let mut compactor = Compactor::new(CompactorConfig {
+        window,
+        interval: Duration::from_secs(30),
+    });
 
     let first = store.create("/w/1", Bytes::from("1")).await?.mod_revision;
-    ensure!(compactor.tick(&store).await.is_none(), "nothing is a window old yet");
+    ensure!(
+        compactor.tick(&store).await.is_none(),
+        "nothing is a window old yet"
+    );
     tokio::time::advance(Duration::from_secs(200)).await;
     let second = store.create("/w/2", Bytes::from("2")).await?.mod_revision;
     ensure!(compactor.tick(&store).await.is_none());
     tokio::time::advance(Duration::from_secs(150)).await;
     // The first sample is now 350 s old: history before it goes, history after stays.
     ensure!(compactor.tick(&store).await == Some(first));
-    let old = store.list(ListRequest { revision: Some(first - 1), ..ListRequest::prefix("/w/") }).await;
+    let old = store
+        .list(ListRequest {
+            revision: Some(first - 1),
+            ..ListRequest::prefix("/w/")
+        })
+        .await;
     ensure!(matches!(old, Err(Error::Compacted { .. })), "{old:?}");
-    let kept = store.list(ListRequest { revision: Some(first), ..ListRequest::prefix("/w/") }).await?;
+    let kept = store
+        .list(ListRequest {
+            revision: Some(first),
+            ..ListRequest::prefix("/w/")
+        })
+        .await?;
     ensure!(kept.kvs.len() == 1);
     ensure!(store.watch("/w/", second).await.is_ok());
     Ok(())

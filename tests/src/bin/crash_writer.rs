@@ -41,7 +41,13 @@ async fn write(path: &str, writers: usize) -> Result<()> {
                 // Alternate fresh keys and compare-and-swap updates of one key per writer.
                 if seq % 2 == 0 {
                     let value = seq.to_string();
-                    last = store.update(&counter, Bytes::from(value.clone()), Some(last.mod_revision)).await?;
+                    last = store
+                        .update(
+                            &counter,
+                            Bytes::from(value.clone()),
+                            Some(last.mod_revision),
+                        )
+                        .await?;
                     print_line(&out, format!("{counter} {} {value}\n", last.mod_revision))?;
                 } else {
                     let key = format!("/crash/{pid}/keys/{w}/{seq}");
@@ -75,9 +81,14 @@ async fn fill(path: &str) -> Result<()> {
             }
         }
     }
-    let Some(refused) = refused else { bail!("the file size limit never stopped a write") };
+    let Some(refused) = refused else {
+        bail!("the file size limit never stopped a write")
+    };
     // Still alive, and what was acknowledged is still readable.
-    let first = store.get("/fill/000000").await.context("read after the refused write")?;
+    let first = store
+        .get("/fill/000000")
+        .await
+        .context("read after the refused write")?;
     if refused > 0 && first.is_none() {
         bail!("an acknowledged write is gone after the refused write");
     }
@@ -88,7 +99,12 @@ async fn fill(path: &str) -> Result<()> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         [_, "write", path, writers] => write(path, writers.parse()?).await,
         [_, "fill", path] => fill(path).await,
         _ => bail!("usage: crash_writer write PATH WRITERS | fill PATH"),

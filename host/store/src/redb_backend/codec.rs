@@ -114,7 +114,13 @@ pub(crate) fn decode_event(revision: Revision, bytes: &[u8]) -> Result<Event, St
     };
     Ok(Event {
         kind,
-        kv: KeyValue { key, value, create_revision, mod_revision: revision, version },
+        kv: KeyValue {
+            key,
+            value,
+            create_revision,
+            mod_revision: revision,
+            version,
+        },
         prev,
     })
 }
@@ -129,7 +135,10 @@ struct Reader<'a>(&'a [u8]);
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         if self.0.len() < n {
-            return Err(format!("record truncated: wanted {n} bytes, {} left", self.0.len()));
+            return Err(format!(
+                "record truncated: wanted {n} bytes, {} left",
+                self.0.len()
+            ));
         }
         let (head, tail) = self.0.split_at(n);
         self.0 = tail;
@@ -173,7 +182,11 @@ mod tests {
     fn event_round_trips_with_and_without_prev() {
         let mut buf = Vec::new();
         for e in [
-            Event { kind: EventKind::Put, kv: kv("/a", "v1", 5, 5, 1), prev: None },
+            Event {
+                kind: EventKind::Put,
+                kv: kv("/a", "v1", 5, 5, 1),
+                prev: None,
+            },
             Event {
                 kind: EventKind::Put,
                 kv: kv("/a", "v2", 5, 9, 2),
@@ -200,7 +213,10 @@ mod tests {
         };
         encode_event(&mut buf, &e);
         for cut in 0..buf.len() - "old".len() {
-            assert!(decode_event(3, &buf[..cut]).is_err(), "cut at {cut} decoded");
+            assert!(
+                decode_event(3, &buf[..cut]).is_err(),
+                "cut at {cut} decoded"
+            );
         }
         assert!(decode_record(&[1, 2, 3]).is_err());
     }

@@ -22,10 +22,22 @@ use super::{KV, LOG, META, META_COMPACTED, META_REVISION, RedbConfig, Shared};
 use crate::{Deleted, Error, Event, EventKind, KeyValue, Result, Revision};
 
 pub(super) enum Op {
-    Create { key: String, value: Bytes },
-    Update { key: String, value: Bytes, expected: Option<Revision> },
-    Delete { key: String, expected: Option<Revision> },
-    Compact { revision: Revision },
+    Create {
+        key: String,
+        value: Bytes,
+    },
+    Update {
+        key: String,
+        value: Bytes,
+        expected: Option<Revision>,
+    },
+    Delete {
+        key: String,
+        expected: Option<Revision>,
+    },
+    Compact {
+        revision: Revision,
+    },
     /// Finish the requests already taken, then stop.
     Shutdown,
 }
@@ -89,7 +101,15 @@ impl Committer {
         })
     }
 
+    fn set_purge_pending(&mut self, pending: bool) {
+        self.purge_pending = pending;
+        self.shared
+            .purging
+            .store(pending, std::sync::atomic::Ordering::Release);
+    }
+
     pub fn run(mut self) {
+        self.set_purge_pending(self.purge_pending);
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
             // While a purge is pending, don't sleep on the channel: purge between batches.
@@ -128,11 +148,16 @@ impl Committer {
     /// Applies and commits one batch; returns whether a shutdown was requested.
     fn commit_batch(&mut self, batch: &mut Vec<Request>) -> bool {
         let mut shutdown = false;
-        let mut pending =
-            Pending { revision: self.revision, compacted: self.compacted, events: Vec::new() };
+        let mut pending = Pending {
+            revision: self.revision,
+            compacted: self.compacted,
+            events: Vec::new(),
+        };
         let mut outcomes: Vec<(oneshot::Sender<Result<Reply>>, Result<Reply>)> =
             Vec::with_capacity(batch.len());
 
+        let started = std::time::Instant::now();
+        let mut applied = started;
         let committed = (|| -> Result<()> {
             let mut txn = self
                 .shared
@@ -142,9 +167,15 @@ impl Committer {
             txn.set_durability(Durability::Immediate)
                 .map_err(|e| Error::backend("set durability", e))?;
             {
-                let mut kv = txn.open_table(KV).map_err(|e| Error::backend("open kv", e))?;
-                let mut log = txn.open_table(LOG).map_err(|e| Error::backend("open log", e))?;
-                let mut meta = txn.open_table(META).map_err(|e| Error::backend("open meta", e))?;
+                let mut kv = txn
+                    .open_table(KV)
+                    .map_err(|e| Error::backend("open kv", e))?;
+                let mut log = txn
+                    .open_table(LOG)
+                    .map_err(|e| Error::backend("open log", e))?;
+                let mut meta = txn
+                    .open_table(META)
+                    .map_err(|e| Error::backend("open meta", e))?;
                 for req in batch.drain(..) {
                     let outcome = match req.op {
                         Op::Shutdown => {
@@ -160,6 +191,7 @@ impl Committer {
                         .map_err(|e| Error::backend("write revision", e))?;
                 }
             }
+            applied = std::time::Instant::now();
             if pending.revision == self.revision && pending.compacted == self.compacted {
                 // Nothing changed (every request failed its condition): no fsync.
                 txn.abort().map_err(|e| Error::backend("abort", e))?;
@@ -169,16 +201,26 @@ impl Committer {
             Ok(())
         })();
 
+        tracing::trace!(
+            requests = outcomes.len(),
+            apply_us = (applied - started).as_micros() as u64,
+            commit_us = applied.elapsed().as_micros() as u64,
+            "batch"
+        );
         match committed {
             Ok(()) => {
                 if pending.compacted != self.compacted {
                     self.compacted = pending.compacted;
-                    self.purge_pending = true;
-                    self.shared.compacted.store(self.compacted, std::sync::atomic::Ordering::Release);
+                    self.set_purge_pending(true);
+                    self.shared
+                        .compacted
+                        .store(self.compacted, std::sync::atomic::Ordering::Release);
                 }
                 if pending.revision != self.revision {
                     self.revision = pending.revision;
-                    self.shared.hub.publish(pending.events.into(), self.revision);
+                    self.shared
+                        .hub
+                        .publish(pending.events.into(), self.revision);
                 }
                 for (reply, outcome) in outcomes {
                     let _ = reply.send(outcome);
@@ -239,10 +281,23 @@ impl Committer {
                     mod_revision: p.revision,
                     version: 1,
                 };
-                self.write(kv, log, p, Event { kind: EventKind::Put, kv: new.clone(), prev: None })?;
+                self.write(
+                    kv,
+                    log,
+                    p,
+                    Event {
+                        kind: EventKind::Put,
+                        kv: new.clone(),
+                        prev: None,
+                    },
+                )?;
                 Ok(Ok(Reply::Kv(new)))
             }
-            Op::Update { key, value, expected } => {
+            Op::Update {
+                key,
+                value,
+                expected,
+            } => {
                 let Some(cur) = current(kv, &key)? else {
                     return Ok(Err(Error::NotFound { key }));
                 };
@@ -257,7 +312,11 @@ impl Committer {
                     mod_revision: p.revision,
                     version: cur.version + 1,
                 };
-                let event = Event { kind: EventKind::Put, kv: new.clone(), prev: Some(cur) };
+                let event = Event {
+                    kind: EventKind::Put,
+                    kv: new.clone(),
+                    prev: Some(cur),
+                };
                 self.write(kv, log, p, event)?;
                 Ok(Ok(Reply::Kv(new)))
             }
@@ -276,16 +335,34 @@ impl Committer {
                     mod_revision: p.revision,
                     version: 0,
                 };
-                let deleted = Deleted { revision: p.revision, prev: cur.clone() };
-                self.write(kv, log, p, Event { kind: EventKind::Delete, kv: tombstone, prev: Some(cur) })?;
+                let deleted = Deleted {
+                    revision: p.revision,
+                    prev: cur.clone(),
+                };
+                self.write(
+                    kv,
+                    log,
+                    p,
+                    Event {
+                        kind: EventKind::Delete,
+                        kv: tombstone,
+                        prev: Some(cur),
+                    },
+                )?;
                 Ok(Ok(Reply::Deleted(deleted)))
             }
             Op::Compact { revision } => {
                 if revision <= p.compacted {
-                    return Ok(Err(Error::Compacted { requested: revision, compacted: Some(p.compacted) }));
+                    return Ok(Err(Error::Compacted {
+                        requested: revision,
+                        compacted: Some(p.compacted),
+                    }));
                 }
                 if revision > p.revision {
-                    return Ok(Err(Error::FutureRevision { requested: revision, current: p.revision }));
+                    return Ok(Err(Error::FutureRevision {
+                        requested: revision,
+                        current: p.revision,
+                    }));
                 }
                 p.compacted = revision;
                 meta.insert(META_COMPACTED, revision)
@@ -310,7 +387,8 @@ impl Committer {
                     .map_err(|e| Error::backend("write key", e))?;
             }
             EventKind::Delete => {
-                kv.remove(event.kv.key.as_str()).map_err(|e| Error::backend("remove key", e))?;
+                kv.remove(event.kv.key.as_str())
+                    .map_err(|e| Error::backend("remove key", e))?;
             }
         }
         codec::encode_event(&mut self.buf, &event);
@@ -326,11 +404,17 @@ impl Committer {
     /// (below the durable compacted revision), and they are purged again after reopen.
     fn purge_step(&mut self) {
         let result = (|| -> Result<usize> {
-            let mut txn =
-                self.shared.db.begin_write().map_err(|e| Error::backend("begin purge", e))?;
-            txn.set_durability(Durability::None).map_err(|e| Error::backend("set durability", e))?;
+            let mut txn = self
+                .shared
+                .db
+                .begin_write()
+                .map_err(|e| Error::backend("begin purge", e))?;
+            txn.set_durability(Durability::None)
+                .map_err(|e| Error::backend("set durability", e))?;
             let removed = {
-                let mut log = txn.open_table(LOG).map_err(|e| Error::backend("open log", e))?;
+                let mut log = txn
+                    .open_table(LOG)
+                    .map_err(|e| Error::backend("open log", e))?;
                 let revisions = log
                     .range(..self.compacted)
                     .map_err(|e| Error::backend("scan history", e))?
@@ -339,7 +423,8 @@ impl Committer {
                     .collect::<Result<Vec<u64>, _>>()
                     .map_err(|e| Error::backend("scan history", e))?;
                 for rev in &revisions {
-                    log.remove(rev).map_err(|e| Error::backend("purge history", e))?;
+                    log.remove(rev)
+                        .map_err(|e| Error::backend("purge history", e))?;
                 }
                 revisions.len()
             };
@@ -349,7 +434,7 @@ impl Committer {
         match result {
             Ok(removed) => {
                 if removed < self.purge_chunk {
-                    self.purge_pending = false;
+                    self.set_purge_pending(false);
                     debug!(compacted = self.compacted, "history purge finished");
                 }
             }
@@ -357,7 +442,7 @@ impl Committer {
                 // Retried at the next compaction or reopen; reads below `compacted` already
                 // fail, so leftover entries are only space.
                 warn!(error = %error_chain(&e), "history purge step failed");
-                self.purge_pending = false;
+                self.set_purge_pending(false);
             }
         }
     }

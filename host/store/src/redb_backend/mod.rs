@@ -25,7 +25,7 @@ mod watch;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -97,6 +97,8 @@ struct Shared {
     hub: Hub,
     /// Mirrors `meta.compacted`, so watch and list can refuse without a read.
     compacted: AtomicU64,
+    /// Whether history below `compacted` is still being purged.
+    purging: AtomicBool,
 }
 
 /// Fan-out of committed batches to live watchers.
@@ -144,8 +146,10 @@ impl RedbStore {
     /// Opens (or creates) the store file and starts its committer thread.
     pub fn open(config: RedbConfig) -> Result<Self> {
         let path = config.path.clone();
-        let open_err =
-            |source: Box<dyn std::error::Error + Send + Sync>| Error::Open { path: path.clone(), source };
+        let open_err = |source: Box<dyn std::error::Error + Send + Sync>| Error::Open {
+            path: path.clone(),
+            source,
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| open_err(e.into()))?;
         }
@@ -160,8 +164,12 @@ impl RedbStore {
         let shared = Arc::new(Shared {
             db,
             path,
-            hub: Hub { sender: Mutex::new(Some(sender)), published: AtomicU64::new(revision) },
+            hub: Hub {
+                sender: Mutex::new(Some(sender)),
+                published: AtomicU64::new(revision),
+            },
             compacted: AtomicU64::new(compacted),
+            purging: AtomicBool::new(false),
         });
         let (requests, rx) = mpsc::channel(config.max_batch.max(1) * 4);
         let committer = Committer::new(shared.clone(), rx, revision, compacted, &config)?;
@@ -182,25 +190,42 @@ impl RedbStore {
         &self.shared.path
     }
 
+    /// Whether the committer is still dropping history below the compacted revision.
+    /// Benchmarks use it to measure writes while a purge runs.
+    pub fn is_purging(&self) -> bool {
+        self.shared.purging.load(Ordering::Acquire)
+    }
+
     /// Stops accepting writes, finishes the ones already queued, and waits for the
     /// committer thread. The file closes when the last open watch stream is dropped.
     pub async fn close(&self) -> Result<()> {
         let (reply, _) = oneshot::channel();
         // An error means the committer is already gone.
-        let _ = self.requests.send(Request { op: Op::Shutdown, reply }).await;
+        let _ = self
+            .requests
+            .send(Request {
+                op: Op::Shutdown,
+                reply,
+            })
+            .await;
         let handle = lock(&self.committer).take();
         if let Some(handle) = handle {
             tokio::task::spawn_blocking(move || handle.join())
                 .await
                 .map_err(|e| Error::backend("join committer thread", e))?
-                .map_err(|_| Error::backend("join committer thread", "committer thread panicked"))?;
+                .map_err(|_| {
+                    Error::backend("join committer thread", "committer thread panicked")
+                })?;
         }
         Ok(())
     }
 
     async fn submit(&self, op: Op) -> Result<Reply> {
         let (reply, rx) = oneshot::channel();
-        self.requests.send(Request { op, reply }).await.map_err(|_| Error::Closed)?;
+        self.requests
+            .send(Request { op, reply })
+            .await
+            .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
@@ -224,18 +249,30 @@ impl Drop for RedbStore {
         let (reply, _) = oneshot::channel();
         // Without a close() the committer still stops once the queue drains; a full
         // queue means it is busy and will see the channel close instead.
-        let _ = self.requests.try_send(Request { op: Op::Shutdown, reply });
+        let _ = self.requests.try_send(Request {
+            op: Op::Shutdown,
+            reply,
+        });
     }
 }
 
 /// Creates the tables of a new file, or checks that an existing one is a Trellis store.
 /// Returns the current and the compacted revision.
 fn init_tables(db: &Database, path: &Path) -> Result<(Revision, Revision)> {
-    let corrupt = |detail: String| Error::Corrupt { path: path.to_owned(), detail };
-    let backend = |e: redb::Error| Error::Open { path: path.to_owned(), source: e.into() };
+    let corrupt = |detail: String| Error::Corrupt {
+        path: path.to_owned(),
+        detail,
+    };
+    let backend = |e: redb::Error| Error::Open {
+        path: path.to_owned(),
+        source: e.into(),
+    };
     let txn = db.begin_write().map_err(|e| backend(e.into()))?;
-    let tables: Vec<String> =
-        txn.list_tables().map_err(|e| backend(e.into()))?.map(|t| t.name().to_owned()).collect();
+    let tables: Vec<String> = txn
+        .list_tables()
+        .map_err(|e| backend(e.into()))?
+        .map(|t| t.name().to_owned())
+        .collect();
     let ours = [KV.name(), LOG.name(), META.name()];
     if let Some(foreign) = tables.iter().find(|t| !ours.contains(&t.as_str())) {
         return Err(corrupt(format!(
@@ -248,12 +285,18 @@ fn init_tables(db: &Database, path: &Path) -> Result<(Revision, Revision)> {
         txn.open_table(KV).map_err(|e| backend(e.into()))?;
         txn.open_table(LOG).map_err(|e| backend(e.into()))?;
         let get = |meta: &redb::Table<&str, u64>, name: &str| -> Result<Option<u64>> {
-            Ok(meta.get(name).map_err(|e| backend(e.into()))?.map(|v| v.value()))
+            Ok(meta
+                .get(name)
+                .map_err(|e| backend(e.into()))?
+                .map(|v| v.value()))
         };
         if fresh {
-            meta.insert(META_FORMAT, FORMAT_VERSION).map_err(|e| backend(e.into()))?;
-            meta.insert(META_REVISION, 1).map_err(|e| backend(e.into()))?;
-            meta.insert(META_COMPACTED, 0).map_err(|e| backend(e.into()))?;
+            meta.insert(META_FORMAT, FORMAT_VERSION)
+                .map_err(|e| backend(e.into()))?;
+            meta.insert(META_REVISION, 1)
+                .map_err(|e| backend(e.into()))?;
+            meta.insert(META_COMPACTED, 0)
+                .map_err(|e| backend(e.into()))?;
             (1, 0)
         } else {
             match get(&meta, META_FORMAT)? {
@@ -285,7 +328,10 @@ fn read_err(step: &'static str) -> impl Fn(redb::Error) -> Error {
 
 impl Shared {
     fn corrupt(&self, detail: String) -> Error {
-        Error::Corrupt { path: self.path.clone(), detail }
+        Error::Corrupt {
+            path: self.path.clone(),
+            detail,
+        }
     }
 
     fn list_at(&self, request: &ListRequest) -> Result<ListResponse> {
@@ -293,17 +339,27 @@ impl Shared {
         let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
         let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
         let meta_get = |name| -> Result<u64> {
-            Ok(meta.get(name).map_err(|e| err(e.into()))?.map(|v| v.value()).unwrap_or(0))
+            Ok(meta
+                .get(name)
+                .map_err(|e| err(e.into()))?
+                .map(|v| v.value())
+                .unwrap_or(0))
         };
         let current = meta_get(META_REVISION)?;
         let compacted = meta_get(META_COMPACTED)?;
         let at = match request.revision {
             None | Some(0) => current,
             Some(r) if r > current => {
-                return Err(Error::FutureRevision { requested: r, current });
+                return Err(Error::FutureRevision {
+                    requested: r,
+                    current,
+                });
             }
             Some(r) if r < compacted => {
-                return Err(Error::Compacted { requested: r, compacted: Some(compacted) });
+                return Err(Error::Compacted {
+                    requested: r,
+                    compacted: Some(compacted),
+                });
             }
             Some(r) => r,
         };
@@ -317,7 +373,10 @@ impl Shared {
         };
         let in_range = |key: &str| {
             key.starts_with(&request.prefix)
-                && request.start_after.as_deref().is_none_or(|after| key > after)
+                && request
+                    .start_after
+                    .as_deref()
+                    .is_none_or(|after| key > after)
         };
 
         // The state at `at` differs from the latest only for keys written after `at`:
@@ -327,8 +386,8 @@ impl Shared {
             let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
             for entry in log.range(at + 1..).map_err(|e| err(e.into()))? {
                 let (rev, bytes) = entry.map_err(|e| err(e.into()))?;
-                let event = codec::decode_event(rev.value(), bytes.value())
-                    .map_err(|d| self.corrupt(d))?;
+                let event =
+                    codec::decode_event(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
                 if in_range(&event.kv.key) && !undo.contains_key(&event.kv.key) {
                     undo.insert(event.kv.key, event.prev);
                 }
@@ -339,7 +398,10 @@ impl Shared {
         let want = limit.saturating_add(1);
         let mut kvs = Vec::new();
         let mut pending = undo.into_iter().peekable();
-        for entry in kv.range::<&str>((start, Bound::Unbounded)).map_err(|e| err(e.into()))? {
+        for entry in kv
+            .range::<&str>((start, Bound::Unbounded))
+            .map_err(|e| err(e.into()))?
+        {
             let (key, bytes) = entry.map_err(|e| err(e.into()))?;
             let key = key.value();
             if !key.starts_with(&request.prefix) || kvs.len() >= want {
@@ -368,10 +430,18 @@ impl Shared {
                 kvs.push(item);
             }
         }
-        kvs.extend(pending.filter_map(|(_, prev)| prev).take(want.saturating_sub(kvs.len())));
+        kvs.extend(
+            pending
+                .filter_map(|(_, prev)| prev)
+                .take(want.saturating_sub(kvs.len())),
+        );
         let more = kvs.len() > limit;
         kvs.truncate(limit);
-        Ok(ListResponse { kvs, revision: at, more })
+        Ok(ListResponse {
+            kvs,
+            revision: at,
+            more,
+        })
     }
 
     /// Log events with revisions in `from..=to` whose key starts with `prefix`.
@@ -379,10 +449,16 @@ impl Shared {
         let err = read_err("read history");
         let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
         let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
-        let compacted =
-            meta.get(META_COMPACTED).map_err(|e| err(e.into()))?.map(|v| v.value()).unwrap_or(0);
+        let compacted = meta
+            .get(META_COMPACTED)
+            .map_err(|e| err(e.into()))?
+            .map(|v| v.value())
+            .unwrap_or(0);
         if from < compacted {
-            return Err(Error::Compacted { requested: from, compacted: Some(compacted) });
+            return Err(Error::Compacted {
+                requested: from,
+                compacted: Some(compacted),
+            });
         }
         let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
         let mut events = Vec::new();
@@ -417,22 +493,46 @@ impl Store for RedbStore {
 
     async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue> {
         self.check_write(key, &value)?;
-        match self.submit(Op::Create { key: key.to_owned(), value }).await? {
+        match self
+            .submit(Op::Create {
+                key: key.to_owned(),
+                value,
+            })
+            .await?
+        {
             Reply::Kv(kv) => Ok(kv),
             other => Err(other.unexpected()),
         }
     }
 
-    async fn update(&self, key: &str, value: Bytes, expected: Option<Revision>) -> Result<KeyValue> {
+    async fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Option<Revision>,
+    ) -> Result<KeyValue> {
         self.check_write(key, &value)?;
-        match self.submit(Op::Update { key: key.to_owned(), value, expected }).await? {
+        match self
+            .submit(Op::Update {
+                key: key.to_owned(),
+                value,
+                expected,
+            })
+            .await?
+        {
             Reply::Kv(kv) => Ok(kv),
             other => Err(other.unexpected()),
         }
     }
 
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Deleted> {
-        match self.submit(Op::Delete { key: key.to_owned(), expected }).await? {
+        match self
+            .submit(Op::Delete {
+                key: key.to_owned(),
+                expected,
+            })
+            .await?
+        {
             Reply::Deleted(d) => Ok(d),
             other => Err(other.unexpected()),
         }

@@ -19,12 +19,25 @@ use crate::{Error, Event, Result, Revision, WatchStream};
 const CATCH_UP_CHUNK: u64 = 1024;
 
 pub(super) fn watch(shared: Arc<Shared>, prefix: String, start: Revision) -> Result<WatchStream> {
-    let next = if start == 0 { shared.hub.published() + 1 } else { start };
+    let next = if start == 0 {
+        shared.hub.published() + 1
+    } else {
+        start
+    };
     let compacted = shared.compacted.load(std::sync::atomic::Ordering::Acquire);
     if next < compacted {
-        return Err(Error::Compacted { requested: next, compacted: Some(compacted) });
+        return Err(Error::Compacted {
+            requested: next,
+            compacted: Some(compacted),
+        });
     }
-    let watcher = Watcher { shared, prefix, next, live: None, done: false };
+    let watcher = Watcher {
+        shared,
+        prefix,
+        next,
+        live: None,
+        done: false,
+    };
     Ok(Box::pin(stream::unfold(watcher, |mut w| async move {
         let item = w.next_batch().await?;
         Some((item, w))
@@ -76,7 +89,9 @@ impl Watcher {
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
-                    return Some(Err(Error::WatcherLagged { resume_from: self.next }));
+                    return Some(Err(Error::WatcherLagged {
+                        resume_from: self.next,
+                    }));
                 }
                 Err(broadcast::error::RecvError::Closed) => return None,
             }

@@ -1,0 +1,33 @@
+# The two commands of the README, and the steps they share.
+#   make up    start Trellis on its embedded default
+#   make test  run the whole test suite
+# Both install what they need first (idempotent).
+
+CARGO ?= cargo
+DATA_DIR ?= $(HOME)/.local/share/trellis
+# Runs as root on CI machines; elsewhere apt needs sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deps up test lint bench-store
+
+deps:
+	@command -v etcd >/dev/null && command -v protoc >/dev/null || { \
+	  echo "installing etcd-server and protobuf-compiler (Debian packages)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq etcd-server protobuf-compiler >/dev/null; }
+	@command -v prlimit >/dev/null || { \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq util-linux >/dev/null; }
+
+up: deps
+	$(CARGO) run --release -p trellis -- up --data-dir $(DATA_DIR)
+
+test: deps
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The figures in docs/benchmarks.md.
+bench-store: deps
+	.ci/bench-store
