@@ -202,3 +202,69 @@ async fn compactor_keeps_a_time_window_of_history() -> Result<()> {
     ensure!(store.watch("/w/", second).await.is_ok());
     Ok(())
 }
+
+/// Waits for the committer to finish purging history after a compaction.
+async fn purged(store: &RedbStore) -> Result<()> {
+    for _ in 0..500 {
+        if !store.is_purging() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("history purge did not finish within 5 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_keeps_exactly_what_reads_after_the_compaction_need() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("store.redb");
+    let store = RedbStore::open(RedbConfig::new(&path))?;
+    let v = |s: &str| Bytes::from(s.to_owned());
+    let r2 = store.create("/p/a", v("a1")).await?.mod_revision;
+    store.update("/p/a", v("a2"), None).await?; // 3
+    store.update("/p/a", v("a3"), None).await?; // 4
+    store.create("/p/b", v("b1")).await?; // 5
+    store.delete("/p/b", None).await?; // 6
+    store.create("/p/c", v("c1")).await?; // 7
+    store.create("/p/d", v("d1")).await?; // 8
+    let compact_at = store.update("/p/a", v("a4"), None).await?.mod_revision; // 9
+    let last = store.update("/p/d", v("d2"), None).await?.mod_revision; // 10
+    ensure!(r2 == 2 && compact_at == 9 && last == 10);
+
+    store.compact(compact_at).await?;
+    purged(&store).await?;
+
+    // Reads at and after the compacted revision see values and previous values.
+    let at = store
+        .list(ListRequest {
+            revision: Some(compact_at),
+            ..ListRequest::prefix("/p/")
+        })
+        .await?;
+    let values: Vec<&[u8]> = at.kvs.iter().map(|kv| kv.value.as_ref()).collect();
+    ensure!(values == [b"a4".as_ref(), b"c1", b"d1"], "{values:?}");
+    let mut watch = store.watch("/p/", compact_at).await?;
+    let events = watch.next().await.context("watch ended")??;
+    ensure!(events.len() == 2, "{events:?}");
+    ensure!(events[0].prev.as_ref().map(|p| p.value.clone()) == Some(v("a3")));
+    ensure!(events[1].prev.as_ref().map(|p| p.value.clone()) == Some(v("d1")));
+    drop(watch);
+    ensure!(store.get("/p/c").await?.map(|kv| kv.value) == Some(v("c1")));
+    store.close().await?;
+    drop(store);
+
+    // What stays below the compacted revision: a3 (the previous value of revision 9),
+    // c1 (c's value) and d1 (the previous value of revision 10); a1, a2, b1 and b's
+    // deletion are gone.
+    let db = redb::Database::create(&path)?;
+    let txn = redb::ReadableDatabase::begin_read(&db)?;
+    let log = txn.open_table(redb::TableDefinition::<u64, &[u8]>::new("log"))?;
+    let revisions: Vec<u64> = redb::ReadableTable::iter(&log)?
+        .map(|item| item.map(|(rev, _)| rev.value()))
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        revisions == [4, 7, 8, 9, 10],
+        "history after the purge: {revisions:?}"
+    );
+    Ok(())
+}

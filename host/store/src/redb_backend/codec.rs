@@ -1,133 +1,111 @@
 //! On-disk encodings of the two record kinds. Little-endian, length-prefixed, no
 //! padding: a record is decoded with bounds checks only, never trusted.
 //!
-//! - `kv` record: `create u64 | mod u64 | version u64 | value…`
-//! - `log` record (keyed by its revision):
-//!   `kind u8 | key_len u32 | key | create u64 | version u64 | value_len u32 | value |
-//!    has_prev u8 | [prev_create u64 | prev_mod u64 | prev_version u64 | prev_value…]`
+//! Each value is stored once, in the history log entry of the revision that wrote it;
+//! the `kv` table points at that entry, and every entry points at the key's previous
+//! entry. That keeps a write to one value plus two small records.
+//!
+//! - `kv` record: `create u64 | mod u64 | version u64`
+//! - `log` entry (keyed by its revision):
+//!   `kind u8 | key_len u32 | key | create u64 | version u64 | prev_mod u64 | value…`
+//!   (`prev_mod` 0: the key did not exist before; a delete has no value)
 
 use bytes::Bytes;
 
-use crate::{Event, EventKind, KeyValue, Revision};
+use crate::{EventKind, KeyValue, Revision};
 
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
 
-/// The latest state of a key, without its key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Record {
+/// The latest revisions of a live key; its value is in the log entry `mod_revision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyMeta {
     pub create_revision: Revision,
     pub mod_revision: Revision,
     pub version: u64,
+}
+
+/// One history entry: what the write at its revision did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub kind: EventKind,
+    pub key: String,
+    /// For a put: the key's create revision and version after it. Zero for a delete.
+    pub create_revision: Revision,
+    pub version: u64,
+    /// The revision of the key's previous entry; 0 if it did not exist.
+    pub prev_mod: Revision,
     pub value: Bytes,
 }
 
-impl Record {
-    pub fn into_kv(self, key: String) -> KeyValue {
+impl Entry {
+    /// The key-value this entry wrote, as of `revision` (the entry's own revision).
+    pub fn into_kv(self, revision: Revision) -> KeyValue {
         KeyValue {
-            key,
+            key: self.key,
             value: self.value,
             create_revision: self.create_revision,
-            mod_revision: self.mod_revision,
+            mod_revision: revision,
             version: self.version,
         }
     }
-
-    pub fn from_kv(kv: &KeyValue) -> Self {
-        Record {
-            create_revision: kv.create_revision,
-            mod_revision: kv.mod_revision,
-            version: kv.version,
-            value: kv.value.clone(),
-        }
-    }
 }
 
-pub(crate) fn encode_record(out: &mut Vec<u8>, r: &Record) {
-    out.clear();
-    out.reserve(24 + r.value.len());
-    out.extend_from_slice(&r.create_revision.to_le_bytes());
-    out.extend_from_slice(&r.mod_revision.to_le_bytes());
-    out.extend_from_slice(&r.version.to_le_bytes());
-    out.extend_from_slice(&r.value);
+pub(crate) fn encode_meta(m: &KeyMeta) -> [u8; 24] {
+    let mut out = [0u8; 24];
+    out[..8].copy_from_slice(&m.create_revision.to_le_bytes());
+    out[8..16].copy_from_slice(&m.mod_revision.to_le_bytes());
+    out[16..].copy_from_slice(&m.version.to_le_bytes());
+    out
 }
 
-pub(crate) fn decode_record(bytes: &[u8]) -> Result<Record, String> {
+pub(crate) fn decode_meta(bytes: &[u8]) -> Result<KeyMeta, String> {
     let mut r = Reader(bytes);
-    Ok(Record {
+    let meta = KeyMeta {
         create_revision: r.u64()?,
         mod_revision: r.u64()?,
         version: r.u64()?,
-        value: Bytes::copy_from_slice(r.rest()),
-    })
+    };
+    if !r.0.is_empty() {
+        return Err(format!("key record has {} trailing bytes", r.0.len()));
+    }
+    Ok(meta)
 }
 
-pub(crate) fn encode_event(out: &mut Vec<u8>, e: &Event) {
+pub(crate) fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
     out.clear();
-    let prev_len = e.prev.as_ref().map_or(0, |p| 24 + p.value.len());
-    out.reserve(30 + e.kv.key.len() + e.kv.value.len() + prev_len);
+    out.reserve(29 + e.key.len() + e.value.len());
     out.push(match e.kind {
         EventKind::Put => PUT,
         EventKind::Delete => DELETE,
     });
-    put_len(out, e.kv.key.len());
-    out.extend_from_slice(e.kv.key.as_bytes());
-    out.extend_from_slice(&e.kv.create_revision.to_le_bytes());
-    out.extend_from_slice(&e.kv.version.to_le_bytes());
-    put_len(out, e.kv.value.len());
-    out.extend_from_slice(&e.kv.value);
-    match &e.prev {
-        None => out.push(0),
-        Some(p) => {
-            out.push(1);
-            out.extend_from_slice(&p.create_revision.to_le_bytes());
-            out.extend_from_slice(&p.mod_revision.to_le_bytes());
-            out.extend_from_slice(&p.version.to_le_bytes());
-            out.extend_from_slice(&p.value);
-        }
-    }
+    // Keys are bounded far below 4 GiB by the request size limits above the store.
+    out.extend_from_slice(&u32::try_from(e.key.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(e.key.as_bytes());
+    out.extend_from_slice(&e.create_revision.to_le_bytes());
+    out.extend_from_slice(&e.version.to_le_bytes());
+    out.extend_from_slice(&e.prev_mod.to_le_bytes());
+    out.extend_from_slice(&e.value);
 }
 
-pub(crate) fn decode_event(revision: Revision, bytes: &[u8]) -> Result<Event, String> {
+pub(crate) fn decode_entry(revision: Revision, bytes: &[u8]) -> Result<Entry, String> {
     let mut r = Reader(bytes);
     let kind = match r.u8()? {
         PUT => EventKind::Put,
         DELETE => EventKind::Delete,
-        other => return Err(format!("unknown event kind {other} at revision {revision}")),
+        other => return Err(format!("unknown entry kind {other} at revision {revision}")),
     };
-    let key_len = r.len()?;
+    let key_len = r.u32()? as usize;
     let key = String::from_utf8(r.take(key_len)?.to_vec())
         .map_err(|_| format!("key at revision {revision} is not UTF-8"))?;
-    let create_revision = r.u64()?;
-    let version = r.u64()?;
-    let value_len = r.len()?;
-    let value = Bytes::copy_from_slice(r.take(value_len)?);
-    let prev = match r.u8()? {
-        0 => None,
-        _ => Some(KeyValue {
-            key: key.clone(),
-            create_revision: r.u64()?,
-            mod_revision: r.u64()?,
-            version: r.u64()?,
-            value: Bytes::copy_from_slice(r.rest()),
-        }),
-    };
-    Ok(Event {
+    Ok(Entry {
         kind,
-        kv: KeyValue {
-            key,
-            value,
-            create_revision,
-            mod_revision: revision,
-            version,
-        },
-        prev,
+        key,
+        create_revision: r.u64()?,
+        version: r.u64()?,
+        prev_mod: r.u64()?,
+        value: Bytes::copy_from_slice(r.rest()),
     })
-}
-
-fn put_len(out: &mut Vec<u8>, len: usize) {
-    // Keys and values are bounded by the value size limit, far below 4 GiB.
-    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -147,17 +125,15 @@ impl<'a> Reader<'a> {
     fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
-    fn u64(&mut self) -> Result<u64, String> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
-    }
-    fn len(&mut self) -> Result<usize, String> {
-        let b = self.take(4)?;
+    fn u32(&mut self) -> Result<u32, String> {
         let mut a = [0u8; 4];
-        a.copy_from_slice(b);
-        Ok(u32::from_le_bytes(a) as usize)
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
     }
     fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.0)
@@ -168,56 +144,59 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
-    fn kv(key: &str, value: &str, create: u64, modr: u64, version: u64) -> KeyValue {
-        KeyValue {
-            key: key.into(),
-            value: Bytes::from(value.to_owned()),
-            create_revision: create,
-            mod_revision: modr,
-            version,
-        }
-    }
-
     #[test]
-    fn event_round_trips_with_and_without_prev() {
+    fn entries_round_trip() {
         let mut buf = Vec::new();
         for e in [
-            Event {
+            Entry {
                 kind: EventKind::Put,
-                kv: kv("/a", "v1", 5, 5, 1),
-                prev: None,
+                key: "/a".into(),
+                create_revision: 5,
+                version: 2,
+                prev_mod: 5,
+                value: Bytes::from("v2"),
             },
-            Event {
-                kind: EventKind::Put,
-                kv: kv("/a", "v2", 5, 9, 2),
-                prev: Some(kv("/a", "v1", 5, 5, 1)),
-            },
-            Event {
+            Entry {
                 kind: EventKind::Delete,
-                kv: kv("/a", "", 0, 12, 0),
-                prev: Some(kv("/a", "", 5, 9, 2)),
+                key: "/a".into(),
+                create_revision: 0,
+                version: 0,
+                prev_mod: 9,
+                value: Bytes::new(),
             },
         ] {
-            encode_event(&mut buf, &e);
-            assert_eq!(decode_event(e.revision(), &buf).unwrap(), e);
+            encode_entry(&mut buf, &e);
+            assert_eq!(decode_entry(9, &buf).unwrap(), e);
         }
+        let meta = KeyMeta {
+            create_revision: 3,
+            mod_revision: 7,
+            version: 4,
+        };
+        assert_eq!(decode_meta(&encode_meta(&meta)).unwrap(), meta);
     }
 
     #[test]
     fn truncated_records_are_errors_not_panics() {
         let mut buf = Vec::new();
-        let e = Event {
+        let e = Entry {
             kind: EventKind::Put,
-            kv: kv("/key", "value", 3, 3, 1),
-            prev: Some(kv("/key", "old", 2, 2, 1)),
+            key: "/key".into(),
+            create_revision: 3,
+            version: 1,
+            prev_mod: 0,
+            value: Bytes::new(),
         };
-        encode_event(&mut buf, &e);
-        for cut in 0..buf.len() - "old".len() {
+        encode_entry(&mut buf, &e);
+        for cut in 0..buf.len() {
             assert!(
-                decode_event(3, &buf[..cut]).is_err(),
+                decode_entry(3, &buf[..cut]).is_err(),
                 "cut at {cut} decoded"
             );
         }
-        assert!(decode_record(&[1, 2, 3]).is_err());
+        buf[0] = 7;
+        assert!(decode_entry(3, &buf).is_err());
+        assert!(decode_meta(&[1, 2, 3]).is_err());
+        assert!(decode_meta(&[0; 25]).is_err());
     }
 }

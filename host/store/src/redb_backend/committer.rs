@@ -13,12 +13,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use redb::{Durability, ReadableTable, Table};
+use redb::{Durability, ReadableDatabase, ReadableTable, Table};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use super::codec::{self, Record};
-use super::{KV, LOG, META, META_COMPACTED, META_REVISION, RedbConfig, Shared};
+use super::codec::{self, Entry, KeyMeta};
+use super::{
+    History, KV, LOG, META, META_COMPACTED, META_PURGED_TO, META_REVISION, RedbConfig, Shared,
+};
 use crate::{Deleted, Error, Event, EventKind, KeyValue, Result, Revision};
 
 pub(super) enum Op {
@@ -66,7 +68,9 @@ pub(super) struct Committer {
     revision: Revision,
     /// Log entries below this are dropped by purge steps.
     compacted: Revision,
-    /// Whether log entries below `compacted` may remain.
+    /// Entries below this have been through the purge.
+    purged_to: Revision,
+    /// Whether entries between `purged_to` and `compacted` remain to be examined.
     purge_pending: bool,
     max_batch: usize,
     purge_chunk: usize,
@@ -88,13 +92,26 @@ impl Committer {
         compacted: Revision,
         config: &RedbConfig,
     ) -> Result<Self> {
+        let purged_to = {
+            let txn = shared
+                .db
+                .begin_read()
+                .map_err(|e| Error::backend("read purge cursor", e))?;
+            let meta = txn
+                .open_table(META)
+                .map_err(|e| Error::backend("read purge cursor", e))?;
+            meta.get(META_PURGED_TO)
+                .map_err(|e| Error::backend("read purge cursor", e))?
+                .map_or(0, |v| v.value())
+        };
         Ok(Self {
             shared,
             rx,
             revision,
             compacted,
-            // Checked on the first loop turn: a crash may have cut a purge short.
-            purge_pending: compacted > 0,
+            purged_to,
+            // A crash may have cut a purge short: it goes on from the cursor.
+            purge_pending: purged_to < compacted,
             max_batch: config.max_batch.max(1),
             purge_chunk: config.purge_chunk.max(1),
             buf: Vec::new(),
@@ -253,12 +270,12 @@ impl Committer {
         log: &mut Table<u64, &[u8]>,
         meta: &mut Table<&str, u64>,
     ) -> Result<Result<Reply>> {
-        let current = |kv: &Table<&str, &[u8]>, key: &str| -> Result<Option<KeyValue>> {
-            let Some(bytes) = kv.get(key).map_err(|e| Error::backend("read key", e))? else {
-                return Ok(None);
-            };
-            let record = codec::decode_record(bytes.value()).map_err(|d| self.shared.corrupt(d))?;
-            Ok(Some(record.into_kv(key.to_owned())))
+        let current = |kv: &Table<&str, &[u8]>, log: &Table<u64, &[u8]>, key: &str| {
+            History {
+                log,
+                path: &self.shared.path,
+            }
+            .latest(kv, key)
         };
         let conflict = |key: &str, expected: Option<Revision>, cur: &KeyValue| match expected {
             Some(e) if e != cur.mod_revision => Some(Error::Conflict {
@@ -270,85 +287,69 @@ impl Committer {
         };
         match op {
             Op::Create { key, value } => {
-                if current(kv, &key)?.is_some() {
+                if kv
+                    .get(key.as_str())
+                    .map_err(|e| Error::backend("read key", e))?
+                    .is_some()
+                {
                     return Ok(Err(Error::AlreadyExists { key }));
                 }
                 p.revision += 1;
-                let new = KeyValue {
+                let entry = Entry {
+                    kind: EventKind::Put,
                     key,
-                    value,
                     create_revision: p.revision,
-                    mod_revision: p.revision,
                     version: 1,
+                    prev_mod: 0,
+                    value,
                 };
-                self.write(
-                    kv,
-                    log,
-                    p,
-                    Event {
-                        kind: EventKind::Put,
-                        kv: new.clone(),
-                        prev: None,
-                    },
-                )?;
-                Ok(Ok(Reply::Kv(new)))
+                let event = self.write(kv, log, p, entry, None)?;
+                Ok(Ok(Reply::Kv(event.kv.clone())))
             }
             Op::Update {
                 key,
                 value,
                 expected,
             } => {
-                let Some(cur) = current(kv, &key)? else {
+                let Some(cur) = current(kv, log, &key)? else {
                     return Ok(Err(Error::NotFound { key }));
                 };
                 if let Some(e) = conflict(&key, expected, &cur) {
                     return Ok(Err(e));
                 }
                 p.revision += 1;
-                let new = KeyValue {
-                    key,
-                    value,
-                    create_revision: cur.create_revision,
-                    mod_revision: p.revision,
-                    version: cur.version + 1,
-                };
-                let event = Event {
+                let entry = Entry {
                     kind: EventKind::Put,
-                    kv: new.clone(),
-                    prev: Some(cur),
+                    key,
+                    create_revision: cur.create_revision,
+                    version: cur.version + 1,
+                    prev_mod: cur.mod_revision,
+                    value,
                 };
-                self.write(kv, log, p, event)?;
-                Ok(Ok(Reply::Kv(new)))
+                let event = self.write(kv, log, p, entry, Some(cur))?;
+                Ok(Ok(Reply::Kv(event.kv.clone())))
             }
             Op::Delete { key, expected } => {
-                let Some(cur) = current(kv, &key)? else {
+                let Some(cur) = current(kv, log, &key)? else {
                     return Ok(Err(Error::NotFound { key }));
                 };
                 if let Some(e) = conflict(&key, expected, &cur) {
                     return Ok(Err(e));
                 }
                 p.revision += 1;
-                let tombstone = KeyValue {
+                let entry = Entry {
+                    kind: EventKind::Delete,
                     key,
-                    value: Bytes::new(),
                     create_revision: 0,
-                    mod_revision: p.revision,
                     version: 0,
+                    prev_mod: cur.mod_revision,
+                    value: Bytes::new(),
                 };
                 let deleted = Deleted {
                     revision: p.revision,
                     prev: cur.clone(),
                 };
-                self.write(
-                    kv,
-                    log,
-                    p,
-                    Event {
-                        kind: EventKind::Delete,
-                        kv: tombstone,
-                        prev: Some(cur),
-                    },
-                )?;
+                self.write(kv, log, p, entry, Some(cur))?;
                 Ok(Ok(Reply::Deleted(deleted)))
             }
             Op::Compact { revision } => {
@@ -373,37 +374,55 @@ impl Committer {
         }
     }
 
-    fn write(
+    /// Writes the entry of revision `p.revision` and points the key at it; returns the
+    /// event, kept for the watchers.
+    fn write<'p>(
         &mut self,
         kv: &mut Table<&str, &[u8]>,
         log: &mut Table<u64, &[u8]>,
-        p: &mut Pending,
-        event: Event,
-    ) -> Result<()> {
-        match event.kind {
+        p: &'p mut Pending,
+        entry: Entry,
+        prev: Option<KeyValue>,
+    ) -> Result<&'p Event> {
+        let revision = p.revision;
+        match entry.kind {
             EventKind::Put => {
-                codec::encode_record(&mut self.buf, &Record::from_kv(&event.kv));
-                kv.insert(event.kv.key.as_str(), self.buf.as_slice())
+                let meta = KeyMeta {
+                    create_revision: entry.create_revision,
+                    mod_revision: revision,
+                    version: entry.version,
+                };
+                kv.insert(entry.key.as_str(), codec::encode_meta(&meta).as_slice())
                     .map_err(|e| Error::backend("write key", e))?;
             }
             EventKind::Delete => {
-                kv.remove(event.kv.key.as_str())
+                kv.remove(entry.key.as_str())
                     .map_err(|e| Error::backend("remove key", e))?;
             }
         }
-        codec::encode_event(&mut self.buf, &event);
-        log.insert(event.revision(), self.buf.as_slice())
+        codec::encode_entry(&mut self.buf, &entry);
+        log.insert(revision, self.buf.as_slice())
             .map_err(|e| Error::backend("write history", e))?;
-        p.events.push(event);
-        Ok(())
+        let kind = entry.kind;
+        p.events.push(Event {
+            kind,
+            kv: entry.into_kv(revision),
+            prev,
+        });
+        Ok(p.events
+            .last()
+            .unwrap_or_else(|| unreachable!("an event was just pushed")))
     }
 
-    /// Drops up to `purge_chunk` log entries below the compacted revision.
+    /// Examines up to `purge_chunk` log entries from the purge cursor towards the
+    /// compacted revision and drops what no read can reach any more: a delete entry,
+    /// and the previous entry of any entry below the compacted revision. What stays
+    /// below it is the newest entry of each key, as etcd keeps it.
     ///
     /// Not fsynced: a crash at worst brings back entries that are already unreadable
-    /// (below the durable compacted revision), and they are purged again after reopen.
+    /// and a cursor that is behind; the purge redoes that part after reopening.
     fn purge_step(&mut self) {
-        let result = (|| -> Result<usize> {
+        let result = (|| -> Result<(usize, Revision)> {
             let mut txn = self
                 .shared
                 .db
@@ -411,31 +430,57 @@ impl Committer {
                 .map_err(|e| Error::backend("begin purge", e))?;
             txn.set_durability(Durability::None)
                 .map_err(|e| Error::backend("set durability", e))?;
-            let removed = {
+            let (examined, cursor) = {
                 let mut log = txn
                     .open_table(LOG)
                     .map_err(|e| Error::backend("open log", e))?;
-                let revisions = log
-                    .range(..self.compacted)
+                let mut meta = txn
+                    .open_table(META)
+                    .map_err(|e| Error::backend("open meta", e))?;
+                let mut doomed = Vec::new();
+                let mut examined = 0;
+                let mut cursor = self.compacted;
+                for item in log
+                    .range(self.purged_to..self.compacted)
                     .map_err(|e| Error::backend("scan history", e))?
                     .take(self.purge_chunk)
-                    .map(|entry| entry.map(|(rev, _)| rev.value()))
-                    .collect::<Result<Vec<u64>, _>>()
-                    .map_err(|e| Error::backend("scan history", e))?;
-                for rev in &revisions {
+                {
+                    let (rev, bytes) = item.map_err(|e| Error::backend("scan history", e))?;
+                    let entry = codec::decode_entry(rev.value(), bytes.value())
+                        .map_err(|d| self.shared.corrupt(d))?;
+                    examined += 1;
+                    cursor = rev.value() + 1;
+                    // This entry superseded its previous one before the compacted revision.
+                    if entry.prev_mod > 0 {
+                        doomed.push(entry.prev_mod);
+                    }
+                    if entry.kind == EventKind::Delete {
+                        doomed.push(rev.value());
+                    }
+                }
+                if examined < self.purge_chunk {
+                    cursor = self.compacted;
+                }
+                for rev in doomed {
                     log.remove(rev)
                         .map_err(|e| Error::backend("purge history", e))?;
                 }
-                revisions.len()
+                meta.insert(META_PURGED_TO, cursor)
+                    .map_err(|e| Error::backend("write purge cursor", e))?;
+                (examined, cursor)
             };
             txn.commit().map_err(|e| Error::Commit(e.into()))?;
-            Ok(removed)
+            Ok((examined, cursor))
         })();
         match result {
-            Ok(removed) => {
-                if removed < self.purge_chunk {
+            Ok((examined, cursor)) => {
+                self.purged_to = cursor;
+                if cursor >= self.compacted {
                     self.set_purge_pending(false);
-                    debug!(compacted = self.compacted, "history purge finished");
+                    debug!(
+                        compacted = self.compacted,
+                        examined, "history purge finished"
+                    );
                 }
             }
             Err(e) => {

@@ -1,25 +1,30 @@
 //! The embedded backend: one redb file, etcd's semantics.
 //!
 //! # How it works
-//! - Three tables: `kv` (key → latest record), `log` (revision → the event of that
-//!   revision, with the key's previous value), `meta` (current and compacted revision,
-//!   format version).
+//! - Three tables: `log` (revision → what the write of that revision did, with its
+//!   value and a pointer to the key's previous entry), `kv` (key → the revisions of its
+//!   latest entry), `meta` (format version, current and compacted revision, purge
+//!   cursor). Each value is written once ([`codec`]).
 //! - Writes go to one committer thread ([`committer`]) that drains every request
 //!   waiting, applies them in order in one write transaction, fsyncs once, publishes
 //!   the events, then acknowledges. Concurrent writers therefore share an fsync:
 //!   that is where the throughput comes from.
 //! - Reads open their own read transaction (redb is MVCC): they never wait for writers.
 //!   A list at a past revision reads the latest `kv` and undoes the log entries after
-//!   that revision (each entry carries the previous value).
-//! - Watches ([`watch`]) replay the log from their start revision, then follow a
-//!   bounded broadcast of committed batches. A watcher that falls too far behind is
-//!   ended with [`Error::WatcherLagged`] rather than buffering without bound.
-//! - `compact` records the compacted revision at once; the committer drops the old log
-//!   entries afterwards in small steps between write batches, so writers never wait
-//!   for a whole purge.
+//!   that revision (each entry points at the key's previous one).
+//! - Watches ([`watch`]) replay the log from their start revision, then receive the
+//!   committed batches that match their prefix through the [`hub`], each on its own
+//!   bounded channel. A watcher that falls too far behind is ended with
+//!   [`Error::WatcherLagged`] rather than buffering without bound.
+//! - `compact` records the compacted revision at once; the committer drops the log
+//!   entries nobody can read any more afterwards, in small steps between write batches,
+//!   so writers never wait for a whole purge. Like etcd, it keeps the newest entry of
+//!   each key below the compacted revision: it is still the key's value, or the
+//!   previous value of a later event.
 
 mod codec;
 mod committer;
+mod hub;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -31,14 +36,15 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     DEFAULT_MAX_VALUE_SIZE, Deleted, Error, Event, KeyValue, ListRequest, ListResponse, Result,
     Revision, Store, WatchStream,
 };
-use codec::{Record, decode_record};
+use codec::{Entry, decode_entry, decode_meta};
 use committer::{Committer, Op, Reply, Request};
+use hub::Hub;
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
@@ -47,6 +53,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_FORMAT: &str = "format";
 const META_REVISION: &str = "revision";
 const META_COMPACTED: &str = "compacted";
+/// Log entries below this revision have been through the purge.
+const META_PURGED_TO: &str = "purged_to";
 /// Bumped on any incompatible change of the tables or their encodings.
 const FORMAT_VERSION: u64 = 1;
 
@@ -63,7 +71,7 @@ pub struct RedbConfig {
     /// Most write requests applied in one transaction. Larger batches amortise the
     /// fsync further but hold every writer in the batch for longer.
     pub max_batch: usize,
-    /// History entries dropped per purge step after a compaction. Bounds how long a
+    /// History entries examined per purge step after a compaction. Bounds how long a
     /// purge step can hold up the next write batch.
     pub purge_chunk: usize,
 }
@@ -101,42 +109,6 @@ struct Shared {
     purging: AtomicBool,
 }
 
-/// Fan-out of committed batches to live watchers.
-#[derive(Debug)]
-struct Hub {
-    /// `None` once the store is closed. Held while publishing so that a subscriber
-    /// learns exactly which revisions it will receive live.
-    sender: Mutex<Option<broadcast::Sender<Arc<[Event]>>>>,
-    /// The last revision sent to live watchers; every acknowledged write is at or
-    /// below it.
-    published: AtomicU64,
-}
-
-impl Hub {
-    fn published(&self) -> Revision {
-        self.published.load(Ordering::Acquire)
-    }
-
-    fn publish(&self, events: Arc<[Event]>, revision: Revision) {
-        let sender = lock(&self.sender);
-        if let Some(sender) = sender.as_ref() {
-            // An error only means nobody is watching.
-            let _ = sender.send(events);
-        }
-        self.published.store(revision, Ordering::Release);
-    }
-
-    /// A receiver of every batch after the returned revision.
-    fn subscribe(&self) -> Option<(broadcast::Receiver<Arc<[Event]>>, Revision)> {
-        let sender = lock(&self.sender);
-        sender.as_ref().map(|s| (s.subscribe(), self.published()))
-    }
-
-    fn close(&self) {
-        lock(&self.sender).take();
-    }
-}
-
 /// Poisoning only follows a panic elsewhere; the guarded data stays consistent.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -160,14 +132,10 @@ impl RedbStore {
             .map_err(|e| open_err(e.into()))?;
         let (revision, compacted) = init_tables(&db, &path)?;
 
-        let (sender, _) = broadcast::channel(config.watch_buffer.max(1));
         let shared = Arc::new(Shared {
             db,
             path,
-            hub: Hub {
-                sender: Mutex::new(Some(sender)),
-                published: AtomicU64::new(revision),
-            },
+            hub: Hub::new(revision, config.watch_buffer),
             compacted: AtomicU64::new(compacted),
             purging: AtomicBool::new(false),
         });
@@ -326,14 +294,72 @@ fn read_err(step: &'static str) -> impl Fn(redb::Error) -> Error {
     move |e| Error::backend(step, e)
 }
 
-impl Shared {
+/// Lookups in the history log of one transaction, read or write.
+pub(crate) struct History<'a, L> {
+    pub log: &'a L,
+    pub path: &'a Path,
+}
+
+impl<L: ReadableTable<u64, &'static [u8]>> History<'_, L> {
     fn corrupt(&self, detail: String) -> Error {
         Error::Corrupt {
-            path: self.path.clone(),
+            path: self.path.to_owned(),
             detail,
         }
     }
 
+    pub fn entry(&self, revision: Revision) -> Result<Option<Entry>> {
+        let Some(bytes) = self
+            .log
+            .get(revision)
+            .map_err(|e| Error::backend("read history", e))?
+        else {
+            return Ok(None);
+        };
+        decode_entry(revision, bytes.value())
+            .map(Some)
+            .map_err(|d| self.corrupt(d))
+    }
+
+    /// The key-value written at `revision`, which must still be in the log.
+    pub fn kv_at(&self, revision: Revision, referenced_by: &str) -> Result<KeyValue> {
+        match self.entry(revision)? {
+            Some(entry) => Ok(entry.into_kv(revision)),
+            None => Err(self.corrupt(format!(
+                "history entry {revision} is missing, but {referenced_by} refers to it"
+            ))),
+        }
+    }
+
+    /// The event of the entry at `revision`, with the key's previous value.
+    pub fn event(&self, revision: Revision, entry: Entry) -> Result<Event> {
+        let prev = match entry.prev_mod {
+            0 => None,
+            p => Some(self.kv_at(p, &format!("the entry at {revision}"))?),
+        };
+        let kind = entry.kind;
+        Ok(Event {
+            kind,
+            kv: entry.into_kv(revision),
+            prev,
+        })
+    }
+
+    /// The latest value of `key`, through the `kv` table.
+    pub fn latest(
+        &self,
+        kv: &impl ReadableTable<&'static str, &'static [u8]>,
+        key: &str,
+    ) -> Result<Option<KeyValue>> {
+        let Some(bytes) = kv.get(key).map_err(|e| Error::backend("read key", e))? else {
+            return Ok(None);
+        };
+        let meta = decode_meta(bytes.value()).map_err(|d| self.corrupt(d))?;
+        self.kv_at(meta.mod_revision, key).map(Some)
+    }
+}
+
+impl Shared {
     fn list_at(&self, request: &ListRequest) -> Result<ListResponse> {
         let err = read_err("read list");
         let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
@@ -365,6 +391,11 @@ impl Shared {
         };
         let limit = request.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let kv = txn.open_table(KV).map_err(|e| err(e.into()))?;
+        let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
+        let history = History {
+            log: &log,
+            path: &self.path,
+        };
         let start = match &request.start_after {
             Some(after) if after.as_str() >= request.prefix.as_str() => {
                 Bound::Excluded(after.as_str())
@@ -380,29 +411,34 @@ impl Shared {
         };
 
         // The state at `at` differs from the latest only for keys written after `at`:
-        // for each, the earliest later log entry carries its value as of `at`.
-        let mut undo: BTreeMap<String, Option<KeyValue>> = BTreeMap::new();
+        // for each, the earliest later entry points at its entry as of `at` (0: absent).
+        let mut undo: BTreeMap<String, Revision> = BTreeMap::new();
         if at < current {
-            let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
-            for entry in log.range(at + 1..).map_err(|e| err(e.into()))? {
-                let (rev, bytes) = entry.map_err(|e| err(e.into()))?;
-                let event =
-                    codec::decode_event(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
-                if in_range(&event.kv.key) && !undo.contains_key(&event.kv.key) {
-                    undo.insert(event.kv.key, event.prev);
+            for item in log.range(at + 1..).map_err(|e| err(e.into()))? {
+                let (rev, bytes) = item.map_err(|e| err(e.into()))?;
+                let entry =
+                    decode_entry(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
+                if in_range(&entry.key) && !undo.contains_key(&entry.key) {
+                    undo.insert(entry.key, entry.prev_mod);
                 }
             }
         }
+        let value_at = |key: &str, rev: Revision| -> Result<Option<KeyValue>> {
+            match rev {
+                0 => Ok(None),
+                r => history.kv_at(r, key).map(Some),
+            }
+        };
 
         // Collect one key past the limit to learn whether there are more.
         let want = limit.saturating_add(1);
         let mut kvs = Vec::new();
         let mut pending = undo.into_iter().peekable();
-        for entry in kv
+        for item in kv
             .range::<&str>((start, Bound::Unbounded))
             .map_err(|e| err(e.into()))?
         {
-            let (key, bytes) = entry.map_err(|e| err(e.into()))?;
+            let (key, bytes) = item.map_err(|e| err(e.into()))?;
             let key = key.value();
             if !key.starts_with(&request.prefix) || kvs.len() >= want {
                 break;
@@ -412,29 +448,32 @@ impl Shared {
                 if k.as_str() >= key || kvs.len() >= want {
                     break;
                 }
-                if let Some((_, Some(prev))) = pending.next() {
-                    kvs.push(prev);
+                if let Some((k, rev)) = pending.next()
+                    && let Some(old) = value_at(&k, rev)?
+                {
+                    kvs.push(old);
                 }
             }
-            let item = match pending.peek() {
-                Some((k, _)) if k == key => pending.next().and_then(|(_, prev)| prev),
-                _ => Some(
-                    decode_record(bytes.value())
+            let rev = match pending.peek() {
+                Some((k, _)) if k == key => pending.next().map_or(0, |(_, rev)| rev),
+                _ => {
+                    decode_meta(bytes.value())
                         .map_err(|d| self.corrupt(d))?
-                        .into_kv(key.to_owned()),
-                ),
+                        .mod_revision
+                }
             };
-            if let Some(item) = item
-                && kvs.len() < want
+            if kvs.len() < want
+                && let Some(item) = value_at(key, rev)?
             {
                 kvs.push(item);
             }
         }
-        kvs.extend(
-            pending
-                .filter_map(|(_, prev)| prev)
-                .take(want.saturating_sub(kvs.len())),
-        );
+        for (k, rev) in pending {
+            if kvs.len() >= want {
+                break;
+            }
+            kvs.extend(value_at(&k, rev)?);
+        }
         let more = kvs.len() > limit;
         kvs.truncate(limit);
         Ok(ListResponse {
@@ -444,7 +483,7 @@ impl Shared {
         })
     }
 
-    /// Log events with revisions in `from..=to` whose key starts with `prefix`.
+    /// Events with revisions in `from..=to` whose key starts with `prefix`.
     fn read_log(&self, prefix: &str, from: Revision, to: Revision) -> Result<Vec<Event>> {
         let err = read_err("read history");
         let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
@@ -461,16 +500,26 @@ impl Shared {
             });
         }
         let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
+        let history = History {
+            log: &log,
+            path: &self.path,
+        };
         let mut events = Vec::new();
-        for entry in log.range(from..=to).map_err(|e| err(e.into()))? {
-            let (rev, bytes) = entry.map_err(|e| err(e.into()))?;
-            let event =
-                codec::decode_event(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
-            if event.kv.key.starts_with(prefix) {
-                events.push(event);
+        for item in log.range(from..=to).map_err(|e| err(e.into()))? {
+            let (rev, bytes) = item.map_err(|e| err(e.into()))?;
+            let entry = decode_entry(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
+            if entry.key.starts_with(prefix) {
+                events.push(history.event(rev.value(), entry)?);
             }
         }
         Ok(events)
+    }
+
+    fn corrupt(&self, detail: String) -> Error {
+        Error::Corrupt {
+            path: self.path.clone(),
+            detail,
+        }
     }
 }
 
@@ -480,11 +529,12 @@ impl Store for RedbStore {
         let err = read_err("read key");
         let txn = self.shared.db.begin_read().map_err(|e| err(e.into()))?;
         let kv = txn.open_table(KV).map_err(|e| err(e.into()))?;
-        let Some(bytes) = kv.get(key).map_err(|e| err(e.into()))? else {
-            return Ok(None);
-        };
-        let record: Record = decode_record(bytes.value()).map_err(|d| self.shared.corrupt(d))?;
-        Ok(Some(record.into_kv(key.to_owned())))
+        let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
+        History {
+            log: &log,
+            path: &self.shared.path,
+        }
+        .latest(&kv, key)
     }
 
     async fn list(&self, request: ListRequest) -> Result<ListResponse> {

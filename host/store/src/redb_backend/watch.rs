@@ -1,18 +1,23 @@
 //! Watch streams of the embedded backend.
 //!
 //! A watcher first replays the log from its start revision in chunks. Once it is
-//! within one chunk of the head it subscribes to the live broadcast (learning exactly
-//! which revision the broadcast starts after), reads the remaining gap from the log,
-//! and from then on only filters live batches. The broadcast is bounded: a watcher
-//! that falls `watch_buffer` commits behind is ended with [`Error::WatcherLagged`],
-//! naming the revision to resume from, so it never holds back writers or others.
+//! within one chunk of the head it subscribes to the [hub](super::hub) (learning
+//! exactly which revision its live batches start after), reads the remaining gap from
+//! the log, and from then on only filters live batches. Its channel is bounded: a
+//! watcher that falls `watch_buffer` batches behind is ended with
+//! [`Error::WatcherLagged`], naming the revision to resume from, so it never holds
+//! back writers or others.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use futures::stream;
-use tokio::sync::broadcast;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use futures::Stream;
 
 use super::Shared;
+use super::hub::Subscription;
 use crate::{Error, Event, Result, Revision, WatchStream};
 
 /// Revisions read from the log per step while catching up.
@@ -38,10 +43,7 @@ pub(super) fn watch(shared: Arc<Shared>, prefix: String, start: Revision) -> Res
         live: None,
         done: false,
     };
-    Ok(Box::pin(stream::unfold(watcher, |mut w| async move {
-        let item = w.next_batch().await?;
-        Some((item, w))
-    })))
+    Ok(Box::pin(watcher))
 }
 
 struct Watcher {
@@ -49,34 +51,39 @@ struct Watcher {
     prefix: String,
     /// The first revision not yet delivered (or skipped as not matching).
     next: Revision,
-    live: Option<broadcast::Receiver<Arc<[Event]>>>,
+    live: Option<Subscription>,
     done: bool,
 }
 
-impl Watcher {
-    async fn next_batch(&mut self) -> Option<Result<Vec<Event>>> {
-        if self.done {
-            return None;
-        }
-        let item = self.next_inner().await;
-        if !matches!(item, Some(Ok(_))) {
-            self.done = true;
-        }
-        item
-    }
+impl Stream for Watcher {
+    type Item = Result<Vec<Event>>;
 
-    async fn next_inner(&mut self) -> Option<Result<Vec<Event>>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let item = ready!(this.poll_inner(cx));
+        if !matches!(item, Some(Ok(_))) {
+            this.done = true;
+        }
+        Poll::Ready(item)
+    }
+}
+
+impl Watcher {
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Vec<Event>>>> {
         loop {
             let Some(live) = self.live.as_mut() else {
                 match self.catch_up() {
-                    Ok(Some(events)) => return Some(Ok(events)),
+                    Ok(Some(events)) => return Poll::Ready(Some(Ok(events))),
                     Ok(None) => continue,
-                    Err(Error::Closed) => return None,
-                    Err(e) => return Some(Err(e)),
+                    Err(Error::Closed) => return Poll::Ready(None),
+                    Err(e) => return Poll::Ready(Some(Err(e))),
                 }
             };
-            match live.recv().await {
-                Ok(batch) => {
+            match ready!(live.rx.poll_recv(cx)) {
+                Some(batch) => {
                     let Some(last) = batch.last() else { continue };
                     let events: Vec<Event> = batch
                         .iter()
@@ -85,15 +92,16 @@ impl Watcher {
                         .collect();
                     self.next = self.next.max(last.revision() + 1);
                     if !events.is_empty() {
-                        return Some(Ok(events));
+                        return Poll::Ready(Some(Ok(events)));
                     }
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    return Some(Err(Error::WatcherLagged {
+                None if live.lagged.load(Ordering::Acquire) => {
+                    return Poll::Ready(Some(Err(Error::WatcherLagged {
                         resume_from: self.next,
-                    }));
+                    })));
                 }
-                Err(broadcast::error::RecvError::Closed) => return None,
+                // The store closed.
+                None => return Poll::Ready(None),
             }
         }
     }
@@ -108,7 +116,12 @@ impl Watcher {
             self.next = to + 1;
             return Ok(Some(events).filter(|e| !e.is_empty()));
         }
-        let (live, head) = self.shared.hub.subscribe().ok_or(Error::Closed)?;
+        let live = self
+            .shared
+            .hub
+            .subscribe(&self.prefix)
+            .ok_or(Error::Closed)?;
+        let head = live.after;
         self.live = Some(live);
         if head < self.next {
             return Ok(None);

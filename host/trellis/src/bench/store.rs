@@ -57,6 +57,32 @@ struct Report {
     p99_ms: f64,
     max_ms: f64,
     elapsed_s: f64,
+    /// Embedded backend: one 4 KiB write plus fdatasync of a file beside the store,
+    /// the floor under a durable write's latency on this disk.
+    fsync_p50_ms: Option<f64>,
+    fsync_p99_ms: Option<f64>,
+}
+
+/// Samples of the raw fsync cost.
+const FSYNC_SAMPLES: usize = 300;
+
+/// Times a 4 KiB write plus `sync_data` in `dir`, as a durable commit does at least.
+fn fsync_cost(dir: &std::path::Path) -> anyhow::Result<Percentiles> {
+    use std::io::{Seek, SeekFrom, Write};
+    let path = dir.join("fsync-probe");
+    let mut file = std::fs::File::create(&path).context("create the fsync probe file")?;
+    let block = [0x5au8; 4096];
+    let mut samples = Vec::with_capacity(FSYNC_SAMPLES);
+    for i in 0..FSYNC_SAMPLES {
+        let started = std::time::Instant::now();
+        file.seek(SeekFrom::Start((i % 16) as u64 * 4096))?;
+        file.write_all(&block)?;
+        file.sync_data().context("fsync the probe file")?;
+        samples.push(started.elapsed());
+    }
+    drop(file);
+    std::fs::remove_file(&path).context("remove the fsync probe file")?;
+    Ok(Percentiles::of(&mut samples))
 }
 
 pub async fn run(args: StoreArgs) -> anyhow::Result<()> {
@@ -75,7 +101,7 @@ pub async fn run(args: StoreArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "store {}: {} writers, {} writes of {} B in {:.3} s: {:.0} writes/s, \
-             latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+             latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms{}",
             report.backend,
             report.writers,
             report.ops,
@@ -85,6 +111,10 @@ pub async fn run(args: StoreArgs) -> anyhow::Result<()> {
             report.p50_ms,
             report.p99_ms,
             report.max_ms,
+            report
+                .fsync_p99_ms
+                .map(|f| format!(" (fsync alone: p99 {f:.3} ms)"))
+                .unwrap_or_default(),
         );
     }
     Ok(())
@@ -109,6 +139,14 @@ async fn measure(open: &OpenStore, args: &StoreArgs) -> anyhow::Result<Report> {
 
     let percentiles = Percentiles::of(&mut latencies);
     let elapsed_s = elapsed.as_secs_f64();
+    let fsync = match open
+        .redb
+        .as_ref()
+        .and_then(|r| r.path().parent().map(ToOwned::to_owned))
+    {
+        Some(dir) => Some(tokio::task::spawn_blocking(move || fsync_cost(&dir)).await??),
+        None => None,
+    };
     let writes_per_sec = args.ops as f64 / elapsed_s;
     Ok(Report {
         backend: open.backend.name(),
@@ -120,6 +158,8 @@ async fn measure(open: &OpenStore, args: &StoreArgs) -> anyhow::Result<Report> {
         p99_ms: percentiles.p99_ms,
         max_ms: percentiles.max_ms,
         elapsed_s: (elapsed_s * 1e3).round() / 1e3,
+        fsync_p50_ms: fsync.map(|f| f.p50_ms),
+        fsync_p99_ms: fsync.map(|f| f.p99_ms),
     })
 }
 
