@@ -1,14 +1,13 @@
 //! `trellis`: the Trellis control plane, node agent and command-line client in one
 //! binary.
 //!
-//! For now it carries the benchmarks of the store backends, the figures that decide
-//! which backend a deployment picks:
-//!
-//! - `trellis bench store`: durable write throughput and latency of concurrent writers.
-//! - `trellis bench watch`: how long a committed write takes to reach every watcher.
+//! - `trellis up`: the control plane on its embedded default (today: the store and its
+//!   compactor; the API server and the rest join it as they are built).
+//! - `trellis bench store|watch|compaction`: the store backends' figures.
 //! - `trellis version`: the version of this binary.
 //!
 //! # Layout
+//! - [`up`]: `trellis up`, and how it shuts down (Ctrl-C or SIGTERM).
 //! - [`bench`]: the benchmarks, one module per benchmark, and what they share
 //!   (opening a backend, percentiles, bounded store calls).
 //!
@@ -16,6 +15,7 @@
 //! with `--json`, exactly one JSON object a script can parse.
 
 mod bench;
+mod up;
 
 use std::process::ExitCode;
 
@@ -32,6 +32,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start the control plane on its embedded default.
+    Up(up::UpArgs),
     /// Measure the store backends.
     Bench(bench::BenchArgs),
     /// Print the version of this binary.
@@ -67,12 +69,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("trellis {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Bench(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("start the tokio runtime")?;
-            runtime.block_on(bench::run(args))
+        Command::Bench(args) => runtime()?.block_on(bench::run(args)),
+        Command::Up(args) => runtime()?.block_on(up::run(args, shutdown_signal())),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the tokio runtime")
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; stop with Ctrl-C");
+            let _ = ctrl_c.await;
         }
     }
 }

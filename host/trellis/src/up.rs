@@ -1,0 +1,123 @@
+//! `trellis up`: the control plane on its embedded default.
+//!
+//! Today it opens the store in the data directory (redb, or etcd with `--store
+//! etcd://HOST:PORT`), keeps its history window with the compactor, and runs until
+//! Ctrl-C or SIGTERM, then closes the store cleanly. The API server, the controllers,
+//! the scheduler and the local node join it here as they are built.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use tracing::info;
+use trellis_store::{
+    Compactor, CompactorConfig, EtcdConfig, EtcdStore, RedbConfig, RedbStore, Store,
+};
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Where Trellis keeps its state (the store file, and later credentials).
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+
+    /// `redb` (embedded, in the data directory) or `etcd://HOST:PORT[,HOST:PORT]`.
+    #[arg(long, default_value = "redb")]
+    store: String,
+
+    /// History kept for watches and lists at a past revision, in seconds.
+    #[arg(long, default_value_t = 300)]
+    history_window: u64,
+}
+
+/// What `--store` names.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StoreSpec {
+    Redb,
+    Etcd(Vec<String>),
+}
+
+impl std::str::FromStr for StoreSpec {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        if s == "redb" {
+            return Ok(StoreSpec::Redb);
+        }
+        let Some(hosts) = s.strip_prefix("etcd://") else {
+            bail!("parse --store {s:?}: expected `redb` or `etcd://HOST:PORT[,HOST:PORT]`");
+        };
+        let endpoints: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("http://{h}"))
+            .collect();
+        if endpoints.is_empty() {
+            bail!("parse --store {s:?}: no etcd endpoint given");
+        }
+        Ok(StoreSpec::Etcd(endpoints))
+    }
+}
+
+pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let spec: StoreSpec = args.store.parse()?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("create the data directory {}", args.data_dir.display()))?;
+    let (store, redb): (Arc<dyn Store>, Option<Arc<RedbStore>>) = match spec {
+        StoreSpec::Redb => {
+            let path = args.data_dir.join("store.redb");
+            let redb = Arc::new(
+                RedbStore::open(RedbConfig::new(&path))
+                    .with_context(|| format!("open the store {}", path.display()))?,
+            );
+            (redb.clone(), Some(redb))
+        }
+        StoreSpec::Etcd(endpoints) => {
+            let joined = endpoints.join(",");
+            let etcd = EtcdStore::connect(EtcdConfig::new(endpoints))
+                .await
+                .with_context(|| format!("connect to etcd at {joined}"))?;
+            (Arc::new(etcd), None)
+        }
+    };
+    let revision = store
+        .current_revision()
+        .await
+        .context("read the store revision")?;
+    info!(data_dir = %args.data_dir.display(), store = %args.store, revision, "store ready");
+
+    let config = CompactorConfig {
+        window: Duration::from_secs(args.history_window),
+        ..CompactorConfig::default()
+    };
+    Compactor::new(config).run(store, shutdown).await;
+
+    info!("shutting down");
+    if let Some(redb) = redb {
+        redb.close().await.context("close the store")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_store_specs() {
+        assert_eq!("redb".parse::<StoreSpec>().unwrap(), StoreSpec::Redb);
+        assert_eq!(
+            "etcd://127.0.0.1:2379,10.0.0.2:2379"
+                .parse::<StoreSpec>()
+                .unwrap(),
+            StoreSpec::Etcd(vec![
+                "http://127.0.0.1:2379".into(),
+                "http://10.0.0.2:2379".into()
+            ])
+        );
+        let err = "sqlite".parse::<StoreSpec>().unwrap_err().to_string();
+        assert!(err.contains("expected `redb` or `etcd://"), "{err}");
+        assert!("etcd://".parse::<StoreSpec>().is_err());
+    }
+}
