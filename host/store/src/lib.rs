@@ -137,7 +137,7 @@ pub type WatchStream = BoxStream<'static, Result<Vec<Event>>>;
 
 /// The store every control-plane component reads, writes and watches through.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The latest value of `key`, if it exists.
     async fn get(&self, key: &str) -> Result<Option<KeyValue>>;
 

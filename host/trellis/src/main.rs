@@ -1,8 +1,8 @@
 //! `trellis`: the Trellis control plane, node agent and command-line client in one
 //! binary.
 //!
-//! - `trellis up`: the control plane on its embedded default (today: the store and its
-//!   compactor; the API server and the rest join it as they are built).
+//! - `trellis server`: the API server on the store; `trellis up`: the control plane on
+//!   its embedded default (today the same; controllers, scheduler and node join it).
 //! - `trellis bench store|watch|compaction`: the store backends' figures.
 //! - `trellis version`: the version of this binary.
 //!
@@ -34,6 +34,8 @@ struct Cli {
 enum Command {
     /// Start the control plane on its embedded default.
     Up(up::UpArgs),
+    /// Start the API server (with its store).
+    Server(up::UpArgs),
     /// Measure the store backends.
     Bench(bench::BenchArgs),
     /// Print the version of this binary.
@@ -70,7 +72,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
-        Command::Up(args) => runtime()?.block_on(up::run(args, shutdown_signal())),
+        Command::Up(args) | Command::Server(args) => {
+            runtime()?.block_on(up::run(args, shutdown_signal()))
+        }
     }
 }
 

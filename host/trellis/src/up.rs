@@ -1,9 +1,10 @@
-//! `trellis up`: the control plane on its embedded default.
+//! `trellis server` and `trellis up`: the control plane.
 //!
-//! Today it opens the store in the data directory (redb, or etcd with `--store
-//! etcd://HOST:PORT`), keeps its history window with the compactor, and runs until
-//! Ctrl-C or SIGTERM, then closes the store cleanly. The API server, the controllers,
-//! the scheduler and the local node join it here as they are built.
+//! Both open the store (an embedded redb file in the data directory, or etcd with
+//! `--store etcd://HOST:PORT`), keep its history window with the compactor, and serve
+//! the API over HTTPS until Ctrl-C or SIGTERM, then stop gracefully and close the
+//! store. `up` is the embedded default that the controllers, the scheduler and the
+//! local node join as they are built.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,9 +19,18 @@ use trellis_store::{
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Where Trellis keeps its state (the store file, and later credentials).
+    /// Where Trellis keeps its state: the store file, the cluster CA and credentials,
+    /// `admin.kubeconfig`.
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
+
+    /// The address the API server listens on.
+    #[arg(long, default_value = "127.0.0.1:6443", value_name = "ADDR:PORT")]
+    listen: std::net::SocketAddr,
+
+    /// Extra DNS names or IP addresses for the serving certificate.
+    #[arg(long = "tls-san", value_name = "NAME")]
+    tls_sans: Vec<String>,
 
     /// `redb` (embedded, in the data directory) or `etcd://HOST:PORT[,HOST:PORT]`.
     #[arg(long, default_value = "redb")]
@@ -87,13 +97,36 @@ pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         .context("read the store revision")?;
     info!(data_dir = %args.data_dir.display(), store = %args.store, revision, "store ready");
 
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopped_signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
+    server_config.listen = args.listen;
+    server_config.tls_sans = args.tls_sans.clone();
+    let server = trellis_apiserver::start(
+        server_config,
+        store.clone(),
+        stopped_signal(stopped.clone()),
+    )
+    .await
+    .context("start the API server")?;
+    println!(
+        "Trellis is serving at {}\n  kubectl --kubeconfig {} get namespaces",
+        server.url,
+        server.kubeconfig.display()
+    );
+
     let config = CompactorConfig {
         window: Duration::from_secs(args.history_window),
         ..CompactorConfig::default()
     };
-    Compactor::new(config).run(store, shutdown).await;
-
+    let compactor = tokio::spawn(Compactor::new(config).run(store, stopped_signal(stopped)));
+    shutdown.await;
     info!("shutting down");
+    let _ = stop.send(true);
+    server.stop().await.context("stop the API server")?;
+    compactor.await.context("join the compactor")?;
     if let Some(redb) = redb {
         redb.close().await.context("close the store")?;
     }

@@ -1,0 +1,20 @@
+//! Trellis' API vocabulary, shared by the API server, the client and the controllers.
+//! No I/O: types and pure functions only.
+//!
+//! Start with [`registry`] (which resources exist and how they are served), then
+//! [`status`] (every error a client sees) and [`selector`] (label and field selectors).
+//!
+//! # Layout
+//! - [`registry`]: the built-in resources: group, version, kind, plural, scope, verbs,
+//!   short names, subresources.
+//! - [`status`]: [`ApiError`], which becomes a Kubernetes `Status` at the server's edge.
+//! - [`selector`]: label and field selectors: parsing and matching.
+//! - [`user`]: who is asking: [`UserInfo`].
+
+pub mod registry;
+pub mod selector;
+pub mod status;
+pub mod user;
+
+pub use status::ApiError;
+pub use user::UserInfo;

@@ -1,0 +1,302 @@
+//! Which resources exist and how they are served: group, version, kind, plural,
+//! scope, verbs, short names, categories and subresources, for discovery, routing,
+//! storage keys and authorization alike. Custom resources add entries at run time.
+
+/// The verbs of a full read-write resource, in discovery's order.
+pub const ALL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// A subresource served under `…/{name}/{subresource}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subresource {
+    /// `status`: writes only `.status`; the main resource never writes it.
+    Status,
+    /// `scale`: an `autoscaling/v1` `Scale` view of `.spec.replicas`.
+    Scale,
+    /// `pods/binding`: assigns a pod to a node.
+    Binding,
+    /// `pods/log`.
+    Log,
+}
+
+impl Subresource {
+    pub fn name(self) -> &'static str {
+        match self {
+            Subresource::Status => "status",
+            Subresource::Scale => "scale",
+            Subresource::Binding => "binding",
+            Subresource::Log => "log",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Subresource::Status,
+            Subresource::Scale,
+            Subresource::Binding,
+            Subresource::Log,
+        ]
+        .into_iter()
+        .find(|r| r.name() == s)
+    }
+}
+
+/// One served resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceInfo {
+    /// `""` for the core group.
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// The path segment: `pods`, `deployments`.
+    pub plural: String,
+    pub singular: String,
+    pub namespaced: bool,
+    pub verbs: Vec<String>,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub subresources: Vec<Subresource>,
+}
+
+impl ResourceInfo {
+    /// `v1` or `apps/v1`: the `apiVersion` of objects of this resource.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// `pods` or `deployments.apps`: the name used in messages and RBAC.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub fn has(&self, sub: Subresource) -> bool {
+        self.subresources.contains(&sub)
+    }
+
+    pub fn allows(&self, verb: &str) -> bool {
+        self.verbs.iter().any(|v| v == verb)
+    }
+
+    /// The store prefix of every object of this resource.
+    pub fn prefix(&self) -> String {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            self.group.as_str()
+        };
+        format!("/registry/{group}/{}/", self.plural)
+    }
+
+    /// The store prefix of one namespace's objects (all objects if not namespaced or
+    /// `namespace` is `None`).
+    pub fn namespace_prefix(&self, namespace: Option<&str>) -> String {
+        match namespace.filter(|_| self.namespaced) {
+            Some(ns) => format!("{}{ns}/", self.prefix()),
+            None => self.prefix(),
+        }
+    }
+
+    /// The store key of one object.
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        format!("{}{name}", self.namespace_prefix(namespace))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn resource(
+    group: &str,
+    kind: &str,
+    plural: &str,
+    namespaced: bool,
+    short_names: &[&str],
+    categories: &[&str],
+    subresources: &[Subresource],
+) -> ResourceInfo {
+    ResourceInfo {
+        group: group.to_owned(),
+        version: "v1".to_owned(),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+        singular: kind.to_lowercase(),
+        namespaced,
+        verbs: ALL_VERBS.iter().map(|v| (*v).to_owned()).collect(),
+        short_names: short_names.iter().map(|s| (*s).to_owned()).collect(),
+        categories: categories.iter().map(|s| (*s).to_owned()).collect(),
+        subresources: subresources.to_vec(),
+    }
+}
+
+/// The built-in resources, in discovery order within each group.
+pub fn builtins() -> Vec<ResourceInfo> {
+    use Subresource::*;
+    vec![
+        resource("", "ConfigMap", "configmaps", true, &["cm"], &[], &[]),
+        resource("", "Endpoints", "endpoints", true, &["ep"], &[], &[]),
+        resource("", "Event", "events", true, &["ev"], &[], &[]),
+        resource(
+            "",
+            "Namespace",
+            "namespaces",
+            false,
+            &["ns"],
+            &[],
+            &[Status],
+        ),
+        resource("", "Node", "nodes", false, &["no"], &[], &[Status]),
+        resource(
+            "",
+            "Pod",
+            "pods",
+            true,
+            &["po"],
+            &["all"],
+            &[Status, Binding, Log],
+        ),
+        resource("", "Secret", "secrets", true, &[], &[], &[]),
+        resource(
+            "",
+            "ServiceAccount",
+            "serviceaccounts",
+            true,
+            &["sa"],
+            &[],
+            &[],
+        ),
+        resource(
+            "",
+            "Service",
+            "services",
+            true,
+            &["svc"],
+            &["all"],
+            &[Status],
+        ),
+        resource(
+            "apps",
+            "Deployment",
+            "deployments",
+            true,
+            &["deploy"],
+            &["all"],
+            &[Status, Scale],
+        ),
+        resource(
+            "apps",
+            "ReplicaSet",
+            "replicasets",
+            true,
+            &["rs"],
+            &["all"],
+            &[Status, Scale],
+        ),
+        resource(
+            "coordination.k8s.io",
+            "Lease",
+            "leases",
+            true,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
+            "rbac.authorization.k8s.io",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
+            "rbac.authorization.k8s.io",
+            "ClusterRole",
+            "clusterroles",
+            false,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
+            "rbac.authorization.k8s.io",
+            "RoleBinding",
+            "rolebindings",
+            true,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
+            "rbac.authorization.k8s.io",
+            "Role",
+            "roles",
+            true,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
+            "apiextensions.k8s.io",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            false,
+            &["crd", "crds"],
+            &[],
+            &[Status],
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_names_follow_group_and_scope() {
+        let all = builtins();
+        let pods = all.iter().find(|r| r.plural == "pods").unwrap();
+        assert_eq!(pods.api_version(), "v1");
+        assert_eq!(
+            pods.key(Some("default"), "web"),
+            "/registry/core/pods/default/web"
+        );
+        assert_eq!(pods.namespace_prefix(None), "/registry/core/pods/");
+        let deploy = all.iter().find(|r| r.kind == "Deployment").unwrap();
+        assert_eq!(deploy.api_version(), "apps/v1");
+        assert_eq!(deploy.qualified(), "deployments.apps");
+        let nodes = all.iter().find(|r| r.plural == "nodes").unwrap();
+        // A namespace given for a cluster-scoped resource is ignored.
+        assert_eq!(nodes.key(Some("default"), "n1"), "/registry/core/nodes/n1");
+        assert!(pods.has(Subresource::Binding) && !nodes.has(Subresource::Scale));
+    }
+
+    #[test]
+    fn plurals_and_short_names_are_unique() {
+        let all = builtins();
+        let mut names: Vec<String> = all.iter().map(|r| r.qualified()).collect();
+        names.extend(all.iter().flat_map(|r| r.short_names.clone()));
+        let before = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(before, names.len());
+    }
+}

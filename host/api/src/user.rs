@@ -1,0 +1,35 @@
+//! Who is asking: the identity authentication produces and authorization checks.
+
+/// An authenticated user, as Kubernetes' `user.Info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+}
+
+impl UserInfo {
+    pub fn new(
+        name: impl Into<String>,
+        groups: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            uid: String::new(),
+            groups: groups.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    pub fn in_group(&self, group: &str) -> bool {
+        self.groups.iter().any(|g| g == group)
+    }
+}
+
+/// Kubernetes' well-known group names.
+pub mod groups {
+    /// Members may do anything (bypasses RBAC), as in Kubernetes.
+    pub const MASTERS: &str = "system:masters";
+    pub const AUTHENTICATED: &str = "system:authenticated";
+    pub const UNAUTHENTICATED: &str = "system:unauthenticated";
+    pub const NODES: &str = "system:nodes";
+}

@@ -1,0 +1,765 @@
+//! The verbs on stored resources: get, list, create, update, patch, delete,
+//! deletecollection (watch is in [`crate::watch`]). Each works on any resource of the
+//! registry, built-in or custom: objects are Kubernetes JSON, the server owns their
+//! uid, timestamps, resourceVersion and generation.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::Response;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use trellis_api::ApiError;
+use trellis_api::registry::{ResourceInfo, Subresource};
+use trellis_api::selector::{FieldSelector, LabelSelector};
+use trellis_api::status::StatusCause;
+use trellis_store::{ListRequest, Revision};
+
+use crate::object::{self, Object, meta_str, metadata, now_timestamp, remove_meta, set_meta};
+use crate::request::{ApiRequest, BodyFormat, PatchType};
+use crate::response::{ApiResult, ErrorResponse, json_response, store_error};
+use crate::state::AppState;
+use crate::table;
+use crate::typed;
+use crate::watch_cache::decode_stored;
+
+/// Most objects a list reads from the store per page while filtering by selectors.
+const LIST_PAGE: usize = 500;
+
+fn respond(code: StatusCode, obj: &Object, req: &ApiRequest) -> Response {
+    if req.wants_table {
+        return json_response(
+            code,
+            &table::object_table(&req.resource, std::slice::from_ref(obj), None),
+        );
+    }
+    json_response(code, &Value::Object(obj.clone()))
+}
+
+/// Reads one object with its resourceVersion, or 404.
+pub async fn read(
+    state: &AppState,
+    res: &ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+) -> ApiResult<(Object, Revision)> {
+    let key = res.key(ns, name);
+    let kv = state
+        .store
+        .get(&key)
+        .await
+        .map_err(|e| store_error(e, res, name))?
+        .ok_or_else(|| ApiError::not_found(&res.group, &res.plural, name))?;
+    let obj = decode_stored(&kv.value, kv.mod_revision)
+        .ok_or_else(|| ApiError::internal(format!("stored object {key} is not a JSON object")))?;
+    Ok((obj, kv.mod_revision))
+}
+
+pub async fn get(state: &AppState, req: &ApiRequest) -> ApiResult {
+    let name = req.name()?;
+    let (obj, _) = read(state, &req.resource, req.namespace.as_deref(), name).await?;
+    if !visible(&obj, req) {
+        return Err(ApiError::not_found(&req.resource.group, &req.resource.plural, name).into());
+    }
+    Ok(respond(StatusCode::OK, &obj, req))
+}
+
+/// Objects with pending initializers are invisible unless asked for.
+fn visible(obj: &Object, req: &ApiRequest) -> bool {
+    req.include_uninitialized
+        || metadata(obj)
+            .and_then(|m| m.get("initializers"))
+            .and_then(|i| i.get("pending"))
+            .and_then(Value::as_array)
+            .is_none_or(|p| p.is_empty())
+}
+
+/// A continue token: the list's revision and the last key returned.
+fn encode_continue(revision: Revision, key: &str) -> String {
+    use base64::Engine;
+    let token = json!({"v": "meta.k8s.io/v1", "rv": revision, "start": key});
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+}
+
+fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
+    use base64::Engine;
+    let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rev = v["rv"].as_u64().ok_or_else(bad)?;
+    let start = v["start"].as_str().ok_or_else(bad)?.to_owned();
+    Ok((rev, start))
+}
+
+/// The objects of a list request, filtered by its selectors, and the list's metadata.
+pub async fn list_objects(
+    state: &AppState,
+    req: &ApiRequest,
+) -> ApiResult<(Vec<Object>, Revision, Option<String>)> {
+    let res = &req.resource;
+    let prefix = res.namespace_prefix(req.namespace.as_deref());
+    let labels = LabelSelector::parse(req.query.label_selector.as_deref().unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
+    let fields = FieldSelector::parse(req.query.field_selector.as_deref().unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(format!("invalid field selector: {e}")))?;
+    check_fields(res, &fields)?;
+    let limit = req.query.limit.filter(|l| *l > 0);
+
+    let (mut revision, mut start_after) = match req.query.continue_token.as_deref() {
+        Some(token) if !token.is_empty() => {
+            let (rev, start) = decode_continue(token)?;
+            (Some(rev), Some(start))
+        }
+        _ => (None, None),
+    };
+    if revision.is_none() {
+        revision = list_revision(state, req).await?;
+    }
+
+    let mut items = Vec::new();
+    let mut next = None;
+    let read_at;
+    loop {
+        let want = limit.map_or(LIST_PAGE, |l| (l - items.len()).clamp(1, LIST_PAGE));
+        let page = state
+            .store
+            .list(ListRequest {
+                prefix: prefix.clone(),
+                start_after: start_after.clone(),
+                revision,
+                limit: Some(want),
+            })
+            .await
+            .map_err(|e| store_error(e, res, ""))?;
+        revision = Some(page.revision);
+        let last_key = page.kvs.last().map(|kv| kv.key.clone());
+        for kv in page.kvs {
+            let Some(obj) = decode_stored(&kv.value, kv.mod_revision) else {
+                continue;
+            };
+            if visible(&obj, req)
+                && labels.matches_object(&Value::Object(obj.clone()))
+                && matches_fields(res, &fields, &obj)
+            {
+                items.push(obj);
+            }
+        }
+        if !page.more {
+            read_at = page.revision;
+            break;
+        }
+        start_after = last_key;
+        if limit.is_some_and(|l| items.len() >= l) {
+            read_at = page.revision;
+            next = start_after
+                .as_deref()
+                .map(|k| encode_continue(page.revision, k));
+            break;
+        }
+    }
+    Ok((items, read_at, next))
+}
+
+/// The revision a list reads at: latest unless `resourceVersionMatch=Exact`.
+async fn list_revision(state: &AppState, req: &ApiRequest) -> ApiResult<Option<Revision>> {
+    let rv = req.query.resource_version.as_deref().unwrap_or("");
+    if rv.is_empty() || rv == "0" {
+        return Ok(None);
+    }
+    let n: Revision = rv
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?;
+    match req.query.resource_version_match.as_deref() {
+        Some("Exact") => Ok(Some(n)),
+        None | Some("") | Some("NotOlderThan") => {
+            let current = state
+                .store
+                .current_revision()
+                .await
+                .map_err(|e| store_error(e, &req.resource, ""))?;
+            if n > current {
+                return Err(ApiError::timeout(format!(
+                    "Too large resource version: {n}, current: {current}"
+                ))
+                .into());
+            }
+            Ok(None)
+        }
+        Some(other) => {
+            Err(ApiError::bad_request(format!("unsupported resourceVersionMatch {other:?}")).into())
+        }
+    }
+}
+
+/// The fields a field selector may use on this resource.
+fn supported_field(res: &ResourceInfo, field: &str) -> bool {
+    match field {
+        "metadata.name" | "metadata.namespace" => true,
+        "spec.nodeName" | "status.phase" | "spec.schedulerName" | "spec.restartPolicy"
+        | "status.podIP" => res.plural == "pods",
+        f if res.plural == "events" => {
+            f.starts_with("involvedObject.")
+                || matches!(f, "reason" | "type" | "source" | "reportingComponent")
+        }
+        _ => false,
+    }
+}
+
+fn check_fields(res: &ResourceInfo, fields: &FieldSelector) -> Result<(), ApiError> {
+    for f in fields.fields() {
+        if !supported_field(res, f) {
+            return Err(ApiError::bad_request(format!(
+                "field label not supported: {f}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A field's value as a field selector sees it.
+pub fn field_value(obj: &Object, field: &str) -> Option<String> {
+    let mut cur = obj.get(field.split('.').next()?)?;
+    for part in field.split('.').skip(1) {
+        cur = cur.get(part)?;
+    }
+    match cur {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+pub fn matches_fields(_res: &ResourceInfo, fields: &FieldSelector, obj: &Object) -> bool {
+    fields.is_empty() || fields.matches(|f| field_value(obj, f))
+}
+
+pub async fn list(state: &AppState, req: &ApiRequest) -> ApiResult {
+    let (items, revision, next) = list_objects(state, req).await?;
+    if req.wants_table {
+        return Ok(json_response(
+            StatusCode::OK,
+            &table::object_table(&req.resource, &items, Some((revision, next))),
+        ));
+    }
+    let mut meta = json!({"resourceVersion": revision.to_string()});
+    if let Some(token) = next {
+        meta["continue"] = token.into();
+    }
+    let body = json!({
+        "kind": req.resource.list_kind(),
+        "apiVersion": req.resource.api_version(),
+        "metadata": meta,
+        "items": items,
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// Checks that a namespaced object may be created in `ns`.
+async fn check_namespace(state: &AppState, ns: &str) -> ApiResult<()> {
+    let namespaces = state.resource("", "v1", "namespaces")?;
+    match read(state, &namespaces, None, ns).await {
+        Ok((obj, _)) => {
+            let terminating = meta_str(&obj, "deletionTimestamp").is_some()
+                || obj
+                    .get("status")
+                    .and_then(|s| s.get("phase"))
+                    .and_then(Value::as_str)
+                    == Some("Terminating");
+            if terminating {
+                return Err(ApiError::new(
+                    403,
+                    trellis_api::status::Reason::Forbidden,
+                    format!("unable to create new content in namespace {ns} because it is being terminated"),
+                )
+                .into());
+            }
+            Ok(())
+        }
+        Err(ErrorResponse(e)) if e.code == 404 => {
+            Err(ApiError::not_found("", "namespaces", ns).into())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Prepares a new object for storage: identity, timestamps, generation, defaults and
+/// validation. Returns its key.
+pub async fn prepare_create(
+    state: &AppState,
+    req: &ApiRequest,
+    obj: &mut Object,
+) -> ApiResult<String> {
+    let res = &req.resource;
+    object::check_type(obj, res)?;
+    if res.namespaced {
+        let ns = req
+            .namespace
+            .as_deref()
+            .ok_or_else(|| ApiError::bad_request("a namespace is required"))?;
+        match meta_str(obj, "namespace") {
+            None | Some("") => set_meta(obj, "namespace", ns),
+            Some(other) if other == ns => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "the namespace of the provided object ({other}) does not match the namespace sent on the request ({ns})"
+                ))
+                .into());
+            }
+        }
+    } else {
+        remove_meta(obj, "namespace");
+    }
+    if object::name(obj).is_none() {
+        match meta_str(obj, "generateName").filter(|g| !g.is_empty()) {
+            Some(base) => {
+                let name = format!("{base}{}", object::name_suffix());
+                set_meta(obj, "name", name);
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    &res.group,
+                    &res.kind,
+                    "",
+                    vec![
+                        StatusCause::required("metadata.name")
+                            .with_message("name or generateName is required"),
+                    ],
+                )
+                .into());
+            }
+        }
+    }
+    let name = object::name(obj).unwrap_or_default().to_owned();
+    let mut causes = object::validate_name(res, &name);
+    if !causes.is_empty() {
+        causes.truncate(1);
+        return Err(ApiError::invalid(&res.group, &res.kind, &name, causes).into());
+    }
+    set_meta(obj, "uid", uuid::Uuid::new_v4().to_string());
+    set_meta(obj, "creationTimestamp", now_timestamp());
+    set_meta(obj, "generation", 1);
+    remove_meta(obj, "resourceVersion");
+    remove_meta(obj, "deletionTimestamp");
+    remove_meta(obj, "deletionGracePeriodSeconds");
+    typed::default_and_validate(res, obj, None)?;
+    if res.has(Subresource::Status) && res.plural != "namespaces" && res.plural != "pods" {
+        // Status is written through /status only; a create starts without one.
+        obj.remove("status");
+    }
+    if res.namespaced {
+        check_namespace(state, req.namespace.as_deref().unwrap_or_default()).await?;
+    }
+    Ok(res.key(req.namespace.as_deref(), &name))
+}
+
+pub async fn create(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let mut obj = req.decode_body(&body)?;
+    let key = prepare_create(state, req, &mut obj).await?;
+    let name = object::name(&obj).unwrap_or_default().to_owned();
+    if req.dry_run {
+        return Ok(respond(StatusCode::CREATED, &obj, req));
+    }
+    let stored = serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+    let kv = state
+        .store
+        .create(&key, Bytes::from(stored))
+        .await
+        .map_err(|e| store_error(e, &req.resource, &name))?;
+    set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
+    Ok(respond(StatusCode::CREATED, &obj, req))
+}
+
+/// Fields a write through the main resource may not change, and what `/status` may.
+fn merge_for_subresource(
+    res: &ResourceInfo,
+    sub: Option<Subresource>,
+    old: &Object,
+    new: &mut Object,
+) {
+    if !res.has(Subresource::Status) {
+        return;
+    }
+    match sub {
+        Some(Subresource::Status) => {
+            // Only status changes: everything else comes from the stored object.
+            let status = new.remove("status");
+            let metadata = new.get("metadata").cloned();
+            *new = old.clone();
+            match status {
+                Some(s) => {
+                    new.insert("status".into(), s);
+                }
+                None => {
+                    new.remove("status");
+                }
+            }
+            // Labels and annotations may still change through status, as Kubernetes allows.
+            if let (Some(Value::Object(m)), Some(Value::Object(target))) =
+                (metadata, new.get_mut("metadata"))
+            {
+                for field in ["labels", "annotations"] {
+                    if let Some(v) = m.get(field) {
+                        target.insert(field.into(), v.clone());
+                    }
+                }
+            }
+        }
+        _ => match old.get("status") {
+            Some(s) => {
+                new.insert("status".into(), s.clone());
+            }
+            None => {
+                new.remove("status");
+            }
+        },
+    }
+}
+
+/// Applies the server's rules to a replacement of `old` by `new`: immutable identity,
+/// generation on spec changes, status only through `/status`. Returns the expected
+/// revision for the compare-and-swap.
+fn prepare_update(
+    req: &ApiRequest,
+    old: &Object,
+    old_rev: Revision,
+    new: &mut Object,
+) -> ApiResult<Revision> {
+    let res = &req.resource;
+    object::check_type(new, res)?;
+    let name = req.name()?;
+    match object::name(new) {
+        None => set_meta(new, "name", name),
+        Some(n) if n == name => {}
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            ))
+            .into());
+        }
+    }
+    let expected = match meta_str(new, "resourceVersion").filter(|v| !v.is_empty()) {
+        Some(v) => v
+            .parse::<Revision>()
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))?,
+        None => old_rev,
+    };
+    // Identity the client cannot change.
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "namespace",
+        "generation",
+        "deletionTimestamp",
+    ] {
+        match metadata(old).and_then(|m| m.get(field)).cloned() {
+            Some(v) => set_meta(new, field, v),
+            None => {
+                remove_meta(new, field);
+            }
+        }
+    }
+    merge_for_subresource(res, req.subresource, old, new);
+    typed::default_and_validate(res, new, Some(old))?;
+    if req.subresource != Some(Subresource::Status) && new.get("spec") != old.get("spec") {
+        let generation = metadata(old)
+            .and_then(|m| m.get("generation"))
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        set_meta(new, "generation", generation + 1);
+    }
+    remove_meta(new, "resourceVersion");
+    Ok(expected)
+}
+
+/// Writes `new` over the stored object at `expected`; an object whose deletion is
+/// pending and whose finalizers are now empty is deleted instead.
+async fn write_update(
+    state: &AppState,
+    req: &ApiRequest,
+    mut new: Object,
+    expected: Revision,
+) -> ApiResult<Object> {
+    let res = &req.resource;
+    let name = req.name()?;
+    let key = res.key(req.namespace.as_deref(), name);
+    let finalized = meta_str(&new, "deletionTimestamp").is_some()
+        && metadata(&new)
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty());
+    if req.dry_run {
+        set_meta(&mut new, "resourceVersion", expected.to_string());
+        return Ok(new);
+    }
+    if finalized {
+        let deleted = state
+            .store
+            .delete(&key, Some(expected))
+            .await
+            .map_err(|e| store_error(e, res, name))?;
+        set_meta(&mut new, "resourceVersion", deleted.revision.to_string());
+        return Ok(new);
+    }
+    let stored = serde_json::to_vec(&new).map_err(|e| ApiError::internal(e.to_string()))?;
+    let kv = state
+        .store
+        .update(&key, Bytes::from(stored), Some(expected))
+        .await
+        .map_err(|e| store_error(e, res, name))?;
+    set_meta(&mut new, "resourceVersion", kv.mod_revision.to_string());
+    Ok(new)
+}
+
+pub async fn update(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let name = req.name()?;
+    let mut new = req.decode_body(&body)?;
+    let (old, old_rev) = match read(state, &req.resource, req.namespace.as_deref(), name).await {
+        Ok(found) => found,
+        Err(ErrorResponse(e)) if e.code == 404 && req.subresource.is_none() => {
+            // PUT of a missing object creates it, as Kubernetes does for most kinds.
+            let key = prepare_create(state, req, &mut new).await?;
+            let stored = serde_json::to_vec(&new).map_err(|e| ApiError::internal(e.to_string()))?;
+            let kv = state
+                .store
+                .create(&key, Bytes::from(stored))
+                .await
+                .map_err(|e| store_error(e, &req.resource, name))?;
+            set_meta(&mut new, "resourceVersion", kv.mod_revision.to_string());
+            return Ok(respond(StatusCode::CREATED, &new, req));
+        }
+        Err(e) => return Err(e),
+    };
+    let expected = prepare_update(req, &old, old_rev, &mut new)?;
+    let written = write_update(state, req, new, expected).await?;
+    Ok(respond(StatusCode::OK, &written, req))
+}
+
+pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let name = req.name()?;
+    let BodyFormat::Patch(kind) = req.body_format else {
+        return Err(
+            ApiError::unsupported_media_type(req.content_type.as_deref().unwrap_or("")).into(),
+        );
+    };
+    let patch_doc: Value = match kind {
+        PatchType::Apply => Value::Object(object::decode(&body, true)?),
+        _ => serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+    };
+    // Retry on conflicts that the client did not ask for (no resourceVersion in the patch).
+    for _ in 0..8 {
+        let (old, old_rev) = match read(state, &req.resource, req.namespace.as_deref(), name).await
+        {
+            Ok(found) => found,
+            Err(ErrorResponse(e)) if e.code == 404 && kind == PatchType::Apply => {
+                // Server-side apply of a missing object creates it.
+                let mut obj = match patch_doc.clone() {
+                    Value::Object(m) => m,
+                    _ => {
+                        return Err(
+                            ApiError::bad_request("an apply patch must be an object").into()
+                        );
+                    }
+                };
+                let key = prepare_create(state, req, &mut obj).await?;
+                let stored =
+                    serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+                let kv = state
+                    .store
+                    .create(&key, Bytes::from(stored))
+                    .await
+                    .map_err(|e| store_error(e, &req.resource, name))?;
+                set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
+                return Ok(respond(StatusCode::CREATED, &obj, req));
+            }
+            Err(e) => return Err(e),
+        };
+        let mut doc = Value::Object(old.clone());
+        match kind {
+            PatchType::Json => {
+                let ops: json_patch::Patch =
+                    serde_json::from_value(patch_doc.clone()).map_err(|e| {
+                        ApiError::bad_request(format!("error decoding JSON patch: {e}"))
+                    })?;
+                json_patch::patch(&mut doc, &ops).map_err(|e| {
+                    ApiError::new(
+                        422,
+                        trellis_api::status::Reason::Invalid,
+                        format!("the JSON patch could not be applied: {e}"),
+                    )
+                })?;
+            }
+            PatchType::Merge | PatchType::StrategicMerge | PatchType::Apply => {
+                crate::patch::merge(
+                    &mut doc,
+                    &patch_doc,
+                    kind == PatchType::StrategicMerge || kind == PatchType::Apply,
+                );
+            }
+        }
+        let Value::Object(mut new) = doc else {
+            return Err(ApiError::bad_request("the patched object is not an object").into());
+        };
+        let pinned = meta_str(&new, "resourceVersion") != meta_str(&old, "resourceVersion");
+        if !pinned {
+            set_meta(&mut new, "resourceVersion", old_rev.to_string());
+        }
+        let expected = prepare_update(req, &old, old_rev, &mut new)?;
+        match write_update(state, req, new, expected).await {
+            Ok(written) => return Ok(respond(StatusCode::OK, &written, req)),
+            Err(ErrorResponse(e)) if e.code == 409 && !pinned => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::conflict(
+        &req.resource.group,
+        &req.resource.plural,
+        name,
+        ApiError::MODIFIED,
+    )
+    .into())
+}
+
+pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let name = req.name()?;
+    let res = &req.resource;
+    let options: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+    };
+    let precondition_rv = options
+        .get("preconditions")
+        .and_then(|p| p.get("resourceVersion"))
+        .and_then(Value::as_str)
+        .map(|v| {
+            v.parse::<Revision>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))
+        })
+        .transpose()?;
+    let deleted = delete_one(state, req, name, precondition_rv).await?;
+    match deleted {
+        Deletion::Marked(obj) => Ok(respond(StatusCode::OK, &obj, req)),
+        Deletion::Removed(obj) => {
+            let uid = meta_str(&obj, "uid").unwrap_or_default().to_owned();
+            if res.plural == "namespaces" || res.group == "apps" || res.plural == "pods" {
+                Ok(respond(StatusCode::OK, &obj, req))
+            } else {
+                Ok(json_response(
+                    StatusCode::OK,
+                    &trellis_api::status::success(&res.group, &res.plural, name, &uid),
+                ))
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Deletion {
+    /// The object has finalizers (or is a namespace): it is only marked.
+    Marked(Object),
+    Removed(Object),
+}
+
+pub async fn delete_one(
+    state: &AppState,
+    req: &ApiRequest,
+    name: &str,
+    precondition: Option<Revision>,
+) -> ApiResult<Deletion> {
+    let res = &req.resource;
+    for _ in 0..8 {
+        let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
+        if let Some(p) = precondition
+            && p != rev
+        {
+            return Err(ApiError::conflict(&res.group, &res.plural, name, &format!(
+                "Precondition failed: ResourceVersion in precondition: {p}, ResourceVersion in object meta: {rev}"
+            ))
+            .into());
+        }
+        let has_finalizers = metadata(&obj)
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        let namespace = res.plural == "namespaces";
+        if has_finalizers || namespace {
+            if meta_str(&obj, "deletionTimestamp").is_some() {
+                return Ok(Deletion::Marked(obj));
+            }
+            set_meta(&mut obj, "deletionTimestamp", now_timestamp());
+            set_meta(&mut obj, "deletionGracePeriodSeconds", 0);
+            if namespace {
+                obj.insert("status".into(), json!({"phase": "Terminating"}));
+            }
+            remove_meta(&mut obj, "resourceVersion");
+            if req.dry_run {
+                return Ok(Deletion::Marked(obj));
+            }
+            let stored = serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+            match state
+                .store
+                .update(
+                    &res.key(req.namespace.as_deref(), name),
+                    Bytes::from(stored),
+                    Some(rev),
+                )
+                .await
+            {
+                Ok(kv) => {
+                    set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
+                    if namespace {
+                        state.namespace_deleted(name);
+                    }
+                    return Ok(Deletion::Marked(obj));
+                }
+                Err(trellis_store::Error::Conflict { .. }) if precondition.is_none() => continue,
+                Err(e) => return Err(store_error(e, res, name).into()),
+            }
+        }
+        if req.dry_run {
+            return Ok(Deletion::Removed(obj));
+        }
+        match state
+            .store
+            .delete(&res.key(req.namespace.as_deref(), name), Some(rev))
+            .await
+        {
+            Ok(d) => {
+                set_meta(&mut obj, "resourceVersion", d.revision.to_string());
+                return Ok(Deletion::Removed(obj));
+            }
+            Err(trellis_store::Error::Conflict { .. }) if precondition.is_none() => continue,
+            Err(e) => return Err(store_error(e, res, name).into()),
+        }
+    }
+    Err(ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into())
+}
+
+pub async fn delete_collection(state: &AppState, req: &ApiRequest) -> ApiResult {
+    let (items, _, _) = list_objects(state, req).await?;
+    let mut deleted = Vec::new();
+    for obj in items {
+        let Some(name) = object::name(&obj).map(str::to_owned) else {
+            continue;
+        };
+        match delete_one(state, req, &name, None).await {
+            Ok(Deletion::Removed(o) | Deletion::Marked(o)) => deleted.push(o),
+            Err(ErrorResponse(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let body = json!({
+        "kind": req.resource.list_kind(),
+        "apiVersion": req.resource.api_version(),
+        "metadata": {},
+        "items": deleted,
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// Shared state handle for handlers.
+pub type State = Arc<AppState>;

@@ -1,0 +1,39 @@
+//! The API server: Kubernetes' REST API over the store, so that kubectl, the official
+//! client libraries and kube-rs work against Trellis unchanged.
+//!
+//! Start with [`server::start`], then [`routes`] (the request chain) and [`handlers`]
+//! (the verbs).
+//!
+//! # Layout
+//! - [`server`]: credentials on first start, the HTTPS listener, graceful stop.
+//! - [`routes`]: authentication, authorization, path parsing, dispatch.
+//! - [`request`]: what a request asks for (resource, verb, query, formats).
+//! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
+//! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
+//! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
+//! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
+//! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.
+//! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
+//! - [`pki`], [`tls`], [`tokens`], [`kubeconfig`]: the cluster CA, certificates,
+//!   TLS, bearer tokens and the admin kubeconfig.
+//! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
+
+pub mod discovery;
+pub mod handlers;
+pub mod kubeconfig;
+pub mod object;
+pub mod patch;
+pub mod pki;
+pub mod request;
+pub mod response;
+pub mod routes;
+pub mod server;
+pub mod state;
+pub mod table;
+pub mod tls;
+pub mod tokens;
+pub mod typed;
+pub mod watch;
+pub mod watch_cache;
+
+pub use server::{Config, Server, start};

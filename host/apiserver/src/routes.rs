@@ -1,0 +1,244 @@
+//! The request chain: health and version endpoints, then for everything else
+//! authentication → authorization → discovery or a resource handler.
+//!
+//! Resource paths are parsed by hand rather than by a route table, because which
+//! segment is a name and which a resource depends on the registry (which grows with
+//! custom resources): `/api/v1/namespaces/x/pods` is a namespaced collection while
+//! `/api/v1/namespaces/x/status` is a subresource of namespace `x`.
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Extension, State as AxState};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use trellis_api::registry::Subresource;
+use trellis_api::user::groups;
+use trellis_api::{ApiError, UserInfo};
+
+use crate::discovery;
+use crate::handlers::{self, State};
+use crate::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
+use crate::response::{ErrorResponse, json_response};
+use crate::watch;
+
+/// The identity a connection's verified client certificate proves, if any.
+#[derive(Clone, Debug, Default)]
+pub struct Peer(pub Option<UserInfo>);
+
+pub fn router(state: State) -> Router {
+    Router::new()
+        .route("/healthz", get(ok))
+        .route("/livez", get(ok))
+        .route("/readyz", get(ok))
+        .route(
+            "/version",
+            get(|| async { json_response(StatusCode::OK, &discovery::version()) }),
+        )
+        .fallback(dispatch)
+        .with_state(state)
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+/// Who is asking: a verified client certificate, else a bearer token; anonymous
+/// requests are refused.
+fn authenticate(state: &State, peer: &Peer, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
+    if let Some(auth) = headers.get(header::AUTHORIZATION) {
+        let token = auth
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(ApiError::unauthorized)?;
+        return state
+            .tokens
+            .lookup(token)
+            .cloned()
+            .ok_or_else(ApiError::unauthorized);
+    }
+    peer.0.clone().ok_or_else(ApiError::unauthorized)
+}
+
+/// Authorization. Members of `system:masters` may do anything; RBAC for everyone
+/// else is not served yet, so they are refused with kube-apiserver's message.
+fn authorize(user: &UserInfo, req: &ApiRequest) -> Result<(), ApiError> {
+    if user.in_group(groups::MASTERS) {
+        return Ok(());
+    }
+    let resource = match req.subresource {
+        Some(sub) => format!("{}/{}", req.resource.plural, sub.name()),
+        None => req.resource.plural.clone(),
+    };
+    Err(ApiError::forbidden(
+        &user.name,
+        req.verb,
+        &req.resource.group,
+        &resource,
+        req.namespace.as_deref().unwrap_or(""),
+        req.name.as_deref().unwrap_or(""),
+    ))
+}
+
+async fn dispatch(
+    AxState(state): AxState<State>,
+    peer: Option<Extension<Peer>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let peer = peer.map(|Extension(p)| p).unwrap_or_default();
+    match handle(state, peer, method, uri, headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(
+        404,
+        trellis_api::status::Reason::NotFound,
+        "the server could not find the requested resource",
+    )
+}
+
+async fn handle(
+    state: State,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ErrorResponse> {
+    let user = authenticate(&state, &peer, &headers)?;
+    let path = uri.path().trim_end_matches('/');
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let (group, version, rest) = match segments.as_slice() {
+        ["api"] => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &discovery::core_versions(&state),
+            ));
+        }
+        ["apis"] => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &discovery::group_list(&state),
+            ));
+        }
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", group] => {
+            return discovery::group(&state, group)
+                .map(|g| json_response(StatusCode::OK, &g))
+                .ok_or_else(|| not_found().into());
+        }
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        ["openapi", ..] | ["swagger.json"] | ["swagger-2.0.0.pb-v1"] => {
+            return Err(not_found().into());
+        }
+        _ => return Err(not_found().into()),
+    };
+    if !state.serves(group, version) {
+        return Err(not_found().into());
+    }
+    if rest.is_empty() {
+        return Ok(json_response(
+            StatusCode::OK,
+            &discovery::resource_list(&state, group, version),
+        ));
+    }
+
+    // namespaces/{ns}/{plural}… is a namespaced request when {plural} is a namespaced
+    // resource of this group-version; otherwise it addresses the namespace itself.
+    let namespaced_target = |plural: &str| {
+        state
+            .resource(group, version, plural)
+            .ok()
+            .filter(|r| r.namespaced)
+    };
+    let (namespace, plural, name, sub) = match rest {
+        ["namespaces", ns, plural, tail @ ..] if namespaced_target(plural).is_some() => (
+            Some(*ns),
+            *plural,
+            tail.first().copied(),
+            tail.get(1).copied(),
+        ),
+        [plural, tail @ ..] => (None, *plural, tail.first().copied(), tail.get(1).copied()),
+        [] => return Err(not_found().into()),
+    };
+    if rest.len() > 5 {
+        return Err(not_found().into());
+    }
+    let resource = state.resource(group, version, plural)?;
+    if resource.namespaced != namespace.is_some()
+        && !(resource.namespaced && namespace.is_none() && name.is_none())
+    {
+        return Err(not_found().into());
+    }
+    let subresource = match sub {
+        None => None,
+        Some(s) => match Subresource::parse(s).filter(|r| resource.has(*r)) {
+            Some(r) => Some(r),
+            None => return Err(not_found().into()),
+        },
+    };
+    let query = Query::parse(uri.query())?;
+    let verb = request::verb(&method, name.is_some(), query.watch).ok_or_else(|| {
+        ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        )
+    })?;
+    let (content_type, body_format) = request::body_format(&headers);
+    let req = ApiRequest {
+        dry_run: query.dry_run,
+        include_uninitialized: query.include_uninitialized,
+        resource,
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+        subresource,
+        verb,
+        query,
+        user,
+        content_type,
+        body_format,
+        wants_table: request::wants_table(&headers),
+    };
+    authorize(&req.user, &req)?;
+    if matches!(method, Method::POST | Method::PUT | Method::PATCH)
+        && req.body_format == BodyFormat::Unsupported
+    {
+        return Err(
+            ApiError::unsupported_media_type(req.content_type.as_deref().unwrap_or("")).into(),
+        );
+    }
+    let body = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| ApiError::too_large(MAX_BODY))?;
+
+    match (verb, req.subresource) {
+        ("watch", None) => watch::watch(state, req).await,
+        ("get", None | Some(Subresource::Status)) => handlers::get(&state, &req).await,
+        ("list", None) => handlers::list(&state, &req).await,
+        ("create", None) if req.name.is_none() => handlers::create(&state, &req, body).await,
+        ("update", None | Some(Subresource::Status)) => handlers::update(&state, &req, body).await,
+        ("patch", None | Some(Subresource::Status)) => handlers::patch(&state, &req, body).await,
+        ("delete", None) => handlers::delete(&state, &req, body).await,
+        ("deletecollection", None) => handlers::delete_collection(&state, &req).await,
+        (_, Some(Subresource::Log)) => Ok(json_response(
+            StatusCode::OK,
+            &json!("logs are served once nodes run pods"),
+        )),
+        _ => Err(ApiError::method_not_allowed(format!(
+            "{verb} is not supported on {}{}",
+            req.resource.qualified(),
+            req.subresource
+                .map(|s| format!("/{}", s.name()))
+                .unwrap_or_default()
+        ))
+        .into()),
+    }
+}

@@ -1,0 +1,219 @@
+//! Starting and stopping the API server: credentials on first start, the HTTPS
+//! listener, the watch cache, and a graceful stop.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::Extension;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+use trellis_store::Store;
+
+use crate::routes::{Peer, router};
+use crate::state::AppState;
+use crate::watch_cache::WatchCache;
+use crate::{kubeconfig, pki, tls, tokens};
+
+/// Settings of the API server.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where credentials, the token file and `admin.kubeconfig` live.
+    pub data_dir: PathBuf,
+    /// The address to listen on; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// Extra names or addresses for the serving certificate.
+    pub tls_sans: Vec<String>,
+    /// Events the watch cache keeps for watches that resume.
+    pub watch_cache_events: usize,
+    /// Events a client watch may fall behind before it is ended.
+    pub watch_buffer: usize,
+    /// How long a stop waits for requests in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Config {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 6443)),
+            tls_sans: Vec::new(),
+            watch_cache_events: 10_000,
+            watch_buffer: 1_000,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// `https://…`, as clients reach it.
+    pub url: String,
+    /// `DATA_DIR/admin.kubeconfig`.
+    pub kubeconfig: PathBuf,
+    /// The admin's bearer token (from `DATA_DIR/tokens.csv`).
+    pub admin_token: String,
+    pub ca_pem: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    /// Stops accepting, lets requests in flight finish (up to the grace period), ends
+    /// watches, and returns once the listener is closed.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        self.task.await.context("join the server task")?
+    }
+
+    /// Waits until the server stops on its own `shutdown` signal.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("join the server task")?
+    }
+}
+
+/// Starts the server on `store`; it runs until `shutdown` completes or [`Server::stop`].
+pub async fn start(
+    config: Config,
+    store: Arc<dyn Store>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Server> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
+    let pki = pki::Pki::load_or_create(&config.data_dir, &config.tls_sans)
+        .context("prepare the cluster CA and certificates")?;
+    let tls_config = tls::server_config(&pki).context("build the TLS configuration")?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listen on {}", config.listen))?;
+    let addr = listener
+        .local_addr()
+        .context("read the listening address")?;
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_owned()
+    } else {
+        addr.ip().to_string()
+    };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let url = format!("https://{host}:{}", addr.port());
+
+    let token_path = config.data_dir.join("tokens.csv");
+    let admin_token = tokens::ensure_admin_token(&token_path).context("prepare the token file")?;
+    let token_file = tokens::TokenFile::load(&token_path).context("load the token file")?;
+    let kubeconfig_path = config.data_dir.join("admin.kubeconfig");
+    let contents = kubeconfig::admin_kubeconfig(
+        &url,
+        pki.ca_pem(),
+        pki.admin_cert_pem(),
+        pki.admin_key_pem(),
+    );
+    kubeconfig::write_kubeconfig(&kubeconfig_path, &contents).context("write admin.kubeconfig")?;
+
+    let (stop, mut stopped) = watch::channel(false);
+    let stop_signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_signal.send(true);
+    });
+    let cache_stop = {
+        let mut rx = stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let cache = WatchCache::start(
+        store.clone(),
+        config.watch_cache_events,
+        config.watch_buffer,
+        cache_stop,
+    )
+    .await
+    .context("start the watch cache")?;
+    let state = AppState::new(store, cache, token_file, addr.to_string());
+    state
+        .bootstrap()
+        .await
+        .context("create the initial namespaces")?;
+    let app = router(state);
+    let acceptor = TlsAcceptor::from(tls_config);
+    let grace = config.shutdown_grace;
+    info!(%url, kubeconfig = %kubeconfig_path.display(), "API server ready");
+
+    let task = tokio::spawn(async move {
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stopped.wait_for(|s| *s) => break,
+            };
+            let (tcp, remote) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            let watcher = graceful.watcher();
+            tokio::spawn(async move {
+                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        debug!(%remote, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let peer = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|certs| certs.first())
+                    .and_then(|cert| tls::identity_from_cert(cert));
+                let service =
+                    hyper_util::service::TowerToHyperService::new(app.layer(Extension(Peer(peer))));
+                let builder = auto::Builder::new(TokioExecutor::new());
+                let connection = builder.serve_connection(TokioIo::new(tls), service);
+                if let Err(e) = watcher.watch(connection).await {
+                    debug!(%remote, error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        tokio::select! {
+            () = graceful.shutdown() => {}
+            () = tokio::time::sleep(grace) => warn!("stopping with requests still in flight"),
+        }
+        info!("API server stopped");
+        anyhow::Ok(())
+    });
+    Ok(Server {
+        addr,
+        url,
+        kubeconfig: kubeconfig_path,
+        admin_token,
+        ca_pem: pki.ca_pem().to_owned(),
+        stop,
+        task,
+    })
+}

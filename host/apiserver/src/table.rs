@@ -1,0 +1,415 @@
+//! `meta.k8s.io/v1` Tables: what `kubectl get` prints. Columns per kind as kubectl
+//! shows them; NAME and AGE for everything else.
+
+use serde_json::{Value, json};
+use trellis_api::registry::ResourceInfo;
+use trellis_store::Revision;
+
+use crate::object::{Object, meta_str, metadata};
+
+struct Column {
+    name: &'static str,
+    kind: &'static str,
+    format: &'static str,
+    description: &'static str,
+}
+
+const fn col(
+    name: &'static str,
+    kind: &'static str,
+    format: &'static str,
+    description: &'static str,
+) -> Column {
+    Column {
+        name,
+        kind,
+        format,
+        description,
+    }
+}
+
+const NAME: Column = col(
+    "Name",
+    "string",
+    "name",
+    "Name must be unique within a namespace.",
+);
+const AGE: Column = col(
+    "Age",
+    "string",
+    "",
+    "CreationTimestamp is a timestamp representing the server time when this object was created.",
+);
+
+fn columns(res: &ResourceInfo) -> Vec<Column> {
+    match (res.group.as_str(), res.plural.as_str()) {
+        ("", "pods") => vec![
+            NAME,
+            col(
+                "Ready",
+                "string",
+                "",
+                "The aggregate readiness state of this pod for accepting traffic.",
+            ),
+            col(
+                "Status",
+                "string",
+                "",
+                "The aggregate status of the containers in this pod.",
+            ),
+            col(
+                "Restarts",
+                "string",
+                "",
+                "The number of times the containers in this pod have been restarted.",
+            ),
+            AGE,
+        ],
+        ("apps", "deployments") => vec![
+            NAME,
+            col("Ready", "string", "", "Number of the pod with ready state"),
+            col(
+                "Up-to-date",
+                "string",
+                "",
+                "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
+            ),
+            col(
+                "Available",
+                "string",
+                "",
+                "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
+            ),
+            AGE,
+        ],
+        ("apps", "replicasets") => vec![
+            NAME,
+            col("Desired", "integer", "", "Number of desired pods."),
+            col("Current", "integer", "", "Number of actual replicas."),
+            col(
+                "Ready",
+                "integer",
+                "",
+                "The number of ready replicas for this replica set.",
+            ),
+            AGE,
+        ],
+        ("", "namespaces") => vec![
+            NAME,
+            col("Status", "string", "", "The status of the namespace"),
+            AGE,
+        ],
+        ("", "nodes") => vec![
+            NAME,
+            col("Status", "string", "", "The status of the node"),
+            col("Roles", "string", "", "The roles of the node"),
+            AGE,
+            col(
+                "Version",
+                "string",
+                "",
+                "Kubelet Version reported by the node.",
+            ),
+        ],
+        ("", "configmaps") => vec![
+            NAME,
+            col("Data", "string", "", "Number of data entries"),
+            AGE,
+        ],
+        ("", "secrets") => vec![
+            NAME,
+            col("Type", "string", "", "The type of the secret"),
+            col("Data", "string", "", "Number of data entries"),
+            AGE,
+        ],
+        ("", "events") => vec![
+            col("Last Seen", "string", "", "Time of the last occurrence"),
+            col("Type", "string", "", "Type of this event"),
+            col(
+                "Reason",
+                "string",
+                "",
+                "Short, machine understandable string",
+            ),
+            col("Object", "string", "", "The object this event is about"),
+            col("Message", "string", "", "A human-readable description"),
+        ],
+        ("coordination.k8s.io", "leases") => {
+            vec![
+                NAME,
+                col("Holder", "string", "", "The holder of the lease"),
+                AGE,
+            ]
+        }
+        _ => vec![NAME, AGE],
+    }
+}
+
+fn str_at<'a>(obj: &'a Object, path: &[&str]) -> Option<&'a str> {
+    let mut cur = obj.get(path[0])?;
+    for p in &path[1..] {
+        cur = cur.get(p)?;
+    }
+    cur.as_str()
+}
+
+fn int_at(obj: &Object, path: &[&str]) -> i64 {
+    let mut cur = obj.get(path[0]);
+    for p in &path[1..] {
+        cur = cur.and_then(|c| c.get(p));
+    }
+    cur.and_then(Value::as_i64).unwrap_or(0)
+}
+
+fn count(obj: &Object, field: &str) -> usize {
+    obj.get(field)
+        .and_then(Value::as_object)
+        .map_or(0, |m| m.len())
+}
+
+/// Kubernetes' human-readable durations: `45s`, `3m20s`, `5h`, `2d3h`, `400d`.
+pub fn human_duration(seconds: i64) -> String {
+    if seconds < 0 {
+        return "0s".into();
+    }
+    let (m, h, d) = (seconds / 60, seconds / 3600, seconds / 86400);
+    match () {
+        _ if seconds < 120 => format!("{seconds}s"),
+        _ if m < 10 && seconds % 60 != 0 => format!("{m}m{}s", seconds % 60),
+        _ if m < 180 => format!("{m}m"),
+        _ if h < 8 && m % 60 != 0 => format!("{h}h{}m", m % 60),
+        _ if h < 48 => format!("{h}h"),
+        _ if d < 8 && h % 24 != 0 => format!("{d}d{}h", h % 24),
+        _ if d < 730 => format!("{d}d"),
+        _ => format!("{}y{}d", d / 365, d % 365),
+    }
+}
+
+fn age(obj: &Object) -> String {
+    let Some(created) = meta_str(obj, "creationTimestamp") else {
+        return "<unknown>".into();
+    };
+    match created.parse::<jiff::Timestamp>() {
+        Ok(t) => human_duration(jiff::Timestamp::now().as_second() - t.as_second()),
+        Err(_) => "<invalid>".into(),
+    }
+}
+
+fn pod_cells(obj: &Object) -> Vec<Value> {
+    let containers = obj
+        .get("spec")
+        .and_then(|s| s.get("containers"))
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let statuses = obj
+        .get("status")
+        .and_then(|s| s.get("containerStatuses"))
+        .and_then(Value::as_array);
+    let ready = statuses.map_or(0, |s| {
+        s.iter()
+            .filter(|c| c.get("ready") == Some(&Value::Bool(true)))
+            .count()
+    });
+    let restarts: i64 = statuses.map_or(0, |s| {
+        s.iter()
+            .filter_map(|c| c.get("restartCount")?.as_i64())
+            .sum()
+    });
+    let status = if meta_str(obj, "deletionTimestamp").is_some() {
+        "Terminating".to_owned()
+    } else {
+        str_at(obj, &["status", "reason"])
+            .or_else(|| str_at(obj, &["status", "phase"]))
+            .unwrap_or("Pending")
+            .to_owned()
+    };
+    vec![
+        json!(format!("{ready}/{containers}")),
+        json!(status),
+        json!(restarts.to_string()),
+    ]
+}
+
+fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
+    let name = json!(meta_str(obj, "name").unwrap_or_default());
+    let age = json!(age(obj));
+    match (res.group.as_str(), res.plural.as_str()) {
+        ("", "pods") => [vec![name], pod_cells(obj), vec![age]].concat(),
+        ("apps", "deployments") => {
+            let want = obj
+                .get("spec")
+                .and_then(|s| s.get("replicas"))
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            vec![
+                name,
+                json!(format!(
+                    "{}/{want}",
+                    int_at(obj, &["status", "readyReplicas"])
+                )),
+                json!(int_at(obj, &["status", "updatedReplicas"])),
+                json!(int_at(obj, &["status", "availableReplicas"])),
+                age,
+            ]
+        }
+        ("apps", "replicasets") => vec![
+            name,
+            json!(
+                obj.get("spec")
+                    .and_then(|s| s.get("replicas"))
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1)
+            ),
+            json!(int_at(obj, &["status", "replicas"])),
+            json!(int_at(obj, &["status", "readyReplicas"])),
+            age,
+        ],
+        ("", "namespaces") => vec![
+            name,
+            json!(str_at(obj, &["status", "phase"]).unwrap_or("Active")),
+            age,
+        ],
+        ("", "nodes") => {
+            let ready = obj
+                .get("status")
+                .and_then(|s| s.get("conditions"))
+                .and_then(Value::as_array)
+                .and_then(|c| c.iter().find(|c| c.get("type") == Some(&json!("Ready"))))
+                .and_then(|c| c.get("status"))
+                .and_then(Value::as_str);
+            let status = match ready {
+                Some("True") => "Ready",
+                _ => "NotReady",
+            };
+            let roles: Vec<&str> = metadata(obj)
+                .and_then(|m| m.get("labels"))
+                .and_then(Value::as_object)
+                .map(|l| {
+                    l.keys()
+                        .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let roles = if roles.is_empty() {
+                "<none>".to_owned()
+            } else {
+                roles.join(",")
+            };
+            let version = str_at(obj, &["status", "nodeInfo", "kubeletVersion"]).unwrap_or("");
+            vec![name, json!(status), json!(roles), age, json!(version)]
+        }
+        ("", "configmaps") => {
+            vec![
+                name,
+                json!((count(obj, "data") + count(obj, "binaryData")).to_string()),
+                age,
+            ]
+        }
+        ("", "secrets") => vec![
+            name,
+            json!(obj.get("type").and_then(Value::as_str).unwrap_or("Opaque")),
+            json!(count(obj, "data").to_string()),
+            age,
+        ],
+        ("", "events") => {
+            let involved = format!(
+                "{}/{}",
+                str_at(obj, &["involvedObject", "kind"])
+                    .unwrap_or("")
+                    .to_lowercase(),
+                str_at(obj, &["involvedObject", "name"]).unwrap_or("")
+            );
+            vec![
+                age,
+                json!(obj.get("type").and_then(Value::as_str).unwrap_or("")),
+                json!(obj.get("reason").and_then(Value::as_str).unwrap_or("")),
+                json!(involved),
+                json!(obj.get("message").and_then(Value::as_str).unwrap_or("")),
+            ]
+        }
+        ("coordination.k8s.io", "leases") => {
+            vec![
+                name,
+                json!(str_at(obj, &["spec", "holderIdentity"]).unwrap_or("")),
+                age,
+            ]
+        }
+        _ => vec![name, age],
+    }
+}
+
+/// A Table of `items`. `list` carries the list's revision and continue token.
+pub fn object_table(
+    res: &ResourceInfo,
+    items: &[Object],
+    list: Option<(Revision, Option<String>)>,
+) -> Value {
+    let column_definitions: Vec<Value> = columns(res)
+        .iter()
+        .map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": 0}))
+        .collect();
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|obj| {
+            json!({
+                "cells": cells(res, obj),
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+                },
+            })
+        })
+        .collect();
+    let mut meta = json!({});
+    if let Some((revision, next)) = list {
+        meta["resourceVersion"] = revision.to_string().into();
+        if let Some(token) = next {
+            meta["continue"] = token.into();
+        }
+    }
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": column_definitions,
+        "rows": rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_kubectl() {
+        assert_eq!(human_duration(45), "45s");
+        assert_eq!(human_duration(200), "3m20s");
+        assert_eq!(human_duration(600), "10m");
+        assert_eq!(human_duration(3 * 3600 + 120), "3h2m");
+        assert_eq!(human_duration(30 * 3600), "30h");
+        assert_eq!(human_duration(3 * 86400 + 3600), "3d1h");
+        assert_eq!(human_duration(400 * 86400), "400d");
+    }
+
+    #[test]
+    fn pod_rows_show_readiness_and_phase() {
+        let res = trellis_api::registry::builtins()
+            .into_iter()
+            .find(|r| r.plural == "pods")
+            .unwrap();
+        let pod: Object = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"ready": true, "restartCount": 2}, {"ready": false, "restartCount": 1}]}
+        }))
+        .unwrap();
+        let table = object_table(&res, &[pod], Some((7, None)));
+        assert_eq!(table["columnDefinitions"][1]["name"], "Ready");
+        assert_eq!(
+            table["rows"][0]["cells"],
+            json!(["web", "1/2", "Running", "3", "<unknown>"])
+        );
+        assert_eq!(table["metadata"]["resourceVersion"], "7");
+    }
+}

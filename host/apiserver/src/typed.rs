@@ -1,0 +1,481 @@
+//! Built-in kinds through their `k8s-openapi` types: a decode into the typed struct
+//! checks every field's type and drops unknown fields (refused instead under
+//! `fieldValidation=Strict`); then Kubernetes' defaults and the validation rules users
+//! meet most (required fields, selector/template agreement, immutable fields) apply.
+
+use base64::Engine;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+use trellis_api::ApiError;
+use trellis_api::registry::ResourceInfo;
+use trellis_api::status::StatusCause;
+
+use crate::object::{Object, metadata};
+
+/// Fields outside the typed structs that Trellis keeps on every object.
+const KEPT_METADATA: &[&str] = &["initializers"];
+
+fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Object) -> Result<Object, ApiError> {
+    let typed: T = serde_json::from_value(Value::Object(obj.clone()))
+        .map_err(|e| ApiError::bad_request(format!("error decoding the object: {e}")))?;
+    match serde_json::to_value(&typed) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) | Err(_) => Err(ApiError::internal("re-encoding a typed object failed")),
+    }
+}
+
+/// Decodes `obj` through its typed struct, if the kind has one; `None` otherwise.
+fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, ApiError>> {
+    use k8s_openapi::api::{apps, coordination, core, rbac};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    Some(match (res.group.as_str(), res.plural.as_str()) {
+        ("", "pods") => roundtrip::<core::v1::Pod>(obj),
+        ("", "nodes") => roundtrip::<core::v1::Node>(obj),
+        ("", "namespaces") => roundtrip::<core::v1::Namespace>(obj),
+        ("", "configmaps") => roundtrip::<core::v1::ConfigMap>(obj),
+        ("", "secrets") => roundtrip::<core::v1::Secret>(obj),
+        ("", "services") => roundtrip::<core::v1::Service>(obj),
+        ("", "endpoints") => roundtrip::<core::v1::Endpoints>(obj),
+        ("", "events") => roundtrip::<core::v1::Event>(obj),
+        ("", "serviceaccounts") => roundtrip::<core::v1::ServiceAccount>(obj),
+        ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),
+        ("apps", "replicasets") => roundtrip::<apps::v1::ReplicaSet>(obj),
+        ("coordination.k8s.io", "leases") => roundtrip::<coordination::v1::Lease>(obj),
+        ("rbac.authorization.k8s.io", "roles") => roundtrip::<rbac::v1::Role>(obj),
+        ("rbac.authorization.k8s.io", "clusterroles") => roundtrip::<rbac::v1::ClusterRole>(obj),
+        ("rbac.authorization.k8s.io", "rolebindings") => roundtrip::<rbac::v1::RoleBinding>(obj),
+        ("rbac.authorization.k8s.io", "clusterrolebindings") => {
+            roundtrip::<rbac::v1::ClusterRoleBinding>(obj)
+        }
+        ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            roundtrip::<apiext::CustomResourceDefinition>(obj)
+        }
+        _ => return None,
+    })
+}
+
+/// Paths of fields present in `original` but dropped by the typed decode.
+pub fn unknown_fields(original: &Value, decoded: &Value, path: &str, out: &mut Vec<String>) {
+    match (original, decoded) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match b.get(k) {
+                    None if !v.is_null() => out.push(p),
+                    None => {}
+                    Some(d) => unknown_fields(v, d, &p, out),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                unknown_fields(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Applies defaults and validation to a built-in object about to be stored. `old` is
+/// the stored object for an update. `strict` refuses unknown fields.
+pub fn default_and_validate(
+    res: &ResourceInfo,
+    obj: &mut Object,
+    old: Option<&Object>,
+) -> Result<(), ApiError> {
+    default_and_validate_with(res, obj, old, false)
+}
+
+pub fn default_and_validate_with(
+    res: &ResourceInfo,
+    obj: &mut Object,
+    old: Option<&Object>,
+    strict: bool,
+) -> Result<(), ApiError> {
+    if res.group.is_empty() && res.plural == "secrets" {
+        fold_string_data(obj)?;
+    }
+    if let Some(decoded) = typed_roundtrip(res, obj) {
+        let mut decoded = decoded?;
+        if strict {
+            let mut unknown = Vec::new();
+            unknown_fields(
+                &Value::Object(obj.clone()),
+                &Value::Object(decoded.clone()),
+                "",
+                &mut unknown,
+            );
+            unknown.retain(|f| {
+                !KEPT_METADATA.iter().any(|k| {
+                    f == &format!("metadata.{k}") || f.starts_with(&format!("metadata.{k}."))
+                })
+            });
+            if !unknown.is_empty() {
+                let list: Vec<String> = unknown
+                    .iter()
+                    .map(|f| format!("unknown field {f:?}"))
+                    .collect();
+                return Err(ApiError::bad_request(format!(
+                    "strict decoding error: {}",
+                    list.join(", ")
+                )));
+            }
+        }
+        if let Some(meta) = metadata(obj) {
+            let kept: Vec<(String, Value)> = KEPT_METADATA
+                .iter()
+                .filter_map(|k| meta.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+                .collect();
+            if let Some(Value::Object(m)) = decoded.get_mut("metadata") {
+                m.extend(kept);
+            }
+        }
+        *obj = decoded;
+    }
+    apply_defaults(res, obj, old.is_none());
+    validate(res, obj, old)
+}
+
+fn fold_string_data(obj: &mut Object) -> Result<(), ApiError> {
+    let Some(string_data) = obj.remove("stringData") else {
+        return Ok(());
+    };
+    let Value::Object(entries) = string_data else {
+        return Err(ApiError::bad_request("stringData must be a map of strings"));
+    };
+    let data = obj
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(data) = data else {
+        return Err(ApiError::bad_request(
+            "data must be a map of base64 strings",
+        ));
+    };
+    for (k, v) in entries {
+        let Value::String(s) = v else {
+            return Err(ApiError::bad_request(format!(
+                "stringData.{k} must be a string"
+            )));
+        };
+        data.insert(
+            k,
+            base64::engine::general_purpose::STANDARD.encode(s).into(),
+        );
+    }
+    Ok(())
+}
+
+fn set_default(map: &mut Map<String, Value>, key: &str, value: Value) {
+    if map.get(key).is_none_or(Value::is_null) {
+        map.insert(key.to_owned(), value);
+    }
+}
+
+fn object_at<'a>(obj: &'a mut Object, key: &str) -> &'a mut Map<String, Value> {
+    let entry = obj.entry(key).or_insert_with(|| Value::Object(Map::new()));
+    if !entry.is_object() {
+        *entry = Value::Object(Map::new());
+    }
+    entry
+        .as_object_mut()
+        .unwrap_or_else(|| unreachable!("made an object above"))
+}
+
+fn default_pod_spec(spec: &mut Map<String, Value>) {
+    set_default(spec, "restartPolicy", json!("Always"));
+    set_default(spec, "terminationGracePeriodSeconds", json!(30));
+    set_default(spec, "dnsPolicy", json!("ClusterFirst"));
+    set_default(spec, "schedulerName", json!("default-scheduler"));
+    set_default(spec, "securityContext", json!({}));
+    set_default(spec, "enableServiceLinks", json!(true));
+    for list in ["containers", "initContainers"] {
+        if let Some(Value::Array(containers)) = spec.get_mut(list) {
+            for c in containers.iter_mut().filter_map(Value::as_object_mut) {
+                let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+                let last = image.rsplit('/').next().unwrap_or("");
+                let pull =
+                    if !last.contains(':') && !image.contains('@') || image.ends_with(":latest") {
+                        "Always"
+                    } else {
+                        "IfNotPresent"
+                    };
+                set_default(c, "imagePullPolicy", json!(pull));
+                set_default(c, "terminationMessagePath", json!("/dev/termination-log"));
+                set_default(c, "terminationMessagePolicy", json!("File"));
+                set_default(c, "resources", json!({}));
+            }
+        }
+    }
+}
+
+fn default_template(obj: &mut Object) {
+    let spec = object_at(obj, "spec");
+    if let Some(Value::Object(template)) = spec.get_mut("template")
+        && let Some(Value::Object(pod_spec)) = template.get_mut("spec")
+    {
+        default_pod_spec(pod_spec);
+    }
+}
+
+fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
+    match (res.group.as_str(), res.plural.as_str()) {
+        ("", "pods") => {
+            default_pod_spec(object_at(obj, "spec"));
+            if create {
+                set_default(object_at(obj, "status"), "phase", json!("Pending"));
+            }
+        }
+        ("", "namespaces") => {
+            set_default(object_at(obj, "spec"), "finalizers", json!(["kubernetes"]));
+            if create {
+                set_default(object_at(obj, "status"), "phase", json!("Active"));
+            }
+        }
+        ("", "secrets") => set_default(obj, "type", json!("Opaque")),
+        ("", "services") => {
+            let spec = object_at(obj, "spec");
+            set_default(spec, "type", json!("ClusterIP"));
+            set_default(spec, "sessionAffinity", json!("None"));
+        }
+        ("apps", "deployments") => {
+            let spec = object_at(obj, "spec");
+            set_default(spec, "replicas", json!(1));
+            set_default(spec, "revisionHistoryLimit", json!(10));
+            set_default(spec, "progressDeadlineSeconds", json!(600));
+            set_default(
+                spec,
+                "strategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
+            );
+            default_template(obj);
+        }
+        ("apps", "replicasets") => {
+            set_default(object_at(obj, "spec"), "replicas", json!(1));
+            default_template(obj);
+        }
+        _ => {}
+    }
+}
+
+fn str_field<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |cur, p| cur.get(p))
+}
+
+fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    let value = Value::Object(obj.clone());
+    match (res.group.as_str(), res.plural.as_str()) {
+        ("", "pods") => validate_pod_spec(str_field(&value, &["spec"]), "spec", &mut causes),
+        ("apps", "deployments") | ("apps", "replicasets") => {
+            validate_pod_spec(
+                str_field(&value, &["spec", "template", "spec"]),
+                "spec.template.spec",
+                &mut causes,
+            );
+            match str_field(&value, &["spec", "selector"]) {
+                None | Some(Value::Null) => causes.push(StatusCause::required("spec.selector")),
+                Some(sel) => {
+                    let parsed = serde_json::from_value(sel.clone())
+                        .ok()
+                        .and_then(|s| trellis_api::selector::LabelSelector::from_k8s(&s).ok());
+                    let labels = str_field(&value, &["spec", "template", "metadata"])
+                        .cloned()
+                        .map(|m| json!({"metadata": m}));
+                    match parsed {
+                        Some(s) if s.is_empty() => causes.push(StatusCause::invalid(
+                            "spec.selector",
+                            &sel.to_string(),
+                            "empty selector is invalid for deployment",
+                        )),
+                        Some(s) if !labels.as_ref().is_some_and(|l| s.matches_object(l)) => causes
+                            .push(StatusCause::invalid(
+                                "spec.template.metadata.labels",
+                                &str_field(&value, &["spec", "template", "metadata", "labels"])
+                                    .map(Value::to_string)
+                                    .unwrap_or_default(),
+                                "`selector` does not match template `labels`",
+                            )),
+                        Some(_) => {}
+                        None => causes.push(StatusCause::invalid(
+                            "spec.selector",
+                            &sel.to_string(),
+                            "invalid label selector",
+                        )),
+                    }
+                    if let Some(old) = old
+                        && old.get("spec").and_then(|s| s.get("selector")) != Some(sel)
+                    {
+                        causes.push(StatusCause::invalid(
+                            "spec.selector",
+                            &sel.to_string(),
+                            "field is immutable",
+                        ));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    let name = crate::object::name(obj).unwrap_or_default();
+    Err(ApiError::invalid(&res.group, &res.kind, name, causes))
+}
+
+fn validate_pod_spec(spec: Option<&Value>, path: &str, causes: &mut Vec<StatusCause>) {
+    let containers = spec
+        .and_then(|s| s.get("containers"))
+        .and_then(Value::as_array);
+    match containers {
+        None => causes.push(StatusCause::required(format!("{path}.containers"))),
+        Some(list) if list.is_empty() => {
+            causes.push(StatusCause::required(format!("{path}.containers")))
+        }
+        Some(list) => {
+            let mut names = std::collections::HashSet::new();
+            for (i, c) in list.iter().enumerate() {
+                let name = c.get("name").and_then(Value::as_str).unwrap_or("");
+                if name.is_empty() {
+                    causes.push(StatusCause::required(format!(
+                        "{path}.containers[{i}].name"
+                    )));
+                } else if !names.insert(name) {
+                    causes.push(StatusCause::new(
+                        "FieldValueDuplicate",
+                        format!("{path}.containers[{i}].name"),
+                        format!("Duplicate value: {name:?}"),
+                    ));
+                }
+                if c.get("image")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(StatusCause::required(format!(
+                        "{path}.containers[{i}].image"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(plural: &str) -> ResourceInfo {
+        trellis_api::registry::builtins()
+            .into_iter()
+            .find(|r| r.plural == plural)
+            .unwrap()
+    }
+
+    fn obj(v: Value) -> Object {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn pods_get_kubernetes_defaults() {
+        let mut pod = obj(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "nginx"}, {"name": "d", "image": "nginx:1.25"}]}}),
+        );
+        default_and_validate(&res("pods"), &mut pod, None).unwrap();
+        assert_eq!(pod["spec"]["restartPolicy"], "Always");
+        assert_eq!(pod["spec"]["schedulerName"], "default-scheduler");
+        assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
+        assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
+        assert_eq!(
+            pod["spec"]["containers"][1]["imagePullPolicy"],
+            "IfNotPresent"
+        );
+        assert_eq!(pod["status"]["phase"], "Pending");
+    }
+
+    #[test]
+    fn pods_without_containers_are_invalid_with_one_cause_per_field() {
+        let mut pod = obj(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": ""}, {"name": "x", "image": "i"}, {"name": "x", "image": "i"}]}}),
+        );
+        let e = default_and_validate(&res("pods"), &mut pod, None).unwrap_err();
+        assert_eq!(e.code, 422);
+        let fields: Vec<String> = e
+            .details
+            .unwrap()
+            .causes
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.containers[0].name",
+                "spec.containers[0].image",
+                "spec.containers[2].name"
+            ]
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_bad_requests_and_unknown_fields_are_dropped_or_refused() {
+        let mut bad = obj(json!({"metadata": {"name": "c"}, "data": {"k": 5}}));
+        let e = default_and_validate(&res("configmaps"), &mut bad, None).unwrap_err();
+        assert_eq!(e.code, 400, "{e:?}");
+        let mut extra = obj(
+            json!({"metadata": {"name": "c", "initializers": {"pending": [{"name": "x"}]}}, "data": {"k": "v"}, "bogus": 1}),
+        );
+        let mut strict = extra.clone();
+        default_and_validate(&res("configmaps"), &mut extra, None).unwrap();
+        assert!(extra.get("bogus").is_none());
+        assert_eq!(
+            extra["metadata"]["initializers"]["pending"][0]["name"], "x",
+            "initializers survive"
+        );
+        let e = default_and_validate_with(&res("configmaps"), &mut strict, None, true).unwrap_err();
+        assert!(
+            e.message.contains("unknown field \"bogus\""),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn deployments_default_and_check_selector() {
+        let mut d = obj(json!({"metadata": {"name": "web"}, "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}}));
+        default_and_validate(&res("deployments"), &mut d, None).unwrap();
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
+        assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+        let old = d.clone();
+        let mut changed = d.clone();
+        changed["spec"]["selector"] = json!({"matchLabels": {"app": "other"}});
+        changed["spec"]["template"]["metadata"]["labels"] = json!({"app": "other"});
+        let e = default_and_validate(&res("deployments"), &mut changed, Some(&old)).unwrap_err();
+        assert!(e.message.contains("field is immutable"), "{}", e.message);
+        let mut mismatch = old.clone();
+        mismatch["spec"]["template"]["metadata"]["labels"] = json!({"app": "nope"});
+        let e = default_and_validate(&res("deployments"), &mut mismatch, None).unwrap_err();
+        assert!(
+            e.message.contains("does not match template"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn secrets_fold_string_data() {
+        let mut s = obj(json!({"metadata": {"name": "s"}, "stringData": {"user": "admin"}}));
+        default_and_validate(&res("secrets"), &mut s, None).unwrap();
+        assert_eq!(s["data"]["user"], "YWRtaW4=");
+        assert!(s.get("stringData").is_none());
+        assert_eq!(s["type"], "Opaque");
+    }
+}
