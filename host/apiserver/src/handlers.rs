@@ -343,7 +343,7 @@ pub async fn prepare_create(
     remove_meta(obj, "resourceVersion");
     remove_meta(obj, "deletionTimestamp");
     remove_meta(obj, "deletionGracePeriodSeconds");
-    typed::default_and_validate(res, obj, None)?;
+    typed::default_and_validate_with(res, obj, None, req.strict_fields())?;
     if res.has(Subresource::Status) && res.plural != "namespaces" && res.plural != "pods" {
         // Status is written through /status only; a create starts without one.
         obj.remove("status");
@@ -461,7 +461,7 @@ fn prepare_update(
         }
     }
     merge_for_subresource(res, req.subresource, old, new);
-    typed::default_and_validate(res, new, Some(old))?;
+    typed::default_and_validate_with(res, new, Some(old), req.strict_fields())?;
     if req.subresource != Some(Subresource::Status) && new.get("spec") != old.get("spec") {
         let generation = metadata(old)
             .and_then(|m| m.get("generation"))

@@ -11,6 +11,7 @@
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
 //! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
+//! - [`subresources`]: `scale` and `pods/binding`.
 //! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
@@ -29,6 +30,7 @@ pub mod response;
 pub mod routes;
 pub mod server;
 pub mod state;
+pub mod subresources;
 pub mod table;
 pub mod tls;
 pub mod tokens;

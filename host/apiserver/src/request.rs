@@ -160,6 +160,11 @@ impl ApiRequest {
             .ok_or_else(|| ApiError::bad_request("a name is required"))
     }
 
+    /// `fieldValidation=Strict`: unknown fields are refused instead of dropped.
+    pub fn strict_fields(&self) -> bool {
+        self.query.field_validation.as_deref() == Some("Strict")
+    }
+
     /// The body as an object; JSON or YAML per its content type.
     pub fn decode_body(&self, body: &[u8]) -> Result<Object, ApiError> {
         match self.body_format {

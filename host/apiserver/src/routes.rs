@@ -17,11 +17,11 @@ use trellis_api::registry::Subresource;
 use trellis_api::user::groups;
 use trellis_api::{ApiError, UserInfo};
 
-use crate::discovery;
 use crate::handlers::{self, State};
 use crate::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
 use crate::response::{ErrorResponse, json_response};
 use crate::watch;
+use crate::{discovery, subresources};
 
 /// The identity a connection's verified client certificate proves, if any.
 #[derive(Clone, Debug, Default)]
@@ -228,6 +228,11 @@ async fn handle(
         ("patch", None | Some(Subresource::Status)) => handlers::patch(&state, &req, body).await,
         ("delete", None) => handlers::delete(&state, &req, body).await,
         ("deletecollection", None) => handlers::delete_collection(&state, &req).await,
+        ("get", Some(Subresource::Scale)) => subresources::get_scale(&state, &req).await,
+        ("update" | "patch", Some(Subresource::Scale)) => {
+            subresources::write_scale(&state, &req, body).await
+        }
+        ("create", Some(Subresource::Binding)) => subresources::bind(&state, &req, body).await,
         (_, Some(Subresource::Log)) => Ok(json_response(
             StatusCode::OK,
             &json!("logs are served once nodes run pods"),

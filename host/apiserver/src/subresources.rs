@@ -1,0 +1,222 @@
+//! The `scale` and `binding` subresources.
+//!
+//! `scale` shows a workload's `.spec.replicas` as an `autoscaling/v1` `Scale` (what
+//! `kubectl scale` and autoscalers read and write); `pods/binding` assigns a pod to a
+//! node, once, as the scheduler does.
+
+use axum::http::StatusCode;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use trellis_api::ApiError;
+use trellis_api::selector::LabelSelector;
+use trellis_store::Revision;
+
+use crate::handlers::read;
+use crate::object::{Object, meta_str, metadata, set_meta};
+use crate::request::{ApiRequest, BodyFormat, PatchType};
+use crate::response::{ApiResult, ErrorResponse, json_response, store_error};
+use crate::state::AppState;
+
+fn scale_of(obj: &Object, rev: Revision) -> Value {
+    let meta = metadata(obj).cloned().unwrap_or_default();
+    let selector = obj
+        .get("spec")
+        .and_then(|s| s.get("selector"))
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .and_then(|s| LabelSelector::from_k8s(&s).ok())
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": rev.to_string(),
+            "creationTimestamp": meta.get("creationTimestamp"),
+        },
+        "spec": {"replicas": obj.get("spec").and_then(|s| s.get("replicas")).and_then(Value::as_i64).unwrap_or(1)},
+        "status": {
+            "replicas": obj.get("status").and_then(|s| s.get("replicas")).and_then(Value::as_i64).unwrap_or(0),
+            "selector": selector,
+        },
+    })
+}
+
+pub async fn get_scale(state: &AppState, req: &ApiRequest) -> ApiResult {
+    let (obj, rev) = read(state, &req.resource, req.namespace.as_deref(), req.name()?).await?;
+    Ok(json_response(StatusCode::OK, &scale_of(&obj, rev)))
+}
+
+/// `PUT` or `PATCH` of `…/scale`: the new replica count goes to the workload's spec.
+pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let name = req.name()?;
+    let res = &req.resource;
+    for _ in 0..8 {
+        let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
+        let mut scale = scale_of(&obj, rev);
+        match req.body_format {
+            BodyFormat::Json | BodyFormat::Yaml => scale = Value::Object(req.decode_body(&body)?),
+            BodyFormat::Patch(PatchType::Json) => {
+                let ops: json_patch::Patch = serde_json::from_slice(&body).map_err(|e| {
+                    ApiError::bad_request(format!("error decoding JSON patch: {e}"))
+                })?;
+                json_patch::patch(&mut scale, &ops).map_err(|e| {
+                    ApiError::bad_request(format!("the JSON patch could not be applied: {e}"))
+                })?;
+            }
+            BodyFormat::Patch(_) => {
+                let patch: Value = serde_json::from_slice(&body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                crate::patch::merge(&mut scale, &patch, false);
+            }
+            BodyFormat::Unsupported => {
+                return Err(ApiError::unsupported_media_type(
+                    req.content_type.as_deref().unwrap_or(""),
+                )
+                .into());
+            }
+        }
+        let replicas = scale
+            .get("spec")
+            .and_then(|s| s.get("replicas"))
+            .and_then(Value::as_i64)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "autoscaling",
+                    "Scale",
+                    name,
+                    vec![trellis_api::status::StatusCause::required("spec.replicas")],
+                )
+            })?;
+        if replicas < 0 {
+            return Err(ApiError::invalid(
+                "autoscaling",
+                "Scale",
+                name,
+                vec![trellis_api::status::StatusCause::invalid(
+                    "spec.replicas",
+                    &replicas.to_string(),
+                    "must be greater than or equal to 0",
+                )],
+            )
+            .into());
+        }
+        let pinned = scale
+            .get("metadata")
+            .and_then(|m| m.get("resourceVersion"))
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                v.parse::<Revision>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))
+            })
+            .transpose()?;
+        let expected = pinned.unwrap_or(rev);
+        let spec = obj.entry("spec").or_insert_with(|| json!({}));
+        let changed = spec.get("replicas").and_then(Value::as_i64) != Some(replicas);
+        spec["replicas"] = replicas.into();
+        if changed {
+            let generation = metadata(&obj)
+                .and_then(|m| m.get("generation"))
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            set_meta(&mut obj, "generation", generation + 1);
+        }
+        crate::object::remove_meta(&mut obj, "resourceVersion");
+        if req.dry_run {
+            return Ok(json_response(StatusCode::OK, &scale_of(&obj, rev)));
+        }
+        let stored = serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+        match state
+            .store
+            .update(
+                &res.key(req.namespace.as_deref(), name),
+                Bytes::from(stored),
+                Some(expected),
+            )
+            .await
+        {
+            Ok(kv) => {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &scale_of(&obj, kv.mod_revision),
+                ));
+            }
+            Err(trellis_store::Error::Conflict { .. }) if pinned.is_none() => continue,
+            Err(e) => return Err(store_error(e, res, name).into()),
+        }
+    }
+    Err(ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into())
+}
+
+/// `POST pods/{name}/binding`: sets `spec.nodeName` of an unbound pod.
+pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let name = req.name()?;
+    let res = &req.resource;
+    let binding = req.decode_body(&body)?;
+    let node = binding
+        .get("target")
+        .and_then(|t| t.get("name"))
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "",
+                "Binding",
+                name,
+                vec![trellis_api::status::StatusCause::required("target.name")],
+            )
+        })?
+        .to_owned();
+    for _ in 0..8 {
+        let (mut pod, rev) = read(state, res, req.namespace.as_deref(), name).await?;
+        if let Some(current) = pod
+            .get("spec")
+            .and_then(|s| s.get("nodeName"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                name,
+                &format!("pod {name} is already assigned to node {current:?}"),
+            )
+            .into());
+        }
+        if meta_str(&pod, "deletionTimestamp").is_some() {
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                name,
+                "pod is being deleted, cannot be assigned to a host",
+            )
+            .into());
+        }
+        pod.entry("spec").or_insert_with(|| json!({}))["nodeName"] = node.clone().into();
+        crate::object::remove_meta(&mut pod, "resourceVersion");
+        if req.dry_run {
+            break;
+        }
+        let stored = serde_json::to_vec(&pod).map_err(|e| ApiError::internal(e.to_string()))?;
+        match state
+            .store
+            .update(
+                &res.key(req.namespace.as_deref(), name),
+                Bytes::from(stored),
+                Some(rev),
+            )
+            .await
+        {
+            Ok(_) => break,
+            Err(trellis_store::Error::Conflict { .. }) => continue,
+            Err(e) => return Err(ErrorResponse(store_error(e, res, name))),
+        }
+    }
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
+}
