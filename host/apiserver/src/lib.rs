@@ -7,6 +7,7 @@
 //! # Layout
 //! - [`server`]: credentials on first start, the HTTPS listener, graceful stop.
 //! - [`routes`]: authentication, authorization, path parsing, dispatch.
+//! - [`rbac`]: RBAC authorization and the bootstrap roles.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
 //! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
@@ -25,6 +26,7 @@ pub mod kubeconfig;
 pub mod object;
 pub mod patch;
 pub mod pki;
+pub mod rbac;
 pub mod request;
 pub mod response;
 pub mod routes;

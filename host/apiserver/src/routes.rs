@@ -14,14 +14,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 use trellis_api::registry::Subresource;
-use trellis_api::user::groups;
 use trellis_api::{ApiError, UserInfo};
 
 use crate::handlers::{self, State};
 use crate::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
 use crate::response::{ErrorResponse, json_response};
 use crate::watch;
-use crate::{discovery, subresources};
+use crate::{discovery, rbac, subresources};
 
 /// The identity a connection's verified client certificate proves, if any.
 #[derive(Clone, Debug, Default)]
@@ -63,24 +62,20 @@ fn authenticate(state: &State, peer: &Peer, headers: &HeaderMap) -> Result<UserI
     peer.0.clone().ok_or_else(ApiError::unauthorized)
 }
 
-/// Authorization. Members of `system:masters` may do anything; RBAC for everyone
-/// else is not served yet, so they are refused with kube-apiserver's message.
-fn authorize(user: &UserInfo, req: &ApiRequest) -> Result<(), ApiError> {
-    if user.in_group(groups::MASTERS) {
-        return Ok(());
-    }
+/// Authorization through RBAC; the refusal names user, verb and resource.
+async fn authorize(state: &State, req: &ApiRequest) -> Result<(), ApiError> {
     let resource = match req.subresource {
         Some(sub) => format!("{}/{}", req.resource.plural, sub.name()),
         None => req.resource.plural.clone(),
     };
-    Err(ApiError::forbidden(
-        &user.name,
-        req.verb,
-        &req.resource.group,
-        &resource,
-        req.namespace.as_deref().unwrap_or(""),
-        req.name.as_deref().unwrap_or(""),
-    ))
+    let attributes = rbac::Attributes {
+        verb: req.verb,
+        group: &req.resource.group,
+        resource: &resource,
+        namespace: req.namespace.as_deref().unwrap_or(""),
+        name: req.name.as_deref().unwrap_or(""),
+    };
+    rbac::authorize(state.store.as_ref(), &req.user, &attributes).await
 }
 
 async fn dispatch(
@@ -207,7 +202,7 @@ async fn handle(
         body_format,
         wants_table: request::wants_table(&headers),
     };
-    authorize(&req.user, &req)?;
+    authorize(&state, &req).await?;
     if matches!(method, Method::POST | Method::PUT | Method::PATCH)
         && req.body_format == BodyFormat::Unsupported
     {

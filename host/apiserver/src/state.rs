@@ -82,8 +82,16 @@ impl AppState {
             .any(|r| r.group == group && r.version == version)
     }
 
-    /// Creates the initial namespaces if missing.
+    /// Creates the initial namespaces and the bootstrap RBAC roles if missing.
     pub async fn bootstrap(&self) -> anyhow::Result<()> {
+        for (key, mut obj) in crate::rbac::bootstrap_objects() {
+            obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
+            obj["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
+            match self.store.create(&key, Bytes::from(obj.to_string())).await {
+                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let namespaces = self.resource("", "v1", "namespaces")?;
         for ns in INITIAL_NAMESPACES {
             let obj = json!({

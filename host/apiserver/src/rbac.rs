@@ -1,0 +1,335 @@
+//! Authorization: RBAC with Kubernetes' semantics, and the bootstrap roles.
+//!
+//! A request is allowed if any rule of a role bound to the user allows it:
+//! ClusterRoleBindings grant their ClusterRole everywhere, RoleBindings grant their
+//! Role or ClusterRole in their own namespace. Members of `system:masters` are allowed
+//! everything without a lookup, as in Kubernetes. Role aggregation is not served.
+//!
+//! Bindings and roles are read from the store on each check of a user outside
+//! `system:masters`; the informer-backed cache that removes those reads belongs to the
+//! controller runtime.
+
+use serde_json::{Value, json};
+use trellis_api::user::groups;
+use trellis_api::{ApiError, UserInfo};
+use trellis_store::{ListRequest, Store};
+
+use crate::object::Object;
+use crate::watch_cache::decode_stored;
+
+/// What is being asked, in RBAC's terms.
+#[derive(Clone, Debug)]
+pub struct Attributes<'a> {
+    pub verb: &'a str,
+    pub group: &'a str,
+    /// The resource, with `/subresource` when there is one.
+    pub resource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+fn contains(list: Option<&Value>, want: &str) -> bool {
+    list.and_then(Value::as_array).is_some_and(|l| {
+        l.iter()
+            .filter_map(Value::as_str)
+            .any(|v| v == "*" || v == want)
+    })
+}
+
+/// Whether a rule's `resources` cover `resource` (`res` or `res/sub`): `*`, the exact
+/// name, `res/*` for every subresource of `res`, or `*/sub` for `sub` of everything.
+fn resource_matches(rule: &Value, resource: &str) -> bool {
+    let Some(list) = rule.get("resources").and_then(Value::as_array) else {
+        return false;
+    };
+    let sub = resource.split_once('/');
+    list.iter().filter_map(Value::as_str).any(|entry| {
+        entry == "*"
+            || entry == resource
+            || sub.is_some_and(|(res, sub)| {
+                entry == format!("{res}/*") || entry == format!("*/{sub}")
+            })
+    })
+}
+
+/// Whether one PolicyRule allows the request.
+pub fn rule_allows(rule: &Value, a: &Attributes<'_>) -> bool {
+    let names = rule.get("resourceNames").and_then(Value::as_array);
+    let name_ok = names.is_none_or(|n| n.is_empty())
+        || (!a.name.is_empty() && contains(rule.get("resourceNames"), a.name));
+    contains(rule.get("verbs"), a.verb)
+        && contains(rule.get("apiGroups"), a.group)
+        && resource_matches(rule, a.resource)
+        && name_ok
+}
+
+/// Whether a binding's subjects include the user.
+pub fn subject_matches(subject: &Value, user: &UserInfo, binding_namespace: &str) -> bool {
+    let name = subject.get("name").and_then(Value::as_str).unwrap_or("");
+    match subject.get("kind").and_then(Value::as_str) {
+        Some("User") => name == user.name,
+        Some("Group") => user.in_group(name),
+        Some("ServiceAccount") => {
+            let ns = subject
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or(binding_namespace);
+            user.name == format!("system:serviceaccount:{ns}:{name}")
+        }
+        _ => false,
+    }
+}
+
+async fn list(store: &dyn Store, prefix: &str) -> Result<Vec<Object>, ApiError> {
+    let page = store
+        .list(ListRequest::prefix(prefix))
+        .await
+        .map_err(|e| ApiError::internal(format!("read RBAC objects: {e}")))?;
+    Ok(page
+        .kvs
+        .iter()
+        .filter_map(|kv| decode_stored(&kv.value, kv.mod_revision))
+        .collect())
+}
+
+async fn get(store: &dyn Store, key: &str) -> Result<Option<Object>, ApiError> {
+    let kv = store
+        .get(key)
+        .await
+        .map_err(|e| ApiError::internal(format!("read RBAC objects: {e}")))?;
+    Ok(kv.and_then(|kv| decode_stored(&kv.value, kv.mod_revision)))
+}
+
+const RBAC: &str = "/registry/rbac.authorization.k8s.io/";
+
+async fn role_rules(
+    store: &dyn Store,
+    role_ref: &Value,
+    namespace: &str,
+) -> Result<Vec<Value>, ApiError> {
+    let name = role_ref.get("name").and_then(Value::as_str).unwrap_or("");
+    let key = match role_ref.get("kind").and_then(Value::as_str) {
+        Some("ClusterRole") => format!("{RBAC}clusterroles/{name}"),
+        Some("Role") if !namespace.is_empty() => format!("{RBAC}roles/{namespace}/{name}"),
+        _ => return Ok(Vec::new()),
+    };
+    Ok(get(store, &key)
+        .await?
+        .and_then(|role| role.get("rules").and_then(Value::as_array).cloned())
+        .unwrap_or_default())
+}
+
+/// Allows the request or explains the refusal.
+pub async fn authorize(
+    store: &dyn Store,
+    user: &UserInfo,
+    a: &Attributes<'_>,
+) -> Result<(), ApiError> {
+    if user.in_group(groups::MASTERS) {
+        return Ok(());
+    }
+    let mut bindings: Vec<(Object, String)> = list(store, &format!("{RBAC}clusterrolebindings/"))
+        .await?
+        .into_iter()
+        .map(|b| (b, String::new()))
+        .collect();
+    if !a.namespace.is_empty() {
+        bindings.extend(
+            list(store, &format!("{RBAC}rolebindings/{}/", a.namespace))
+                .await?
+                .into_iter()
+                .map(|b| (b, a.namespace.to_owned())),
+        );
+    }
+    for (binding, namespace) in bindings {
+        let subjects = binding
+            .get("subjects")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if !subjects
+            .iter()
+            .any(|s| subject_matches(s, user, &namespace))
+        {
+            continue;
+        }
+        let Some(role_ref) = binding.get("roleRef") else {
+            continue;
+        };
+        if role_rules(store, role_ref, &namespace)
+            .await?
+            .iter()
+            .any(|rule| rule_allows(rule, a))
+        {
+            return Ok(());
+        }
+    }
+    Err(ApiError::forbidden(
+        &user.name,
+        a.verb,
+        a.group,
+        a.resource,
+        a.namespace,
+        a.name,
+    ))
+}
+
+/// The roles and bindings every cluster starts with.
+pub fn bootstrap_objects() -> Vec<(String, Value)> {
+    let cluster_role = |name: &str, rules: Value| {
+        (
+            format!("{RBAC}clusterroles/{name}"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                   "rules": rules}),
+        )
+    };
+    let binding = |name: &str, role: &str, subject: Value| {
+        (
+            format!("{RBAC}clusterrolebindings/{name}"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                   "subjects": [subject]}),
+        )
+    };
+    let read = json!(["get", "list", "watch"]);
+    let group = |name: &str| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": name});
+    let user =
+        |name: &str| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": name});
+    vec![
+        cluster_role(
+            "cluster-admin",
+            json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
+        ),
+        binding("cluster-admin", "cluster-admin", group(groups::MASTERS)),
+        cluster_role(
+            "view",
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "namespaces", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": read}]),
+        ),
+        cluster_role(
+            "edit",
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]}]),
+        ),
+        cluster_role(
+            "system:kube-scheduler",
+            json!([
+                {"apiGroups": [""], "resources": ["pods", "nodes", "namespaces"], "verbs": read},
+                {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+            ]),
+        ),
+        binding(
+            "system:kube-scheduler",
+            "system:kube-scheduler",
+            user("system:kube-scheduler"),
+        ),
+        cluster_role(
+            "system:kube-controller-manager",
+            json!([
+                {"apiGroups": ["", "apps"], "resources": ["*"], "verbs": ["*"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+            ]),
+        ),
+        binding(
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            user("system:kube-controller-manager"),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs<'a>(
+        verb: &'a str,
+        group: &'a str,
+        resource: &'a str,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> Attributes<'a> {
+        Attributes {
+            verb,
+            group,
+            resource,
+            namespace,
+            name,
+        }
+    }
+
+    #[test]
+    fn rules_match_verbs_groups_resources_and_names() {
+        let rule =
+            json!({"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]});
+        assert!(rule_allows(
+            &rule,
+            &attrs("get", "", "pods", "default", "p")
+        ));
+        assert!(rule_allows(
+            &rule,
+            &attrs("get", "", "pods/log", "default", "p")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("delete", "", "pods", "default", "p")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("get", "apps", "pods", "default", "p")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("get", "", "pods/status", "default", "p")
+        ));
+        let named =
+            json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"], "resourceNames": ["a"]});
+        assert!(rule_allows(
+            &named,
+            &attrs("update", "apps", "deployments", "x", "a")
+        ));
+        assert!(!rule_allows(
+            &named,
+            &attrs("update", "apps", "deployments", "x", "b")
+        ));
+        assert!(!rule_allows(
+            &named,
+            &attrs("list", "apps", "deployments", "x", "")
+        ));
+    }
+
+    #[test]
+    fn subjects_match_users_groups_and_service_accounts() {
+        let bob = UserInfo::new("bob", ["dev"]);
+        assert!(subject_matches(
+            &json!({"kind": "User", "name": "bob"}),
+            &bob,
+            ""
+        ));
+        assert!(subject_matches(
+            &json!({"kind": "Group", "name": "dev"}),
+            &bob,
+            ""
+        ));
+        assert!(!subject_matches(
+            &json!({"kind": "Group", "name": "ops"}),
+            &bob,
+            ""
+        ));
+        let sa = UserInfo::new("system:serviceaccount:team:builder", Vec::<String>::new());
+        assert!(subject_matches(
+            &json!({"kind": "ServiceAccount", "name": "builder"}),
+            &sa,
+            "team"
+        ));
+        assert!(!subject_matches(
+            &json!({"kind": "ServiceAccount", "name": "builder"}),
+            &sa,
+            "other"
+        ));
+    }
+}
