@@ -11,12 +11,16 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: deps up test lint bench-store
 
 deps:
-	@command -v etcd >/dev/null && command -v protoc >/dev/null || { \
-	  echo "installing etcd-server and protobuf-compiler (Debian packages)"; \
+	@missing=""; \
+	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
+	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v prlimit >/dev/null || missing="$$missing util-linux"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq etcd-server protobuf-compiler >/dev/null; }
-	@command -v prlimit >/dev/null || { \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq util-linux >/dev/null; }
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 up: deps
 	$(CARGO) run --release -p trellis -- up --data-dir $(DATA_DIR)
