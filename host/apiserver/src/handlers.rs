@@ -344,9 +344,16 @@ pub async fn prepare_create(
     remove_meta(obj, "deletionTimestamp");
     remove_meta(obj, "deletionGracePeriodSeconds");
     typed::default_and_validate_with(res, obj, None, req.strict_fields())?;
+    if let Some(schema) = state.schema_for(res) {
+        crate::crd::validate(&schema, res, obj)?;
+    }
     if res.has(Subresource::Status) && res.plural != "namespaces" && res.plural != "pods" {
         // Status is written through /status only; a create starts without one.
         obj.remove("status");
+    }
+    if is_crd(res) {
+        let status = crate::crd::established_status(obj);
+        obj.insert("status".into(), status);
     }
     if res.namespaced {
         check_namespace(state, req.namespace.as_deref().unwrap_or_default()).await?;
@@ -421,6 +428,7 @@ fn merge_for_subresource(
 /// generation on spec changes, status only through `/status`. Returns the expected
 /// revision for the compare-and-swap.
 fn prepare_update(
+    state: &AppState,
     req: &ApiRequest,
     old: &Object,
     old_rev: Revision,
@@ -462,6 +470,9 @@ fn prepare_update(
     }
     merge_for_subresource(res, req.subresource, old, new);
     typed::default_and_validate_with(res, new, Some(old), req.strict_fields())?;
+    if let Some(schema) = state.schema_for(res) {
+        crate::crd::validate(&schema, res, new)?;
+    }
     if req.subresource != Some(Subresource::Status) && new.get("spec") != old.get("spec") {
         let generation = metadata(old)
             .and_then(|m| m.get("generation"))
@@ -531,7 +542,7 @@ pub async fn update(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         }
         Err(e) => return Err(e),
     };
-    let expected = prepare_update(req, &old, old_rev, &mut new)?;
+    let expected = prepare_update(state, req, &old, old_rev, &mut new)?;
     let written = write_update(state, req, new, expected).await?;
     Ok(respond(StatusCode::OK, &written, req))
 }
@@ -606,7 +617,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
         if !pinned {
             set_meta(&mut new, "resourceVersion", old_rev.to_string());
         }
-        let expected = prepare_update(req, &old, old_rev, &mut new)?;
+        let expected = prepare_update(state, req, &old, old_rev, &mut new)?;
         match write_update(state, req, new, expected).await {
             Ok(written) => return Ok(respond(StatusCode::OK, &written, req)),
             Err(ErrorResponse(e)) if e.code == 409 && !pinned => continue,
@@ -759,6 +770,20 @@ pub async fn delete_collection(state: &AppState, req: &ApiRequest) -> ApiResult 
         "items": deleted,
     });
     Ok(json_response(StatusCode::OK, &body))
+}
+
+fn is_crd(res: &ResourceInfo) -> bool {
+    res.group == "apiextensions.k8s.io" && res.plural == "customresourcedefinitions"
+}
+
+/// After a write of a CRD, serve what it defines before answering.
+pub async fn after_write(state: &AppState, req: &ApiRequest) {
+    if is_crd(&req.resource)
+        && !req.dry_run
+        && let Err(e) = state.refresh_custom_resources().await
+    {
+        tracing::warn!(error = %e, "refreshing custom resources failed");
+    }
 }
 
 /// Shared state handle for handlers.

@@ -12,6 +12,7 @@
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
 //! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
+//! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
 //! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.
@@ -20,6 +21,7 @@
 //!   TLS, bearer tokens and the admin kubeconfig.
 //! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
 
+pub mod crd;
 pub mod discovery;
 pub mod handlers;
 pub mod kubeconfig;

@@ -214,8 +214,10 @@ async fn handle(
         .await
         .map_err(|_| ApiError::too_large(MAX_BODY))?;
 
-    match (verb, req.subresource) {
-        ("watch", None) => watch::watch(state, req).await,
+    if verb == "watch" && req.subresource.is_none() {
+        return watch::watch(state, req).await;
+    }
+    let result = match (verb, req.subresource) {
         ("get", None | Some(Subresource::Status)) => handlers::get(&state, &req).await,
         ("list", None) => handlers::list(&state, &req).await,
         ("create", None) if req.name.is_none() => handlers::create(&state, &req, body).await,
@@ -240,5 +242,14 @@ async fn handle(
                 .unwrap_or_default()
         ))
         .into()),
+    };
+    if result.is_ok()
+        && matches!(
+            verb,
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    {
+        handlers::after_write(&state, &req).await;
     }
+    result
 }

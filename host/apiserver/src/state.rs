@@ -11,6 +11,7 @@ use trellis_api::ApiError;
 use trellis_api::registry::{ResourceInfo, builtins};
 use trellis_store::{ListRequest, Store};
 
+use crate::crd::{self, CustomResources, Schema};
 use crate::tokens::TokenFile;
 use crate::watch_cache::WatchCache;
 
@@ -24,6 +25,8 @@ pub struct AppState {
     pub cache: Arc<WatchCache>,
     pub tokens: TokenFile,
     registry: RwLock<Vec<ResourceInfo>>,
+    /// Custom resources and their schemas, from the stored CRDs.
+    custom: RwLock<Arc<CustomResources>>,
     /// The address clients reach the server at, for discovery.
     pub server_address: String,
 }
@@ -40,6 +43,7 @@ impl AppState {
             cache,
             tokens,
             registry: RwLock::new(builtins()),
+            custom: RwLock::new(Arc::new(CustomResources::default())),
             server_address,
         })
     }
@@ -80,6 +84,76 @@ impl AppState {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .any(|r| r.group == group && r.version == version)
+    }
+
+    /// The schema of a custom resource, if `res` is one and declares a schema.
+    pub fn schema_for(&self, res: &ResourceInfo) -> Option<Arc<Schema>> {
+        let custom = self
+            .custom
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        custom
+            .schemas
+            .get(&(res.group.clone(), res.version.clone(), res.plural.clone()))
+            .cloned()
+    }
+
+    /// Rebuilds the registry from the built-in resources and the stored CRDs.
+    pub async fn refresh_custom_resources(&self) -> anyhow::Result<()> {
+        let page = self
+            .store
+            .list(ListRequest::prefix(crd::CRD_PREFIX))
+            .await?;
+        let mut custom = CustomResources::default();
+        for kv in &page.kvs {
+            let Some(obj) = crate::watch_cache::decode_stored(&kv.value, kv.mod_revision) else {
+                continue;
+            };
+            if let Err(reason) = crd::from_crd(&obj, &mut custom) {
+                warn!(crd = %kv.key, %reason, "not serving a custom resource definition");
+            }
+        }
+        let builtin = builtins();
+        let mut registry = builtin.clone();
+        for r in &custom.resources {
+            // A CRD may not shadow a built-in resource.
+            if !builtin
+                .iter()
+                .any(|b| b.group == r.group && b.plural == r.plural)
+            {
+                registry.push(r.clone());
+            }
+        }
+        *self.registry.write().unwrap_or_else(|e| e.into_inner()) = registry;
+        *self.custom.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(custom);
+        Ok(())
+    }
+
+    /// Keeps the registry in step with CRDs written through any server sharing the store.
+    pub fn follow_custom_resources(self: &Arc<Self>) {
+        let state = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let after = state.cache.revision();
+                let Ok(mut sub) = state.cache.subscribe(crd::CRD_PREFIX, after) else {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                };
+                if let Err(e) = state.refresh_custom_resources().await {
+                    warn!(error = %e, "refreshing custom resources failed");
+                }
+                while sub.rx.recv().await.is_some() {
+                    if let Err(e) = state.refresh_custom_resources().await {
+                        warn!(error = %e, "refreshing custom resources failed");
+                    }
+                }
+                if !sub.lagged.load(std::sync::atomic::Ordering::Acquire) {
+                    // The cache closed: the server is stopping.
+                    return;
+                }
+            }
+        });
     }
 
     /// Creates the initial namespaces and the bootstrap RBAC roles if missing.

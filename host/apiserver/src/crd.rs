@@ -1,0 +1,354 @@
+//! Custom resources: every served version of a CustomResourceDefinition becomes a
+//! resource of the registry as soon as the CRD is stored, validated against its
+//! `openAPIV3Schema` (JSON Schema, `jsonschema` crate) and pruned to it, with the
+//! `status` and `scale` subresources when the version declares them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use trellis_api::ApiError;
+use trellis_api::registry::{ALL_VERBS, ResourceInfo, Subresource};
+use trellis_api::status::StatusCause;
+
+use crate::object::Object;
+
+/// The store prefix of CRDs.
+pub const CRD_PREFIX: &str = "/registry/apiextensions.k8s.io/customresourcedefinitions/";
+
+/// One served version's schema.
+pub struct Schema {
+    raw: Value,
+    validator: jsonschema::Validator,
+}
+
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schema").finish_non_exhaustive()
+    }
+}
+
+/// The resources and schemas that the stored CRDs define.
+#[derive(Debug, Default)]
+pub struct CustomResources {
+    pub resources: Vec<ResourceInfo>,
+    /// Keyed by (group, version, plural).
+    pub schemas: HashMap<(String, String, String), Arc<Schema>>,
+}
+
+fn strs(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Reads the served versions of one CRD. Unusable CRDs are skipped with the reason.
+pub fn from_crd(crd: &Object, out: &mut CustomResources) -> Result<(), String> {
+    let spec = crd.get("spec").ok_or("no spec")?;
+    let group = spec
+        .get("group")
+        .and_then(Value::as_str)
+        .ok_or("no spec.group")?;
+    let names = spec.get("names").ok_or("no spec.names")?;
+    let plural = names
+        .get("plural")
+        .and_then(Value::as_str)
+        .ok_or("no spec.names.plural")?;
+    let kind = names
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or("no spec.names.kind")?;
+    let singular = names
+        .get("singular")
+        .and_then(Value::as_str)
+        .map_or_else(|| kind.to_lowercase(), str::to_owned);
+    let namespaced = spec.get("scope").and_then(Value::as_str) != Some("Cluster");
+    for version in spec
+        .get("versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if version.get("served").and_then(Value::as_bool) == Some(false) {
+            continue;
+        }
+        let Some(name) = version.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let mut subresources = Vec::new();
+        if version
+            .get("subresources")
+            .and_then(|s| s.get("status"))
+            .is_some()
+        {
+            subresources.push(Subresource::Status);
+        }
+        if version
+            .get("subresources")
+            .and_then(|s| s.get("scale"))
+            .is_some()
+        {
+            subresources.push(Subresource::Scale);
+        }
+        out.resources.push(ResourceInfo {
+            group: group.to_owned(),
+            version: name.to_owned(),
+            kind: kind.to_owned(),
+            plural: plural.to_owned(),
+            singular: singular.clone(),
+            namespaced,
+            verbs: ALL_VERBS.iter().map(|v| (*v).to_owned()).collect(),
+            short_names: strs(names.get("shortNames")),
+            categories: strs(names.get("categories")),
+            subresources,
+        });
+        if let Some(raw) = version.get("schema").and_then(|s| s.get("openAPIV3Schema")) {
+            let validator = jsonschema::validator_for(&for_validation(raw))
+                .map_err(|e| format!("version {name}: invalid openAPIV3Schema: {e}"))?;
+            out.schemas.insert(
+                (group.to_owned(), name.to_owned(), plural.to_owned()),
+                Arc::new(Schema {
+                    raw: raw.clone(),
+                    validator,
+                }),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The schema as a JSON Schema validator reads it: OpenAPI's `nullable` becomes a
+/// `null` alternative, and metadata is left to the server's own checks.
+fn for_validation(schema: &Value) -> Value {
+    match schema {
+        Value::Object(m) => {
+            let mut out: Map<String, Value> = m
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        if k == "properties" || k == "additionalProperties" || k == "items" {
+                            for_validation_children(k, v)
+                        } else {
+                            v.clone()
+                        },
+                    )
+                })
+                .collect();
+            if m.get("nullable") == Some(&Value::Bool(true)) {
+                if let Some(t) = out.get("type").cloned() {
+                    out.insert("type".into(), json!([t, "null"]));
+                }
+                if let Some(Value::Array(values)) = out.get_mut("enum") {
+                    values.push(Value::Null);
+                }
+            }
+            if m.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+                out.remove("type");
+                out.insert(
+                    "anyOf".into(),
+                    json!([{"type": "integer"}, {"type": "string"}]),
+                );
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
+
+fn for_validation_children(key: &str, v: &Value) -> Value {
+    match (key, v) {
+        ("properties", Value::Object(props)) => Value::Object(
+            props
+                .iter()
+                .filter(|(k, _)| k.as_str() != "metadata")
+                .map(|(k, s)| (k.clone(), for_validation(s)))
+                .collect(),
+        ),
+        _ => for_validation(v),
+    }
+}
+
+/// Drops the fields the schema does not declare, as Kubernetes prunes custom
+/// resources (`x-kubernetes-preserve-unknown-fields` keeps them).
+pub fn prune(value: &mut Value, schema: &Value, root: bool) {
+    if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+        && schema.get("properties").is_none()
+    {
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            let preserve =
+                schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+            map.retain(|k, v| {
+                if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    return true;
+                }
+                match (props.and_then(|p| p.get(k)), additional) {
+                    (Some(s), _) | (None, Some(s)) => {
+                        prune(v, s, false);
+                        true
+                    }
+                    (None, None) => preserve,
+                }
+            });
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for item in items {
+                    prune(item, item_schema, false);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Prunes and validates a custom resource.
+pub fn validate(schema: &Schema, res: &ResourceInfo, obj: &mut Object) -> Result<(), ApiError> {
+    let mut value = Value::Object(std::mem::take(obj));
+    prune(&mut value, &schema.raw, true);
+    let causes: Vec<StatusCause> = schema
+        .validator
+        .iter_errors(&value)
+        .map(|e| {
+            let path = e.instance_path().to_string();
+            let field = path.trim_start_matches('/').replace('/', ".");
+            StatusCause::new("FieldValueInvalid", field, e.to_string())
+        })
+        .collect();
+    if let Value::Object(m) = value {
+        *obj = m;
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    let name = crate::object::name(obj).unwrap_or_default();
+    Err(ApiError::invalid(&res.group, &res.kind, name, causes))
+}
+
+/// What the server reports in a CRD's status once it serves it.
+pub fn established_status(crd: &Object) -> Value {
+    let now = crate::object::now_timestamp();
+    let names = crd
+        .get("spec")
+        .and_then(|s| s.get("names"))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let stored: Vec<Value> = crd
+        .get("spec")
+        .and_then(|s| s.get("versions"))
+        .and_then(Value::as_array)
+        .map(|v| {
+            v.iter()
+                .filter(|v| v.get("storage") == Some(&Value::Bool(true)))
+                .filter_map(|v| v.get("name").cloned())
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "acceptedNames": names,
+        "storedVersions": stored,
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now},
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn crd() -> Object {
+        serde_json::from_value(json!({
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {
+                "group": "example.com", "scope": "Namespaced",
+                "names": {"plural": "widgets", "kind": "Widget", "shortNames": ["wd"]},
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "required": ["size"], "properties": {
+                            "size": {"type": "integer", "minimum": 1},
+                            "color": {"type": "string", "enum": ["red", "blue"], "nullable": true},
+                            "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+                        }},
+                        "status": {"type": "object", "properties": {"ready": {"type": "boolean"}}}
+                    }}}
+                }, {"name": "v0", "served": false}]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn served_versions_become_resources() {
+        let mut out = CustomResources::default();
+        from_crd(&crd(), &mut out).unwrap();
+        assert_eq!(out.resources.len(), 1);
+        let r = &out.resources[0];
+        assert_eq!(
+            (r.group.as_str(), r.version.as_str(), r.kind.as_str()),
+            ("example.com", "v1", "Widget")
+        );
+        assert!(r.namespaced && r.has(Subresource::Status) && !r.has(Subresource::Scale));
+        assert_eq!(r.short_names, ["wd"]);
+        assert_eq!(
+            established_status(&crd())["conditions"][1]["type"],
+            "Established"
+        );
+    }
+
+    #[test]
+    fn objects_are_pruned_then_validated() {
+        let mut out = CustomResources::default();
+        from_crd(&crd(), &mut out).unwrap();
+        let res = out.resources[0].clone();
+        let schema = out.schemas.values().next().unwrap().clone();
+        let mut ok: Object = serde_json::from_value(json!({
+            "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "labels": {"a": "b"}},
+            "spec": {"size": 3, "color": null, "unknown": 1, "extra": {"anything": [1]}}, "junk": true
+        }))
+        .unwrap();
+        validate(&schema, &res, &mut ok).unwrap();
+        assert!(ok.get("junk").is_none() && ok["spec"].get("unknown").is_none());
+        assert_eq!(ok["spec"]["extra"]["anything"][0], 1);
+        assert_eq!(ok["metadata"]["labels"]["a"], "b");
+
+        let mut bad: Object = serde_json::from_value(
+            json!({"metadata": {"name": "w"}, "spec": {"size": 0, "color": "green"}}),
+        )
+        .unwrap();
+        let e = validate(&schema, &res, &mut bad).unwrap_err();
+        assert_eq!(e.code, 422);
+        let fields: Vec<String> = e
+            .details
+            .unwrap()
+            .causes
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert!(
+            fields.contains(&"spec.size".to_owned()) && fields.contains(&"spec.color".to_owned()),
+            "{fields:?}"
+        );
+        let mut missing: Object =
+            serde_json::from_value(json!({"metadata": {"name": "w"}, "spec": {}})).unwrap();
+        assert!(
+            validate(&schema, &res, &mut missing)
+                .unwrap_err()
+                .message
+                .contains("size")
+        );
+    }
+}
