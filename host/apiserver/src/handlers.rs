@@ -15,7 +15,10 @@ use trellis_api::selector::{FieldSelector, LabelSelector};
 use trellis_api::status::StatusCause;
 use trellis_store::{ListRequest, Revision};
 
-use crate::object::{self, Object, meta_str, metadata, now_timestamp, remove_meta, set_meta};
+use crate::admission;
+use crate::object::{
+    self, Object, meta_str, metadata, metadata_mut, now_timestamp, remove_meta, set_meta,
+};
 use crate::request::{ApiRequest, BodyFormat, PatchType};
 use crate::response::{ApiResult, ErrorResponse, json_response, store_error};
 use crate::state::AppState;
@@ -343,10 +346,14 @@ pub async fn prepare_create(
     remove_meta(obj, "resourceVersion");
     remove_meta(obj, "deletionTimestamp");
     remove_meta(obj, "deletionGracePeriodSeconds");
+    let attrs = admission_attributes(req, "CREATE", &name);
+    state.chains.mutate(&attrs, obj, None).await?;
     typed::default_and_validate_with(res, obj, None, req.strict_fields())?;
     if let Some(schema) = state.schema_for(res) {
         crate::crd::validate(&schema, res, obj)?;
     }
+    state.chains.validate(&attrs, obj, None).await?;
+    admission::set_pending(obj, &state.chains.pending_for(res));
     if res.has(Subresource::Status) && res.plural != "namespaces" && res.plural != "pods" {
         // Status is written through /status only; a create starts without one.
         obj.remove("status");
@@ -375,7 +382,105 @@ pub async fn create(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         .await
         .map_err(|e| store_error(e, &req.resource, &name))?;
     set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
+    if !admission::pending(&obj).is_empty() {
+        obj = initialize(state, req, &key, &name).await?;
+    }
     Ok(respond(StatusCode::CREATED, &obj, req))
+}
+
+/// How long a create waits for its object's initializers.
+const INITIALIZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs the in-process initializers of a new object in order, and waits for the
+/// others (controllers acting on uninitialized objects) until none is pending.
+async fn initialize(
+    state: &AppState,
+    req: &ApiRequest,
+    key: &str,
+    name: &str,
+) -> ApiResult<Object> {
+    let res = &req.resource;
+    let deadline = tokio::time::Instant::now() + INITIALIZE_TIMEOUT;
+    loop {
+        let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
+        let pending = admission::pending(&obj);
+        let Some(first) = pending.first() else {
+            return Ok(obj);
+        };
+        match state.chains.initializer(first) {
+            Some(initializer) => {
+                let result = initializer.initialize(res, obj.clone()).await;
+                match result {
+                    Ok(mut initialized) => {
+                        admission::set_pending(&mut initialized, &pending[1..]);
+                        remove_meta(&mut initialized, "resourceVersion");
+                        let stored = serde_json::to_vec(&initialized)
+                            .map_err(|e| ApiError::internal(e.to_string()))?;
+                        match state
+                            .store
+                            .update(key, Bytes::from(stored), Some(rev))
+                            .await
+                        {
+                            Ok(_) | Err(trellis_store::Error::Conflict { .. }) => continue,
+                            Err(e) => return Err(store_error(e, res, name).into()),
+                        }
+                    }
+                    Err(reason) => {
+                        let failure =
+                            ApiError::internal(format!("initializer {first} failed: {reason}"));
+                        metadata_mut(&mut obj).insert(
+                            "initializers".into(),
+                            json!({"pending": [], "result": failure.to_status()}),
+                        );
+                        // The object never becomes visible: record why, then remove it.
+                        remove_meta(&mut obj, "resourceVersion");
+                        let stored = serde_json::to_vec(&obj)
+                            .map_err(|e| ApiError::internal(e.to_string()))?;
+                        if let Ok(kv) = state
+                            .store
+                            .update(key, Bytes::from(stored), Some(rev))
+                            .await
+                        {
+                            let _ = state.store.delete(key, Some(kv.mod_revision)).await;
+                        }
+                        return Err(failure.into());
+                    }
+                }
+            }
+            None => {
+                // Another party's turn: wait for the object to change.
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Err(ApiError::timeout(format!(
+                        "{} {name:?} is still waiting for initializer {first}",
+                        res.qualified()
+                    ))
+                    .into());
+                }
+                if let Ok(mut sub) = state.cache.subscribe(key, rev) {
+                    let _ = tokio::time::timeout(deadline - now, sub.rx.recv()).await;
+                } else {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+}
+
+fn admission_attributes<'a>(
+    req: &'a ApiRequest,
+    operation: &'static str,
+    name: &'a str,
+) -> admission::Attributes<'a> {
+    admission::Attributes {
+        resource: &req.resource,
+        operation,
+        namespace: req.namespace.as_deref(),
+        name,
+        subresource: req.subresource.map(|s| s.name()),
+        user: &req.user,
+        dry_run: req.dry_run,
+    }
 }
 
 /// Fields a write through the main resource may not change, and what `/status` may.
@@ -427,7 +532,7 @@ fn merge_for_subresource(
 /// Applies the server's rules to a replacement of `old` by `new`: immutable identity,
 /// generation on spec changes, status only through `/status`. Returns the expected
 /// revision for the compare-and-swap.
-fn prepare_update(
+async fn prepare_update(
     state: &AppState,
     req: &ApiRequest,
     old: &Object,
@@ -469,9 +574,24 @@ fn prepare_update(
         }
     }
     merge_for_subresource(res, req.subresource, old, new);
+    let attrs = admission_attributes(req, "UPDATE", name);
+    state.chains.mutate(&attrs, new, Some(old)).await?;
     typed::default_and_validate_with(res, new, Some(old), req.strict_fields())?;
     if let Some(schema) = state.schema_for(res) {
         crate::crd::validate(&schema, res, new)?;
+    }
+    state.chains.validate(&attrs, new, Some(old)).await?;
+    if let Err(reason) = admission::check_pending_update(old, new) {
+        return Err(ApiError::invalid(
+            &res.group,
+            &res.kind,
+            name,
+            vec![StatusCause::forbidden(
+                "metadata.initializers.pending",
+                &reason,
+            )],
+        )
+        .into());
     }
     if req.subresource != Some(Subresource::Status) && new.get("spec") != old.get("spec") {
         let generation = metadata(old)
@@ -542,7 +662,7 @@ pub async fn update(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         }
         Err(e) => return Err(e),
     };
-    let expected = prepare_update(state, req, &old, old_rev, &mut new)?;
+    let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
     let written = write_update(state, req, new, expected).await?;
     Ok(respond(StatusCode::OK, &written, req))
 }
@@ -617,7 +737,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
         if !pinned {
             set_meta(&mut new, "resourceVersion", old_rev.to_string());
         }
-        let expected = prepare_update(state, req, &old, old_rev, &mut new)?;
+        let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
         match write_update(state, req, new, expected).await {
             Ok(written) => return Ok(respond(StatusCode::OK, &written, req)),
             Err(ErrorResponse(e)) if e.code == 409 && !pinned => continue,

@@ -8,6 +8,7 @@
 //! - [`server`]: credentials on first start, the HTTPS listener, graceful stop.
 //! - [`routes`]: authentication, authorization, path parsing, dispatch.
 //! - [`rbac`]: RBAC authorization and the bootstrap roles.
+//! - [`admission`]: the admission and initializer chains.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
 //! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
@@ -21,6 +22,7 @@
 //!   TLS, bearer tokens and the admin kubeconfig.
 //! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
 
+pub mod admission;
 pub mod crd;
 pub mod discovery;
 pub mod handlers;

@@ -17,6 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 use trellis_store::Store;
 
+use crate::admission::Chains;
 use crate::routes::{Peer, router};
 use crate::state::AppState;
 use crate::watch_cache::WatchCache;
@@ -37,6 +38,8 @@ pub struct Config {
     pub watch_buffer: usize,
     /// How long a stop waits for requests in flight.
     pub shutdown_grace: Duration,
+    /// The admission and initializer chains.
+    pub chains: Chains,
 }
 
 impl Config {
@@ -48,6 +51,7 @@ impl Config {
             watch_cache_events: 10_000,
             watch_buffer: 1_000,
             shutdown_grace: Duration::from_secs(10),
+            chains: Chains::builtin(),
         }
     }
 }
@@ -143,7 +147,13 @@ pub async fn start(
     )
     .await
     .context("start the watch cache")?;
-    let state = AppState::new(store, cache, token_file, addr.to_string());
+    let state = AppState::new(
+        store,
+        cache,
+        token_file,
+        config.chains.clone(),
+        addr.to_string(),
+    );
     state
         .bootstrap()
         .await

@@ -11,6 +11,7 @@ use trellis_api::ApiError;
 use trellis_api::registry::{ResourceInfo, builtins};
 use trellis_store::{ListRequest, Store};
 
+use crate::admission::Chains;
 use crate::crd::{self, CustomResources, Schema};
 use crate::tokens::TokenFile;
 use crate::watch_cache::WatchCache;
@@ -24,6 +25,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub cache: Arc<WatchCache>,
     pub tokens: TokenFile,
+    /// Admission steps and initializers, in order.
+    pub chains: Chains,
     registry: RwLock<Vec<ResourceInfo>>,
     /// Custom resources and their schemas, from the stored CRDs.
     custom: RwLock<Arc<CustomResources>>,
@@ -36,12 +39,14 @@ impl AppState {
         store: Arc<dyn Store>,
         cache: Arc<WatchCache>,
         tokens: TokenFile,
+        chains: Chains,
         server_address: String,
     ) -> Arc<Self> {
         Arc::new(Self {
             store,
             cache,
             tokens,
+            chains,
             registry: RwLock::new(builtins()),
             custom: RwLock::new(Arc::new(CustomResources::default())),
             server_address,
