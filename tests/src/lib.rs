@@ -1,8 +1,17 @@
 //! Helpers shared by the cross-crate tests in `all/`: stores on both backends, started
-//! the way a user would start them (a real redb file, a real etcd process).
+//! the way a user would start them (a real redb file, a real etcd process), and
+//! [`TestCluster`], an API server driven by the real kubectl.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::{Context as _, bail};
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::oneshot;
+use trellis_apiserver::Server;
 use trellis_store::local_etcd::LocalEtcd;
 use trellis_store::{EtcdStore, RedbConfig, RedbStore, Store};
 
@@ -58,4 +67,282 @@ impl TestStore {
             _etcd: Some(etcd),
         })
     }
+}
+
+/// How long one kubectl invocation may take before the test gives up on it.
+const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An API server on an embedded store, both in a temporary directory, with the system
+/// kubectl pointed at it through the server's own `admin.kubeconfig`.
+///
+/// Dropping it stops the server without waiting; [`TestCluster::stop`] waits.
+#[allow(missing_debug_implementations)]
+pub struct TestCluster {
+    /// The server's data directory (credentials, `tokens.csv`, `admin.kubeconfig`).
+    pub data_dir: PathBuf,
+    /// `https://127.0.0.1:PORT`.
+    pub url: String,
+    /// The admin's bearer token, in group `system:masters`.
+    pub admin_token: String,
+    /// The cluster CA, as kubeconfigs embed it.
+    pub ca_pem: String,
+    admin: Kubectl,
+    server: Option<Server>,
+    store: Arc<RedbStore>,
+    /// Dropping it ends the server's `shutdown` future: the stop of a cluster that is
+    /// dropped rather than stopped.
+    _shutdown: oneshot::Sender<()>,
+    // Last: the directory outlives the server and the store that use it.
+    dir: tempfile::TempDir,
+}
+
+/// What a [`TestCluster`] starts with besides the defaults.
+#[derive(Debug, Default)]
+pub struct TestClusterBuilder {
+    /// Extra `tokens.csv` records: token, user, groups.
+    tokens: Vec<(String, String, Vec<String>)>,
+}
+
+impl TestClusterBuilder {
+    /// A bearer token for `user` in `groups`, written to `tokens.csv` before the
+    /// server first starts (it creates the file only when it is missing).
+    pub fn with_token(mut self, token: &str, user: &str, groups: &[&str]) -> Self {
+        self.tokens.push((
+            token.to_owned(),
+            user.to_owned(),
+            groups.iter().map(|g| (*g).to_owned()).collect(),
+        ));
+        self
+    }
+
+    pub async fn start(self) -> anyhow::Result<TestCluster> {
+        let dir = tempfile::tempdir().context("create the cluster's directory")?;
+        let data_dir = dir.path().join("data");
+        if !self.tokens.is_empty() {
+            std::fs::create_dir_all(&data_dir).context("create the data directory")?;
+            let admin_token = format!("admin-{:032x}", rand::random::<u128>());
+            let mut csv = format!("{admin_token},admin,admin,\"system:masters\"\n");
+            for (token, user, groups) in &self.tokens {
+                csv.push_str(&format!("{token},{user},{user}"));
+                if !groups.is_empty() {
+                    csv.push_str(&format!(",\"{}\"", groups.join(",")));
+                }
+                csv.push('\n');
+            }
+            std::fs::write(data_dir.join("tokens.csv"), csv).context("write tokens.csv")?;
+        }
+        let store = Arc::new(
+            RedbStore::open(RedbConfig::new(dir.path().join("store.redb")))
+                .context("open the store")?,
+        );
+        let mut config = trellis_apiserver::Config::new(&data_dir);
+        config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.shutdown_grace = Duration::from_secs(2);
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let server = trellis_apiserver::start(config, store.clone(), async move {
+            // A send or a drop of the sender: either way, stop.
+            let _ = stopped.await;
+        })
+        .await
+        .context("start the API server")?;
+        let admin = Kubectl {
+            bin: kubectl_bin(),
+            kubeconfig: server.kubeconfig.clone(),
+            cache_dir: dir.path().join("kubectl-cache"),
+        };
+        Ok(TestCluster {
+            data_dir,
+            url: server.url.clone(),
+            admin_token: server.admin_token.clone(),
+            ca_pem: server.ca_pem.clone(),
+            admin,
+            server: Some(server),
+            store,
+            _shutdown: shutdown,
+            dir,
+        })
+    }
+}
+
+/// The kubectl the tests run: `$TRELLIS_KUBECTL`, else `/usr/bin/kubectl`.
+fn kubectl_bin() -> PathBuf {
+    std::env::var_os("TRELLIS_KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/kubectl"))
+}
+
+impl TestCluster {
+    /// A cluster with nothing but its defaults.
+    pub async fn start() -> anyhow::Result<TestCluster> {
+        TestClusterBuilder::default().start().await
+    }
+
+    pub fn builder() -> TestClusterBuilder {
+        TestClusterBuilder::default()
+    }
+
+    /// kubectl as the admin, through `admin.kubeconfig` (its client certificate).
+    pub fn admin(&self) -> &Kubectl {
+        &self.admin
+    }
+
+    /// kubectl with a kubeconfig of its own that holds the cluster CA and `token`, and
+    /// no client certificate.
+    pub fn kubectl_with_token(&self, name: &str, token: &str) -> anyhow::Result<Kubectl> {
+        use base64::Engine as _;
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        let url = &self.url;
+        let contents = format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters:\n- name: trellis\n  cluster:\n    server: \"{url}\"\n    certificate-authority-data: {ca}\n\
+             users:\n- name: \"{name}\"\n  user:\n    token: \"{token}\"\n\
+             contexts:\n- name: trellis\n  context:\n    cluster: trellis\n    user: \"{name}\"\n\
+             current-context: trellis\n"
+        );
+        let kubeconfig = self.dir.path().join(format!("{name}.kubeconfig"));
+        std::fs::write(&kubeconfig, contents)
+            .with_context(|| format!("write {}", kubeconfig.display()))?;
+        Ok(Kubectl {
+            bin: self.admin.bin.clone(),
+            kubeconfig,
+            cache_dir: self.admin.cache_dir.clone(),
+        })
+    }
+
+    /// Runs kubectl as the admin; see [`Kubectl::run`].
+    pub async fn kubectl(&self, args: &[&str]) -> anyhow::Result<Output> {
+        self.admin.run(args, None).await
+    }
+
+    /// Runs kubectl as the admin and returns its stdout; fails unless it exits 0.
+    pub async fn kubectl_ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.admin.ok(args).await
+    }
+
+    /// As [`TestCluster::kubectl_ok`], with `stdin` as its standard input (`-f -`).
+    pub async fn kubectl_ok_stdin(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+        self.admin.ok_stdin(args, stdin).await
+    }
+
+    /// Runs kubectl as the admin, expecting it to fail; returns its stderr.
+    pub async fn kubectl_err(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.admin.err(args, None).await
+    }
+
+    /// As [`TestCluster::kubectl_err`], with `stdin` as its standard input.
+    pub async fn kubectl_err_stdin(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+        self.admin.err(args, Some(stdin)).await
+    }
+
+    /// Stops the server (waiting for requests in flight) and closes the store.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(server) = self.server.take() {
+            server.stop().await.context("stop the API server")?;
+        }
+        self.store.close().await.context("close the store")?;
+        Ok(())
+    }
+}
+
+/// The system kubectl with one kubeconfig, each run bounded by a timeout.
+#[derive(Clone, Debug)]
+pub struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    /// Discovery is cached per cluster, not in `~/.kube/cache`, where a later server
+    /// on a reused port would find it.
+    cache_dir: PathBuf,
+}
+
+impl Kubectl {
+    /// A kubectl command with this kubeconfig, stdin closed and output captured, that
+    /// is killed when dropped: for runs the test drives itself (`get -w`).
+    pub fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.cache_dir)
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs kubectl to completion with `stdin` (if any) as its input, whatever its
+    /// exit status; fails only if it cannot start or outlives the timeout.
+    pub async fn run(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
+        let what = format!("kubectl {}", args.join(" "));
+        let mut cmd = self.command(args);
+        if stdin.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("start {what} ({})", self.bin.display()))?;
+        let pipe = match stdin {
+            Some(_) => Some(child.stdin.take().context("take kubectl's stdin")?),
+            None => None,
+        };
+        // Fed while kubectl runs, so that neither waits on a full pipe; dropping the
+        // pipe ends the input.
+        let feed = async move {
+            if let (Some(mut pipe), Some(input)) = (pipe, stdin) {
+                match pipe.write_all(input.as_bytes()).await {
+                    // kubectl exited without reading it all; its output says why.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                    other => other?,
+                }
+            }
+            std::io::Result::Ok(())
+        };
+        let run = async {
+            let (fed, output) = tokio::join!(feed, child.wait_with_output());
+            fed.with_context(|| format!("write the stdin of {what}"))?;
+            output.with_context(|| format!("wait for {what}"))
+        };
+        match tokio::time::timeout(KUBECTL_TIMEOUT, run).await {
+            Ok(output) => output,
+            Err(_) => bail!("{what} did not finish within {KUBECTL_TIMEOUT:?}"),
+        }
+    }
+
+    /// Runs kubectl and returns its stdout; fails with its stderr unless it exits 0.
+    pub async fn ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        succeeded(args, self.run(args, None).await?)
+    }
+
+    /// As [`Kubectl::ok`], with `stdin` as its standard input.
+    pub async fn ok_stdin(&self, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+        succeeded(args, self.run(args, Some(stdin)).await?)
+    }
+
+    /// Runs kubectl expecting it to fail; returns its stderr, or fails with its stdout
+    /// if it exits 0.
+    pub async fn err(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+        let output = self.run(args, stdin).await?;
+        if output.status.success() {
+            bail!(
+                "kubectl {} succeeded but was expected to fail; stdout:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stdout)
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+fn succeeded(args: &[&str], output: Output) -> anyhow::Result<String> {
+    if !output.status.success() {
+        bail!(
+            "kubectl {} exited with {}; stderr:\n{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    String::from_utf8(output.stdout).context("kubectl's stdout is not UTF-8")
 }

@@ -342,7 +342,10 @@ pub async fn prepare_create(
     }
     set_meta(obj, "uid", uuid::Uuid::new_v4().to_string());
     set_meta(obj, "creationTimestamp", now_timestamp());
-    set_meta(obj, "generation", 1);
+    if obj.contains_key("spec") {
+        // As Kubernetes, only objects with a spec track its changes.
+        set_meta(obj, "generation", 1);
+    }
     remove_meta(obj, "resourceVersion");
     remove_meta(obj, "deletionTimestamp");
     remove_meta(obj, "deletionGracePeriodSeconds");
@@ -604,6 +607,17 @@ async fn prepare_update(
     Ok(expected)
 }
 
+/// Whether an update changes nothing: Kubernetes then skips the write, keeping the
+/// resourceVersion (and kubectl reports "no change").
+fn unchanged(old: &Object, new: &Object) -> bool {
+    let strip = |o: &Object| {
+        let mut o = o.clone();
+        remove_meta(&mut o, "resourceVersion");
+        o
+    };
+    strip(old) == strip(new)
+}
+
 /// Writes `new` over the stored object at `expected`; an object whose deletion is
 /// pending and whose finalizers are now empty is deleted instead.
 async fn write_update(
@@ -663,6 +677,9 @@ pub async fn update(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         Err(e) => return Err(e),
     };
     let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
+    if expected == old_rev && unchanged(&old, &new) {
+        return Ok(respond(StatusCode::OK, &old, req));
+    }
     let written = write_update(state, req, new, expected).await?;
     Ok(respond(StatusCode::OK, &written, req))
 }
@@ -738,6 +755,9 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
             set_meta(&mut new, "resourceVersion", old_rev.to_string());
         }
         let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
+        if expected == old_rev && unchanged(&old, &new) {
+            return Ok(respond(StatusCode::OK, &old, req));
+        }
         match write_update(state, req, new, expected).await {
             Ok(written) => return Ok(respond(StatusCode::OK, &written, req)),
             Err(ErrorResponse(e)) if e.code == 409 && !pinned => continue,

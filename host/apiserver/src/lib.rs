@@ -9,6 +9,7 @@
 //! - [`routes`]: authentication, authorization, path parsing, dispatch.
 //! - [`rbac`]: RBAC authorization and the bootstrap roles.
 //! - [`admission`]: the admission and initializer chains.
+//! - [`metrics`]: `/metrics`; [`audit`]: the audit log.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
 //! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
@@ -23,10 +24,12 @@
 //! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
 
 pub mod admission;
+pub mod audit;
 pub mod crd;
 pub mod discovery;
 pub mod handlers;
 pub mod kubeconfig;
+pub mod metrics;
 pub mod object;
 pub mod patch;
 pub mod pki;

@@ -46,20 +46,25 @@ async fn ok() -> &'static str {
 /// Who is asking: a verified client certificate, else a bearer token; anonymous
 /// requests are refused.
 fn authenticate(state: &State, peer: &Peer, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
-    if let Some(auth) = headers.get(header::AUTHORIZATION) {
-        let token = auth
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or_else(ApiError::unauthorized)?;
-        return state
-            .tokens
-            .lookup(token)
-            .cloned()
-            .ok_or_else(ApiError::unauthorized);
+    // As kube-apiserver's union of authenticators: a verified client certificate
+    // first, then a bearer token.
+    if let Some(user) = &peer.0 {
+        return Ok(user.clone());
     }
-    peer.0.clone().ok_or_else(ApiError::unauthorized)
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(ApiError::unauthorized)?;
+    let token = auth
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or_else(ApiError::unauthorized)?;
+    state
+        .tokens
+        .lookup(token)
+        .cloned()
+        .ok_or_else(ApiError::unauthorized)
 }
 
 /// Authorization through RBAC; the refusal names user, verb and resource.
@@ -87,10 +92,39 @@ async fn dispatch(
     body: Body,
 ) -> Response {
     let peer = peer.map(|Extension(p)| p).unwrap_or_default();
-    match handle(state, peer, method, uri, headers, body).await {
+    let started = tokio::time::Instant::now();
+    let mut info = RequestInfo::default();
+    let response = match handle(state.clone(), peer, method, uri, headers, body, &mut info).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
+    };
+    let code = response.status().as_u16();
+    let elapsed = started.elapsed();
+    state
+        .metrics
+        .record(&info.verb, &info.resource, code, elapsed);
+    if let Some(audit) = &state.audit {
+        audit.record(crate::audit::Entry {
+            user: info.user,
+            verb: info.verb,
+            resource: info.resource,
+            namespace: info.namespace,
+            name: info.name,
+            code,
+            latency_ms: elapsed.as_secs_f64() * 1e3,
+        });
     }
+    response
+}
+
+/// What the metrics and the audit log record of a request, filled in as it is parsed.
+#[derive(Debug, Default)]
+struct RequestInfo {
+    user: String,
+    verb: String,
+    resource: String,
+    namespace: String,
+    name: String,
 }
 
 fn not_found() -> ApiError {
@@ -108,8 +142,21 @@ async fn handle(
     uri: Uri,
     headers: HeaderMap,
     body: Body,
+    info: &mut RequestInfo,
 ) -> Result<Response, ErrorResponse> {
+    info.verb = method.as_str().to_lowercase();
+    info.resource = uri.path().to_owned();
     let user = authenticate(&state, &peer, &headers)?;
+    info.user = user.name.clone();
+    if uri.path() == "/metrics" {
+        let text = state.metrics.render(state.cache.watcher_count());
+        return Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            text,
+        )
+            .into_response());
+    }
     let path = uri.path().trim_end_matches('/');
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let (group, version, rest) = match segments.as_slice() {
@@ -202,6 +249,13 @@ async fn handle(
         body_format,
         wants_table: request::wants_table(&headers),
     };
+    info.verb = req.verb.to_owned();
+    info.resource = match req.subresource {
+        Some(sub) => format!("{}/{}", req.resource.qualified(), sub.name()),
+        None => req.resource.qualified(),
+    };
+    info.namespace = req.namespace.clone().unwrap_or_default();
+    info.name = req.name.clone().unwrap_or_default();
     authorize(&state, &req).await?;
     if matches!(method, Method::POST | Method::PUT | Method::PATCH)
         && req.body_format == BodyFormat::Unsupported

@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 use trellis_store::Store;
 
 use crate::admission::Chains;
+use crate::audit::AuditConfig;
 use crate::routes::{Peer, router};
 use crate::state::AppState;
 use crate::watch_cache::WatchCache;
@@ -40,6 +41,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The admission and initializer chains.
     pub chains: Chains,
+    /// The audit log; `None` turns it off.
+    pub audit: Option<AuditConfig>,
 }
 
 impl Config {
@@ -52,7 +55,19 @@ impl Config {
             watch_buffer: 1_000,
             shutdown_grace: Duration::from_secs(10),
             chains: Chains::builtin(),
+            audit: None,
         }
+        .with_audit_in_data_dir()
+    }
+
+    /// Audits to `DATA_DIR/audit.log`, rotated at 100 MiB, five files kept.
+    fn with_audit_in_data_dir(mut self) -> Self {
+        self.audit = Some(AuditConfig {
+            path: self.data_dir.join("audit.log"),
+            max_bytes: 100 << 20,
+            max_files: 5,
+        });
+        self
     }
 }
 
@@ -147,11 +162,13 @@ pub async fn start(
     )
     .await
     .context("start the watch cache")?;
+    let audit = config.audit.clone().map(crate::audit::AuditLog::start);
     let state = AppState::new(
         store,
         cache,
         token_file,
         config.chains.clone(),
+        audit,
         addr.to_string(),
     );
     state

@@ -27,6 +27,8 @@ pub struct AppState {
     pub tokens: TokenFile,
     /// Admission steps and initializers, in order.
     pub chains: Chains,
+    pub metrics: crate::metrics::Metrics,
+    pub audit: Option<crate::audit::AuditLog>,
     registry: RwLock<Vec<ResourceInfo>>,
     /// Custom resources and their schemas, from the stored CRDs.
     custom: RwLock<Arc<CustomResources>>,
@@ -40,6 +42,7 @@ impl AppState {
         cache: Arc<WatchCache>,
         tokens: TokenFile,
         chains: Chains,
+        audit: Option<crate::audit::AuditLog>,
         server_address: String,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -47,6 +50,8 @@ impl AppState {
             cache,
             tokens,
             chains,
+            metrics: crate::metrics::Metrics::default(),
+            audit,
             registry: RwLock::new(builtins()),
             custom: RwLock::new(Arc::new(CustomResources::default())),
             server_address,

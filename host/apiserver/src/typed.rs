@@ -231,6 +231,11 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
             }
         }
         ("", "namespaces") => {
+            // Kubernetes labels every namespace with its own name, for selectors.
+            if let Some(name) = crate::object::name(obj).map(str::to_owned) {
+                let labels = object_at(crate::object::metadata_mut(obj), "labels");
+                labels.insert("kubernetes.io/metadata.name".into(), name.into());
+            }
             set_default(object_at(obj, "spec"), "finalizers", json!(["kubernetes"]));
             if create {
                 set_default(object_at(obj, "status"), "phase", json!("Active"));

@@ -1,0 +1,3 @@
+//! The API server end to end, with the real kubectl as its client.
+
+mod kubectl;
