@@ -101,6 +101,8 @@ pub struct TestCluster {
 pub struct TestClusterBuilder {
     /// Extra `tokens.csv` records: token, user, groups.
     tokens: Vec<(String, String, Vec<String>)>,
+    /// Admission and initializer chains instead of the built-in ones.
+    chains: Option<trellis_apiserver::admission::Chains>,
 }
 
 impl TestClusterBuilder {
@@ -112,6 +114,12 @@ impl TestClusterBuilder {
             user.to_owned(),
             groups.iter().map(|g| (*g).to_owned()).collect(),
         ));
+        self
+    }
+
+    /// Runs the server with these admission and initializer chains.
+    pub fn with_chains(mut self, chains: trellis_apiserver::admission::Chains) -> Self {
+        self.chains = Some(chains);
         self
     }
 
@@ -138,6 +146,9 @@ impl TestClusterBuilder {
         let mut config = trellis_apiserver::Config::new(&data_dir);
         config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.shutdown_grace = Duration::from_secs(2);
+        if let Some(chains) = self.chains {
+            config.chains = chains;
+        }
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, store.clone(), async move {
             // A send or a drop of the sender: either way, stop.

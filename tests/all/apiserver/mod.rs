@@ -1,3 +1,4 @@
 //! The API server end to end, with the real kubectl as its client.
 
 mod kubectl;
+mod initializers;
