@@ -220,6 +220,29 @@ impl TestCluster {
         })
     }
 
+    /// A kubectl with a client certificate for `user` in `groups`, issued by the
+    /// cluster CA (for identities such as nodes: `system:node:NAME` in `system:nodes`).
+    pub fn kubectl_with_cert(&self, user: &str, groups: &[&str]) -> anyhow::Result<Kubectl> {
+        let pki = trellis_apiserver::pki::Pki::load_or_create(&self.data_dir, &[])
+            .context("load the cluster CA")?;
+        let (cert, key) = pki
+            .issue_client_cert(user, groups, 1)
+            .context("issue a client certificate")?;
+        let contents =
+            trellis_apiserver::kubeconfig::admin_kubeconfig(&self.url, &self.ca_pem, &cert, &key);
+        let kubeconfig = self
+            .dir
+            .path()
+            .join(format!("{}.kubeconfig", user.replace(':', "_")));
+        std::fs::write(&kubeconfig, contents)
+            .with_context(|| format!("write {}", kubeconfig.display()))?;
+        Ok(Kubectl {
+            bin: self.admin.bin.clone(),
+            kubeconfig,
+            cache_dir: self.admin.cache_dir.clone(),
+        })
+    }
+
     /// Runs kubectl as the admin; see [`Kubectl::run`].
     pub async fn kubectl(&self, args: &[&str]) -> anyhow::Result<Output> {
         self.admin.run(args, None).await

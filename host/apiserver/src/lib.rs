@@ -7,7 +7,8 @@
 //! # Layout
 //! - [`server`]: credentials on first start, the HTTPS listener, graceful stop.
 //! - [`routes`]: authentication, authorization, path parsing, dispatch.
-//! - [`rbac`]: RBAC authorization and the bootstrap roles.
+//! - [`rbac`]: RBAC authorization and the bootstrap roles; [`node_authz`]: what
+//!   a node's credentials may reach.
 //! - [`admission`]: the admission and initializer chains.
 //! - [`metrics`]: `/metrics`; [`audit`]: the audit log.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
@@ -30,6 +31,7 @@ pub mod discovery;
 pub mod handlers;
 pub mod kubeconfig;
 pub mod metrics;
+pub mod node_authz;
 pub mod object;
 pub mod patch;
 pub mod pki;

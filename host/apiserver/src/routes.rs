@@ -20,7 +20,7 @@ use crate::handlers::{self, State};
 use crate::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
 use crate::response::{ErrorResponse, json_response};
 use crate::watch;
-use crate::{discovery, rbac, subresources};
+use crate::{discovery, node_authz, rbac, subresources};
 
 /// The identity a connection's verified client certificate proves, if any.
 #[derive(Clone, Debug, Default)]
@@ -69,6 +69,9 @@ fn authenticate(state: &State, peer: &Peer, headers: &HeaderMap) -> Result<UserI
 
 /// Authorization through RBAC; the refusal names user, verb and resource.
 async fn authorize(state: &State, req: &ApiRequest) -> Result<(), ApiError> {
+    if let Some(decision) = node_authz::authorize(state.store.as_ref(), req).await {
+        return decision;
+    }
     let resource = match req.subresource {
         Some(sub) => format!("{}/{}", req.resource.plural, sub.name()),
         None => req.resource.plural.clone(),
@@ -267,6 +270,7 @@ async fn handle(
     let body = axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|_| ApiError::too_large(MAX_BODY))?;
+    node_authz::check_create(&req, &body)?;
 
     if verb == "watch" && req.subresource.is_none() {
         return watch::watch(state, req).await;

@@ -2,3 +2,4 @@
 
 mod kubectl;
 mod initializers;
+mod node_authz;
