@@ -28,6 +28,7 @@ pub mod admission;
 pub mod audit;
 pub mod crd;
 pub mod discovery;
+mod fuzz;
 pub mod handlers;
 pub mod kubeconfig;
 pub mod metrics;
