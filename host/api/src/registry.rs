@@ -25,6 +25,8 @@ pub enum Subresource {
     Binding,
     /// `pods/log`.
     Log,
+    /// `serviceaccounts/token`: a TokenRequest for the account.
+    Token,
 }
 
 impl Subresource {
@@ -34,6 +36,7 @@ impl Subresource {
             Subresource::Scale => "scale",
             Subresource::Binding => "binding",
             Subresource::Log => "log",
+            Subresource::Token => "token",
         }
     }
 
@@ -43,6 +46,7 @@ impl Subresource {
             Subresource::Scale,
             Subresource::Binding,
             Subresource::Log,
+            Subresource::Token,
         ]
         .into_iter()
         .find(|r| r.name() == s)
@@ -180,7 +184,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
             true,
             &["sa"],
             &[],
-            &[],
+            &[Token],
         ),
         resource(
             "",

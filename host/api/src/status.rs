@@ -204,9 +204,18 @@ impl ApiError {
                 }
             })
             .collect();
+        // kube-apiserver names the kind with its group: `Deployment.apps "web"`.
+        let qualified_kind = if group.is_empty() {
+            kind.to_owned()
+        } else {
+            format!("{kind}.{group}")
+        };
         let message = match summary.as_slice() {
-            [one] => format!("{kind} {name:?} is invalid: {one}"),
-            many => format!("{kind} {name:?} is invalid: [{}]", many.join(", ")),
+            [one] => format!("{qualified_kind} {name:?} is invalid: {one}"),
+            many => format!(
+                "{qualified_kind} {name:?} is invalid: [{}]",
+                many.join(", ")
+            ),
         };
         Self {
             code: 422,

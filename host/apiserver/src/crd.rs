@@ -219,11 +219,7 @@ pub fn validate(schema: &Schema, res: &ResourceInfo, obj: &mut Object) -> Result
     let causes: Vec<StatusCause> = schema
         .validator
         .iter_errors(&value)
-        .map(|e| {
-            let path = e.instance_path().to_string();
-            let field = path.trim_start_matches('/').replace('/', ".");
-            StatusCause::new("FieldValueInvalid", field, e.to_string())
-        })
+        .map(|e| cause_of(&e))
         .collect();
     if let Value::Object(m) = value {
         *obj = m;
@@ -233,6 +229,76 @@ pub fn validate(schema: &Schema, res: &ResourceInfo, obj: &mut Object) -> Result
     }
     let name = crate::object::name(obj).unwrap_or_default();
     Err(ApiError::invalid(&res.group, &res.kind, name, causes))
+}
+
+/// A schema violation in kube-openapi's words, as kubectl users read them.
+fn cause_of(e: &jsonschema::ValidationError<'_>) -> StatusCause {
+    use jsonschema::error::ValidationErrorKind as Kind;
+    let path = e.instance_path().to_string();
+    let field = path.trim_start_matches('/').replace('/', ".");
+    let value = e.instance().to_string();
+    let invalid = |detail: String| {
+        StatusCause::new(
+            "FieldValueInvalid",
+            field.clone(),
+            format!("Invalid value: {value}: {field} in body {detail}"),
+        )
+    };
+    match e.kind() {
+        Kind::Minimum { limit } => invalid(format!("should be greater than or equal to {limit}")),
+        Kind::Maximum { limit } => invalid(format!("should be less than or equal to {limit}")),
+        Kind::ExclusiveMinimum { limit } => invalid(format!("should be greater than {limit}")),
+        Kind::ExclusiveMaximum { limit } => invalid(format!("should be less than {limit}")),
+        Kind::MinLength { limit } => invalid(format!("should be at least {limit} chars long")),
+        Kind::MaxLength { limit } => StatusCause::new(
+            "FieldValueTooLong",
+            field.clone(),
+            format!("Too long: may not be more than {limit} bytes"),
+        ),
+        Kind::Pattern { pattern } => invalid(format!("should match '{pattern}'")),
+        Kind::Type { kind } => {
+            let wanted = format!("{kind:?}").to_lowercase();
+            invalid(format!(
+                "must be of type {}",
+                wanted.trim_start_matches("single(").trim_end_matches(')')
+            ))
+        }
+        Kind::Enum { options } => {
+            let supported: Vec<String> = options
+                .as_array()
+                .map(|o| {
+                    o.iter()
+                        .filter(|v| !v.is_null())
+                        .map(Value::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            StatusCause::new(
+                "FieldValueNotSupported",
+                field.clone(),
+                format!(
+                    "Unsupported value: {value}: supported values: {}",
+                    supported.join(", ")
+                ),
+            )
+        }
+        Kind::Required { property } => {
+            let name = property
+                .as_str()
+                .map_or_else(|| property.to_string(), str::to_owned);
+            let field = if field.is_empty() {
+                name
+            } else {
+                format!("{field}.{name}")
+            };
+            StatusCause::required(field)
+        }
+        _ => StatusCause::new(
+            "FieldValueInvalid",
+            field.clone(),
+            format!("Invalid value: {value}: {e}"),
+        ),
+    }
 }
 
 /// What the server reports in a CRD's status once it serves it.

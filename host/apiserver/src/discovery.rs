@@ -98,12 +98,17 @@ pub fn resource_list(state: &AppState, group: &str, version: &str) -> Value {
                 "status" => (r.kind.clone(), vec!["get", "patch", "update"]),
                 "scale" => ("Scale".into(), vec!["get", "patch", "update"]),
                 "binding" => ("Binding".into(), vec!["create"]),
+                "token" => ("TokenRequest".into(), vec!["create"]),
                 _ => (r.kind.clone(), vec!["get"]),
             };
             let name = format!("{}/{}", r.plural, sub.name());
             let mut entry = json!({"name": name, "singularName": "", "namespaced": r.namespaced, "kind": kind, "verbs": verbs});
             if sub.name() == "scale" {
                 entry["group"] = "autoscaling".into();
+                entry["version"] = "v1".into();
+            }
+            if sub.name() == "token" {
+                entry["group"] = "authentication.k8s.io".into();
                 entry["version"] = "v1".into();
             }
             resources.insert(name, entry);

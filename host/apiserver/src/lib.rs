@@ -21,7 +21,7 @@
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
 //! - [`pki`], [`tls`], [`tokens`], [`kubeconfig`]: the cluster CA, certificates,
-//!   TLS, bearer tokens and the admin kubeconfig.
+//!   TLS, bearer tokens and the admin kubeconfig; [`sa_token`]: ServiceAccount tokens.
 //! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
 
 pub mod admission;
@@ -40,6 +40,7 @@ pub mod rbac;
 pub mod request;
 pub mod response;
 pub mod routes;
+pub mod sa_token;
 pub mod server;
 pub mod state;
 pub mod subresources;

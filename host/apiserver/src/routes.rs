@@ -20,7 +20,7 @@ use crate::handlers::{self, State};
 use crate::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
 use crate::response::{ErrorResponse, json_response};
 use crate::watch;
-use crate::{discovery, node_authz, rbac, subresources};
+use crate::{discovery, node_authz, rbac, sa_token, subresources};
 
 /// The identity a connection's verified client certificate proves, if any.
 #[derive(Clone, Debug, Default)]
@@ -45,9 +45,13 @@ async fn ok() -> &'static str {
 
 /// Who is asking: a verified client certificate, else a bearer token; anonymous
 /// requests are refused.
-fn authenticate(state: &State, peer: &Peer, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
+async fn authenticate(
+    state: &State,
+    peer: &Peer,
+    headers: &HeaderMap,
+) -> Result<UserInfo, ApiError> {
     // As kube-apiserver's union of authenticators: a verified client certificate
-    // first, then a bearer token.
+    // first, then a bearer token (a ServiceAccount token, or one of tokens.csv).
     if let Some(user) = &peer.0 {
         return Ok(user.clone());
     }
@@ -60,11 +64,33 @@ fn authenticate(state: &State, peer: &Peer, headers: &HeaderMap) -> Result<UserI
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
         .ok_or_else(ApiError::unauthorized)?;
+    if sa_token::looks_like_jwt(token) {
+        return service_account(state, token)
+            .await
+            .ok_or_else(ApiError::unauthorized);
+    }
     state
         .tokens
         .lookup(token)
         .cloned()
         .ok_or_else(ApiError::unauthorized)
+}
+
+/// The ServiceAccount a token names, if it is valid and the account still exists
+/// with the uid the token was issued for.
+async fn service_account(state: &State, token: &str) -> Option<UserInfo> {
+    let claims = state
+        .signer
+        .verify(token, jiff::Timestamp::now().as_second())?;
+    let accounts = state.resource("", "v1", "serviceaccounts").ok()?;
+    let kv = state
+        .store
+        .get(&accounts.key(Some(&claims.namespace), &claims.name))
+        .await
+        .ok()??;
+    let account = crate::watch_cache::decode_stored(&kv.value, kv.mod_revision)?;
+    (crate::object::meta_str(&account, "uid") == Some(claims.uid.as_str()))
+        .then(|| sa_token::user_of(&claims))
 }
 
 /// Authorization through RBAC; the refusal names user, verb and resource.
@@ -149,7 +175,7 @@ async fn handle(
 ) -> Result<Response, ErrorResponse> {
     info.verb = method.as_str().to_lowercase();
     info.resource = uri.path().to_owned();
-    let user = authenticate(&state, &peer, &headers)?;
+    let user = authenticate(&state, &peer, &headers).await?;
     info.user = user.name.clone();
     if uri.path() == "/metrics" {
         let text = state.metrics.render(state.cache.watcher_count());
@@ -288,6 +314,9 @@ async fn handle(
             subresources::write_scale(&state, &req, body).await
         }
         ("create", Some(Subresource::Binding)) => subresources::bind(&state, &req, body).await,
+        ("create", Some(Subresource::Token)) => {
+            subresources::token_request(&state, &req, body).await
+        }
         (_, Some(Subresource::Log)) => Ok(json_response(
             StatusCode::OK,
             &json!("logs are served once nodes run pods"),

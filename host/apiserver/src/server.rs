@@ -169,6 +169,8 @@ pub async fn start(
         token_file,
         config.chains.clone(),
         audit,
+        crate::sa_token::TokenSigner::from_pem(pki.sa_key_pem())
+            .context("load the ServiceAccount signing key")?,
         addr.to_string(),
     );
     state

@@ -28,6 +28,8 @@ pub struct AppState {
     /// Admission steps and initializers, in order.
     pub chains: Chains,
     pub metrics: crate::metrics::Metrics,
+    /// Signs and checks ServiceAccount tokens.
+    pub signer: crate::sa_token::TokenSigner,
     pub audit: Option<crate::audit::AuditLog>,
     registry: RwLock<Vec<ResourceInfo>>,
     /// Custom resources and their schemas, from the stored CRDs.
@@ -43,6 +45,7 @@ impl AppState {
         tokens: TokenFile,
         chains: Chains,
         audit: Option<crate::audit::AuditLog>,
+        signer: crate::sa_token::TokenSigner,
         server_address: String,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -51,6 +54,7 @@ impl AppState {
             tokens,
             chains,
             metrics: crate::metrics::Metrics::default(),
+            signer,
             audit,
             registry: RwLock::new(builtins()),
             custom: RwLock::new(Arc::new(CustomResources::default())),

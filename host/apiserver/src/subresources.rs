@@ -1,4 +1,4 @@
-//! The `scale` and `binding` subresources.
+//! The `scale`, `binding` and `token` subresources.
 //!
 //! `scale` shows a workload's `.spec.replicas` as an `autoscaling/v1` `Scale` (what
 //! `kubectl scale` and autoscalers read and write); `pods/binding` assigns a pod to a
@@ -218,5 +218,74 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
     Ok(json_response(
         StatusCode::CREATED,
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
+}
+
+/// `POST serviceaccounts/{name}/token`: a TokenRequest answered with a signed token.
+pub async fn token_request(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let name = req.name()?;
+    let namespace = req.namespace.as_deref().unwrap_or_default();
+    let (account, _) = read(state, &req.resource, Some(namespace), name).await?;
+    let request = if body.is_empty() {
+        Object::new()
+    } else {
+        req.decode_body(&body)?
+    };
+    let spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let seconds = spec
+        .get("expirationSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(crate::sa_token::DEFAULT_EXPIRATION_SECONDS);
+    if seconds < 600 {
+        return Err(ApiError::invalid(
+            "authentication.k8s.io",
+            "TokenRequest",
+            name,
+            vec![trellis_api::status::StatusCause::invalid(
+                "spec.expirationSeconds",
+                &seconds.to_string(),
+                "may not specify a duration less than 10 minutes",
+            )],
+        )
+        .into());
+    }
+    let audiences: Vec<String> = spec
+        .get("audiences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    let now = jiff::Timestamp::now().as_second();
+    let claims = crate::sa_token::Claims {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: meta_str(&account, "uid").unwrap_or_default().to_owned(),
+        expires: now + seconds,
+    };
+    let token = state
+        .signer
+        .issue(&claims, &audiences, now)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let expires = jiff::Timestamp::from_second(claims.expires)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default();
+    let audiences = if audiences.is_empty() {
+        vec![crate::sa_token::ISSUER.to_owned()]
+    } else {
+        audiences
+    };
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": crate::object::now_timestamp()},
+            "spec": {"audiences": audiences, "expirationSeconds": seconds, "boundObjectRef": null},
+            "status": {"token": token, "expirationTimestamp": expires},
+        }),
     ))
 }
