@@ -27,6 +27,8 @@ up: deps
 
 test: deps
 	$(CARGO) test --workspace
+	$(CARGO) build -p trellis
+	tests/python/run.sh
 
 lint:
 	$(CARGO) fmt --all --check

@@ -244,11 +244,25 @@ fn cause_of(e: &jsonschema::ValidationError<'_>) -> StatusCause {
             format!("Invalid value: {value}: {field} in body {detail}"),
         )
     };
+    // Go prints whole float64 limits without a fraction: 1, not 1.0.
+    let number = |v: &Value| match v.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+        _ => v.to_string(),
+    };
     match e.kind() {
-        Kind::Minimum { limit } => invalid(format!("should be greater than or equal to {limit}")),
-        Kind::Maximum { limit } => invalid(format!("should be less than or equal to {limit}")),
-        Kind::ExclusiveMinimum { limit } => invalid(format!("should be greater than {limit}")),
-        Kind::ExclusiveMaximum { limit } => invalid(format!("should be less than {limit}")),
+        Kind::Minimum { limit } => invalid(format!(
+            "should be greater than or equal to {}",
+            number(limit)
+        )),
+        Kind::Maximum { limit } => {
+            invalid(format!("should be less than or equal to {}", number(limit)))
+        }
+        Kind::ExclusiveMinimum { limit } => {
+            invalid(format!("should be greater than {}", number(limit)))
+        }
+        Kind::ExclusiveMaximum { limit } => {
+            invalid(format!("should be less than {}", number(limit)))
+        }
         Kind::MinLength { limit } => invalid(format!("should be at least {limit} chars long")),
         Kind::MaxLength { limit } => StatusCause::new(
             "FieldValueTooLong",

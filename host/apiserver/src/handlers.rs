@@ -248,6 +248,9 @@ pub async fn list(state: &AppState, req: &ApiRequest) -> ApiResult {
     }
     let mut meta = json!({"resourceVersion": revision.to_string()});
     if let Some(token) = next {
+        if let Some(remaining) = remaining_items(state, req, &token).await {
+            meta["remainingItemCount"] = remaining.into();
+        }
         meta["continue"] = token.into();
     }
     let body = json!({
@@ -257,6 +260,30 @@ pub async fn list(state: &AppState, req: &ApiRequest) -> ApiResult {
         "items": items,
     });
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// How many objects the next pages hold, as Kubernetes reports it: only for lists
+/// without selectors (with them, the count is unknown without reading everything).
+/// Counted by a read of the rest at the list's revision, so it costs as much as the
+/// remaining pages would.
+async fn remaining_items(state: &AppState, req: &ApiRequest, token: &str) -> Option<u64> {
+    let no_selectors = req.query.label_selector.as_deref().unwrap_or("").is_empty()
+        && req.query.field_selector.as_deref().unwrap_or("").is_empty();
+    if !no_selectors {
+        return None;
+    }
+    let (revision, start_after) = decode_continue(token).ok()?;
+    let rest = state
+        .store
+        .list(ListRequest {
+            prefix: req.resource.namespace_prefix(req.namespace.as_deref()),
+            start_after: Some(start_after),
+            revision: Some(revision),
+            limit: None,
+        })
+        .await
+        .ok()?;
+    Some(rest.kvs.len() as u64)
 }
 
 /// Checks that a namespaced object may be created in `ns`.

@@ -1,0 +1,181 @@
+"""Fixtures for the end-to-end tests with the official Python client.
+
+One `trellis server` runs for the whole session on a fresh data directory and a
+port the kernel picks (`--listen 127.0.0.1:0`; the address is read back from the
+kubeconfig the server writes). `tokens.csv` is written before the start with an
+admin token and a user `bob` without groups, so that the tests can authenticate
+with bearer tokens as well as with the admin client certificate.
+
+The binary is `$TRELLIS_BIN`, else `target/debug/trellis` under the repository
+root; it is not built here.
+"""
+
+import base64
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "admintoken"
+BOB_TOKEN = "bobtoken"
+TOKENS_CSV = f'{ADMIN_TOKEN},admin,admin,"system:masters"\n{BOB_TOKEN},bob,bob\n'
+READY_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass
+class Trellis:
+    """A running `trellis server`."""
+
+    url: str
+    data_dir: Path
+    kubeconfig: Path
+    ca_file: Path
+    log_file: Path
+
+
+def trellis_binary() -> Path:
+    path = Path(os.environ.get("TRELLIS_BIN", REPO_ROOT / "target" / "debug" / "trellis"))
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    if not path.is_file():
+        pytest.exit(f"no trellis binary at {path}: run `cargo build -p trellis` or set TRELLIS_BIN", 2)
+    return path
+
+
+def _read_cluster(kubeconfig: Path) -> tuple[str, bytes]:
+    """The server URL and the CA certificate (PEM) of the kubeconfig's only cluster."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    cluster = doc["clusters"][0]["cluster"]
+    return cluster["server"], base64.b64decode(cluster["certificate-authority-data"])
+
+
+def _log_tail(log_file: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_ready(proc: subprocess.Popen, kubeconfig: Path, log_file: Path) -> tuple[str, bytes]:
+    """Waits until `/readyz` answers 200 `ok`; returns the URL and the CA."""
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    last_error = "admin.kubeconfig not written"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"trellis server exited with {proc.returncode} before it was ready:\n{_log_tail(log_file)}"
+            )
+        if kubeconfig.is_file():
+            try:
+                url, ca_pem = _read_cluster(kubeconfig)
+                context = ssl.create_default_context(cadata=ca_pem.decode())
+                request = urllib.request.Request(
+                    f"{url}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+                )
+                with urllib.request.urlopen(request, context=context, timeout=1) as response:
+                    body = response.read().decode()
+                    if response.status == 200:
+                        return url, ca_pem
+                    last_error = f"/readyz: {response.status} {body}"
+            except (OSError, urllib.error.URLError, KeyError, TypeError, yaml.YAMLError) as e:
+                last_error = repr(e)
+        time.sleep(0.05)
+    raise RuntimeError(
+        f"trellis server not ready after {READY_TIMEOUT_SECONDS} s ({last_error}):\n{_log_tail(log_file)}"
+    )
+
+
+@pytest.fixture(scope="session")
+def trellis():
+    """Starts `trellis server` for the session and stops it at the end."""
+    binary = trellis_binary()
+    data_dir = Path(tempfile.mkdtemp(prefix="trellis-py-"))
+    tokens = data_dir / "tokens.csv"
+    tokens.write_text(TOKENS_CSV)
+    tokens.chmod(0o600)
+    log_file = data_dir / "server.log"
+    kubeconfig = data_dir / "admin.kubeconfig"
+    with open(log_file, "wb") as log:
+        proc = subprocess.Popen(
+            [str(binary), "server", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        url, ca_pem = _wait_ready(proc, kubeconfig, log_file)
+        ca_file = data_dir / "test-ca.crt"
+        ca_file.write_bytes(ca_pem)
+        yield Trellis(url=url, data_dir=data_dir, kubeconfig=kubeconfig, ca_file=ca_file, log_file=log_file)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if os.environ.get("TRELLIS_KEEP_DATA"):
+            print(f"trellis data directory kept: {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def api_client(trellis):
+    """An `ApiClient` for the admin, from the server's `admin.kubeconfig`."""
+    api = config.new_client_from_config(config_file=str(trellis.kubeconfig))
+    yield api
+    api.close()
+
+
+def token_client(trellis: Trellis, token: str) -> client.ApiClient:
+    """An `ApiClient` that authenticates with `token` and trusts the cluster CA."""
+    configuration = client.Configuration()
+    configuration.host = trellis.url
+    configuration.ssl_ca_cert = str(trellis.ca_file)
+    configuration.verify_ssl = True
+    configuration.api_key = {"authorization": token}
+    configuration.api_key_prefix = {"authorization": "Bearer"}
+    return client.ApiClient(configuration)
+
+
+@pytest.fixture
+def bearer_client(trellis):
+    """A factory of token clients, closed at the end of the test."""
+    clients = []
+
+    def make(token: str) -> client.ApiClient:
+        api = token_client(trellis, token)
+        clients.append(api)
+        return api
+
+    yield make
+    for api in clients:
+        api.close()
+
+
+@pytest.fixture
+def namespace(api_client, request):
+    """A fresh namespace for one test, deleted after it."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    v1 = client.CoreV1Api(api_client)
+    v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    try:
+        v1.delete_namespace(name)
+    except client.ApiException:
+        pass
