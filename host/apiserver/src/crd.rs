@@ -22,6 +22,13 @@ pub struct Schema {
     validator: jsonschema::Validator,
 }
 
+impl Schema {
+    /// The `openAPIV3Schema` as the CRD declares it.
+    pub fn raw(&self) -> &Value {
+        &self.raw
+    }
+}
+
 impl std::fmt::Debug for Schema {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Schema").finish_non_exhaustive()

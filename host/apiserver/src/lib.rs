@@ -18,7 +18,8 @@
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
 //! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
-//! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.
+//! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`; [`openapi`]: the
+//!   OpenAPI v2 and v3 documents.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
 //! - [`pki`], [`tls`], [`tokens`], [`kubeconfig`]: the cluster CA, certificates,
 //!   TLS, bearer tokens and the admin kubeconfig; [`sa_token`]: ServiceAccount tokens.
@@ -34,6 +35,7 @@ pub mod kubeconfig;
 pub mod metrics;
 pub mod node_authz;
 pub mod object;
+pub mod openapi;
 pub mod patch;
 pub mod pki;
 pub mod rbac;

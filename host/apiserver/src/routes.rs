@@ -156,6 +156,71 @@ struct RequestInfo {
     name: String,
 }
 
+/// `/openapi/v2` and `/openapi/v3[/…]`, for any authenticated user (as Kubernetes'
+/// `system:discovery`). JSON only: a client that accepts nothing else gets 406 and
+/// falls back (kubectl asks v2 as protobuf and then validates on the server).
+fn openapi(
+    state: &State,
+    rest: &[&str],
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Response, ErrorResponse> {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let json_ok = accept.is_empty()
+        || accept.split(',').any(|a| {
+            let a = a.split(';').next().unwrap_or("").trim();
+            matches!(a, "application/json" | "application/*" | "*/*")
+        });
+    if !json_ok {
+        return Err(ApiError::not_acceptable(format!(
+            "the server was unable to respond with a content type that the client supports ({accept}); it serves application/json"
+        ))
+        .into());
+    }
+    let docs = state.openapi();
+    let json = |body: Vec<u8>| {
+        let mut r = (StatusCode::OK, body).into_response();
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    match rest {
+        ["v2"] => Ok(json(docs.v2.clone())),
+        ["v3"] => Ok(json(docs.index.clone())),
+        ["v3", path @ ..] => {
+            let path = path.join("/");
+            let (body, hash) = docs.v3.get(&path).ok_or_else(not_found)?;
+            let asked = query.and_then(|q| request::form_pairs(q).remove("hash"));
+            match asked {
+                Some(h) if &h != hash => {
+                    let mut r = StatusCode::MOVED_PERMANENTLY.into_response();
+                    if let Ok(v) =
+                        header::HeaderValue::from_str(&format!("/openapi/v3/{path}?hash={hash}"))
+                    {
+                        r.headers_mut().insert(header::LOCATION, v);
+                    }
+                    Ok(r)
+                }
+                _ => {
+                    let mut r = json(body.clone());
+                    if let Ok(v) = header::HeaderValue::from_str(&format!("\"{hash}\"")) {
+                        r.headers_mut().insert(header::ETAG, v);
+                    }
+                    r.headers_mut()
+                        .insert(header::VARY, header::HeaderValue::from_static("Accept"));
+                    Ok(r)
+                }
+            }
+        }
+        _ => Err(not_found().into()),
+    }
+}
+
 fn not_found() -> ApiError {
     ApiError::new(
         404,
@@ -208,9 +273,8 @@ async fn handle(
                 .ok_or_else(|| not_found().into());
         }
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        ["openapi", ..] | ["swagger.json"] | ["swagger-2.0.0.pb-v1"] => {
-            return Err(not_found().into());
-        }
+        ["openapi", rest @ ..] => return openapi(&state, rest, uri.query(), &headers),
+        ["swagger.json"] | ["swagger-2.0.0.pb-v1"] => return Err(not_found().into()),
         _ => return Err(not_found().into()),
     };
     if !state.serves(group, version) {

@@ -16,6 +16,17 @@ use crate::crd::{self, CustomResources, Schema};
 use crate::tokens::TokenFile;
 use crate::watch_cache::WatchCache;
 
+/// The OpenAPI documents, serialized once.
+#[derive(Debug)]
+pub struct OpenApiDocs {
+    /// `/openapi/v3`.
+    pub index: Vec<u8>,
+    /// `/openapi/v3/{path}`: the document and its hash.
+    pub v3: std::collections::BTreeMap<String, (Vec<u8>, String)>,
+    /// `/openapi/v2` as JSON.
+    pub v2: Vec<u8>,
+}
+
 /// The namespaces every cluster starts with.
 pub const INITIAL_NAMESPACES: &[&str] =
     &["default", "kube-system", "kube-public", "kube-node-lease"];
@@ -34,6 +45,8 @@ pub struct AppState {
     registry: RwLock<Vec<ResourceInfo>>,
     /// Custom resources and their schemas, from the stored CRDs.
     custom: RwLock<Arc<CustomResources>>,
+    /// The OpenAPI documents, built on first request after each registry change.
+    openapi: RwLock<Option<Arc<OpenApiDocs>>>,
     /// The address clients reach the server at, for discovery.
     pub server_address: String,
 }
@@ -58,6 +71,7 @@ impl AppState {
             audit,
             registry: RwLock::new(builtins()),
             custom: RwLock::new(Arc::new(CustomResources::default())),
+            openapi: RwLock::new(None),
             server_address,
         })
     }
@@ -141,6 +155,7 @@ impl AppState {
         }
         *self.registry.write().unwrap_or_else(|e| e.into_inner()) = registry;
         *self.custom.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(custom);
+        *self.openapi.write().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
 
@@ -168,6 +183,55 @@ impl AppState {
                 }
             }
         });
+    }
+
+    /// The OpenAPI documents of what is served now.
+    pub fn openapi(&self) -> Arc<OpenApiDocs> {
+        if let Some(docs) = self
+            .openapi
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return docs;
+        }
+        let resources = self.resources();
+        let custom = self
+            .custom
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut catalog = crate::openapi::Catalog::builtin().clone();
+        for r in &custom.resources {
+            if let Some(schema) =
+                custom
+                    .schemas
+                    .get(&(r.group.clone(), r.version.clone(), r.plural.clone()))
+            {
+                catalog.insert_custom_kind(r, schema.raw().clone());
+            }
+        }
+        let documents = catalog.v3_documents(&resources);
+        let index = crate::openapi::v3_index_of(&documents);
+        let v3 = documents
+            .iter()
+            .map(|(path, doc)| {
+                (
+                    path.clone(),
+                    (
+                        serde_json::to_vec(doc).unwrap_or_default(),
+                        crate::openapi::content_hash(doc),
+                    ),
+                )
+            })
+            .collect();
+        let docs = Arc::new(OpenApiDocs {
+            index: serde_json::to_vec(&index).unwrap_or_default(),
+            v3,
+            v2: serde_json::to_vec(&catalog.v2_document(&resources)).unwrap_or_default(),
+        });
+        *self.openapi.write().unwrap_or_else(|e| e.into_inner()) = Some(docs.clone());
+        docs
     }
 
     /// Creates the initial namespaces and the bootstrap RBAC roles if missing.
