@@ -4,3 +4,4 @@ mod kubectl;
 mod initializers;
 mod node_authz;
 mod service_accounts;
+mod openapi;
