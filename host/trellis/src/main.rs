@@ -3,7 +3,7 @@
 //!
 //! - `trellis server`: the API server on the store; `trellis up`: the control plane on
 //!   its embedded default (today the same; controllers, scheduler and node join it).
-//! - `trellis bench store|watch|compaction`: the store backends' figures.
+//! - `trellis bench store|watch|compaction|api`: the store backends' and the API server's figures.
 //! - `trellis version`: the version of this binary.
 //!
 //! # Layout

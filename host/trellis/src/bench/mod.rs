@@ -1,14 +1,17 @@
-//! Benchmarks of the store backends.
+//! Benchmarks of the store backends and of the API server.
 //!
-//! Each benchmark opens a backend with [`OpenStore::open`], drives it through the
+//! Each store benchmark opens a backend with [`OpenStore::open`], drives it through the
 //! [`Store`] trait only (so both backends run the same code), and reports percentiles
-//! computed by [`Percentiles::of`].
+//! computed by [`Percentiles::of`]. The API benchmark drives the server over HTTPS, as
+//! clients do, and reports the same percentiles.
 //!
 //! # Layout
 //! - [`store`]: durable write throughput and latency.
 //! - [`watch`]: write-to-watcher delivery latency.
 //! - [`compaction`]: the longest write stall compaction causes.
+//! - [`api`]: API request throughput and latency over HTTPS.
 
+mod api;
 mod compaction;
 mod store;
 mod watch;
@@ -23,9 +26,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use trellis_store::local_etcd::LocalEtcd;
 use trellis_store::{EtcdConfig, EtcdStore, RedbConfig, RedbStore, Store};
 
-/// Longest a single store call may take before the benchmark fails. Far above any
-/// healthy latency; it only exists so that a wedged backend ends the run with an error
-/// instead of hanging it.
+/// Longest a single store call or API request may take before the benchmark fails. Far
+/// above any healthy latency; it only exists so that a wedged backend ends the run with
+/// an error instead of hanging it.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Args)]
@@ -42,6 +45,8 @@ enum BenchCommand {
     Watch(watch::WatchArgs),
     /// The longest write stall while compaction purges history.
     Compaction(compaction::CompactionArgs),
+    /// API request throughput and latency of concurrent clients over HTTPS.
+    Api(api::ApiArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -51,6 +56,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Compaction(args) => compaction::run(args)
             .await
             .context("run the compaction benchmark"),
+        BenchCommand::Api(args) => api::run(args).await.context("run the API benchmark"),
     }
 }
 
