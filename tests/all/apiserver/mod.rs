@@ -1,7 +1,7 @@
 //! The API server end to end, with the real kubectl as its client.
 
-mod kubectl;
 mod initializers;
+mod kubectl;
 mod node_authz;
-mod service_accounts;
 mod openapi;
+mod service_accounts;
