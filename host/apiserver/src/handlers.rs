@@ -805,6 +805,9 @@ pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
     let res = &req.resource;
     let options: Value = if body.is_empty() {
         Value::Null
+    } else if req.body_format == BodyFormat::Protobuf {
+        // Typed clients send DeleteOptions in the protobuf envelope.
+        Value::Object(req.decode_body(&body)?)
     } else {
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?

@@ -21,6 +21,7 @@
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`; [`openapi`]: the
 //!   OpenAPI v2 and v3 documents.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
+//! - [`protobuf`]: protobuf request bodies read into JSON.
 //! - [`pki`], [`tls`], [`tokens`], [`kubeconfig`]: the cluster CA, certificates,
 //!   TLS, bearer tokens and the admin kubeconfig; [`sa_token`]: ServiceAccount tokens.
 //! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
@@ -38,6 +39,7 @@ pub mod object;
 pub mod openapi;
 pub mod patch;
 pub mod pki;
+pub mod protobuf;
 pub mod rbac;
 pub mod request;
 pub mod response;

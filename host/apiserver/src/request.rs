@@ -26,6 +26,8 @@ pub enum BodyFormat {
     Json,
     Yaml,
     Patch(PatchType),
+    /// Kubernetes' protobuf envelope, as typed clients (kubectl create …) send it.
+    Protobuf,
     Unsupported,
 }
 
@@ -170,6 +172,7 @@ impl ApiRequest {
         match self.body_format {
             BodyFormat::Json => object::decode(body, false),
             BodyFormat::Yaml => object::decode(body, true),
+            BodyFormat::Protobuf => crate::protobuf::decode(body),
             BodyFormat::Patch(_) | BodyFormat::Unsupported => Err(
                 ApiError::unsupported_media_type(self.content_type.as_deref().unwrap_or("")),
             ),
@@ -217,6 +220,7 @@ pub fn body_format(headers: &HeaderMap) -> (Option<String>, BodyFormat) {
         "application/apply-patch+yaml" | "application/apply-patch+json" => {
             BodyFormat::Patch(PatchType::Apply)
         }
+        crate::protobuf::CONTENT_TYPE => BodyFormat::Protobuf,
         _ => BodyFormat::Unsupported,
     };
     (Some(ct.to_owned()), format)
@@ -281,6 +285,8 @@ mod tests {
             header::CONTENT_TYPE,
             "application/vnd.kubernetes.protobuf".parse().unwrap(),
         );
+        assert_eq!(body_format(&h).1, BodyFormat::Protobuf);
+        h.insert(header::CONTENT_TYPE, "text/csv".parse().unwrap());
         assert_eq!(body_format(&h).1, BodyFormat::Unsupported);
     }
 }

@@ -57,7 +57,9 @@ pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> Api
         let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
         let mut scale = scale_of(&obj, rev);
         match req.body_format {
-            BodyFormat::Json | BodyFormat::Yaml => scale = Value::Object(req.decode_body(&body)?),
+            BodyFormat::Json | BodyFormat::Yaml | BodyFormat::Protobuf => {
+                scale = Value::Object(req.decode_body(&body)?)
+            }
             BodyFormat::Patch(PatchType::Json) => {
                 let ops: json_patch::Patch = serde_json::from_slice(&body).map_err(|e| {
                     ApiError::bad_request(format!("error decoding JSON patch: {e}"))

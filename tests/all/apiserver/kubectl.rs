@@ -997,7 +997,6 @@ async fn patch_that_changes_nothing_reports_no_change_and_keeps_the_resource_ver
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs protobuf request bodies: kubectl's create <kind> subcommands send application/vnd.kubernetes.protobuf"]
 async fn imperative_create_commands_create_objects() -> Result<()> {
     let cluster = TestCluster::start().await?;
 
