@@ -399,16 +399,23 @@ pub async fn prepare_create(
 }
 
 pub async fn create(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
-    let mut obj = req.decode_body(&body)?;
+    let obj = req.decode_body(&body)?;
+    create_object(state, req, obj).await
+}
+
+/// Creates `obj` (from a POST, a PUT of a missing object, or an apply that finds
+/// none): the server's fields, defaults, admission and validation, then the store and
+/// the initializers.
+async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) -> ApiResult {
     let key = prepare_create(state, req, &mut obj).await?;
     let name = object::name(&obj).unwrap_or_default().to_owned();
     if req.dry_run {
         return Ok(respond(StatusCode::CREATED, &obj, req));
     }
-    let stored = serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+    let stored = object::encode(&obj)?;
     let kv = state
         .store
-        .create(&key, Bytes::from(stored))
+        .create(&key, stored)
         .await
         .map_err(|e| store_error(e, &req.resource, &name))?;
     set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
@@ -444,13 +451,8 @@ async fn initialize(
                     Ok(mut initialized) => {
                         admission::set_pending(&mut initialized, &pending[1..]);
                         remove_meta(&mut initialized, "resourceVersion");
-                        let stored = serde_json::to_vec(&initialized)
-                            .map_err(|e| ApiError::internal(e.to_string()))?;
-                        match state
-                            .store
-                            .update(key, Bytes::from(stored), Some(rev))
-                            .await
-                        {
+                        let stored = object::encode(&initialized)?;
+                        match state.store.update(key, stored, Some(rev)).await {
                             Ok(_) | Err(trellis_store::Error::Conflict { .. }) => continue,
                             Err(e) => return Err(store_error(e, res, name).into()),
                         }
@@ -464,13 +466,8 @@ async fn initialize(
                         );
                         // The object never becomes visible: record why, then remove it.
                         remove_meta(&mut obj, "resourceVersion");
-                        let stored = serde_json::to_vec(&obj)
-                            .map_err(|e| ApiError::internal(e.to_string()))?;
-                        if let Ok(kv) = state
-                            .store
-                            .update(key, Bytes::from(stored), Some(rev))
-                            .await
-                        {
+                        let stored = object::encode(&obj)?;
+                        if let Ok(kv) = state.store.update(key, stored, Some(rev)).await {
                             let _ = state.store.delete(key, Some(kv.mod_revision)).await;
                         }
                         return Err(failure.into());
@@ -674,10 +671,10 @@ async fn write_update(
         set_meta(&mut new, "resourceVersion", deleted.revision.to_string());
         return Ok(new);
     }
-    let stored = serde_json::to_vec(&new).map_err(|e| ApiError::internal(e.to_string()))?;
+    let stored = object::encode(&new)?;
     let kv = state
         .store
-        .update(&key, Bytes::from(stored), Some(expected))
+        .update(&key, stored, Some(expected))
         .await
         .map_err(|e| store_error(e, res, name))?;
     set_meta(&mut new, "resourceVersion", kv.mod_revision.to_string());
@@ -691,15 +688,7 @@ pub async fn update(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         Ok(found) => found,
         Err(ErrorResponse(e)) if e.code == 404 && req.subresource.is_none() => {
             // PUT of a missing object creates it, as Kubernetes does for most kinds.
-            let key = prepare_create(state, req, &mut new).await?;
-            let stored = serde_json::to_vec(&new).map_err(|e| ApiError::internal(e.to_string()))?;
-            let kv = state
-                .store
-                .create(&key, Bytes::from(stored))
-                .await
-                .map_err(|e| store_error(e, &req.resource, name))?;
-            set_meta(&mut new, "resourceVersion", kv.mod_revision.to_string());
-            return Ok(respond(StatusCode::CREATED, &new, req));
+            return create_object(state, req, new).await;
         }
         Err(e) => return Err(e),
     };
@@ -730,7 +719,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
             Ok(found) => found,
             Err(ErrorResponse(e)) if e.code == 404 && kind == PatchType::Apply => {
                 // Server-side apply of a missing object creates it.
-                let mut obj = match patch_doc.clone() {
+                let obj = match patch_doc.clone() {
                     Value::Object(m) => m,
                     _ => {
                         return Err(
@@ -738,16 +727,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
                         );
                     }
                 };
-                let key = prepare_create(state, req, &mut obj).await?;
-                let stored =
-                    serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
-                let kv = state
-                    .store
-                    .create(&key, Bytes::from(stored))
-                    .await
-                    .map_err(|e| store_error(e, &req.resource, name))?;
-                set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
-                return Ok(respond(StatusCode::CREATED, &obj, req));
+                return create_object(state, req, obj).await;
             }
             Err(e) => return Err(e),
         };
@@ -880,14 +860,10 @@ pub async fn delete_one(
             if req.dry_run {
                 return Ok(Deletion::Marked(obj));
             }
-            let stored = serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+            let stored = object::encode(&obj)?;
             match state
                 .store
-                .update(
-                    &res.key(req.namespace.as_deref(), name),
-                    Bytes::from(stored),
-                    Some(rev),
-                )
+                .update(&res.key(req.namespace.as_deref(), name), stored, Some(rev))
                 .await
             {
                 Ok(kv) => {

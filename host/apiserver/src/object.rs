@@ -40,6 +40,13 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// An object as the store keeps it.
+pub fn encode(obj: &Object) -> Result<bytes::Bytes, ApiError> {
+    serde_json::to_vec(obj)
+        .map(bytes::Bytes::from)
+        .map_err(|e| ApiError::internal(format!("encode the object: {e}")))
+}
+
 pub fn metadata(obj: &Object) -> Option<&Object> {
     obj.get("metadata").and_then(Value::as_object)
 }

@@ -130,12 +130,12 @@ pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> Api
         if req.dry_run {
             return Ok(json_response(StatusCode::OK, &scale_of(&obj, rev)));
         }
-        let stored = serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?;
+        let stored = crate::object::encode(&obj)?;
         match state
             .store
             .update(
                 &res.key(req.namespace.as_deref(), name),
-                Bytes::from(stored),
+                stored,
                 Some(expected),
             )
             .await
@@ -202,14 +202,10 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
         if req.dry_run {
             break;
         }
-        let stored = serde_json::to_vec(&pod).map_err(|e| ApiError::internal(e.to_string()))?;
+        let stored = crate::object::encode(&pod)?;
         match state
             .store
-            .update(
-                &res.key(req.namespace.as_deref(), name),
-                Bytes::from(stored),
-                Some(rev),
-            )
+            .update(&res.key(req.namespace.as_deref(), name), stored, Some(rev))
             .await
         {
             Ok(_) => break,

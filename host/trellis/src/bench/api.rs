@@ -173,13 +173,8 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         }
     };
 
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).context("encode the report as JSON")?
-        );
-    } else {
-        println!(
+    super::print_report(args.json, &report, || {
+        format!(
             "api {} {}: {} clients, {} requests: {:.0} requests/s, \
              latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
             report.verb,
@@ -190,8 +185,8 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             report.p50_ms,
             report.p99_ms,
             report.max_ms,
-        );
-    }
+        )
+    })?;
     Ok(())
 }
 

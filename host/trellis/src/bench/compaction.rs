@@ -72,13 +72,8 @@ pub async fn run(args: CompactionArgs) -> anyhow::Result<()> {
     let closed = open.close().await;
     let report = measured?;
     closed?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).context("encode the report as JSON")?
-        );
-    } else {
-        println!(
+    super::print_report(args.json, &report, || {
+        format!(
             "compaction {} of {} keys: probe writes p99 {:.3} ms / max {:.3} ms before, \
              p99 {:.3} ms / max {:.3} ms during ({} writes); compact call {:.3} ms{}",
             report.backend,
@@ -93,8 +88,8 @@ pub async fn run(args: CompactionArgs) -> anyhow::Result<()> {
                 .purge_s
                 .map(|s| format!(", purge {s:.3} s"))
                 .unwrap_or_default(),
-        );
-    }
+        )
+    })?;
     Ok(())
 }
 

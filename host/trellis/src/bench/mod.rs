@@ -204,6 +204,23 @@ fn run_id() -> String {
     format!("{}-{nanos:x}", std::process::id())
 }
 
+/// Prints a benchmark's report: one JSON object with `--json`, else `line()`.
+pub(crate) fn print_report(
+    json: bool,
+    report: &impl serde::Serialize,
+    line: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(report).context("encode the report as JSON")?
+        );
+    } else {
+        println!("{}", line());
+    }
+    Ok(())
+}
+
 /// Runs one store call with [`CALL_TIMEOUT`].
 pub(crate) async fn bounded<T>(
     call: impl Future<Output = trellis_store::Result<T>>,

@@ -93,13 +93,8 @@ pub async fn run(args: StoreArgs) -> anyhow::Result<()> {
     let report = measured?;
     closed?;
 
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).context("encode the report as JSON")?
-        );
-    } else {
-        println!(
+    super::print_report(args.json, &report, || {
+        format!(
             "store {}: {} writers, {} writes of {} B in {:.3} s: {:.0} writes/s, \
              latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms{}",
             report.backend,
@@ -115,8 +110,8 @@ pub async fn run(args: StoreArgs) -> anyhow::Result<()> {
                 .fsync_p99_ms
                 .map(|f| format!(" (fsync alone: p99 {f:.3} ms)"))
                 .unwrap_or_default(),
-        );
-    }
+        )
+    })?;
     Ok(())
 }
 

@@ -113,13 +113,8 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let report = measured?;
     closed?;
 
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).context("encode the report as JSON")?
-        );
-    } else {
-        println!(
+    super::print_report(args.json, &report, || {
+        format!(
             "watch {}: {} watchers, {} events at {}/s: delivery to every watcher \
              p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
             report.backend,
@@ -129,8 +124,8 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
             report.p50_ms,
             report.p99_ms,
             report.max_ms,
-        );
-    }
+        )
+    })?;
     Ok(())
 }
 
