@@ -1,0 +1,139 @@
+//! The seam between plugin code and the host's imports.
+//!
+//! [`log`](crate::log) and [`cluster`](crate::cluster) call whichever [`Host`] is
+//! installed on the current thread. In a component, the glue that the export macros
+//! generate installs one backed by the WIT imports for the length of each call; in
+//! native tests, [`testing`](crate::testing) installs one that records logs and
+//! serves a fixture map. With none installed (native code outside the harness), logs
+//! go to stderr and cluster reads fail.
+
+use std::{cell::RefCell, rc::Rc};
+
+use crate::{GroupVersionResource, log::Level};
+
+/// What a plugin can ask of the host: the `log` and `cluster` imports of the WIT
+/// contract, in plain Rust types.
+pub trait Host {
+    fn log(&self, level: Level, message: &str, fields: &[(&str, &str)]);
+
+    fn get(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, String>;
+
+    fn list(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        label_selector: &str,
+    ) -> Result<Vec<String>, String>;
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<dyn Host>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `host` installed, restoring the previous one afterwards (also when
+/// `f` panics, so one failing test does not leak its host into the next).
+pub fn with_host<R>(host: Rc<dyn Host>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Rc<dyn Host>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            CURRENT.with(|c| *c.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(CURRENT.with(|c| c.borrow_mut().replace(host)));
+    f()
+}
+
+/// The installed host, or the stderr fallback.
+pub(crate) fn current() -> Rc<dyn Host> {
+    CURRENT
+        .with(|c| c.borrow().clone())
+        .unwrap_or_else(|| Rc::new(Stderr))
+}
+
+/// Used when nothing is installed: native code run outside the test harness.
+struct Stderr;
+
+impl Host for Stderr {
+    fn log(&self, level: Level, message: &str, fields: &[(&str, &str)]) {
+        eprintln!("{}", crate::log::format_record(level, message, fields));
+    }
+
+    fn get(
+        &self,
+        _: &GroupVersionResource,
+        _: Option<&str>,
+        _: &str,
+    ) -> Result<Option<String>, String> {
+        Err(NO_CLUSTER.into())
+    }
+
+    fn list(
+        &self,
+        _: &GroupVersionResource,
+        _: Option<&str>,
+        _: &str,
+    ) -> Result<Vec<String>, String> {
+        Err(NO_CLUSTER.into())
+    }
+}
+
+const NO_CLUSTER: &str = "no cluster outside a Trellis host or the test harness";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named(&'static str);
+
+    impl Host for Named {
+        fn log(&self, _: Level, _: &str, _: &[(&str, &str)]) {}
+        fn get(
+            &self,
+            _: &GroupVersionResource,
+            _: Option<&str>,
+            _: &str,
+        ) -> Result<Option<String>, String> {
+            Ok(Some(self.0.into()))
+        }
+        fn list(
+            &self,
+            _: &GroupVersionResource,
+            _: Option<&str>,
+            _: &str,
+        ) -> Result<Vec<String>, String> {
+            Ok(vec![])
+        }
+    }
+
+    fn who() -> Result<Option<String>, String> {
+        current().get(&GroupVersionResource::new("", "v1", "pods"), None, "x")
+    }
+
+    #[test]
+    fn nested_hosts_are_restored_in_order() {
+        assert!(who().is_err(), "no host installed: cluster reads fail");
+        with_host(Rc::new(Named("outer")), || {
+            assert_eq!(who().unwrap().as_deref(), Some("outer"));
+            with_host(Rc::new(Named("inner")), || {
+                assert_eq!(who().unwrap().as_deref(), Some("inner"));
+            });
+            assert_eq!(who().unwrap().as_deref(), Some("outer"));
+        });
+        assert!(who().is_err());
+    }
+
+    #[test]
+    fn a_panic_does_not_leak_the_host() {
+        let caught = std::panic::catch_unwind(|| {
+            with_host(Rc::new(Named("leaky")), || panic!("plugin bug"));
+        });
+        assert!(caught.is_err());
+        assert!(who().is_err(), "the host was removed while unwinding");
+    }
+}

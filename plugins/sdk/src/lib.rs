@@ -1,0 +1,363 @@
+//! Write Trellis plugins in Rust.
+//!
+//! A plugin is a type that derives `Deserialize` (its configuration, from the Plugin
+//! object's `spec.configuration`) and implements one of three traits; one macro then
+//! exports it as a WebAssembly component of the matching WIT world:
+//!
+//! | kind                 | trait          | export macro          | WIT world      |
+//! |----------------------|----------------|-----------------------|----------------|
+//! | validating admission | [`Validate`]   | [`validating!`]       | `admission`    |
+//! | mutating admission   | [`Mutate`]     | [`mutating!`]         | `admission`    |
+//! | initializer          | [`Initialize`] | [`initializer!`]      | `initializer`  |
+//!
+//! ```
+//! use serde::Deserialize;
+//! use trellis_plugin::{Request, Status, Validate, Verdict};
+//!
+//! #[derive(Deserialize)]
+//! struct RequireTeam {
+//!     label: String,
+//! }
+//!
+//! impl Validate for RequireTeam {
+//!     fn validate(&self, req: &Request) -> Result<Verdict, Status> {
+//!         Ok(match req.label(&self.label) {
+//!             Some(_) => Verdict::allow(),
+//!             None => Verdict::deny(format!("{} needs the label {}", req.display_name(), self.label)),
+//!         })
+//!     }
+//! }
+//!
+//! trellis_plugin::validating!(RequireTeam);
+//! ```
+//!
+//! The request and answer types are plain Rust, and the host's imports go through
+//! [`host::Host`], so the same logic runs natively under [`testing`]: build a request
+//! from an object, run the plugin, assert on its verdict or on the patched object.
+//! The macros emit the WIT glue only when compiling for `wasm32`.
+//!
+//! # Layout
+//! - [`plugin`]: the traits, and the generic code the export macros call.
+//! - [`request`]: [`Request`] and friends; `object_as::<T>()` decodes into any
+//!   `Deserialize` type, e.g. the `k8s-openapi` types re-exported as [`k8s`].
+//! - [`verdict`]: [`Verdict`] and [`Status`].
+//! - [`patch`]: the RFC 6902 [`Patch`] builder, [`pointer!`], and `Patch::diff`.
+//! - [`log`], [`cluster`]: the host's imports.
+//! - [`host`]: the indirection between those imports and whoever serves them.
+//! - [`testing`]: the native harness.
+
+pub mod cluster;
+pub mod host;
+pub mod log;
+pub mod patch;
+pub mod plugin;
+pub mod request;
+pub mod testing;
+pub mod verdict;
+
+#[cfg(feature = "k8s-openapi")]
+pub use k8s_openapi as k8s;
+pub use patch::{Patch, PatchOp, Pointer};
+pub use plugin::{Initialize, Mutate, Validate};
+pub use request::{
+    GroupVersionKind, GroupVersionResource, InitializeRequest, Operation, Request, UserInfo,
+};
+pub use serde_json::{self, Value, json};
+pub use verdict::{Status, Verdict};
+
+// `__admission_bindings!()` and `__initializer_bindings!()`, written by build.rs.
+include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+
+/// What the export macros expand to; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use std::rc::Rc;
+
+    pub use wit_bindgen;
+
+    pub use crate::host::with_host;
+    use crate::{
+        GroupVersionKind, GroupVersionResource, Initialize, InitializeRequest, Mutate, Operation,
+        Request, UserInfo, Validate, plugin, request::Json,
+    };
+    pub use crate::{log::Level, plugin::AdmissionResponse};
+
+    /// The fields of the WIT `admission-request`, in WIT order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn request(
+        uid: String,
+        kind: GroupVersionKind,
+        resource: GroupVersionResource,
+        sub_resource: Option<String>,
+        name: String,
+        namespace: Option<String>,
+        operation: Operation,
+        user_info: UserInfo,
+        object: Option<String>,
+        old_object: Option<String>,
+        dry_run: bool,
+    ) -> Request {
+        Request {
+            uid,
+            kind,
+            resource,
+            sub_resource,
+            name,
+            namespace,
+            operation,
+            user_info,
+            object: object.map(Json::new),
+            old_object: old_object.map(Json::new),
+            dry_run,
+        }
+    }
+
+    pub fn initialize_request(
+        kind: GroupVersionKind,
+        resource: GroupVersionResource,
+    ) -> InitializeRequest {
+        InitializeRequest { kind, resource }
+    }
+
+    pub fn validate_configuration_validating<T: Validate>(
+        configuration: &str,
+    ) -> Result<(), String> {
+        plugin::configure::<T>(configuration, T::check_configuration).map(drop)
+    }
+
+    pub fn validate_configuration_mutating<T: Mutate>(configuration: &str) -> Result<(), String> {
+        plugin::configure::<T>(configuration, T::check_configuration).map(drop)
+    }
+
+    pub fn validate_configuration_initializer<T: Initialize>(
+        configuration: &str,
+    ) -> Result<(), String> {
+        plugin::configure::<T>(configuration, T::check_configuration).map(drop)
+    }
+
+    pub fn admit_validating<T: Validate>(req: &Request, configuration: &str) -> AdmissionResponse {
+        plugin::admit_validating::<T>(req, configuration)
+    }
+
+    pub fn admit_mutating<T: Mutate>(req: &Request, configuration: &str) -> AdmissionResponse {
+        plugin::admit_mutating::<T>(req, configuration)
+    }
+
+    pub fn initialize<T: Initialize>(
+        req: &InitializeRequest,
+        object: &str,
+        configuration: &str,
+    ) -> Result<String, String> {
+        plugin::initialize::<T>(req, object, configuration)
+    }
+
+    /// Owned copies of log fields, as the WIT `log` import takes them.
+    pub fn owned_fields(fields: &[(&str, &str)]) -> Vec<(String, String)> {
+        fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+}
+
+/// The [`host::Host`] backed by the WIT imports, and conversions from the WIT types
+/// both worlds share. Expanded inside the module that holds the bindings.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __shared_glue {
+    () => {
+        use trellis::plugin::{cluster as wit_cluster, log as wit_log, types as wit};
+        use $crate::__private as sdk;
+
+        struct WitHost;
+
+        impl $crate::host::Host for WitHost {
+            fn log(&self, level: sdk::Level, message: &str, fields: &[(&str, &str)]) {
+                let level = match level {
+                    sdk::Level::Trace => wit_log::Level::Trace,
+                    sdk::Level::Debug => wit_log::Level::Debug,
+                    sdk::Level::Info => wit_log::Level::Info,
+                    sdk::Level::Warn => wit_log::Level::Warn,
+                    sdk::Level::Error => wit_log::Level::Error,
+                };
+                wit_log::log(level, message, &sdk::owned_fields(fields));
+            }
+
+            fn get(
+                &self,
+                resource: &$crate::GroupVersionResource,
+                namespace: Option<&str>,
+                name: &str,
+            ) -> Result<Option<String>, String> {
+                wit_cluster::get(&to_wit_gvr(resource), namespace, name)
+            }
+
+            fn list(
+                &self,
+                resource: &$crate::GroupVersionResource,
+                namespace: Option<&str>,
+                label_selector: &str,
+            ) -> Result<Vec<String>, String> {
+                wit_cluster::list(&to_wit_gvr(resource), namespace, label_selector)
+            }
+        }
+
+        fn host() -> sdk::Rc<dyn $crate::host::Host> {
+            sdk::Rc::new(WitHost)
+        }
+
+        fn to_wit_gvr(r: &$crate::GroupVersionResource) -> wit::GroupVersionResource {
+            wit::GroupVersionResource {
+                group: r.group.clone(),
+                version: r.version.clone(),
+                resource: r.resource.clone(),
+            }
+        }
+
+        fn gvr(r: wit::GroupVersionResource) -> $crate::GroupVersionResource {
+            $crate::GroupVersionResource {
+                group: r.group,
+                version: r.version,
+                resource: r.resource,
+            }
+        }
+
+        fn gvk(k: wit::GroupVersionKind) -> $crate::GroupVersionKind {
+            $crate::GroupVersionKind {
+                group: k.group,
+                version: k.version,
+                kind: k.kind,
+            }
+        }
+    };
+}
+
+/// The `admission-handler` export for a plugin type; `$admit` and `$configure` pick
+/// validating or mutating.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __admission_glue {
+    ($plugin:ty, $configure:ident, $admit:ident) => {
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        type __TrellisPlugin = $plugin;
+
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        mod __trellis_export {
+            $crate::__admission_bindings!();
+            $crate::__shared_glue!();
+
+            use exports::trellis::plugin::admission_handler as handler;
+
+            struct Export;
+
+            impl handler::Guest for Export {
+                fn validate_configuration(configuration: String) -> Result<(), String> {
+                    sdk::with_host(host(), || {
+                        sdk::$configure::<super::__TrellisPlugin>(&configuration)
+                    })
+                }
+
+                fn admit(r: handler::AdmissionRequest) -> handler::AdmissionResponse {
+                    let operation = match r.operation {
+                        wit::Operation::Create => $crate::Operation::Create,
+                        wit::Operation::Update => $crate::Operation::Update,
+                        wit::Operation::Delete => $crate::Operation::Delete,
+                        wit::Operation::Connect => $crate::Operation::Connect,
+                    };
+                    let user = $crate::UserInfo {
+                        username: r.user_info.username,
+                        uid: r.user_info.uid,
+                        groups: r.user_info.groups,
+                        extra: r.user_info.extra,
+                    };
+                    let req = sdk::request(
+                        r.uid,
+                        gvk(r.kind),
+                        gvr(r.resource),
+                        r.sub_resource,
+                        r.name,
+                        r.namespace,
+                        operation,
+                        user,
+                        r.object,
+                        r.old_object,
+                        r.dry_run,
+                    );
+                    let out = sdk::with_host(host(), || {
+                        sdk::$admit::<super::__TrellisPlugin>(&req, &r.configuration)
+                    });
+                    handler::AdmissionResponse {
+                        allowed: out.allowed,
+                        status: out.status.map(|s| wit::Status {
+                            code: s.code,
+                            reason: s.reason,
+                            message: s.message,
+                        }),
+                        warnings: out.warnings,
+                        patch: out.patch,
+                    }
+                }
+            }
+
+            export!(Export);
+        }
+    };
+}
+
+/// Exports a [`Validate`] type as the component's `admission-handler`.
+#[macro_export]
+macro_rules! validating {
+    ($plugin:ty) => {
+        $crate::__admission_glue!($plugin, validate_configuration_validating, admit_validating);
+    };
+}
+
+/// Exports a [`Mutate`] type as the component's `admission-handler`.
+#[macro_export]
+macro_rules! mutating {
+    ($plugin:ty) => {
+        $crate::__admission_glue!($plugin, validate_configuration_mutating, admit_mutating);
+    };
+}
+
+/// Exports an [`Initialize`] type as the component's `initializer-handler`.
+#[macro_export]
+macro_rules! initializer {
+    ($plugin:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        type __TrellisPlugin = $plugin;
+
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        mod __trellis_export {
+            $crate::__initializer_bindings!();
+            $crate::__shared_glue!();
+
+            use exports::trellis::plugin::initializer_handler as handler;
+
+            struct Export;
+
+            impl handler::Guest for Export {
+                fn validate_configuration(configuration: String) -> Result<(), String> {
+                    sdk::with_host(host(), || {
+                        sdk::validate_configuration_initializer::<super::__TrellisPlugin>(
+                            &configuration,
+                        )
+                    })
+                }
+
+                fn initialize(r: handler::InitializeRequest) -> Result<String, String> {
+                    let req = sdk::initialize_request(gvk(r.kind), gvr(r.resource));
+                    sdk::with_host(host(), || {
+                        sdk::initialize::<super::__TrellisPlugin>(&req, &r.object, &r.configuration)
+                    })
+                }
+            }
+
+            export!(Export);
+        }
+    };
+}
