@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Builds every plugin into plugins/target/dist/NAME.wasm:
+#   - the Rust workspace (plugins/fixtures/*, examples/plugins/* with a Cargo.toml)
+#     for wasm32-wasip2 in release;
+#   - Python examples (an app.py) with componentize-py, from a venv in
+#     plugins/target/venv;
+#   - JavaScript examples (a package.json) with `npm ci` and `npm run build`.
+# A plugin whose output is newer than all of its inputs is skipped, so a run with
+# nothing to do takes well under a second. Installs what is missing (the Rust
+# target, python3-venv, nodejs/npm) on a fresh Debian machine.
+#
+# Usage: plugins/build.sh [--force]
+set -euo pipefail
+
+COMPONENTIZE_PY_VERSION=0.25.1
+
+plugins=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$plugins")
+wit=$repo/wit
+examples=$repo/examples/plugins
+dist=$plugins/target/dist
+venv=$plugins/target/venv
+force=${1:-}
+built=0
+
+mkdir -p "$dist"
+
+say() { printf 'plugins: %s\n' "$*"; }
+
+# True when $1 exists and nothing under the other arguments is newer (build
+# outputs and installed packages do not count as inputs).
+fresh() {
+  local out=$1
+  shift
+  [ "$force" != --force ] && [ -e "$out" ] &&
+    [ -z "$(find "$@" \( -name target -o -name node_modules -o -name __pycache__ \) -prune \
+      -o -type f -newer "$out" -print -quit)" ]
+}
+
+apt_install() {
+  local sudo=
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  command -v apt-get >/dev/null || return 1
+  say "installing Debian packages: $*"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- Rust ------------------------------------------------------------------
+rust_dirs=()
+for manifest in "$plugins"/fixtures/*/Cargo.toml "$examples"/*/Cargo.toml; do
+  [ -e "$manifest" ] && rust_dirs+=("$(dirname "$manifest")")
+done
+
+rust_stale=()
+for dir in "${rust_dirs[@]}"; do
+  fresh "$dist/$(basename "$dir").wasm" "$dir" "$plugins/sdk" "$wit" "$plugins/Cargo.toml" "$plugins/Cargo.lock" ||
+    rust_stale+=("$(basename "$dir")")
+done
+
+if [ ${#rust_stale[@]} -gt 0 ]; then
+  say "building ${rust_stale[*]} (Rust, wasm32-wasip2 release)"
+  if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-wasip2; then
+    rustup target add wasm32-wasip2
+  fi
+  cargo build --quiet --release --target wasm32-wasip2 --manifest-path "$plugins/Cargo.toml"
+  for name in "${rust_stale[@]}"; do
+    cp "$plugins/target/wasm32-wasip2/release/${name//-/_}.wasm" "$dist/$name.wasm"
+    built=$((built + 1))
+  done
+fi
+
+# --- Python ----------------------------------------------------------------
+# A venv of our own keeps componentize-py at its pinned version. Debian ships
+# `venv` without ensurepip unless python3-venv is installed; without either,
+# fall back to a user install.
+componentize_py() {
+  if [ -x "$venv/bin/componentize-py" ] &&
+    [ "$("$venv/bin/componentize-py" --version 2>/dev/null)" = "componentize-py $COMPONENTIZE_PY_VERSION" ]; then
+    echo "$venv/bin/componentize-py"
+    return
+  fi
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    apt_install python3-venv >&2 || true
+    python3 -m venv "$venv" >/dev/null 2>&1 || rm -rf "$venv"
+  fi
+  if [ -x "$venv/bin/pip" ]; then
+    say "installing componentize-py $COMPONENTIZE_PY_VERSION into $venv" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION" >&2
+    echo "$venv/bin/componentize-py"
+    return
+  fi
+  say "no venv; installing componentize-py $COMPONENTIZE_PY_VERSION for this user" >&2
+  python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip >&2
+  # Debian marks its Python as externally managed; a --user install is ours to make.
+  python3 -m pip install --quiet --user --break-system-packages "componentize-py==$COMPONENTIZE_PY_VERSION" >&2 ||
+    python3 -m pip install --quiet --user "componentize-py==$COMPONENTIZE_PY_VERSION" >&2
+  echo "$(python3 -m site --user-base)/bin/componentize-py"
+}
+
+for app in "$examples"/*/app.py; do
+  [ -e "$app" ] || continue
+  dir=$(dirname "$app")
+  name=$(basename "$dir")
+  out=$dist/$name.wasm
+  fresh "$out" "$dir" "$wit" && continue
+  # The world is named in the app's first lines: `# world: admission`.
+  world=$(sed -n 's/^# world: *\([a-z-]*\).*/\1/p' "$app" | head -n 1)
+  say "building $name (Python, componentize-py, world ${world:=admission})"
+  cpy=$(componentize_py)
+  (cd "$dir" && "$cpy" --wit-path "$wit" --world "$world" componentize app --output "$out.tmp" >/dev/null)
+  mv "$out.tmp" "$out"
+  built=$((built + 1))
+done
+
+# --- JavaScript ------------------------------------------------------------
+for package in "$examples"/*/package.json; do
+  [ -e "$package" ] || continue
+  dir=$(dirname "$package")
+  name=$(basename "$dir")
+  out=$dist/$name.wasm
+  fresh "$out" "$dir" "$wit" && continue
+  say "building $name (JavaScript, componentize-js)"
+  command -v npm >/dev/null || apt_install nodejs npm
+  if ! fresh "$dir/node_modules/.package-lock.json" "$dir/package-lock.json" "$dir/package.json"; then
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+  (cd "$dir" && npm run --silent build)
+  [ -e "$out" ] || { say "npm run build in $dir did not write $out" >&2; exit 1; }
+  touch "$out"
+  built=$((built + 1))
+done
+
+if [ "$built" = 0 ]; then
+  say "all up to date in $dist"
+else
+  say "built $built into $dist"
+fi
