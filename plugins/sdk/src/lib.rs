@@ -238,6 +238,17 @@ macro_rules! __shared_glue {
 #[macro_export]
 macro_rules! __admission_glue {
     ($plugin:ty, $configure:ident, $admit:ident) => {
+        // Natively the export is left out, so refer to the plugin's entry points
+        // here: a plugin type is then used in native builds and tests too.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: (
+            fn(&str) -> Result<(), String>,
+            fn(&$crate::Request, &str) -> $crate::__private::AdmissionResponse,
+        ) = (
+            $crate::__private::$configure::<$plugin>,
+            $crate::__private::$admit::<$plugin>,
+        );
+
         #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
         type __TrellisPlugin = $plugin;
@@ -326,6 +337,15 @@ macro_rules! mutating {
 #[macro_export]
 macro_rules! initializer {
     ($plugin:ty) => {
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: (
+            fn(&str) -> Result<(), String>,
+            fn(&$crate::InitializeRequest, &str, &str) -> Result<String, String>,
+        ) = (
+            $crate::__private::validate_configuration_initializer::<$plugin>,
+            $crate::__private::initialize::<$plugin>,
+        );
+
         #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
         type __TrellisPlugin = $plugin;

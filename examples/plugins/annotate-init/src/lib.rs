@@ -13,7 +13,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
-use trellis_plugin::{Initialize, InitializeRequest, Patch, Value, log};
+use trellis_plugin::{Initialize, InitializeRequest, Value, log};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -47,11 +47,17 @@ impl Initialize for AnnotateInit {
         Ok(())
     }
 
-    fn initialize(&self, object: Value, req: &InitializeRequest) -> Result<Value, String> {
-        let existing = object
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(&self.annotation));
-        if existing.is_some() && !self.overwrite {
+    fn initialize(&self, mut object: Value, req: &InitializeRequest) -> Result<Value, String> {
+        let metadata = object
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or("the object has no metadata")?;
+        let annotations = metadata
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()))
+            .as_object_mut()
+            .ok_or("metadata.annotations is not a map")?;
+        if annotations.contains_key(&self.annotation) && !self.overwrite {
             return Ok(object);
         }
         let now = SystemTime::now()
@@ -63,9 +69,8 @@ impl Initialize for AnnotateInit {
             "initialized",
             &[("kind", &req.kind.kind), ("at", &stamp)],
         );
-        Patch::new()
-            .set_annotation(&object, &self.annotation, &stamp)
-            .apply(&object)
+        annotations.insert(self.annotation.clone(), Value::String(stamp));
+        Ok(object)
     }
 }
 
@@ -129,6 +134,20 @@ mod tests {
         assert_ne!(
             h.initialize::<AnnotateInit>(stamped).unwrap()["metadata"]["annotations"]["when"],
             "earlier"
+        );
+    }
+
+    #[test]
+    fn fails_on_objects_it_cannot_annotate() {
+        let h = Harness::new();
+        assert_eq!(
+            h.initialize::<AnnotateInit>(json!({"kind": "X"})),
+            Err("the object has no metadata".into())
+        );
+        let odd = json!({"metadata": {"name": "x", "annotations": []}});
+        assert_eq!(
+            h.initialize::<AnnotateInit>(odd),
+            Err("metadata.annotations is not a map".into())
         );
     }
 

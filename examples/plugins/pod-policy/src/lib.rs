@@ -79,6 +79,7 @@ impl Validate for PodPolicy {
             }));
 
         let mut problems = Vec::new();
+        let mut foreign_image = false;
         for (what, name, image, security) in containers {
             if security.and_then(|s: &SecurityContext| s.privileged) == Some(true) {
                 problems.push(format!("{what} {name:?} is privileged"));
@@ -86,6 +87,7 @@ impl Validate for PodPolicy {
             if let (Some(allowed), Some(image)) = (&self.allowed_registries, image) {
                 let full = full_image_name(image);
                 if !allowed.iter().any(|prefix| image_matches(&full, prefix)) {
+                    foreign_image = true;
                     problems.push(format!("{what} {name:?} uses image {image:?}, which is not from an allowed registry"));
                 }
             }
@@ -103,7 +105,7 @@ impl Validate for PodPolicy {
             req.display_name(),
             problems.join("; ")
         );
-        if let Some(allowed) = &self.allowed_registries {
+        if let (true, Some(allowed)) = (foreign_image, &self.allowed_registries) {
             message.push_str(&format!(" (allowed registries: {})", allowed.join(", ")));
         }
         Ok(Verdict::deny(message))
@@ -188,6 +190,10 @@ mod tests {
             "the unprivileged sidecar is fine: {message}"
         );
         assert_eq!(a.status().unwrap().reason, "Forbidden");
+        assert!(
+            !message.contains("allowed registries"),
+            "all images are allowed: {message}"
+        );
     }
 
     #[test]
