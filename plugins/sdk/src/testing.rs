@@ -616,6 +616,36 @@ mod tests {
         assert!(h.run(|| cluster::list(&pods, None, "app in web")).is_err());
     }
 
+    #[cfg(feature = "k8s-openapi")]
+    #[test]
+    fn typed_cluster_reads_take_the_resource_from_the_type() {
+        use crate::k8s::api::core::v1::{ConfigMap, Namespace};
+
+        let h = Harness::new()
+            .with_cluster_object(
+                GroupVersionResource::new("", "v1", "namespaces"),
+                json!({"metadata": {"name": "prod", "labels": {"tier": "1"}}}),
+            )
+            .with_cluster_object(
+                GroupVersionResource::new("", "v1", "configmaps"),
+                json!({"metadata": {"name": "c", "namespace": "prod"}, "data": {"k": "v"}}),
+            );
+        let ns = h
+            .run(|| cluster::typed::get::<Namespace>(None, "prod"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ns.metadata.labels.unwrap()["tier"], "1");
+        let cms = h
+            .run(|| cluster::typed::list::<ConfigMap>(Some("prod"), ""))
+            .unwrap();
+        assert_eq!(cms[0].data.as_ref().unwrap()["k"], "v");
+        assert!(
+            h.run(|| cluster::typed::get::<ConfigMap>(Some("qa"), "c"))
+                .unwrap()
+                .is_none()
+        );
+    }
+
     #[derive(Deserialize)]
     struct Label {
         key: String,
