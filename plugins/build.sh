@@ -34,7 +34,7 @@ fresh() {
   shift
   [ "$force" != --force ] && [ -e "$out" ] &&
     [ -z "$(find "$@" \( -name target -o -name node_modules -o -name __pycache__ \) -prune \
-      -o -type f ! -name "*.md" ! -name plugin.yaml -newer "$out" -print -quit)" ]
+      -o -type f ! -name "*.md" ! -name plugin.yaml -newer "$out" -print -quit 2>/dev/null)" ]
 }
 
 apt_install() {
