@@ -79,28 +79,30 @@ function allow() {
   return { allowed: true, status: undefined, warnings: [], patch: undefined };
 }
 
+function deny(code, reason, message) {
+  return { allowed: false, status: { code, reason, message }, warnings: [], patch: undefined };
+}
+
 export const admissionHandler = {
   validateConfiguration(configuration) {
     parseConfiguration(configuration);
   },
 
   admit(request) {
-    const config = parseConfiguration(request.configuration);
+    let config;
+    try {
+      config = parseConfiguration(request.configuration);
+    } catch (e) {
+      // The host checks the configuration before it serves; answer rather than
+      // trap should one slip through.
+      return deny(500, "InternalError", String(e));
+    }
     if (request.object === undefined || request.object === null) return allow();
     if (config.exemptNamespaces.includes(request.namespace ?? "")) return allow();
     const object = JSON.parse(request.object);
     const problems = problemsIn(object);
     if (problems.length === 0) return allow();
     const name = request.name || `${object.metadata?.generateName ?? ""}*`;
-    return {
-      allowed: false,
-      status: {
-        code: 403,
-        reason: "Forbidden",
-        message: `${object.kind} ${name}: ${problems.join("; ")}; pin a version tag or a digest`,
-      },
-      warnings: [],
-      patch: undefined,
-    };
+    return deny(403, "Forbidden", `${object.kind} ${name}: ${problems.join("; ")}; pin a version tag or a digest`);
   },
 };

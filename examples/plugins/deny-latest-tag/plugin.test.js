@@ -72,3 +72,9 @@ test("configuration errors are thrown as the WIT err", () => {
   assert.throws(() => admissionHandler.validateConfiguration('{"exempt": []}'), /unknown field "exempt"/);
   assert.throws(() => admissionHandler.validateConfiguration('{"exemptNamespaces": "dev"}'), /list of namespace/);
 });
+
+test("a configuration that slipped through is answered, not thrown", () => {
+  const answer = admissionHandler.admit(request(pod(["nginx"]), { configuration: "[]" }));
+  assert.deepEqual([answer.allowed, answer.status.code], [false, 500]);
+  assert.match(answer.status.message, /must be a JSON object/);
+});

@@ -26,7 +26,13 @@ class AdmissionHandler(exports.AdmissionHandler):
         allowed = AdmissionResponse(allowed=True, status=None, warnings=[], patch=None)
         if request.object is None:  # a delete: nothing to label
             return allowed
-        config = policy.parse_configuration(request.configuration)
+        try:
+            config = policy.parse_configuration(request.configuration)
+        except ValueError as e:
+            # The host checks the configuration before it serves; answer rather
+            # than trap should one slip through.
+            status = types.Status(code=500, reason="InternalError", message=str(e))
+            return AdmissionResponse(allowed=False, status=status, warnings=[], patch=None)
         message = policy.denial(json.loads(request.object), config)
         if message is None:
             return allowed
