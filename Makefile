@@ -8,7 +8,7 @@ DATA_DIR ?= $(HOME)/.local/share/trellis
 # Runs as root on CI machines; elsewhere apt needs sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps up test lint bench-store
+.PHONY: deps plugins up test lint bench-store bench-admission
 
 deps:
 	@missing=""; \
@@ -22,10 +22,14 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-up: deps
+# The WASM plugins: fixtures, examples (Rust, Python, JavaScript) into plugins/target/dist.
+plugins:
+	plugins/build.sh
+
+up: deps plugins
 	$(CARGO) run --release -p trellis -- up --data-dir $(DATA_DIR)
 
-test: deps
+test: deps plugins
 	$(CARGO) test --workspace
 	$(CARGO) build -p trellis
 	tests/python/run.sh
@@ -37,3 +41,6 @@ lint:
 # The figures in docs/benchmarks.md.
 bench-store: deps
 	.ci/bench-store
+
+bench-admission: deps plugins
+	.ci/bench-admission

@@ -4,8 +4,11 @@
 //! - `apiserver`: the API server end to end, driven by the real kubectl (tables,
 //!   apply, selectors, conflicts, validation, finalizers, namespaces, watch, paging,
 //!   the status subresource, authentication and authorization).
+//! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
+//!   server's admission and initializer chains.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
 
 mod apiserver;
+mod plugins;
 mod store;

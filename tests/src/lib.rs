@@ -103,6 +103,8 @@ pub struct TestClusterBuilder {
     tokens: Vec<(String, String, Vec<String>)>,
     /// Admission and initializer chains instead of the built-in ones.
     chains: Option<trellis_apiserver::admission::Chains>,
+    /// The server's `--plugin-dir`.
+    plugin_dir: Option<PathBuf>,
 }
 
 impl TestClusterBuilder {
@@ -120,6 +122,12 @@ impl TestClusterBuilder {
     /// Runs the server with these admission and initializer chains.
     pub fn with_chains(mut self, chains: trellis_apiserver::admission::Chains) -> Self {
         self.chains = Some(chains);
+        self
+    }
+
+    /// Runs the server with this plugins directory.
+    pub fn with_plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugin_dir = Some(dir.into());
         self
     }
 
@@ -149,6 +157,7 @@ impl TestClusterBuilder {
         if let Some(chains) = self.chains {
             config.chains = chains;
         }
+        config.plugin_dir = self.plugin_dir;
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, store.clone(), async move {
             // A send or a drop of the sender: either way, stop.
@@ -379,4 +388,133 @@ fn succeeded(args: &[&str], output: Output) -> anyhow::Result<String> {
         );
     }
     String::from_utf8(output.stdout).context("kubectl's stdout is not UTF-8")
+}
+
+/// A WASM plugin built from `plugins/` or `examples/plugins/` by `plugins/build.sh`
+/// (`make plugins`; `make test` runs it first).
+pub fn plugin_wasm(name: &str) -> anyhow::Result<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the repository root")?
+        .to_owned();
+    let built = root
+        .join("plugins/target/dist")
+        .join(format!("{name}.wasm"));
+    if built.exists() {
+        return Ok(built);
+    }
+    bail!(
+        "{} is missing: build the plugins first with `make plugins` (plugins/build.sh)",
+        built.display()
+    )
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_slice(&self.body).context("the response is not JSON")
+    }
+
+    /// The values of a header, in order.
+    pub fn header_values(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
+impl TestCluster {
+    /// One HTTPS request as the admin (bearer token), on a connection of its own: for
+    /// what kubectl cannot show (headers, many requests at once).
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &str,
+    ) -> anyhow::Result<HttpResponse> {
+        use http_body_util::BodyExt as _;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile_certs(&self.ca_pem)? {
+            roots.add(cert).context("add the cluster CA")?;
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let authority = self.url.trim_start_matches("https://").to_owned();
+        let tcp = tokio::net::TcpStream::connect(&authority)
+            .await
+            .context("connect to the server")?;
+        let name =
+            rustls::pki_types::ServerName::try_from("127.0.0.1").context("the server name")?;
+        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+            .connect(name, tcp)
+            .await
+            .context("TLS handshake")?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .context("HTTP handshake")?;
+        tokio::spawn(connection);
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", authority)
+            .header("authorization", format!("Bearer {}", self.admin_token))
+            .header("content-type", content_type)
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .context("build the request")?;
+        let response = sender
+            .send_request(request)
+            .await
+            .context("send the request")?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .context("read the response")?
+            .to_bytes()
+            .to_vec();
+        Ok(HttpResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// The certificates in a PEM bundle.
+fn rustls_pemfile_certs(
+    pem: &str,
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    use rustls::pki_types::pem::PemObject as _;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("read the cluster CA")
 }

@@ -78,11 +78,19 @@ pub trait Initializer: Send + Sync + std::fmt::Debug {
     async fn initialize(&self, resource: &ResourceInfo, obj: Object) -> Result<Object, String>;
 }
 
+/// Initializers that come and go while the server runs (plugins); asked afresh for
+/// every create.
+pub trait InitializerSource: Send + Sync + std::fmt::Debug {
+    fn initializers(&self) -> Vec<Arc<dyn Initializer>>;
+}
+
 /// The configured chains, in order.
 #[derive(Clone, Debug, Default)]
 pub struct Chains {
     pub admission: Vec<Arc<dyn Admission>>,
     pub initializers: Vec<Arc<dyn Initializer>>,
+    /// Consulted after `initializers`.
+    pub initializer_sources: Vec<Arc<dyn InitializerSource>>,
 }
 
 impl Chains {
@@ -91,6 +99,7 @@ impl Chains {
         Self {
             admission: vec![Arc::new(ServiceAccountDefault)],
             initializers: Vec::new(),
+            initializer_sources: Vec::new(),
         }
     }
 
@@ -120,7 +129,7 @@ impl Chains {
 
     /// Names of the initializers a new object of `resource` waits for.
     pub fn pending_for(&self, resource: &ResourceInfo) -> Vec<String> {
-        self.initializers
+        self.all_initializers()
             .iter()
             .filter(|i| i.applies_to(resource))
             .map(|i| i.name().to_owned())
@@ -128,7 +137,17 @@ impl Chains {
     }
 
     pub fn initializer(&self, name: &str) -> Option<Arc<dyn Initializer>> {
-        self.initializers.iter().find(|i| i.name() == name).cloned()
+        self.all_initializers()
+            .into_iter()
+            .find(|i| i.name() == name)
+    }
+
+    fn all_initializers(&self) -> Vec<Arc<dyn Initializer>> {
+        let mut all = self.initializers.clone();
+        for source in &self.initializer_sources {
+            all.extend(source.initializers());
+        }
+        all
     }
 }
 

@@ -9,7 +9,8 @@
 //! - [`routes`]: authentication, authorization, path parsing, dispatch.
 //! - [`rbac`]: RBAC authorization and the bootstrap roles; [`node_authz`]: what
 //!   a node's credentials may reach.
-//! - [`admission`]: the admission and initializer chains.
+//! - [`admission`]: the admission and initializer chains; [`plugins`]: the WASM
+//!   plugins in them (Plugin objects, the plugins directory, hot reload).
 //! - [`metrics`]: `/metrics`; [`audit`]: the audit log.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
@@ -25,6 +26,7 @@
 //! - [`pki`], [`tls`], [`tokens`], [`kubeconfig`]: the cluster CA, certificates,
 //!   TLS, bearer tokens and the admin kubeconfig; [`sa_token`]: ServiceAccount tokens.
 //! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
+//! - [`warnings`]: `Warning` headers collected while a request is handled.
 
 pub mod admission;
 pub mod audit;
@@ -39,6 +41,7 @@ pub mod object;
 pub mod openapi;
 pub mod patch;
 pub mod pki;
+pub mod plugins;
 pub mod protobuf;
 pub mod rbac;
 pub mod request;
@@ -52,6 +55,7 @@ pub mod table;
 pub mod tls;
 pub mod tokens;
 pub mod typed;
+pub mod warnings;
 pub mod watch;
 pub mod watch_cache;
 

@@ -123,10 +123,13 @@ async fn dispatch(
     let peer = peer.map(|Extension(p)| p).unwrap_or_default();
     let started = tokio::time::Instant::now();
     let mut info = RequestInfo::default();
-    let response = match handle(state.clone(), peer, method, uri, headers, body, &mut info).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    };
+    let response = crate::warnings::collect(async {
+        match handle(state.clone(), peer, method, uri, headers, body, &mut info).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        }
+    })
+    .await;
     let code = response.status().as_u16();
     let elapsed = started.elapsed();
     state
@@ -243,7 +246,10 @@ async fn handle(
     let user = authenticate(&state, &peer, &headers).await?;
     info.user = user.name.clone();
     if uri.path() == "/metrics" {
-        let text = state.metrics.render(state.cache.watcher_count());
+        let mut text = state.metrics.render(state.cache.watcher_count());
+        if let Some(plugins) = state.plugins.get() {
+            plugins.render_metrics(&mut text);
+        }
         return Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

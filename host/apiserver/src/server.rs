@@ -19,6 +19,7 @@ use trellis_store::Store;
 
 use crate::admission::Chains;
 use crate::audit::AuditConfig;
+use crate::plugins::{PluginAdmission, PluginInitializers, PluginManager, PluginsConfig};
 use crate::routes::{Peer, router};
 use crate::state::AppState;
 use crate::watch_cache::WatchCache;
@@ -43,6 +44,10 @@ pub struct Config {
     pub chains: Chains,
     /// The audit log; `None` turns it off.
     pub audit: Option<AuditConfig>,
+    /// Runs WASM plugins from Plugin objects (and `plugin_dir`).
+    pub plugins: bool,
+    /// `NAME.yaml` + `NAME.wasm` pairs loaded as plugins, followed while running.
+    pub plugin_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -56,6 +61,8 @@ impl Config {
             shutdown_grace: Duration::from_secs(10),
             chains: Chains::builtin(),
             audit: None,
+            plugins: true,
+            plugin_dir: None,
         }
         .with_audit_in_data_dir()
     }
@@ -163,11 +170,27 @@ pub async fn start(
     .await
     .context("start the watch cache")?;
     let audit = config.audit.clone().map(crate::audit::AuditLog::start);
+    let mut chains = config.chains.clone();
+    let plugins = config.plugins.then(|| {
+        let manager = PluginManager::new(
+            PluginsConfig {
+                dir: config.plugin_dir.clone(),
+                cache_dir: config.data_dir.join("plugin-cache"),
+            },
+            store.clone(),
+        );
+        let admission = Arc::new(PluginAdmission::new(manager.clone()));
+        chains.admission.push(admission.clone());
+        chains
+            .initializer_sources
+            .push(Arc::new(PluginInitializers(manager.clone())));
+        (manager, admission)
+    });
     let state = AppState::new(
         store,
         cache,
         token_file,
-        config.chains.clone(),
+        chains,
         audit,
         crate::sa_token::TokenSigner::from_pem(pki.sa_key_pem())
             .context("load the ServiceAccount signing key")?,
@@ -177,6 +200,15 @@ pub async fn start(
         .bootstrap()
         .await
         .context("create the initial namespaces")?;
+    if let Some((manager, admission)) = plugins {
+        state
+            .install_plugin_crd()
+            .await
+            .context("install the Plugin resource")?;
+        admission.attach(&state);
+        let _ = state.plugins.set(manager.clone());
+        manager.start(state.clone());
+    }
     let app = router(state);
     let acceptor = TlsAcceptor::from(tls_config);
     let grace = config.shutdown_grace;

@@ -49,6 +49,8 @@ pub struct AppState {
     openapi: RwLock<Option<Arc<OpenApiDocs>>>,
     /// The address clients reach the server at, for discovery.
     pub server_address: String,
+    /// The WASM plugins, when the server runs them.
+    pub plugins: std::sync::OnceLock<Arc<crate::plugins::PluginManager>>,
 }
 
 impl AppState {
@@ -73,6 +75,7 @@ impl AppState {
             custom: RwLock::new(Arc::new(CustomResources::default())),
             openapi: RwLock::new(None),
             server_address,
+            plugins: std::sync::OnceLock::new(),
         })
     }
 
@@ -264,6 +267,47 @@ impl AppState {
             }
         }
         Ok(())
+    }
+
+    /// Creates (or brings up to date) the CRD serving `plugins.trellis.dev`.
+    pub async fn install_plugin_crd(&self) -> anyhow::Result<()> {
+        let mut crd = crate::plugins::spec::crd();
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let crds = self.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")?;
+        let key = crds.key(None, &name);
+        let existing = self.store.get(&key).await?;
+        match existing {
+            Some(kv) => {
+                let mut stored: serde_json::Value = serde_json::from_slice(&kv.value)?;
+                if stored["spec"] != crd["spec"] {
+                    stored["spec"] = crd["spec"].take();
+                    let generation = stored["metadata"]["generation"].as_i64().unwrap_or(1);
+                    stored["metadata"]["generation"] = (generation + 1).into();
+                    if let Some(obj) = stored.as_object() {
+                        stored["status"] = crd::established_status(obj);
+                    }
+                    self.store
+                        .update(&key, Bytes::from(stored.to_string()), Some(kv.mod_revision))
+                        .await?;
+                }
+            }
+            None => {
+                crd["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
+                crd["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
+                crd["metadata"]["generation"] = 1.into();
+                if let Some(obj) = crd.as_object() {
+                    crd["status"] = crd::established_status(obj);
+                }
+                match self.store.create(&key, Bytes::from(crd.to_string())).await {
+                    Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        self.refresh_custom_resources().await
     }
 
     /// A namespace was marked for deletion: delete everything in it, then the

@@ -4,10 +4,13 @@
 //! - `trellis server`: the API server on the store; `trellis up`: the control plane on
 //!   its embedded default (today the same; controllers, scheduler and node join it).
 //! - `trellis bench store|watch|compaction|api`: the store backends' and the API server's figures.
+//! - `trellis plugin run|bench|list|describe|install|uninstall`: plugins offline and
+//!   Plugin objects.
 //! - `trellis version`: the version of this binary.
 //!
 //! # Layout
 //! - [`up`]: `trellis up`, and how it shuts down (Ctrl-C or SIGTERM).
+//! - [`plugin`]: `trellis plugin`.
 //! - [`bench`]: the benchmarks, one module per benchmark, and what they share
 //!   (opening a backend, percentiles, bounded store calls).
 //!
@@ -15,6 +18,7 @@
 //! with `--json`, exactly one JSON object a script can parse.
 
 mod bench;
+mod plugin;
 mod up;
 
 use std::process::ExitCode;
@@ -36,8 +40,10 @@ enum Command {
     Up(up::UpArgs),
     /// Start the API server (with its store).
     Server(up::UpArgs),
-    /// Measure the store backends.
+    /// Measure the store backends, the API server and plugins in it.
     Bench(bench::BenchArgs),
+    /// Run plugins offline; manage Plugin objects.
+    Plugin(plugin::PluginArgs),
     /// Print the version of this binary.
     Version,
 }
@@ -72,6 +78,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
+        Command::Plugin(args) => runtime()?.block_on(plugin::run(args)),
         Command::Up(args) | Command::Server(args) => {
             runtime()?.block_on(up::run(args, shutdown_signal()))
         }

@@ -39,6 +39,12 @@ pub struct UpArgs {
     /// History kept for watches and lists at a past revision, in seconds.
     #[arg(long, default_value_t = 300)]
     history_window: u64,
+
+    /// Plugins to run from files: `NAME.yaml` (a Plugin object or its spec) beside
+    /// `NAME.wasm`; added, changed and removed files take effect while running.
+    /// Defaults to `DATA_DIR/plugins`.
+    #[arg(long, value_name = "DIR")]
+    plugin_dir: Option<PathBuf>,
 }
 
 /// What `--store` names.
@@ -104,6 +110,14 @@ pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
     server_config.listen = args.listen;
     server_config.tls_sans = args.tls_sans.clone();
+    let plugin_dir = args
+        .plugin_dir
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("plugins"));
+    std::fs::create_dir_all(&plugin_dir)
+        .with_context(|| format!("create the plugins directory {}", plugin_dir.display()))?;
+    info!(plugin_dir = %plugin_dir.display(), "following the plugins directory");
+    server_config.plugin_dir = Some(plugin_dir);
     let server = trellis_apiserver::start(
         server_config,
         store.clone(),

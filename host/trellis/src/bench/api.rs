@@ -315,7 +315,7 @@ enum Credentials {
 
 /// Where the clients connect and how.
 #[derive(Debug)]
-struct Target {
+pub(crate) struct Target {
     /// `https://host:port`, without a path.
     base: Uri,
     /// `host:port` to dial.
@@ -399,7 +399,7 @@ impl Target {
 
     /// The server, CA and credentials of `path`'s current context. Files it names are
     /// relative to its directory, as kubectl reads them.
-    fn from_kubeconfig(path: &Path, http2: bool) -> anyhow::Result<Self> {
+    pub(crate) fn from_kubeconfig(path: &Path, http2: bool) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("read the kubeconfig {}", path.display()))?;
         let config: Kubeconfig = serde_saphyr::from_str(&text)
@@ -653,7 +653,7 @@ impl ObjectBody {
             ),
             Kind::Pods => (
                 r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":""#.to_owned(),
-                r#""},"spec":{"containers":[{"name":"main","image":"registry.k8s.io/pause:3.10"}]}}"#
+                r#"","labels":{"team":"bench"}},"spec":{"containers":[{"name":"main","image":"registry.k8s.io/pause:3.10"}]}}"#
                     .to_owned(),
             ),
         };
@@ -795,6 +795,46 @@ fn build_request(
         .with_context(|| format!("build the request {method} {path}"))
 }
 
+/// One request on a connection of its own, for the command-line client: the status
+/// and the whole body, within [`CALL_TIMEOUT`].
+pub(crate) async fn exchange(
+    target: &Target,
+    method: Method,
+    path: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<(StatusCode, Bytes)> {
+    let mut connection = connect(
+        &target.addr,
+        target.server_name.clone(),
+        target.tls.clone(),
+        target.http2,
+    )
+    .await
+    .with_context(|| format!("connect to {}", target.base))?;
+    let request = build_request(
+        &target.base,
+        target.http2,
+        target.authorization.as_ref(),
+        &method,
+        path,
+        Bytes::from(body),
+    )?;
+    let exchange = async {
+        let response = connection.send(request).await.context("send the request")?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .context("read the response")?
+            .to_bytes();
+        anyhow::Ok((status, body))
+    };
+    tokio::time::timeout(CALL_TIMEOUT, exchange)
+        .await
+        .unwrap_or_else(|_| bail!("no answer within {CALL_TIMEOUT:?}"))
+}
+
 /// Sends `request` and reads the whole response within [`CALL_TIMEOUT`]; fails with
 /// the server's message unless the status is `expected`.
 async fn call(
@@ -923,5 +963,208 @@ mod tests {
         let config: Kubeconfig = serde_saphyr::from_str("apiVersion: v1\nkind: Config\n").unwrap();
         let message = format!("{:#}", config.current().unwrap_err());
         assert!(message.contains("current-context"), "{message}");
+    }
+}
+
+/// `trellis bench admission`: what plugins in the admission chain cost a create.
+#[derive(Debug, Args)]
+pub struct AdmissionArgs {
+    /// Copies of the plugin installed, each a Plugin object of its own.
+    #[arg(long, default_value_t = 1)]
+    plugins: usize,
+
+    /// The validating plugin to install; by default the pod-policy example built by
+    /// `plugins/build.sh`.
+    #[arg(long, value_name = "FILE.wasm")]
+    plugin: Option<PathBuf>,
+
+    /// Its configuration (JSON).
+    #[arg(long, default_value = r#"{"allowedRegistries":["registry.k8s.io/"]}"#)]
+    config: String,
+
+    /// Concurrent clients, each on its own connection.
+    #[arg(long, default_value_t = 50, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    clients: usize,
+
+    /// Measured creates per run (one run without plugins, one with).
+    #[arg(long, default_value_t = 10_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    ops: usize,
+
+    /// Print one JSON object instead of lines of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct AdmissionReport {
+    plugins: usize,
+    plugin: String,
+    clients: usize,
+    ops: usize,
+    ops_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    baseline_ops_per_sec: f64,
+    baseline_p50_ms: f64,
+    baseline_p99_ms: f64,
+    /// Creates/s with the plugins as a share of creates/s without.
+    throughput_ratio: f64,
+    /// Added p50 and p99 latency per plugin, in microseconds.
+    overhead_p50_us_per_plugin: f64,
+    overhead_p99_us_per_plugin: f64,
+}
+
+pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
+    let plugin = match &args.plugin {
+        Some(path) => path.clone(),
+        None => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/dist/pod-policy.wasm")
+        }
+    };
+    let plugin = std::fs::canonicalize(&plugin).with_context(|| {
+        format!(
+            "find the plugin {} (build it with `make plugins`, or pass --plugin)",
+            plugin.display()
+        )
+    })?;
+    let api_args = |ops| ApiArgs {
+        kubeconfig: None,
+        clients: args.clients,
+        ops,
+        kind: Kind::Pods,
+        verb: Verb::Create,
+        value_size: 0,
+        http2: false,
+        json: false,
+    };
+    let baseline = measure_local(&api_args(args.ops), None, 0)
+        .await
+        .context("measure without plugins")?;
+    let with = measure_local(
+        &api_args(args.ops),
+        Some((&plugin, &args.config)),
+        args.plugins,
+    )
+    .await
+    .with_context(|| format!("measure with {} plugins", args.plugins))?;
+    let per_plugin = |with: f64, without: f64| {
+        if args.plugins == 0 {
+            0.0
+        } else {
+            ((with - without) * 1000.0 / args.plugins as f64 * 10.0).round() / 10.0
+        }
+    };
+    let report = AdmissionReport {
+        plugins: args.plugins,
+        plugin: plugin.display().to_string(),
+        clients: args.clients,
+        ops: args.ops,
+        ops_per_sec: with.ops_per_sec,
+        p50_ms: with.p50_ms,
+        p99_ms: with.p99_ms,
+        baseline_ops_per_sec: baseline.ops_per_sec,
+        baseline_p50_ms: baseline.p50_ms,
+        baseline_p99_ms: baseline.p99_ms,
+        throughput_ratio: ((with.ops_per_sec / baseline.ops_per_sec) * 1000.0).round() / 1000.0,
+        overhead_p50_us_per_plugin: per_plugin(with.p50_ms, baseline.p50_ms),
+        overhead_p99_us_per_plugin: per_plugin(with.p99_ms, baseline.p99_ms),
+    };
+    super::print_report(args.json, &report, || {
+        format!(
+            "admission, pod creates with {} plugin(s), {} clients, {} requests: {:.0}/s \
+             (without: {:.0}/s, {:.0} %), p50 {:.3} ms, p99 {:.3} ms \
+             (without: {:.3} / {:.3} ms); per plugin +{:.1} µs p50, +{:.1} µs p99",
+            report.plugins,
+            report.clients,
+            report.ops,
+            report.ops_per_sec,
+            report.baseline_ops_per_sec,
+            report.throughput_ratio * 100.0,
+            report.p50_ms,
+            report.p99_ms,
+            report.baseline_p50_ms,
+            report.baseline_p99_ms,
+            report.overhead_p50_us_per_plugin,
+            report.overhead_p99_us_per_plugin,
+        )
+    })
+}
+
+/// Starts a server in this process, installs `copies` Plugin objects of `plugin`
+/// (waiting until each serves), and measures creates.
+async fn measure_local(
+    args: &ApiArgs,
+    plugin: Option<(&Path, &str)>,
+    copies: usize,
+) -> anyhow::Result<Report> {
+    let cluster = LocalCluster::start().await?;
+    let target = Target::new(
+        &cluster.server.url,
+        &cluster.server.ca_pem,
+        Credentials::Token(cluster.server.admin_token.clone()),
+        false,
+    )?;
+    let measured = async {
+        if let Some((path, config)) = plugin {
+            let config: serde_json::Value =
+                serde_json::from_str(config).context("parse --config as JSON")?;
+            for i in 0..copies {
+                install_plugin(&target, &format!("bench-{i}"), path, &config).await?;
+            }
+        }
+        measure(&target, args).await
+    }
+    .await;
+    let stopped = cluster.stop().await;
+    let report = measured?;
+    stopped?;
+    Ok(report)
+}
+
+async fn install_plugin(
+    target: &Target,
+    name: &str,
+    path: &Path,
+    config: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let obj = serde_json::json!({
+        "apiVersion": "trellis.dev/v1",
+        "kind": "Plugin",
+        "metadata": {"name": name},
+        "spec": {
+            "kind": "validating",
+            "module": {"url": format!("file://{}", path.display())},
+            "configuration": config,
+            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""],
+                       "apiVersions": ["v1"], "resources": ["pods"]}],
+        },
+    });
+    let (status, body) = exchange(
+        target,
+        Method::POST,
+        "/apis/trellis.dev/v1/plugins",
+        obj.to_string().into_bytes(),
+    )
+    .await?;
+    if status != StatusCode::CREATED {
+        bail!("install plugin {name}: {status}: {}", status_message(&body));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, body) = exchange(
+            target,
+            Method::GET,
+            &format!("/apis/trellis.dev/v1/plugins/{name}"),
+            Vec::new(),
+        )
+        .await?;
+        let obj: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let cond = &obj["status"]["conditions"][0];
+        match cond["status"].as_str() {
+            Some("True") => return Ok(()),
+            Some("False") => bail!("load plugin {name}: {}", cond["message"]),
+            _ if Instant::now() > deadline => bail!("load plugin {name}: no status within 60 s"),
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
     }
 }

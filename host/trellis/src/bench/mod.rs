@@ -11,7 +11,7 @@
 //! - [`compaction`]: the longest write stall compaction causes.
 //! - [`api`]: API request throughput and latency over HTTPS.
 
-mod api;
+pub(crate) mod api;
 mod compaction;
 mod store;
 mod watch;
@@ -47,6 +47,8 @@ enum BenchCommand {
     Compaction(compaction::CompactionArgs),
     /// API request throughput and latency of concurrent clients over HTTPS.
     Api(api::ApiArgs),
+    /// Pod creates with WASM validating plugins in the admission chain, against none.
+    Admission(api::AdmissionArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -57,6 +59,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .await
             .context("run the compaction benchmark"),
         BenchCommand::Api(args) => api::run(args).await.context("run the API benchmark"),
+        BenchCommand::Admission(args) => api::run_admission(args)
+            .await
+            .context("run the admission benchmark"),
     }
 }
 

@@ -1,0 +1,531 @@
+//! WASM plugins in the admission and initializer chains.
+//!
+//! Plugins are declared as `Plugin` objects (`trellis.dev/v1`, served from a CRD the
+//! server installs) or as `NAME.yaml` + `NAME.wasm` pairs in the plugins directory.
+//! One task follows both: a changed declaration loads beside the running version and
+//! replaces it only once it compiled, started and accepted its configuration; a
+//! failed load leaves the last good version serving and says why in the Plugin's
+//! status (or the log, for files).
+//!
+//! [`PluginAdmission`] runs the loaded mutating and validating plugins in the
+//! admission chain; [`PluginInitializers`] offers the initializer plugins to the
+//! initializer chain. Both apply each plugin's rules, selectors and failure policy.
+
+mod dir;
+mod glue;
+mod source;
+pub mod spec;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::OnceCell;
+use tracing::{info, warn};
+use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind};
+use trellis_store::{ListRequest, Store};
+
+pub use glue::{PluginAdmission, PluginInitializers, StoreReader};
+use spec::{FailurePolicy, Parsed};
+
+use crate::object::{Object, now_timestamp};
+use crate::state::AppState;
+
+/// How often the plugins directory is looked at.
+const DIR_POLL: Duration = Duration::from_millis(250);
+/// How often serving counters are copied into Plugin statuses (when they changed).
+const STATUS_REFRESH: Duration = Duration::from_secs(10);
+
+/// Where plugins come from and where compiled ones are kept.
+#[derive(Clone, Debug, Default)]
+pub struct PluginsConfig {
+    /// `--plugin-dir`: `NAME.yaml` + `NAME.wasm` pairs.
+    pub dir: Option<PathBuf>,
+    /// Compiled components and fetched modules, by digest.
+    pub cache_dir: PathBuf,
+}
+
+/// A loaded plugin with what selects its requests.
+#[derive(Debug)]
+pub struct Bound {
+    pub parsed: Parsed,
+    pub plugin: Arc<Plugin>,
+    /// `Plugin NAME` or `file NAME.yaml`: where it was declared.
+    pub origin: String,
+}
+
+impl Bound {
+    pub fn kind(&self) -> PluginKind {
+        self.parsed.spec.kind
+    }
+
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.parsed.failure_policy
+    }
+}
+
+/// The plugins serving now, in chain order (`order`, then name).
+#[derive(Debug, Default)]
+pub struct Active {
+    pub plugins: Vec<Arc<Bound>>,
+}
+
+/// Loads, reloads and serves plugins.
+pub struct PluginManager {
+    config: PluginsConfig,
+    host: OnceCell<Arc<PluginHost>>,
+    active: RwLock<Arc<Active>>,
+    store: Arc<dyn Store>,
+}
+
+impl std::fmt::Debug for PluginManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginManager")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one declaration last produced.
+#[derive(Default)]
+struct Tracked {
+    /// Changes when the declaration does (uid + generation, or file times and sizes).
+    fingerprint: String,
+    serving: Option<Arc<Bound>>,
+    /// Counters last written to the object's status.
+    reported: Option<[u64; 4]>,
+}
+
+impl PluginManager {
+    pub fn new(config: PluginsConfig, store: Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            host: OnceCell::new(),
+            active: RwLock::new(Arc::new(Active::default())),
+            store,
+        })
+    }
+
+    /// The plugins serving now.
+    pub fn active(&self) -> Arc<Active> {
+        self.active
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The engine, created with the first plugin: a server without plugins pays
+    /// nothing for it.
+    pub async fn host(&self) -> Result<Arc<PluginHost>, String> {
+        self.host
+            .get_or_try_init(|| async {
+                PluginHost::new(HostConfig {
+                    cache_dir: Some(self.config.cache_dir.join("compiled")),
+                    max_instances: 256,
+                    max_memory: (spec::MAX_MEMORY_MIB as usize) << 20,
+                    ..HostConfig::default()
+                })
+                .map_err(|e| format!("starting the plugin engine: {e:#}"))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Appends the serving plugins' metrics to a Prometheus exposition.
+    pub fn render_metrics(&self, out: &mut String) {
+        let plugins: Vec<Arc<Plugin>> = self
+            .active()
+            .plugins
+            .iter()
+            .map(|b| b.plugin.clone())
+            .collect();
+        if !plugins.is_empty() {
+            trellis_plugin_host::render_metrics(out, &plugins);
+        }
+    }
+
+    /// Follows Plugin objects and the plugins directory until the server stops.
+    pub fn start(self: &Arc<Self>, state: Arc<AppState>) {
+        let manager = self.clone();
+        tokio::spawn(async move { manager.run(state).await });
+    }
+
+    async fn run(self: Arc<Self>, state: Arc<AppState>) {
+        let mut tracked: HashMap<String, Tracked> = HashMap::new();
+        let reader: Arc<dyn ClusterReader> = Arc::new(StoreReader::new(&state));
+        let mut dir_tick = tokio::time::interval(DIR_POLL);
+        let mut status_tick = tokio::time::interval(STATUS_REFRESH);
+        let prefix = format!("/registry/{}/{}/", spec::GROUP, spec::PLURAL);
+        loop {
+            let after = state.cache.revision();
+            let Ok(mut sub) = state.cache.subscribe(&prefix, after) else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            self.sync_objects(&prefix, &mut tracked, &reader).await;
+            loop {
+                tokio::select! {
+                    event = sub.rx.recv() => {
+                        if event.is_none() {
+                            break;
+                        }
+                        // Take whatever else arrived: one relist covers them all.
+                        while sub.rx.try_recv().is_ok() {}
+                        self.sync_objects(&prefix, &mut tracked, &reader).await;
+                    }
+                    _ = dir_tick.tick() => {
+                        if let Some(dir) = self.config.dir.clone() {
+                            self.sync_dir(&dir, &mut tracked, &reader).await;
+                        }
+                    }
+                    _ = status_tick.tick() => self.refresh_counters(&prefix, &mut tracked).await,
+                }
+            }
+            if !sub.lagged.load(std::sync::atomic::Ordering::Acquire) {
+                // The cache closed: the server is stopping.
+                return;
+            }
+        }
+    }
+
+    /// Loads what changed among the Plugin objects and drops the deleted ones.
+    async fn sync_objects(
+        &self,
+        prefix: &str,
+        tracked: &mut HashMap<String, Tracked>,
+        reader: &Arc<dyn ClusterReader>,
+    ) {
+        let objects = match list_all(self.store.as_ref(), prefix).await {
+            Ok(objects) => objects,
+            Err(e) => {
+                warn!(error = %e, "listing Plugin objects failed");
+                return;
+            }
+        };
+        let mut seen = Vec::new();
+        let mut changed = false;
+        for (key, obj) in objects {
+            let meta = obj.get("metadata").cloned().unwrap_or_default();
+            let name = meta["name"].as_str().unwrap_or_default().to_owned();
+            if meta.get("deletionTimestamp").is_some() {
+                continue;
+            }
+            let id = format!("object/{name}");
+            seen.push(id.clone());
+            let fingerprint = format!("{}/{}", meta["uid"], meta["generation"]);
+            let entry = tracked.entry(id).or_default();
+            if entry.fingerprint == fingerprint {
+                continue;
+            }
+            entry.fingerprint = fingerprint;
+            let spec = obj.get("spec").cloned().unwrap_or_default();
+            let outcome = self
+                .load(&name, &spec, None, format!("Plugin {name}"), reader)
+                .await;
+            let (result, serving) = match outcome {
+                Ok(bound) => {
+                    changed = true;
+                    entry.serving = Some(bound.clone());
+                    (Ok(()), Some(bound))
+                }
+                Err(failure) => {
+                    warn!(plugin = %name, reason = failure.0, "{}", failure.1);
+                    (Err(failure), entry.serving.clone())
+                }
+            };
+            entry.reported = serving.as_ref().map(|b| counters(&b.plugin));
+            write_status(self.store.as_ref(), &key, &meta, result, serving.as_deref()).await;
+        }
+        let gone: Vec<String> = tracked
+            .keys()
+            .filter(|id| id.starts_with("object/") && !seen.contains(id))
+            .cloned()
+            .collect();
+        for id in gone {
+            tracked.remove(&id);
+            info!(plugin = %id.trim_start_matches("object/"), "plugin removed");
+            changed = true;
+        }
+        if changed {
+            self.publish(tracked);
+        }
+    }
+
+    /// Loads what changed in the plugins directory and drops removed files.
+    async fn sync_dir(
+        &self,
+        dir: &Path,
+        tracked: &mut HashMap<String, Tracked>,
+        reader: &Arc<dyn ClusterReader>,
+    ) {
+        let found = dir::scan(dir).await;
+        let mut changed = false;
+        for entry in &found {
+            let id = format!("file/{}", entry.name);
+            let slot = tracked.entry(id).or_default();
+            if slot.fingerprint == entry.fingerprint {
+                continue;
+            }
+            slot.fingerprint = entry.fingerprint.clone();
+            let origin = format!("file {}", entry.spec_path.display());
+            let loaded = match dir::read_spec(entry).await {
+                Ok(spec) => {
+                    self.load(&entry.name, &spec, Some(dir), origin, reader)
+                        .await
+                }
+                Err(e) => Err(("InvalidSpec", e)),
+            };
+            match loaded {
+                Ok(bound) => {
+                    info!(plugin = %entry.name, digest = %bound.plugin.digest(), "plugin loaded from the plugins directory");
+                    slot.serving = Some(bound);
+                    changed = true;
+                }
+                Err((reason, message)) => {
+                    let keeps = slot
+                        .serving
+                        .as_ref()
+                        .map(|b| format!("; {} keeps serving", b.plugin.digest()))
+                        .unwrap_or_default();
+                    warn!(plugin = %entry.name, reason, "{message}{keeps}");
+                }
+            }
+        }
+        let gone: Vec<String> = tracked
+            .keys()
+            .filter(|id| {
+                id.strip_prefix("file/")
+                    .is_some_and(|n| !found.iter().any(|e| e.name == n))
+            })
+            .cloned()
+            .collect();
+        for id in gone {
+            tracked.remove(&id);
+            info!(plugin = %id.trim_start_matches("file/"), "plugin file removed");
+            changed = true;
+        }
+        if changed {
+            self.publish(tracked);
+        }
+    }
+
+    /// Parses, fetches and loads one declaration.
+    async fn load(
+        &self,
+        name: &str,
+        spec: &Value,
+        base: Option<&Path>,
+        origin: String,
+        reader: &Arc<dyn ClusterReader>,
+    ) -> Result<Arc<Bound>, (&'static str, String)> {
+        let parsed = spec::parse(name, spec).map_err(|e| ("InvalidSpec", e))?;
+        let module = match (&parsed.module, base) {
+            (Some(m), _) => m.clone(),
+            (None, Some(dir)) => spec::ModuleDoc {
+                url: format!("file://{}", dir.join(format!("{name}.wasm")).display()),
+                sha256: None,
+            },
+            (None, None) => {
+                return Err(("InvalidSpec", "spec.module: Required value".into()));
+            }
+        };
+        let modules = self.config.cache_dir.join("modules");
+        let _ = tokio::fs::create_dir_all(&modules).await;
+        let bytes = source::fetch(&module, &modules, base)
+            .await
+            .map_err(|e| ("FetchFailed", e))?;
+        let host = self.host().await.map_err(|e| ("EngineFailed", e))?;
+        let cluster = parsed.cluster_read.then(|| reader.clone());
+        let plugin = host
+            .load(parsed.spec.clone(), Arc::new(bytes), cluster)
+            .await
+            .map_err(|e| (e.reason.as_str(), e.message))?;
+        info!(plugin = %name, kind = %parsed.spec.kind, digest = %plugin.digest(), %origin, "plugin loaded");
+        Ok(Arc::new(Bound {
+            parsed,
+            plugin,
+            origin,
+        }))
+    }
+
+    /// Swaps in the serving set: in-flight calls finish on the plugins they started
+    /// with, new requests see the new set.
+    fn publish(&self, tracked: &HashMap<String, Tracked>) {
+        let mut plugins: Vec<Arc<Bound>> =
+            tracked.values().filter_map(|t| t.serving.clone()).collect();
+        plugins.sort_by(|a, b| {
+            (a.parsed.order, a.plugin.name(), &a.origin).cmp(&(
+                b.parsed.order,
+                b.plugin.name(),
+                &b.origin,
+            ))
+        });
+        *self.active.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Active { plugins });
+    }
+
+    /// Copies changed call counters into the Plugin objects' statuses.
+    async fn refresh_counters(&self, prefix: &str, tracked: &mut HashMap<String, Tracked>) {
+        for (id, entry) in tracked.iter_mut() {
+            let Some(name) = id.strip_prefix("object/") else {
+                continue;
+            };
+            let Some(serving) = &entry.serving else {
+                continue;
+            };
+            let now = counters(&serving.plugin);
+            if entry.reported == Some(now) {
+                continue;
+            }
+            entry.reported = Some(now);
+            let key = format!("{prefix}{name}");
+            let _ = update_status(self.store.as_ref(), &key, None, |status| {
+                set_counters(status, &serving.plugin);
+            })
+            .await;
+        }
+    }
+}
+
+fn counters(plugin: &Plugin) -> [u64; 4] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let m = &plugin.metrics;
+    [
+        m.calls.load(Relaxed),
+        m.denials.load(Relaxed),
+        m.errors.load(Relaxed),
+        m.timeouts.load(Relaxed),
+    ]
+}
+
+fn set_counters(status: &mut serde_json::Map<String, Value>, plugin: &Plugin) {
+    let [calls, denials, errors, timeouts] = counters(plugin);
+    status.insert("calls".into(), calls.into());
+    status.insert("denials".into(), denials.into());
+    status.insert("errors".into(), errors.into());
+    status.insert("timeouts".into(), timeouts.into());
+}
+
+async fn list_all(store: &dyn Store, prefix: &str) -> anyhow::Result<Vec<(String, Object)>> {
+    let mut out = Vec::new();
+    let mut request = ListRequest::prefix(prefix);
+    loop {
+        let page = store.list(request.clone()).await?;
+        for kv in &page.kvs {
+            if let Ok(obj) = serde_json::from_slice::<Object>(&kv.value) {
+                out.push((kv.key.clone(), obj));
+            }
+        }
+        match (page.more, page.kvs.last()) {
+            (true, Some(last)) => {
+                request.start_after = Some(last.key.clone());
+                request.revision = Some(page.revision);
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Records a load's outcome in the Plugin's status: the `Loaded` condition, the
+/// digest serving and its counters.
+async fn write_status(
+    store: &dyn Store,
+    key: &str,
+    meta: &Value,
+    result: Result<(), (&'static str, String)>,
+    serving: Option<&Bound>,
+) {
+    let generation = meta["generation"].as_i64().unwrap_or(0);
+    let (status, reason, message) = match (&result, serving) {
+        (Ok(()), Some(bound)) => (
+            "True",
+            "Loaded".to_owned(),
+            format!("serving {}", bound.plugin.digest()),
+        ),
+        (Err((reason, message)), Some(bound)) => (
+            "False",
+            (*reason).to_owned(),
+            format!(
+                "{message}; the last good version ({}) keeps serving",
+                bound.plugin.digest()
+            ),
+        ),
+        (Err((reason, message)), None) => ("False", (*reason).to_owned(), message.clone()),
+        (Ok(()), None) => ("False", "NotLoaded".to_owned(), String::new()),
+    };
+    let uid = meta["uid"].as_str().map(str::to_owned);
+    let written = update_status(store, key, uid.as_deref(), |s| {
+        let previous = s
+            .get("conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| c.iter().find(|c| c["type"] == "Loaded"))
+            .cloned();
+        let since = match &previous {
+            Some(p) if p["status"] == status => p["lastTransitionTime"].clone(),
+            _ => Value::String(now_timestamp()),
+        };
+        s.insert(
+            "conditions".into(),
+            json!([{
+                "type": "Loaded",
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since,
+                "observedGeneration": generation,
+            }]),
+        );
+        s.insert("observedGeneration".into(), generation.into());
+        match serving {
+            Some(bound) => {
+                s.insert("digest".into(), bound.plugin.digest().into());
+                set_counters(s, &bound.plugin);
+            }
+            None => {
+                s.remove("digest");
+            }
+        }
+    })
+    .await;
+    if let Err(e) = written {
+        warn!(key, error = %e, "writing a Plugin status failed");
+    }
+}
+
+/// Read-modify-write of an object's status straight in the store (the server's own
+/// write, like a controller's status update), retried on conflicts.
+async fn update_status(
+    store: &dyn Store,
+    key: &str,
+    uid: Option<&str>,
+    change: impl Fn(&mut serde_json::Map<String, Value>),
+) -> anyhow::Result<()> {
+    for _ in 0..5 {
+        let Some(kv) = store.get(key).await? else {
+            return Ok(());
+        };
+        let mut obj: Object = serde_json::from_slice(&kv.value)?;
+        if uid.is_some_and(|u| obj["metadata"]["uid"].as_str() != Some(u)) {
+            return Ok(());
+        }
+        let mut status = obj
+            .get("status")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        change(&mut status);
+        obj.insert("status".into(), Value::Object(status));
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+        }
+        let bytes = Bytes::from(serde_json::to_vec(&obj)?);
+        match store.update(key, bytes, Some(kv.mod_revision)).await {
+            Ok(_) => return Ok(()),
+            Err(trellis_store::Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("kept conflicting with other writers")
+}

@@ -1,0 +1,31 @@
+//! The WASM plugin host: one wasmtime [`Engine`](wasmtime::Engine) for every plugin,
+//! components compiled once and cached on disk by content digest, an
+//! [`InstancePre`](wasmtime::component::InstancePre) per plugin, pooled instances,
+//! and a deadline and a memory cap on every call.
+//!
+//! - [`PluginHost`] owns the engine, the linker (WASI with nothing granted, plus the
+//!   contract's `log` and `cluster` imports) and the epoch ticker thread.
+//! - [`Plugin`] is one loaded plugin: [`Plugin::admit`] and [`Plugin::initialize`] call
+//!   it; failures come back as [`PluginError`], whose message names the plugin, its
+//!   kind and the digest serving.
+//!
+//! The contract itself is `wit/plugin.wit`; docs/wit.md describes it.
+
+mod bindings;
+mod host;
+mod metrics;
+mod plugin;
+pub mod review;
+mod stdio;
+
+pub use bindings::admission::exports::trellis::plugin::admission_handler::{
+    AdmissionRequest, AdmissionResponse,
+};
+pub use bindings::initializer::exports::trellis::plugin::initializer_handler::InitializeRequest;
+pub use bindings::types::{GroupVersionKind, GroupVersionResource, Operation, Status, UserInfo};
+pub use host::{HostConfig, PluginHost, digest_of};
+pub use metrics::{PluginMetrics, render_metrics};
+pub use plugin::{
+    ClusterReader, LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginKind,
+    PluginSpec,
+};

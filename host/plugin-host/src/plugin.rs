@@ -1,0 +1,679 @@
+//! One loaded plugin: its pre-instantiated component, a pool of idle instances, its
+//! limits, and the calls into it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, ResourceTable};
+use wasmtime::{ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::bindings::{self, admission, cluster, initializer, log, types};
+use crate::host::{PluginHost, digest_of, first_line};
+use crate::metrics::PluginMetrics;
+use crate::stdio::LogStream;
+use crate::{AdmissionRequest, AdmissionResponse, InitializeRequest};
+
+/// Idle instances kept per plugin; more concurrent calls instantiate more (~10 µs
+/// each) and drop them afterwards.
+const MAX_IDLE: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PluginKind {
+    Mutating,
+    Validating,
+    Initializer,
+}
+
+impl PluginKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mutating => "mutating",
+            Self::Validating => "validating",
+            Self::Initializer => "initializer",
+        }
+    }
+
+    /// The world a component of this kind must implement.
+    pub fn world(self) -> &'static str {
+        match self {
+            Self::Mutating | Self::Validating => "admission",
+            Self::Initializer => "initializer",
+        }
+    }
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a plugin is run.
+#[derive(Clone, Debug)]
+pub struct PluginSpec {
+    pub name: String,
+    pub kind: PluginKind,
+    /// Handed to the plugin as JSON, checked by it at load.
+    pub configuration: String,
+    pub timeout: Duration,
+    /// Cap on each of the instance's linear memories, in bytes.
+    pub memory_limit: usize,
+}
+
+impl PluginSpec {
+    pub fn new(name: impl Into<String>, kind: PluginKind) -> Self {
+        Self {
+            name: name.into(),
+            kind,
+            configuration: "{}".into(),
+            timeout: Duration::from_millis(100),
+            memory_limit: 64 << 20,
+        }
+    }
+}
+
+/// Read access to cluster state for plugins granted it.
+#[async_trait::async_trait]
+pub trait ClusterReader: Send + Sync + std::fmt::Debug {
+    async fn get(
+        &self,
+        resource: &types::GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, String>;
+
+    async fn list(
+        &self,
+        resource: &types::GroupVersionResource,
+        namespace: Option<&str>,
+        label_selector: &str,
+    ) -> Result<Vec<String>, String>;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadErrorReason {
+    /// Not a component, or not one wasmtime can compile.
+    CompileFailed,
+    /// Imports something the host does not provide, or lacks the world's exports.
+    WrongWorld,
+    /// Trapped or timed out while starting.
+    InstantiateFailed,
+    /// `validate-configuration` refused the configuration.
+    ConfigurationRejected,
+}
+
+impl LoadErrorReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CompileFailed => "CompileFailed",
+            Self::WrongWorld => "WrongWorld",
+            Self::InstantiateFailed => "InstantiateFailed",
+            Self::ConfigurationRejected => "ConfigurationRejected",
+        }
+    }
+}
+
+/// Why a plugin could not be loaded; the last good version (if any) keeps serving.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct LoadError {
+    pub reason: LoadErrorReason,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PluginErrorKind {
+    Timeout(Duration),
+    Trapped(String),
+    /// The instance hit its memory cap (bytes).
+    OutOfMemory(usize),
+    /// The plugin answered something the host cannot use.
+    BadAnswer(String),
+}
+
+/// A failed call, named: `plugin NAME (validating, v sha256:…) timed out after 100ms`.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{label} {}", describe(.kind))]
+pub struct PluginError {
+    pub label: String,
+    pub kind: PluginErrorKind,
+}
+
+fn describe(kind: &PluginErrorKind) -> String {
+    match kind {
+        PluginErrorKind::Timeout(t) => format!("timed out after {}ms", t.as_millis()),
+        PluginErrorKind::Trapped(why) => format!("trapped: {why}"),
+        PluginErrorKind::OutOfMemory(limit) => {
+            format!("exceeded its {} MiB memory limit", limit >> 20)
+        }
+        PluginErrorKind::BadAnswer(what) => format!("returned {what}"),
+    }
+}
+
+/// What each instance's store holds.
+pub struct PluginState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: Limiter,
+    plugin: Arc<str>,
+    cluster: Option<Arc<dyn ClusterReader>>,
+    /// When the current call must stop.
+    deadline: Instant,
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for PluginState {}
+
+impl log::Host for PluginState {
+    fn log(&mut self, level: log::Level, message: String, fields: Vec<(String, String)>) {
+        let mut kv = String::new();
+        for (k, v) in &fields {
+            if !kv.is_empty() {
+                kv.push(' ');
+            }
+            kv.push_str(k);
+            kv.push('=');
+            kv.push_str(v);
+        }
+        let plugin = &*self.plugin;
+        match level {
+            log::Level::Trace => tracing::trace!(plugin, fields = %kv, "{message}"),
+            log::Level::Debug => tracing::debug!(plugin, fields = %kv, "{message}"),
+            log::Level::Info => tracing::info!(plugin, fields = %kv, "{message}"),
+            log::Level::Warn => tracing::warn!(plugin, fields = %kv, "{message}"),
+            log::Level::Error => tracing::error!(plugin, fields = %kv, "{message}"),
+        }
+    }
+}
+
+impl cluster::Host for PluginState {
+    async fn get(
+        &mut self,
+        resource: types::GroupVersionResource,
+        namespace: Option<String>,
+        name: String,
+    ) -> Result<Option<String>, String> {
+        match &self.cluster {
+            Some(reader) => reader.get(&resource, namespace.as_deref(), &name).await,
+            None => Err(self.not_granted()),
+        }
+    }
+
+    async fn list(
+        &mut self,
+        resource: types::GroupVersionResource,
+        namespace: Option<String>,
+        label_selector: String,
+    ) -> Result<Vec<String>, String> {
+        match &self.cluster {
+            Some(reader) => {
+                reader
+                    .list(&resource, namespace.as_deref(), &label_selector)
+                    .await
+            }
+            None => Err(self.not_granted()),
+        }
+    }
+}
+
+impl PluginState {
+    fn not_granted(&self) -> String {
+        format!(
+            "plugin {} is not granted cluster reads (spec.capabilities.clusterRead)",
+            self.plugin
+        )
+    }
+}
+
+/// The plugin's memory cap, remembering whether it was hit and how far memory grew.
+struct Limiter {
+    inner: StoreLimits,
+    peak: usize,
+    denied: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let allowed = self.inner.memory_growing(current, desired, maximum)?;
+        if allowed {
+            self.peak = self.peak.max(desired);
+        } else {
+            self.denied = true;
+        }
+        Ok(allowed)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.inner.memories()
+    }
+}
+
+enum Pre {
+    Admission(admission::AdmissionPre<PluginState>),
+    Initializer(initializer::InitializerPre<PluginState>),
+}
+
+enum Bindings {
+    Admission(admission::Admission),
+    Initializer(initializer::Initializer),
+}
+
+struct Instance {
+    store: Store<PluginState>,
+    bindings: Bindings,
+}
+
+/// A loaded plugin, ready to call from any number of tasks at once.
+pub struct Plugin {
+    spec: PluginSpec,
+    digest: String,
+    label: String,
+    pre: Pre,
+    idle: Mutex<Vec<Instance>>,
+    cluster: Option<Arc<dyn ClusterReader>>,
+    pub metrics: PluginMetrics,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("spec", &self.spec)
+            .field("digest", &self.digest)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginHost {
+    /// Compiles (or takes from the cache) and links `wasm` for `spec`, starts one
+    /// instance and has it check its configuration. Blocking work runs off the async
+    /// runtime.
+    pub async fn load(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        cluster: Option<Arc<dyn ClusterReader>>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let host = self.clone();
+        let bytes = wasm.clone();
+        let component = tokio::task::spawn_blocking(move || host.compile(&bytes))
+            .await
+            .map_err(|e| LoadError {
+                reason: LoadErrorReason::CompileFailed,
+                message: format!("compiling stopped: {e}"),
+            })??;
+        self.load_component(spec, &component, &digest_of(&wasm), cluster)
+            .await
+    }
+
+    async fn load_component(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        component: &Component,
+        digest: &str,
+        cluster: Option<Arc<dyn ClusterReader>>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let wrong_world = |e: wasmtime::Error| LoadError {
+            reason: LoadErrorReason::WrongWorld,
+            message: format!(
+                "not a trellis:plugin/{} component: {}",
+                spec.kind.world(),
+                first_line(&format!("{e:#}"))
+            ),
+        };
+        let instance_pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(wrong_world)?;
+        let pre = match spec.kind {
+            PluginKind::Mutating | PluginKind::Validating => {
+                Pre::Admission(admission::AdmissionPre::new(instance_pre).map_err(wrong_world)?)
+            }
+            PluginKind::Initializer => Pre::Initializer(
+                initializer::InitializerPre::new(instance_pre).map_err(wrong_world)?,
+            ),
+        };
+        let short = digest
+            .get(..("sha256:".len() + 12))
+            .unwrap_or(digest)
+            .to_owned();
+        let label = format!("plugin {} ({}, v {short})", spec.name, spec.kind);
+        let plugin = Arc::new(Plugin {
+            digest: digest.to_owned(),
+            label,
+            pre,
+            idle: Mutex::new(Vec::new()),
+            cluster,
+            metrics: PluginMetrics::default(),
+            spec,
+        });
+        let start_error = |e: PluginError| LoadError {
+            reason: LoadErrorReason::InstantiateFailed,
+            message: e.to_string(),
+        };
+        let mut instance = plugin.instantiate(self).await.map_err(start_error)?;
+        let config = plugin.spec.configuration.clone();
+        instance.arm(plugin.spec.timeout);
+        let checked = match &instance.bindings {
+            Bindings::Admission(b) => {
+                b.trellis_plugin_admission_handler()
+                    .call_validate_configuration(&mut instance.store, &config)
+                    .await
+            }
+            Bindings::Initializer(b) => {
+                b.trellis_plugin_initializer_handler()
+                    .call_validate_configuration(&mut instance.store, &config)
+                    .await
+            }
+        };
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => {
+                return Err(LoadError {
+                    reason: LoadErrorReason::ConfigurationRejected,
+                    message: format!("{} rejected its configuration: {why}", plugin.label),
+                });
+            }
+            Err(e) => return Err(start_error(plugin.failure(e, &instance.store))),
+        }
+        plugin.give_back(instance);
+        Ok(plugin)
+    }
+}
+
+impl Plugin {
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn kind(&self) -> PluginKind {
+        self.spec.kind
+    }
+
+    pub fn spec(&self) -> &PluginSpec {
+        &self.spec
+    }
+
+    /// `sha256:<hex>` of the module serving.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// `plugin NAME (KIND, v sha256:…)`, how errors name the plugin.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Calls `admit`. A validating plugin's patch is refused here; the caller checks
+    /// and applies a mutating plugin's patch.
+    pub async fn admit(
+        &self,
+        host: &Arc<PluginHost>,
+        request: &AdmissionRequest,
+    ) -> Result<AdmissionResponse, PluginError> {
+        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
+        let result = self
+            .bounded(async {
+                let started = Instant::now();
+                let mut instance = self.take(host).await?;
+                instance.arm(self.spec.timeout);
+                let answer = match &instance.bindings {
+                    Bindings::Admission(b) => {
+                        b.trellis_plugin_admission_handler()
+                            .call_admit(&mut instance.store, request)
+                            .await
+                    }
+                    Bindings::Initializer(_) => {
+                        return Err(self.error(PluginErrorKind::BadAnswer(
+                            "nothing: an initializer cannot admit".into(),
+                        )));
+                    }
+                };
+                self.finish(instance, answer, started)
+            })
+            .await;
+        match &result {
+            Ok(response)
+                if self.spec.kind == PluginKind::Validating && response.patch.is_some() =>
+            {
+                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(self.error(PluginErrorKind::BadAnswer(
+                    "a patch, but validating plugins may not change objects".into(),
+                )));
+            }
+            Ok(response) if !response.allowed => {
+                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(_) => {
+                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    /// Calls `initialize`: `Ok(Ok(object))`, `Ok(Err(reason))` when the plugin
+    /// refuses, `Err` when it fails.
+    pub async fn initialize(
+        &self,
+        host: &Arc<PluginHost>,
+        request: &InitializeRequest,
+    ) -> Result<Result<String, String>, PluginError> {
+        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
+        let result = self
+            .bounded(async {
+                let started = Instant::now();
+                let mut instance = self.take(host).await?;
+                instance.arm(self.spec.timeout);
+                let answer = match &instance.bindings {
+                    Bindings::Initializer(b) => {
+                        b.trellis_plugin_initializer_handler()
+                            .call_initialize(&mut instance.store, request)
+                            .await
+                    }
+                    Bindings::Admission(_) => {
+                        return Err(self.error(PluginErrorKind::BadAnswer(
+                            "nothing: an admission plugin cannot initialize".into(),
+                        )));
+                    }
+                };
+                self.finish(instance, answer, started)
+            })
+            .await;
+        match &result {
+            Ok(Err(_)) => {
+                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    /// The epoch deadline stops a guest that computes; this also stops one waiting
+    /// on a host call (a cluster read), whose instance is then dropped.
+    async fn bounded<R>(
+        &self,
+        call: impl Future<Output = Result<R, PluginError>>,
+    ) -> Result<R, PluginError> {
+        let limit = self.spec.timeout + Duration::from_millis(50);
+        match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(self.error(PluginErrorKind::Timeout(self.spec.timeout)))
+            }
+        }
+    }
+
+    /// Names a failure of this plugin.
+    pub fn error(&self, kind: PluginErrorKind) -> PluginError {
+        PluginError {
+            label: self.label.clone(),
+            kind,
+        }
+    }
+
+    /// An idle instance, or a new one.
+    async fn take(&self, host: &Arc<PluginHost>) -> Result<Instance, PluginError> {
+        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        match idle {
+            Some(instance) => Ok(instance),
+            None => self.instantiate(host).await,
+        }
+    }
+
+    fn give_back(&self, instance: Instance) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(instance);
+        }
+    }
+
+    /// Keeps a healthy instance for the next call; a failed one is dropped (a trapped
+    /// instance cannot be entered again).
+    fn finish<R>(
+        &self,
+        instance: Instance,
+        answer: wasmtime::Result<R>,
+        started: Instant,
+    ) -> Result<R, PluginError> {
+        let peak = instance.store.data().limits.peak;
+        self.metrics.memory(peak);
+        match answer {
+            // An answer after the deadline is not used, as a webhook's late answer
+            // is not: the guest may have been resumed past its deadline between two
+            // epoch ticks.
+            Ok(_) if started.elapsed() > self.spec.timeout => {
+                self.give_back(instance);
+                self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(self.error(PluginErrorKind::Timeout(self.spec.timeout)))
+            }
+            Ok(value) => {
+                self.metrics.observe(started.elapsed());
+                self.give_back(instance);
+                Ok(value)
+            }
+            Err(e) => Err(self.failure(e, &instance.store)),
+        }
+    }
+
+    fn failure(&self, e: wasmtime::Error, store: &Store<PluginState>) -> PluginError {
+        if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
+            return self.error(PluginErrorKind::Timeout(self.spec.timeout));
+        }
+        if store.data().limits.denied {
+            return self.error(PluginErrorKind::OutOfMemory(self.spec.memory_limit));
+        }
+        let why = match e.downcast_ref::<Trap>() {
+            Some(trap) => trap.to_string(),
+            None => first_line(&format!("{e:#}")).to_owned(),
+        };
+        self.error(PluginErrorKind::Trapped(why))
+    }
+
+    async fn instantiate(&self, host: &Arc<PluginHost>) -> Result<Instance, PluginError> {
+        let name: Arc<str> = Arc::from(self.spec.name.as_str());
+        let mut wasi = WasiCtx::builder();
+        // Nothing granted: no files, environment, arguments or network; output goes
+        // to the host's log.
+        wasi.stdout(LogStream {
+            plugin: name.clone(),
+            stream: "stdout",
+        })
+        .stderr(LogStream {
+            plugin: name.clone(),
+            stream: "stderr",
+        })
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+        let state = PluginState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits: Limiter {
+                inner: StoreLimitsBuilder::new()
+                    .memory_size(self.spec.memory_limit)
+                    .build(),
+                peak: 0,
+                denied: false,
+            },
+            plugin: name,
+            cluster: self.cluster.clone(),
+            deadline: Instant::now() + self.spec.timeout,
+        };
+        let mut store = Store::new(&host.engine, state);
+        store.limiter(|state| &mut state.limits);
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                // Let other requests run between ticks of a long call.
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        store.set_epoch_deadline(1);
+        let bindings = match &self.pre {
+            Pre::Admission(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Bindings::Admission),
+            Pre::Initializer(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Bindings::Initializer),
+        };
+        match bindings {
+            Ok(bindings) => Ok(Instance { store, bindings }),
+            Err(e) => Err(self.failure(e, &store)),
+        }
+    }
+}
+
+impl Instance {
+    /// Starts the deadline of one call.
+    fn arm(&mut self, timeout: Duration) {
+        self.store.data_mut().deadline = Instant::now() + timeout;
+        self.store.data_mut().limits.denied = false;
+        self.store.set_epoch_deadline(1);
+    }
+}
+
+// The initializer world's generated module is used through `Pre`/`Bindings` only.
+#[allow(unused_imports)]
+use bindings::initializer as _;

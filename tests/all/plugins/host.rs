@@ -1,0 +1,328 @@
+//! The plugin host on its own: loads, calls, limits and failures, with the
+//! `misbehave` and `stamp` fixture components (plugins/fixtures).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use serde_json::json;
+use trellis_plugin_host::{
+    AdmissionRequest, GroupVersionKind, GroupVersionResource, HostConfig, LoadErrorReason,
+    Operation, PluginErrorKind, PluginHost, PluginKind, PluginSpec, UserInfo,
+};
+use trellis_tests::plugin_wasm;
+
+fn wasm(name: &str) -> Result<Arc<Vec<u8>>> {
+    Ok(Arc::new(std::fs::read(plugin_wasm(name)?)?))
+}
+
+fn host() -> Result<Arc<PluginHost>> {
+    PluginHost::new(HostConfig {
+        max_instances: 200,
+        ..HostConfig::default()
+    })
+}
+
+fn spec(kind: PluginKind, configuration: serde_json::Value) -> PluginSpec {
+    let mut spec = PluginSpec::new("misbehave", kind);
+    spec.configuration = configuration.to_string();
+    spec
+}
+
+/// A ConfigMap create whose `misbehave` annotation picks the plugin's behaviour.
+fn request(mode: &str) -> AdmissionRequest {
+    let object = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "cm", "namespace": "default", "annotations": {"misbehave": mode}},
+    });
+    AdmissionRequest {
+        uid: "u-1".into(),
+        kind: GroupVersionKind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+        },
+        resource: GroupVersionResource {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "configmaps".into(),
+        },
+        sub_resource: None,
+        name: "cm".into(),
+        namespace: Some("default".into()),
+        operation: Operation::Create,
+        user_info: UserInfo {
+            username: "alice".into(),
+            uid: String::new(),
+            groups: vec!["system:authenticated".into()],
+            extra: Vec::new(),
+        },
+        object: Some(object.to_string()),
+        old_object: None,
+        dry_run: false,
+        configuration: "{}".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_call_is_named_and_the_plugin_keeps_serving() -> Result<()> {
+    let host = host()?;
+    let plugin = host
+        .load(
+            spec(PluginKind::Validating, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    ensure!(plugin.digest().starts_with("sha256:") && plugin.digest().len() == 71);
+
+    let denied = plugin.admit(&host, &request("deny")).await?;
+    ensure!(!denied.allowed, "deny mode must deny");
+    let status = denied.status.clone().unwrap_or_else(|| unreachable!());
+    ensure!(status.code == 403 && status.message == "misbehave denies cm");
+    ensure!(denied.warnings == vec!["misbehave looked at this".to_owned()]);
+
+    // A loop is stopped at the deadline (100 ms, 10 ms ticks), not much later.
+    let started = Instant::now();
+    let err = plugin.admit(&host, &request("loop")).await.unwrap_err();
+    let took = started.elapsed();
+    ensure!(
+        err.kind == PluginErrorKind::Timeout(Duration::from_millis(100)),
+        "{err}"
+    );
+    ensure!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(2),
+        "took {took:?}"
+    );
+    let message = err.to_string();
+    ensure!(
+        message.starts_with("plugin misbehave (validating, v sha256:")
+            && message.ends_with(") timed out after 100ms"),
+        "{message}"
+    );
+
+    // Unbounded allocation stops at the 64 MiB cap.
+    let err = plugin.admit(&host, &request("alloc")).await.unwrap_err();
+    ensure!(err.kind == PluginErrorKind::OutOfMemory(64 << 20), "{err}");
+    ensure!(
+        err.to_string()
+            .ends_with("exceeded its 64 MiB memory limit")
+    );
+
+    let err = plugin.admit(&host, &request("trap")).await.unwrap_err();
+    ensure!(matches!(err.kind, PluginErrorKind::Trapped(_)), "{err}");
+    ensure!(err.to_string().contains("trapped: "), "{err}");
+
+    // A validating plugin may not patch.
+    let err = plugin.admit(&host, &request("label")).await.unwrap_err();
+    ensure!(matches!(err.kind, PluginErrorKind::BadAnswer(_)), "{err}");
+
+    // After all that, the plugin still answers.
+    let ok = plugin.admit(&host, &request("allow")).await?;
+    ensure!(ok.allowed && ok.patch.is_none());
+    let m = &plugin.metrics;
+    use std::sync::atomic::Ordering::Relaxed;
+    ensure!(
+        m.calls.load(Relaxed) == 6,
+        "calls {}",
+        m.calls.load(Relaxed)
+    );
+    ensure!(m.denials.load(Relaxed) == 1 && m.timeouts.load(Relaxed) == 1);
+    ensure!(
+        m.errors.load(Relaxed) == 4,
+        "errors {}",
+        m.errors.load(Relaxed)
+    );
+    ensure!(
+        m.memory_peak.load(Relaxed) >= 60 << 20,
+        "peak {}",
+        m.memory_peak.load(Relaxed)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutating_plugin_returns_its_patch() -> Result<()> {
+    let host = host()?;
+    let plugin = host
+        .load(
+            spec(PluginKind::Mutating, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    let answer = plugin.admit(&host, &request("label")).await?;
+    ensure!(answer.allowed);
+    let patch: serde_json::Value = serde_json::from_str(answer.patch.as_deref().unwrap_or(""))?;
+    ensure!(patch[0]["path"] == "/metadata/labels", "{patch}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_refuse_the_wrong_world_bad_bytes_and_rejected_configuration() -> Result<()> {
+    let host = host()?;
+    // An initializer component has no admission-handler export, and the reverse.
+    let err = host
+        .load(
+            spec(PluginKind::Validating, json!({})),
+            wasm("stamp")?,
+            None,
+        )
+        .await
+        .unwrap_err();
+    ensure!(err.reason == LoadErrorReason::WrongWorld, "{err:?}");
+    ensure!(err.message.contains("admission-handler"), "{}", err.message);
+    let err = host
+        .load(
+            spec(PluginKind::Initializer, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await
+        .unwrap_err();
+    ensure!(err.reason == LoadErrorReason::WrongWorld, "{err:?}");
+    ensure!(
+        err.message.contains("initializer-handler"),
+        "{}",
+        err.message
+    );
+
+    // A core module is not a component; garbage is neither.
+    let core = wat::parse_str("(module)")?;
+    for bytes in [core, b"not wasm at all".to_vec()] {
+        let err = host
+            .load(
+                spec(PluginKind::Validating, json!({})),
+                Arc::new(bytes),
+                None,
+            )
+            .await
+            .unwrap_err();
+        ensure!(err.reason == LoadErrorReason::CompileFailed, "{err:?}");
+    }
+
+    let err = host
+        .load(
+            spec(PluginKind::Validating, json!({"reject": true})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await
+        .unwrap_err();
+    ensure!(
+        err.reason == LoadErrorReason::ConfigurationRejected,
+        "{err:?}"
+    );
+    ensure!(
+        err.message
+            .contains("configuration rejected: reject is true"),
+        "{}",
+        err.message
+    );
+    Ok(())
+}
+
+/// A hundred calls at once into a plugin that spins `sleep_ms` per call, each with
+/// `timeout`: (allowed, timed out). Nothing else may happen.
+async fn hundred_calls(sleep_ms: u64, timeout: Duration) -> Result<(usize, usize)> {
+    let host = host()?;
+    let config = json!({"mode": "sleep", "sleepMs": sleep_ms});
+    let mut spec = spec(PluginKind::Validating, config.clone());
+    spec.timeout = timeout;
+    let plugin = host.load(spec, wasm("misbehave")?, None).await?;
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let (host, plugin) = (host.clone(), plugin.clone());
+        let config = config.to_string();
+        calls.spawn(async move {
+            let mut req = request("sleep");
+            req.configuration = config;
+            plugin.admit(&host, &req).await
+        });
+    }
+    let (mut allowed, mut timed_out) = (0, 0);
+    while let Some(joined) = calls.join_next().await {
+        match joined? {
+            Ok(answer) if answer.allowed => allowed += 1,
+            Err(e) if e.kind == PluginErrorKind::Timeout(timeout) => timed_out += 1,
+            other => anyhow::bail!("unexpected outcome {other:?}"),
+        }
+    }
+    // Whatever happened, the plugin answers the next call.
+    let mut req = request("allow");
+    req.configuration = "{}".into();
+    ensure!(plugin.admit(&host, &req).await?.allowed);
+    Ok((allowed, timed_out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_plugin_serves_a_hundred_concurrent_calls() -> Result<()> {
+    // 100 × 5 ms of guest time fits easily in a 5 s deadline: every call is served,
+    // on instances made as needed.
+    let (allowed, timed_out) = hundred_calls(5, Duration::from_secs(5)).await?;
+    ensure!(
+        allowed == 100 && timed_out == 0,
+        "{allowed} allowed, {timed_out} timed out"
+    );
+    // Calls that need 150 ms against a 100 ms deadline all time out, named, and the
+    // plugin serves the next call.
+    let (allowed, timed_out) = hundred_calls(150, Duration::from_millis(100)).await?;
+    ensure!(
+        allowed == 0 && timed_out == 100,
+        "{allowed} allowed, {timed_out} timed out"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compiled_components_are_cached_by_digest() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = HostConfig {
+        cache_dir: Some(dir.path().to_owned()),
+        max_instances: 20,
+        ..HostConfig::default()
+    };
+    let first = PluginHost::new(config.clone())?;
+    let plugin = first
+        .load(
+            spec(PluginKind::Validating, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    let hex = plugin.digest().trim_start_matches("sha256:").to_owned();
+    let cached: Vec<_> = std::fs::read_dir(dir.path())?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    ensure!(
+        cached.len() == 1 && cached[0].starts_with(&hex) && cached[0].ends_with(".cwasm"),
+        "{cached:?}"
+    );
+    // A second host (a restart) loads from the cache, and a corrupt entry is
+    // recompiled rather than trusted blindly.
+    let second = PluginHost::new(config.clone())?;
+    let again = second
+        .load(
+            spec(PluginKind::Validating, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    ensure!(again.admit(&second, &request("allow")).await?.allowed);
+    // Replaced, not truncated in place: the running hosts map the file (as the server
+    // writes it: whole, under a temporary name, then renamed).
+    let tmp = dir.path().join("garbage.tmp");
+    std::fs::write(&tmp, b"garbage")?;
+    std::fs::rename(&tmp, dir.path().join(&cached[0]))?;
+    let third = PluginHost::new(config)?;
+    let healed = third
+        .load(
+            spec(PluginKind::Validating, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    ensure!(healed.admit(&third, &request("allow")).await?.allowed);
+    Ok(())
+}
