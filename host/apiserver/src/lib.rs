@@ -18,6 +18,8 @@
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
 //! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
+//! - [`managed_fields`]: field sets and `metadata.managedFields`; [`apply`]:
+//!   server-side apply and the field manager of every write.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`; [`openapi`]: the
 //!   OpenAPI v2 and v3 documents.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
@@ -27,12 +29,14 @@
 //! - [`state`]: what handlers share; the initial namespaces; namespace cleanup.
 
 pub mod admission;
+pub mod apply;
 pub mod audit;
 pub mod crd;
 pub mod discovery;
 mod fuzz;
 pub mod handlers;
 pub mod kubeconfig;
+pub mod managed_fields;
 pub mod metrics;
 pub mod node_authz;
 pub mod object;

@@ -45,6 +45,8 @@ pub struct Query {
     pub timeout_seconds: Option<u64>,
     pub dry_run: bool,
     pub field_manager: Option<String>,
+    /// `force` of an apply patch: take over fields other managers own.
+    pub force: Option<bool>,
     pub field_validation: Option<String>,
     pub include_uninitialized: bool,
     pub include_object: Option<String>,
@@ -89,6 +91,7 @@ impl Query {
                     q.dry_run = true;
                 }
                 "fieldManager" => q.field_manager = Some(v),
+                "force" => q.force = Some(truthy(&v)),
                 "fieldValidation" => q.field_validation = Some(v),
                 "includeUninitialized" => q.include_uninitialized = truthy(&v),
                 "includeObject" => q.include_object = Some(v),
@@ -137,6 +140,23 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Warnings for the client, sent with the response as `Warning` headers.
+#[derive(Clone, Debug, Default)]
+pub struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Warnings {
+    pub fn push(&self, warning: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(warning);
+    }
+
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 /// A request on a resource, ready for its handler.
 #[derive(Clone, Debug)]
 pub struct ApiRequest {
@@ -148,11 +168,14 @@ pub struct ApiRequest {
     pub query: Query,
     pub user: UserInfo,
     pub content_type: Option<String>,
+    /// The client's User-Agent: a write's field manager when it names none.
+    pub user_agent: Option<String>,
     pub body_format: BodyFormat,
     /// The client accepts a `meta.k8s.io` Table (kubectl get).
     pub wants_table: bool,
     pub dry_run: bool,
     pub include_uninitialized: bool,
+    pub warnings: Warnings,
 }
 
 impl ApiRequest {
@@ -165,6 +188,11 @@ impl ApiRequest {
     /// `fieldValidation=Strict`: unknown fields are refused instead of dropped.
     pub fn strict_fields(&self) -> bool {
         self.query.field_validation.as_deref() == Some("Strict")
+    }
+
+    /// `fieldValidation=Warn`, Kubernetes' default: dropped fields are reported.
+    pub fn warn_fields(&self) -> bool {
+        matches!(self.query.field_validation.as_deref(), None | Some("Warn"))
     }
 
     /// The body as an object; JSON or YAML per its content type.

@@ -339,8 +339,13 @@ async fn handle(
         query,
         user,
         content_type,
+        user_agent: headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
         body_format,
         wants_table: request::wants_table(&headers),
+        warnings: request::Warnings::default(),
     };
     info.verb = req.verb.to_owned();
     info.resource = match req.subresource {
@@ -402,5 +407,15 @@ async fn handle(
     {
         handlers::after_write(&state, &req).await;
     }
-    result
+    result.map(|mut response| {
+        for warning in req.warnings.take() {
+            // RFC 7234's warn-code 299 ("miscellaneous persistent warning"), as
+            // kube-apiserver sends them; kubectl prints the quoted text.
+            let value = format!("299 - {}", serde_json::Value::String(warning));
+            if let Ok(v) = axum::http::HeaderValue::from_str(&value) {
+                response.headers_mut().append("warning", v);
+            }
+        }
+        response
+    })
 }

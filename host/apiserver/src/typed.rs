@@ -81,6 +81,33 @@ pub fn unknown_fields(original: &Value, decoded: &Value, path: &str, out: &mut V
     }
 }
 
+/// The fields of `obj` its typed decode (`decoded`) dropped, but for those Trellis keeps.
+fn dropped_fields(obj: &Object, decoded: &Object) -> Vec<String> {
+    let mut unknown = Vec::new();
+    unknown_fields(
+        &Value::Object(obj.clone()),
+        &Value::Object(decoded.clone()),
+        "",
+        &mut unknown,
+    );
+    unknown.retain(|f| {
+        !KEPT_METADATA
+            .iter()
+            .any(|k| f == &format!("metadata.{k}") || f.starts_with(&format!("metadata.{k}.")))
+    });
+    unknown
+}
+
+/// The fields of a built-in object that its type does not have (what a write drops),
+/// as paths like `spec.colour`; none for kinds without a typed struct or objects that
+/// do not decode.
+pub fn unknown_fields_of(res: &ResourceInfo, obj: &Object) -> Vec<String> {
+    match typed_roundtrip(res, obj) {
+        Some(Ok(decoded)) => dropped_fields(obj, &decoded),
+        _ => Vec::new(),
+    }
+}
+
 /// Applies defaults and validation to a built-in object about to be stored. `old` is
 /// the stored object for an update. `strict` refuses unknown fields.
 pub fn default_and_validate(
@@ -103,18 +130,7 @@ pub fn default_and_validate_with(
     if let Some(decoded) = typed_roundtrip(res, obj) {
         let mut decoded = decoded?;
         if strict {
-            let mut unknown = Vec::new();
-            unknown_fields(
-                &Value::Object(obj.clone()),
-                &Value::Object(decoded.clone()),
-                "",
-                &mut unknown,
-            );
-            unknown.retain(|f| {
-                !KEPT_METADATA.iter().any(|k| {
-                    f == &format!("metadata.{k}") || f.starts_with(&format!("metadata.{k}."))
-                })
-            });
+            let unknown = dropped_fields(obj, &decoded);
             if !unknown.is_empty() {
                 let list: Vec<String> = unknown
                     .iter()

@@ -1,5 +1,6 @@
 //! The API server end to end, with the real kubectl as its client.
 
+mod apply;
 mod initializers;
 mod kubectl;
 mod node_authz;
