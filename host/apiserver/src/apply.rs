@@ -120,6 +120,13 @@ pub async fn apply(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
         ))
         .into());
     }
+    if object::metadata(&config)
+        .and_then(|m| m.get("managedFields"))
+        .is_some_and(|f| !f.is_null())
+    {
+        // Ownership is the server's record, not part of a configuration.
+        return Err(ApiError::bad_request("metadata.managedFields must be nil").into());
+    }
     let manager = req.query.field_manager.clone().unwrap_or_default();
     let force = req.query.force == Some(true);
     let api_version = req.resource.api_version();

@@ -1,7 +1,8 @@
 //! Custom resources: every served version of a CustomResourceDefinition becomes a
 //! resource of the registry as soon as the CRD is stored, validated against its
 //! `openAPIV3Schema` (JSON Schema, `jsonschema` crate) and pruned to it, with the
-//! `status` and `scale` subresources when the version declares them.
+//! `status` and `scale` subresources when the version declares them. A deleted CRD
+//! takes its objects with it ([`continue_deletion`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -515,6 +515,11 @@ fn walk(
     }
 }
 
+/// Whether `e` is the set element written as JSON `text`.
+fn is_value(e: &Value, text: &str) -> bool {
+    serde_json::to_string(e).is_ok_and(|t| t == text)
+}
+
 /// The value at `path`, if the object has one.
 pub fn value_at<'v>(value: &'v Value, path: &[PathElement]) -> Option<&'v Value> {
     let Some((first, rest)) = path.split_first() else {
@@ -523,7 +528,7 @@ pub fn value_at<'v>(value: &'v Value, path: &[PathElement]) -> Option<&'v Value>
     let next = match first {
         PathElement::Field(f) => value.as_object()?.get(f)?,
         PathElement::Index(i) => value.as_array()?.get(*i)?,
-        PathElement::Value(v) => value.as_array()?.iter().find(|e| e.to_string() == *v)?,
+        PathElement::Value(v) => value.as_array()?.iter().find(|e| is_value(e, v))?,
         PathElement::Key(keys) => {
             let names: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
             value
@@ -551,7 +556,7 @@ pub fn remove_at(value: &mut Value, path: &[PathElement]) -> bool {
         }
         (PathElement::Value(v), Value::Array(items)) => {
             let before = items.len();
-            items.retain(|e| e.to_string() != *v);
+            items.retain(|e| !is_value(e, v));
             items.len() != before
         }
         (PathElement::Key(keys), Value::Array(items)) => {
@@ -571,10 +576,7 @@ pub fn value_at_mut<'v>(value: &'v mut Value, path: &[PathElement]) -> Option<&'
     let next = match first {
         PathElement::Field(f) => value.as_object_mut()?.get_mut(f)?,
         PathElement::Index(i) => value.as_array_mut()?.get_mut(*i)?,
-        PathElement::Value(v) => value
-            .as_array_mut()?
-            .iter_mut()
-            .find(|e| e.to_string() == *v)?,
+        PathElement::Value(v) => value.as_array_mut()?.iter_mut().find(|e| is_value(e, v))?,
         PathElement::Key(keys) => {
             let names: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
             value

@@ -367,6 +367,13 @@ async fn managed_fields_can_be_cleared_but_not_broken() -> Result<()> {
         err.contains(r#"conflict with "before-first-apply" using v1: .data.a"#),
         "{err}"
     );
+
+    // An applied configuration may not carry managed fields.
+    let with_managers = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: d\n  managedFields:\n  - {manager: me, operation: Apply}\ndata:\n  a: b\n";
+    let err = cluster
+        .kubectl_err_stdin(&["apply", "--server-side", "-f", "-"], with_managers)
+        .await?;
+    assert!(err.contains("metadata.managedFields must be nil"), "{err}");
     cluster.stop().await
 }
 
