@@ -399,6 +399,15 @@ impl<'a> Schema<'a> {
         }
     }
 
+    /// Whether the struct at `path` exists whenever its parent does (a field that is
+    /// not a pointer in Kubernetes' Go types): no one creates it, so an update does not
+    /// own it itself, only what it holds.
+    pub fn always_present(self, path: &[PathElement]) -> bool {
+        matches!(self, Schema::Builtin)
+            && matches!(path.last(), Some(PathElement::Field(f))
+                if matches!(f.as_str(), "spec" | "status" | "template" | "metadata" | "strategy"))
+    }
+
     /// Whether the map or struct at `path` is replaced as a whole.
     pub fn atomic_map(self, path: &[PathElement]) -> bool {
         match self {
@@ -460,7 +469,7 @@ fn walk(
                 out.insert(path);
                 return;
             }
-            if with_parents && !path.is_empty() {
+            if with_parents && !path.is_empty() && !schema.always_present(path) {
                 out.insert(path);
             }
             let at_root = path.is_empty();
@@ -1079,6 +1088,30 @@ mod tests {
         assert_eq!(
             new["metadata"]["managedFields"][0]["fieldsV1"],
             json!({"f:data": {".": {}, "f:k": {}}, "f:metadata": {"f:labels": {".": {}, "f:a": {}}}})
+        );
+    }
+
+    #[test]
+    fn updates_own_maps_they_create_but_not_structs_that_always_exist() {
+        let mut new = obj(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d"}, "spec": {"replicas": 1, "template": {
+                "metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}}}));
+        record_update(
+            None,
+            &mut new,
+            Schema::Builtin,
+            Scope::NoStatus,
+            "m",
+            "apps/v1",
+            "",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            new["metadata"]["managedFields"][0]["fieldsV1"],
+            json!({"f:spec": {"f:replicas": {}, "f:template": {
+                "f:metadata": {"f:labels": {".": {}, "f:a": {}}},
+                "f:spec": {"f:containers": {}}}}})
         );
     }
 
