@@ -466,6 +466,16 @@ pub async fn continue_deletion(
     }
 }
 
+/// Whether CRD `name` (`<plural>.<group>`) is being deleted: its objects are then
+/// being removed, and new ones are refused.
+pub async fn terminating(store: &dyn trellis_store::Store, name: &str) -> bool {
+    let Ok(Some(kv)) = store.get(&format!("{CRD_PREFIX}{name}")).await else {
+        return false;
+    };
+    crate::watch_cache::decode_stored(&kv.value, kv.mod_revision)
+        .is_some_and(|crd| crate::object::meta_str(&crd, "deletionTimestamp").is_some())
+}
+
 /// With `fieldValidation=Strict`, the fields the schema does not declare (those
 /// pruning would drop), as paths like `spec.color`.
 pub fn unknown_fields(schema: &Schema, obj: &Object) -> Vec<String> {

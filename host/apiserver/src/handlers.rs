@@ -405,6 +405,14 @@ pub async fn prepare_create(
     if res.namespaced {
         check_namespace(state, req.namespace.as_deref().unwrap_or_default()).await?;
     }
+    if state.schema_for(res).is_some()
+        && crate::crd::terminating(state.store.as_ref(), &res.qualified()).await
+    {
+        return Err(ApiError::method_not_allowed(
+            "create not allowed while custom resource definition is terminating",
+        )
+        .into());
+    }
     Ok(res.key(req.namespace.as_deref(), &name))
 }
 

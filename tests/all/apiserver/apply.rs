@@ -524,6 +524,16 @@ async fn deleting_a_crd_deletes_its_objects() -> Result<()> {
         .filter_map(|w| w["metadata"]["name"].as_str())
         .collect();
     assert_eq!(names, ["held"]);
+    let err = cluster
+        .kubectl_err_stdin(
+            &["apply", "--server-side", "-f", "-"],
+            &widget("late", "  color: red\n"),
+        )
+        .await?;
+    assert!(
+        err.contains("create not allowed while custom resource definition is terminating"),
+        "{err}"
+    );
 
     // Releasing it lets the CRD go, and a new CRD of the same name starts empty.
     cluster
