@@ -197,6 +197,8 @@ async fn scaling_takes_replicas_so_reapplying_conflicts() -> Result<()> {
         .as_array()
         .and_then(|l| l.iter().find(|e| e["subresource"] == "scale"))
         .with_context(|| format!("an entry for the scale subresource: {:?}", managers(&d)))?;
+    // kubectl scale names no field manager: the User-Agent's "kubectl" is its name.
+    assert_eq!(scaler["manager"], "kubectl");
     assert_eq!(scaler["operation"], "Update");
     assert_eq!(scaler["apiVersion"], "apps/v1");
     assert_eq!(
