@@ -466,7 +466,7 @@ async fn custom_resources_merge_lists_by_their_declared_keys() -> Result<()> {
 }
 
 #[tokio::test]
-async fn unknown_fields_of_custom_resources_are_refused_or_warned() -> Result<()> {
+async fn unknown_fields_are_refused_or_warned() -> Result<()> {
     let cluster = with_widgets().await?;
     let bad = widget("odd", "  color: red\n  colour: red\n");
     let err = cluster
@@ -490,6 +490,16 @@ async fn unknown_fields_of_custom_resources_are_refused_or_warned() -> Result<()
     );
     let w = get_json(&cluster, &["widget", "odd"]).await?;
     assert!(w["spec"].get("colour").is_none(), "pruned: {w}");
+
+    // Built-in kinds warn the same way.
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: odd\ncolour: red\n";
+    let out = run_stdin(&cluster, &["create", "--validate=warn", "-f", "-"], cm).await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(r#"Warning: unknown field "colour""#),
+        "{stderr}"
+    );
     cluster.stop().await
 }
 
