@@ -16,10 +16,11 @@
 //! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
-//! - [`subresources`]: `scale` and `pods/binding`.
+//! - [`subresources`]: `scale` and `pods/binding`; [`reviews`]: self-subject access,
+//!   rules and identity reviews (`kubectl auth can-i`, `kubectl auth whoami`).
 //! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`; [`openapi`]: the
-//!   OpenAPI v2 and v3 documents.
+//!   OpenAPI v2 and v3 documents; [`openapi_proto`]: the v2 document in protobuf.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
 //! - [`protobuf`]: protobuf request bodies read into JSON.
 //! - [`pki`], [`tls`], [`tokens`], [`kubeconfig`]: the cluster CA, certificates,
@@ -37,12 +38,14 @@ pub mod metrics;
 pub mod node_authz;
 pub mod object;
 pub mod openapi;
+pub mod openapi_proto;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
 pub mod rbac;
 pub mod request;
 pub mod response;
+pub mod reviews;
 pub mod routes;
 pub mod sa_token;
 pub mod server;

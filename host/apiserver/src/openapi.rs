@@ -506,7 +506,9 @@ impl Builder {
 }
 
 fn builtin_catalog() -> Catalog {
-    use k8s_openapi::api::{apps, autoscaling, coordination, core, rbac};
+    use k8s_openapi::api::{
+        apps, authentication, authorization, autoscaling, coordination, core, rbac,
+    };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
@@ -528,6 +530,9 @@ fn builtin_catalog() -> Catalog {
     b.listable::<rbac::v1::RoleBinding>();
     b.listable::<rbac::v1::ClusterRoleBinding>();
     b.listable::<apiextensions::CustomResourceDefinition>();
+    b.kind::<authentication::v1::SelfSubjectReview>();
+    b.kind::<authorization::v1::SelfSubjectAccessReview>();
+    b.kind::<authorization::v1::SelfSubjectRulesReview>();
     b.kind::<core::v1::Binding>();
     b.kind::<autoscaling::v1::Scale>();
     b.kind::<meta::Status>();
@@ -1307,7 +1312,9 @@ mod tests {
     fn every_builtin_kind_and_list_kind_has_a_schema_with_its_group_version_kind() {
         for r in builtins() {
             let document = doc(&r.group, &r.version);
-            for kind in [r.kind.clone(), r.list_kind()] {
+            // Reviews are only created: they have no list kind.
+            let list_kind = r.allows("list").then(|| r.list_kind());
+            for kind in std::iter::once(r.kind.clone()).chain(list_kind) {
                 let schema = schema_of_kind(&document, &r.group, &r.version, &kind)
                     .unwrap_or_else(|| panic!("no schema for {}/{} {kind}", r.group, r.version));
                 assert_eq!(schema["type"], "object", "{kind}");
@@ -1444,7 +1451,8 @@ mod tests {
             assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
         }
         // kubectl takes the first PATCH of a kind it meets, so all of them must agree.
-        for r in builtins() {
+        // (Reviews are only created.)
+        for r in builtins().into_iter().filter(|r| r.allows("patch")) {
             let document = doc(&r.group, &r.version);
             let patches: Vec<&Value> = document["paths"]
                 .as_object()
@@ -1492,7 +1500,8 @@ mod tests {
     #[test]
     fn explain_finds_kinds_through_their_paths() {
         // What `kubectl explain` does: the collection or object path's operations name
-        // the kind, and the schema with that kind is the one explained.
+        // the kind, and the schema with that kind is the one explained. Reviews, which
+        // are only created, name it in their POST.
         for r in builtins() {
             let document = doc(&r.group, &r.version);
             let prefix = format!("/{}", api_path(&r.group, &r.version));
@@ -1504,7 +1513,11 @@ mod tests {
             let gvk = candidates
                 .iter()
                 .filter_map(|p| document["paths"].get(p))
-                .find_map(|item| item["get"].get(GVK_EXTENSION))
+                .find_map(|item| {
+                    item["get"]
+                        .get(GVK_EXTENSION)
+                        .or(item["post"].get(GVK_EXTENSION))
+                })
                 .unwrap_or_else(|| panic!("no path for {}", r.plural));
             assert_eq!(gvk["kind"], r.kind.as_str());
         }

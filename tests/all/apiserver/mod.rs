@@ -1,7 +1,9 @@
 //! The API server end to end, with the real kubectl as its client.
 
+mod compat;
 mod initializers;
 mod kubectl;
+mod kubectl_1_20;
 mod node_authz;
 mod openapi;
 mod service_accounts;
