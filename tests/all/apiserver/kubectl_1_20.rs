@@ -50,6 +50,9 @@ async fn kubectl_1_20_creates_applies_gets_explains_and_deletes() -> Result<()> 
         applied.contains("deployment.apps/old-client created"),
         "{applied}"
     );
+    // The merge keys in the OpenAPI schemas make the second apply an empty patch.
+    let again = kubectl.ok_stdin(&["apply", "-f", "-"], DEPLOYMENT).await?;
+    ensure!(again.contains("unchanged"), "{again}");
     let scaled = DEPLOYMENT.replace("replicas: 1", "replicas: 3");
     let configured = kubectl.ok_stdin(&["apply", "-f", "-"], &scaled).await?;
     ensure!(configured.contains("configured"), "{configured}");
