@@ -165,6 +165,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         resource("", "ConfigMap", "configmaps", true, &["cm"], &[], &[]),
         resource("", "Endpoints", "endpoints", true, &["ep"], &[], &[]),
         resource("", "Event", "events", true, &["ev"], &[], &[]),
+        resource("", "LimitRange", "limitranges", true, &["limits"], &[], &[]),
         resource(
             "",
             "Namespace",
@@ -183,6 +184,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["po"],
             &["all"],
             &[Status, Binding, Log],
+        ),
+        resource(
+            "",
+            "ResourceQuota",
+            "resourcequotas",
+            true,
+            &["quota"],
+            &[],
+            &[Status],
         ),
         resource("", "Secret", "secrets", true, &[], &[], &[]),
         resource(

@@ -922,8 +922,16 @@ fn is_crd(res: &ResourceInfo) -> bool {
     res.group == "apiextensions.k8s.io" && res.plural == "customresourcedefinitions"
 }
 
-/// After a write of a CRD, serve what it defines before answering.
+/// After a write of a CRD, serve what it defines before answering; tell the
+/// admission steps of every write.
 pub async fn after_write(state: &AppState, req: &ApiRequest) {
+    if !req.dry_run {
+        let namespace = req.namespace.as_deref();
+        state
+            .chains
+            .written(&req.resource, req.verb, namespace)
+            .await;
+    }
     if is_crd(&req.resource)
         && !req.dry_run
         && let Err(e) = state.refresh_custom_resources().await

@@ -9,7 +9,8 @@
 //! - [`routes`]: authentication, authorization, path parsing, dispatch.
 //! - [`rbac`]: RBAC authorization and the bootstrap roles; [`node_authz`]: what
 //!   a node's credentials may reach.
-//! - [`admission`]: the admission and initializer chains.
+//! - [`admission`]: the admission and initializer chains; [`limit_ranger`] and
+//!   [`quota`]: the built-in LimitRanger and ResourceQuota steps.
 //! - [`metrics`]: `/metrics`; [`audit`]: the audit log.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
@@ -34,6 +35,7 @@ pub mod discovery;
 mod fuzz;
 pub mod handlers;
 pub mod kubeconfig;
+pub mod limit_ranger;
 pub mod metrics;
 pub mod node_authz;
 pub mod object;
@@ -42,6 +44,7 @@ pub mod openapi_proto;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
+pub mod quota;
 pub mod rbac;
 pub mod request;
 pub mod response;

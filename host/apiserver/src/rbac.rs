@@ -268,7 +268,7 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
         ),
         cluster_role(
             "view",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "namespaces", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": read}]),
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "limitranges", "namespaces", "resourcequotas", "resourcequotas/status", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": read}]),
         ),
         cluster_role(
             "edit",

@@ -63,6 +63,7 @@ impl AppState {
         signer: crate::sa_token::TokenSigner,
         server_address: String,
     ) -> Arc<Self> {
+        chains.init(&store);
         Arc::new(Self {
             store,
             cache,

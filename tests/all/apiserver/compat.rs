@@ -278,7 +278,7 @@ async fn aggregated_discovery_is_served_and_kubectl_stays_quiet() -> Result<()> 
 
     // kubectl resolves short names and categories from it, and says nothing else.
     let output = cluster
-        .kubectl(&["get", "deploy,cm", "-n", "default"])
+        .kubectl(&["get", "deploy,cm,quota,limits", "-n", "default"])
         .await?;
     ensure!(output.status.success(), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);

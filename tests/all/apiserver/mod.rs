@@ -6,4 +6,5 @@ mod kubectl;
 mod kubectl_1_20;
 mod node_authz;
 mod openapi;
+mod quota;
 mod service_accounts;
