@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use serde_json::{Value, json};
-use trellis_api::registry::ResourceInfo;
+use trellis_api::registry::{ResourceInfo, Subresource};
 
 use crate::response::json_response;
 use crate::state::AppState;
@@ -101,22 +101,12 @@ pub fn resource_list(state: &AppState, group: &str, version: &str) -> Value {
         }
         resources.insert(r.plural.clone(), entry);
         for sub in &r.subresources {
-            let (kind, verbs): (String, Vec<&str>) = match sub.name() {
-                "status" => (r.kind.clone(), vec!["get", "patch", "update"]),
-                "scale" => ("Scale".into(), vec!["get", "patch", "update"]),
-                "binding" => ("Binding".into(), vec!["create"]),
-                "token" => ("TokenRequest".into(), vec!["create"]),
-                _ => (r.kind.clone(), vec!["get"]),
-            };
+            let (group, version, kind, verbs) = subresource_kind(r, *sub);
             let name = format!("{}/{}", r.plural, sub.name());
             let mut entry = json!({"name": name, "singularName": "", "namespaced": r.namespaced, "kind": kind, "verbs": verbs});
-            if sub.name() == "scale" {
-                entry["group"] = "autoscaling".into();
-                entry["version"] = "v1".into();
-            }
-            if sub.name() == "token" {
-                entry["group"] = "authentication.k8s.io".into();
-                entry["version"] = "v1".into();
+            if !group.is_empty() {
+                entry["group"] = group.into();
+                entry["version"] = version.into();
             }
             resources.insert(name, entry);
         }
@@ -219,23 +209,27 @@ pub fn aggregated(state: &AppState, core: bool, version: &str) -> Value {
     })
 }
 
+/// A subresource's kind (group and version empty for the resource's own) and verbs.
+fn subresource_kind(
+    r: &ResourceInfo,
+    sub: Subresource,
+) -> (&'static str, &'static str, &str, &'static [&'static str]) {
+    const READ_WRITE: &[&str] = &["get", "patch", "update"];
+    match sub {
+        Subresource::Status => ("", "", &r.kind, READ_WRITE),
+        Subresource::Scale => ("autoscaling", "v1", "Scale", READ_WRITE),
+        Subresource::Binding => ("", "", "Binding", &["create"]),
+        Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest", &["create"]),
+        Subresource::Log => ("", "", &r.kind, &["get"]),
+    }
+}
+
 fn aggregated_resource(r: &ResourceInfo) -> Value {
     let subresources: Vec<Value> = r
         .subresources
         .iter()
         .map(|sub| {
-            let (group, version, kind, verbs) = match sub.name() {
-                "status" => ("", "", r.kind.as_str(), vec!["get", "patch", "update"]),
-                "scale" => ("autoscaling", "v1", "Scale", vec!["get", "patch", "update"]),
-                "binding" => ("", "", "Binding", vec!["create"]),
-                "token" => (
-                    "authentication.k8s.io",
-                    "v1",
-                    "TokenRequest",
-                    vec!["create"],
-                ),
-                _ => ("", "", r.kind.as_str(), vec!["get"]),
-            };
+            let (group, version, kind, verbs) = subresource_kind(r, *sub);
             json!({
                 "subresource": sub.name(),
                 "responseKind": {"group": group, "version": version, "kind": kind},
