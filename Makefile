@@ -8,7 +8,7 @@ DATA_DIR ?= $(HOME)/.local/share/trellis
 # Runs as root on CI machines; elsewhere apt needs sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps up test lint bench-store
+.PHONY: deps test-deps up test lint bench-store
 
 deps:
 	@missing=""; \
@@ -25,7 +25,12 @@ deps:
 up: deps
 	$(CARGO) run --release -p trellis -- up --data-dir $(DATA_DIR)
 
-test: deps
+# kubectl 1.20 for the compatibility tests: Debian's package, unpacked under
+# ~/.cache/trellis, never installed over the system's kubectl.
+test-deps: deps
+	@tests/tools/kubectl-1.20.sh >/dev/null
+
+test: test-deps
 	$(CARGO) test --workspace
 	$(CARGO) build -p trellis
 	tests/python/run.sh

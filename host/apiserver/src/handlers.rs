@@ -967,13 +967,19 @@ fn is_crd(res: &ResourceInfo) -> bool {
     res.group == "apiextensions.k8s.io" && res.plural == "customresourcedefinitions"
 }
 
-/// After a write of a CRD, serve what it defines before answering; a deleted CRD
-/// takes its objects with it. A write to a custom resource may be what a terminating
-/// CRD was waiting for (its last object's finalizers removed).
+/// After a write, tell the admission steps of it. After a write of a CRD, serve what
+/// it defines before answering; a deleted CRD takes its objects with it. A write to a
+/// custom resource may be what a terminating CRD was waiting for (its last object's
+/// finalizers removed).
 pub async fn after_write(state: &AppState, req: &ApiRequest) {
     if req.dry_run {
         return;
     }
+    let namespace = req.namespace.as_deref();
+    state
+        .chains
+        .written(&req.resource, req.verb, namespace)
+        .await;
     let res = &req.resource;
     let deleting = matches!(req.verb, "delete" | "deletecollection");
     let crds: Vec<String> = if is_crd(res) && deleting {

@@ -39,6 +39,8 @@ fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, Ap
         ("", "endpoints") => roundtrip::<core::v1::Endpoints>(obj),
         ("", "events") => roundtrip::<core::v1::Event>(obj),
         ("", "serviceaccounts") => roundtrip::<core::v1::ServiceAccount>(obj),
+        ("", "limitranges") => roundtrip::<core::v1::LimitRange>(obj),
+        ("", "resourcequotas") => roundtrip::<core::v1::ResourceQuota>(obj),
         ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),
         ("apps", "replicasets") => roundtrip::<apps::v1::ReplicaSet>(obj),
         ("coordination.k8s.io", "leases") => roundtrip::<coordination::v1::Lease>(obj),
@@ -212,6 +214,9 @@ fn default_pod_spec(spec: &mut Map<String, Value>) {
     for list in ["containers", "initContainers"] {
         if let Some(Value::Array(containers)) = spec.get_mut(list) {
             for c in containers.iter_mut().filter_map(Value::as_object_mut) {
+                if c.contains_key("resources") {
+                    crate::limit_ranger::default_requests_from_limits(c);
+                }
                 let image = c.get("image").and_then(Value::as_str).unwrap_or("");
                 let last = image.rsplit('/').next().unwrap_or("");
                 let pull =
@@ -258,6 +263,7 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
             }
         }
         ("", "secrets") => set_default(obj, "type", json!("Opaque")),
+        ("", "limitranges") => crate::limit_ranger::default_limit_range(obj),
         ("", "services") => {
             let spec = object_at(obj, "spec");
             set_default(spec, "type", json!("ClusterIP"));
@@ -339,6 +345,9 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
                     }
                 }
             }
+        }
+        ("", plural @ ("limitranges" | "resourcequotas")) => {
+            crate::limit_ranger::validate(plural, obj, &mut causes)
         }
         _ => {}
     }
