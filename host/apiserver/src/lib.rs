@@ -21,7 +21,8 @@
 //!   rules and identity reviews (`kubectl auth can-i`, `kubectl auth whoami`).
 //! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
 //! - [`managed_fields`]: field sets and `metadata.managedFields`; [`apply`]:
-//!   server-side apply and the field manager of every write.
+//!   server-side apply and the field manager of every write; [`merge_keys`]: how the
+//!   built-in kinds' lists merge, for both apply and the OpenAPI schemas.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`; [`openapi`]: the
 //!   OpenAPI v2 and v3 documents; [`openapi_proto`]: the v2 document in protobuf.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
@@ -40,6 +41,7 @@ pub mod handlers;
 pub mod kubeconfig;
 pub mod limit_ranger;
 pub mod managed_fields;
+pub mod merge_keys;
 pub mod metrics;
 pub mod node_authz;
 pub mod object;

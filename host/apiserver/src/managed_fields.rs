@@ -8,7 +8,7 @@
 //! itself in the set when it also has children.
 //!
 //! How a value's lists merge depends on its type ([`Schema`]): built-in kinds use the
-//! list types Kubernetes declares for its API types (a table here, since the
+//! list types Kubernetes declares for its API types ([`crate::merge_keys`], since the
 //! `k8s-openapi` schemas do not carry them), custom resources use the
 //! `x-kubernetes-list-type` / `x-kubernetes-list-map-keys` / `x-kubernetes-map-type`
 //! extensions of their CRD's schema, and anything else is "deduced": maps merge key by
@@ -24,6 +24,7 @@ use serde_json::{Map, Value, json};
 use trellis_api::ApiError;
 use trellis_api::status::StatusCause;
 
+use crate::merge_keys::ListKind;
 use crate::object::{Object, metadata, metadata_mut, remove_meta};
 
 /// The most characters a field manager's name may have, as Kubernetes allows.
@@ -300,36 +301,32 @@ pub enum Schema<'a> {
     Deduced,
 }
 
-/// Lists of the built-in kinds that merge by keys, with the keys Kubernetes declares
-/// for them (`+listType=map` / `+listMapKey`), and the lists that are sets.
+/// How a list of the built-in kinds merges, from [`crate::merge_keys::BUILTIN`]. Field
+/// sets do not know the kind they belong to, so a rule's schema is matched by where
+/// `path` (the list's parent) leads: containers' fields below a container, status
+/// types' below `status`, the Service's `ports` right below `spec`.
 fn builtin_list_type(path: &[PathElement], field: &str) -> ListType {
     let in_container = path.iter().any(|p| {
         matches!(p, PathElement::Field(f)
             if f == "containers" || f == "initContainers" || f == "ephemeralContainers")
     });
-    let keys = |k: &[&str]| ListType::Map(k.iter().map(|s| (*s).to_owned()).collect());
-    match field {
-        "containers"
-        | "initContainers"
-        | "ephemeralContainers"
-        | "volumes"
-        | "env"
-        | "imagePullSecrets"
-        | "schedulingGates"
-        | "resourceClaims" => keys(&["name"]),
-        "ports" if in_container => keys(&["containerPort", "protocol"]),
-        "ports" if path.len() == 2 && path[0] == PathElement::field("spec") => {
-            keys(&["port", "protocol"])
+    let fits = |schema: &str| {
+        let short = schema.rsplit('.').next().unwrap_or(schema);
+        match short {
+            "ObjectMeta" => true,
+            "Container" | "EphemeralContainer" => in_container,
+            "ServiceSpec" => !in_container && path == [PathElement::field("spec")],
+            s if s.ends_with("Status") => path.first() == Some(&PathElement::field("status")),
+            _ => !in_container,
         }
-        "volumeMounts" => keys(&["mountPath"]),
-        "volumeDevices" => keys(&["devicePath"]),
-        "hostAliases" => keys(&["ip"]),
-        "conditions" => keys(&["type"]),
-        "ownerReferences" => keys(&["uid"]),
-        "topologySpreadConstraints" => keys(&["topologyKey", "whenUnsatisfiable"]),
-        "addresses" if path.first() == Some(&PathElement::field("status")) => keys(&["type"]),
-        "finalizers" => ListType::Set,
-        _ => ListType::Atomic,
+    };
+    let rule = crate::merge_keys::BUILTIN
+        .iter()
+        .find(|r| r.field == field && fits(r.schema));
+    match rule.map(|r| r.list) {
+        Some(ListKind::Set) => ListType::Set,
+        Some(ListKind::Map(keys)) => ListType::Map(keys.iter().map(|k| (*k).to_owned()).collect()),
+        Some(ListKind::Atomic) | None => ListType::Atomic,
     }
 }
 
@@ -927,6 +924,36 @@ mod tests {
             Value::Object(m) => m,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn builtin_lists_take_the_keys_of_the_schema_their_path_leads_to() {
+        let path = |fields: &[&str]| -> Vec<PathElement> {
+            fields.iter().map(|f| PathElement::field(f)).collect()
+        };
+        let map = |keys: &[&str]| ListType::Map(keys.iter().map(|k| (*k).to_owned()).collect());
+        let list = |fields: &[&str]| Schema::Builtin.list_type(&path(fields));
+        // Ports of a container and of a Service: the same field, other keys.
+        let container = vec![
+            PathElement::field("spec"),
+            PathElement::field("containers"),
+            PathElement::Key(vec![("name".into(), "\"web\"".into())]),
+            PathElement::field("ports"),
+        ];
+        assert_eq!(
+            Schema::Builtin.list_type(&container),
+            map(&["containerPort", "protocol"])
+        );
+        assert_eq!(list(&["spec", "ports"]), map(&["port", "protocol"]));
+        assert_eq!(
+            list(&["spec", "template", "spec", "containers"]),
+            map(&["name"])
+        );
+        assert_eq!(list(&["status", "conditions"]), map(&["type"]));
+        assert_eq!(list(&["metadata", "finalizers"]), ListType::Set);
+        // Not in the table, and a status field outside `status`: replaced whole.
+        assert_eq!(list(&["spec", "args"]), ListType::Atomic);
+        assert_eq!(list(&["spec", "conditions"]), ListType::Atomic);
     }
 
     fn path(s: &[&str]) -> Path {

@@ -21,7 +21,7 @@
 //!   PATCH operation lists `application/strategic-merge-patch+json`. The v3 documents
 //!   leave that media type out ([`V3_PATCH_MEDIA_TYPES`]), so kubectl turns to the v2
 //!   document, whose schemas carry the built-in kinds' merge keys and strategies
-//!   ([`PATCH_STRATEGIES`]; the `k8s-openapi` schemas have none).
+//!   ([`crate::merge_keys`]; the `k8s-openapi` schemas have none).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -633,176 +633,26 @@ fn render_definition(name: &str, schema: &Value, spec: Spec, delete_options: &[G
     out
 }
 
-/// How `kubectl apply` merges the lists and fields of the built-in kinds: schema,
-/// property, `x-kubernetes-patch-strategy`, `x-kubernetes-patch-merge-key`. These are
-/// the Go types' `patchStrategy`/`patchMergeKey` tags, which the `k8s-openapi` schemas
-/// do not carry. kubectl reads them from `/openapi/v2` when it computes a strategic
+/// Adds the built-in kinds' patch strategies and merge keys ([`crate::merge_keys`]) to
+/// schema `name`. kubectl reads them from `/openapi/v2` when it computes a strategic
 /// merge patch from it; without them every list would be replaced whole.
-const PATCH_STRATEGIES: &[(&str, &str, &str, &str)] = &[
-    (
-        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
-        "finalizers",
-        "merge",
-        "",
-    ),
-    (
-        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
-        "ownerReferences",
-        "merge",
-        "uid",
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "volumes",
-        "merge,retainKeys",
-        "name",
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "initContainers",
-        "merge",
-        "name",
-    ),
-    ("io.k8s.api.core.v1.PodSpec", "containers", "merge", "name"),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "ephemeralContainers",
-        "merge",
-        "name",
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "imagePullSecrets",
-        "merge",
-        "name",
-    ),
-    ("io.k8s.api.core.v1.PodSpec", "hostAliases", "merge", "ip"),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "topologySpreadConstraints",
-        "merge",
-        "topologyKey",
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "schedulingGates",
-        "merge",
-        "name",
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "resourceClaims",
-        "merge,retainKeys",
-        "name",
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "ports",
-        "merge",
-        "containerPort",
-    ),
-    ("io.k8s.api.core.v1.Container", "env", "merge", "name"),
-    (
-        "io.k8s.api.core.v1.Container",
-        "volumeMounts",
-        "merge",
-        "mountPath",
-    ),
-    (
-        "io.k8s.api.core.v1.Container",
-        "volumeDevices",
-        "merge",
-        "devicePath",
-    ),
-    (
-        "io.k8s.api.core.v1.EphemeralContainer",
-        "env",
-        "merge",
-        "name",
-    ),
-    (
-        "io.k8s.api.core.v1.EphemeralContainer",
-        "volumeMounts",
-        "merge",
-        "mountPath",
-    ),
-    (
-        "io.k8s.api.core.v1.EphemeralContainer",
-        "volumeDevices",
-        "merge",
-        "devicePath",
-    ),
-    (
-        "io.k8s.api.core.v1.PodStatus",
-        "conditions",
-        "merge",
-        "type",
-    ),
-    ("io.k8s.api.core.v1.PodStatus", "podIPs", "merge", "ip"),
-    ("io.k8s.api.core.v1.PodStatus", "hostIPs", "merge", "ip"),
-    ("io.k8s.api.core.v1.ServiceSpec", "ports", "merge", "port"),
-    (
-        "io.k8s.api.core.v1.ServiceStatus",
-        "conditions",
-        "merge",
-        "type",
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceAccount",
-        "secrets",
-        "merge",
-        "name",
-    ),
-    ("io.k8s.api.core.v1.NodeSpec", "podCIDRs", "merge", ""),
-    (
-        "io.k8s.api.core.v1.NodeStatus",
-        "conditions",
-        "merge",
-        "type",
-    ),
-    (
-        "io.k8s.api.core.v1.NodeStatus",
-        "addresses",
-        "merge",
-        "type",
-    ),
-    (
-        "io.k8s.api.core.v1.NamespaceStatus",
-        "conditions",
-        "merge",
-        "type",
-    ),
-    (
-        "io.k8s.api.apps.v1.DeploymentSpec",
-        "strategy",
-        "retainKeys",
-        "",
-    ),
-    (
-        "io.k8s.api.apps.v1.DeploymentStatus",
-        "conditions",
-        "merge",
-        "type",
-    ),
-    (
-        "io.k8s.api.apps.v1.ReplicaSetStatus",
-        "conditions",
-        "merge",
-        "type",
-    ),
-];
-
 fn add_patch_strategies(name: &str, schema: &mut Map<String, Value>) {
     let Some(Value::Object(properties)) = schema.get_mut("properties") else {
         return;
     };
-    for (_, field, strategy, key) in PATCH_STRATEGIES.iter().filter(|(n, ..)| *n == name) {
-        let Some(Value::Object(property)) = properties.get_mut(*field) else {
+    for rule in crate::merge_keys::of_schema(name) {
+        let Some(Value::Object(property)) = properties.get_mut(rule.field) else {
             continue;
         };
-        property.insert("x-kubernetes-patch-strategy".into(), Value::from(*strategy));
-        if !key.is_empty() {
-            property.insert("x-kubernetes-patch-merge-key".into(), Value::from(*key));
+        property.insert(
+            "x-kubernetes-patch-strategy".into(),
+            Value::from(rule.patch_strategy),
+        );
+        if !rule.patch_merge_key.is_empty() {
+            property.insert(
+                "x-kubernetes-patch-merge-key".into(),
+                Value::from(rule.patch_merge_key),
+            );
         }
     }
 }
@@ -1684,7 +1534,7 @@ mod tests {
         let ports = &defs["io.k8s.api.core.v1.ServiceSpec"]["properties"]["ports"];
         assert_eq!(ports["x-kubernetes-patch-merge-key"], "port");
         // Every entry names a schema and a property the documents have.
-        for (schema, field, ..) in PATCH_STRATEGIES {
+        for crate::merge_keys::MergeRule { schema, field, .. } in crate::merge_keys::BUILTIN {
             assert!(
                 defs[*schema]["properties"].get(*field).is_some(),
                 "{schema}.{field} is not in the v2 document"
