@@ -301,29 +301,17 @@ pub enum Schema<'a> {
     Deduced,
 }
 
-/// How a list of the built-in kinds merges, from [`crate::merge_keys::BUILTIN`]. Field
-/// sets do not know the kind they belong to, so a rule's schema is matched by where
-/// `path` (the list's parent) leads: containers' fields below a container, status
-/// types' below `status`, the Service's `ports` right below `spec`.
+/// How a list of the built-in kinds merges ([`crate::merge_keys::rule_at`]); `path`
+/// is the list's parent.
 fn builtin_list_type(path: &[PathElement], field: &str) -> ListType {
-    let in_container = path.iter().any(|p| {
-        matches!(p, PathElement::Field(f)
-            if f == "containers" || f == "initContainers" || f == "ephemeralContainers")
-    });
-    let fits = |schema: &str| {
-        let short = schema.rsplit('.').next().unwrap_or(schema);
-        match short {
-            "ObjectMeta" => true,
-            "Container" | "EphemeralContainer" => in_container,
-            "ServiceSpec" => !in_container && path == [PathElement::field("spec")],
-            s if s.ends_with("Status") => path.first() == Some(&PathElement::field("status")),
-            _ => !in_container,
-        }
-    };
-    let rule = crate::merge_keys::BUILTIN
+    let parent: Vec<&str> = path
         .iter()
-        .find(|r| r.field == field && fits(r.schema));
-    match rule.map(|r| r.list) {
+        .filter_map(|p| match p {
+            PathElement::Field(f) => Some(f.as_str()),
+            _ => None,
+        })
+        .collect();
+    match crate::merge_keys::rule_at(&parent, field).map(|r| r.list) {
         Some(ListKind::Set) => ListType::Set,
         Some(ListKind::Map(keys)) => ListType::Map(keys.iter().map(|k| (*k).to_owned()).collect()),
         Some(ListKind::Atomic) | None => ListType::Atomic,

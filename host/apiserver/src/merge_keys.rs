@@ -5,6 +5,7 @@
 //!
 //! - [`crate::openapi`] adds the strategic merge columns to the schemas of
 //!   `/openapi/v2`, from which kubectl computes `apply`'s patch.
+//! - [`crate::patch`] merges the lists of strategic merge patches by the merge keys.
 //! - [`crate::managed_fields`] reads the list types to key the elements of field sets
 //!   for server-side apply.
 //!
@@ -205,6 +206,25 @@ pub const BUILTIN: &[MergeRule] = &[
         TYPE,
     ),
 ];
+
+/// The rule of list `field` whose parent is at `parent`: the field names from the
+/// object's root, list elements left out (`["spec", "template", "spec"]`). Patches and
+/// field sets do not know the kind they belong to, so a rule's schema is matched by
+/// where the path leads: containers' fields below a container, status types' below
+/// `status`, the Service's `ports` right below `spec`, the rest outside containers.
+pub fn rule_at(parent: &[&str], field: &str) -> Option<&'static MergeRule> {
+    let in_container = parent
+        .iter()
+        .any(|f| matches!(*f, "containers" | "initContainers" | "ephemeralContainers"));
+    let fits = |schema: &str| match schema.rsplit('.').next().unwrap_or(schema) {
+        "ObjectMeta" => true,
+        "Container" | "EphemeralContainer" => in_container,
+        "ServiceSpec" => parent == ["spec"],
+        s if s.ends_with("Status") => parent.first() == Some(&"status"),
+        _ => !in_container,
+    };
+    BUILTIN.iter().find(|r| r.field == field && fits(r.schema))
+}
 
 /// The rules of the fields of schema `name`.
 pub fn of_schema(name: &str) -> impl Iterator<Item = &'static MergeRule> + '_ {
