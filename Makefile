@@ -8,7 +8,7 @@ DATA_DIR ?= $(HOME)/.local/share/trellis
 # Runs as root on CI machines; elsewhere apt needs sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps plugins up test lint bench-store bench-admission
+.PHONY: deps test-deps plugins up test lint bench-store bench-admission
 
 deps:
 	@missing=""; \
@@ -29,7 +29,12 @@ plugins:
 up: deps plugins
 	$(CARGO) run --release -p trellis -- up --data-dir $(DATA_DIR)
 
-test: deps plugins
+# kubectl 1.20 for the compatibility tests: Debian's package, unpacked under
+# ~/.cache/trellis, never installed over the system's kubectl.
+test-deps: deps
+	@tests/tools/kubectl-1.20.sh >/dev/null
+
+test: test-deps plugins
 	$(CARGO) test --workspace
 	$(CARGO) build -p trellis
 	tests/python/run.sh

@@ -123,6 +123,66 @@ def test_config_maps_are_created_read_replaced_patched_and_deleted(api_client, n
     assert status_of(error.value)["reason"] == "NotFound"
 
 
+APPLY = "application/apply-patch+yaml"
+
+
+def test_server_side_apply_needs_a_field_manager_and_reports_conflicts(api_client, namespace):
+    v1 = client.CoreV1Api(api_client)
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "applied"},
+        "data": {"color": "blue"},
+    }
+    with pytest.raises(ApiException) as missing:
+        v1.patch_namespaced_config_map("applied", namespace, body, _content_type=APPLY)
+    assert missing.value.status == 422
+    status = status_of(missing.value)
+    assert status["reason"] == "Invalid"
+    assert status["message"] == (
+        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+        "is required for apply patch"
+    )
+
+    created = v1.patch_namespaced_config_map(
+        "applied", namespace, body, field_manager="alice", _content_type=APPLY
+    )
+    assert created.data == {"color": "blue"}
+    assert [(e.manager, e.operation) for e in created.metadata.managed_fields] == [("alice", "Apply")]
+    assert created.metadata.managed_fields[0].fields_v1 == {"f:data": {"f:color": {}}}
+
+    body["data"]["color"] = "red"
+    with pytest.raises(ApiException) as conflict:
+        v1.patch_namespaced_config_map(
+            "applied", namespace, body, field_manager="bob", _content_type=APPLY
+        )
+    assert conflict.value.status == 409
+    status = status_of(conflict.value)
+    assert status["reason"] == "Conflict"
+    assert status["message"] == 'Apply failed with 1 conflict: conflict with "alice": .data.color'
+    assert status["details"]["causes"] == [
+        {"reason": "FieldManagerConflict", "message": 'conflict with "alice"', "field": ".data.color"}
+    ]
+
+    forced = v1.patch_namespaced_config_map(
+        "applied", namespace, body, field_manager="bob", force=True, _content_type=APPLY
+    )
+    assert forced.data == {"color": "red"}
+    assert [e.manager for e in forced.metadata.managed_fields] == ["bob"]
+
+
+def test_writes_without_a_field_manager_are_named_by_the_user_agent(api_client, namespace):
+    v1 = client.CoreV1Api(api_client)
+    created = v1.create_namespaced_config_map(namespace, config_map("agent", {"a": "b"}))
+    # kube-apiserver names the manager by the User-Agent up to its first "/".
+    agent = api_client.user_agent.split("/")[0]
+    assert [(e.manager, e.operation) for e in created.metadata.managed_fields] == [(agent, "Update")]
+    with pytest.raises(ApiException) as error:
+        v1.patch_namespaced_config_map("agent", namespace, {"data": {"a": "c"}}, force=True)
+    assert error.value.status == 422
+    assert status_of(error.value)["details"]["causes"][0]["field"] == "force"
+
+
 def test_an_empty_list_has_an_empty_items_array(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     raw = raw_json(v1.list_namespaced_config_map(namespace, _preload_content=False))

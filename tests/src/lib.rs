@@ -184,6 +184,36 @@ impl TestClusterBuilder {
     }
 }
 
+/// kubectl 1.20: `$TRELLIS_KUBECTL_1_20`, else what `tests/tools/kubectl-1.20.sh`
+/// unpacks from Debian's `kubernetes-client` into `~/.cache/trellis` (once per
+/// machine; later runs reuse it).
+pub fn kubectl_1_20_bin() -> anyhow::Result<PathBuf> {
+    static BIN: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    if let Some(bin) = std::env::var_os("TRELLIS_KUBECTL_1_20") {
+        return Ok(PathBuf::from(bin));
+    }
+    // One unpacking at a time: tests run in parallel.
+    let mut cached = BIN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(bin) = cached.as_ref() {
+        return Ok(bin.clone());
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/kubectl-1.20.sh");
+    let output = std::process::Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("run {}", script.display()))?;
+    if !output.status.success() {
+        bail!("{} failed with {}", script.display(), output.status);
+    }
+    let bin = PathBuf::from(
+        String::from_utf8(output.stdout)
+            .context("the script's output is not UTF-8")?
+            .trim(),
+    );
+    *cached = Some(bin.clone());
+    Ok(bin)
+}
+
 /// The kubectl the tests run: `$TRELLIS_KUBECTL`, else `/usr/bin/kubectl`.
 fn kubectl_bin() -> PathBuf {
     std::env::var_os("TRELLIS_KUBECTL")
@@ -249,6 +279,16 @@ impl TestCluster {
             bin: self.admin.bin.clone(),
             kubeconfig,
             cache_dir: self.admin.cache_dir.clone(),
+        })
+    }
+
+    /// kubectl 1.20 (Debian's `kubernetes-client`) as the admin, with a discovery
+    /// cache of its own; see [`kubectl_1_20_bin`].
+    pub fn kubectl_1_20(&self) -> anyhow::Result<Kubectl> {
+        Ok(Kubectl {
+            bin: kubectl_1_20_bin()?,
+            kubeconfig: self.admin.kubeconfig.clone(),
+            cache_dir: self.dir.path().join("kubectl-1.20-cache"),
         })
     }
 

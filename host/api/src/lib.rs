@@ -10,7 +10,9 @@
 //! - [`status`]: [`ApiError`], which becomes a Kubernetes `Status` at the server's edge.
 //! - [`selector`]: label and field selectors: parsing and matching.
 //! - [`user`]: who is asking: [`UserInfo`].
+//! - [`quantity`]: exact resource quantities (`500m`, `1Gi`) for limits and quotas.
 
+pub mod quantity;
 pub mod registry;
 pub mod selector;
 pub mod status;

@@ -150,6 +150,14 @@ fn resource(
     }
 }
 
+/// A resource that only answers `create` and stores nothing (reviews).
+fn create_only(group: &str, kind: &str, plural: &str) -> ResourceInfo {
+    ResourceInfo {
+        verbs: vec!["create".to_owned()],
+        ..resource(group, kind, plural, false, &[], &[], &[])
+    }
+}
+
 /// The built-in resources, in discovery order within each group.
 pub fn builtins() -> Vec<ResourceInfo> {
     use Subresource::*;
@@ -157,6 +165,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         resource("", "ConfigMap", "configmaps", true, &["cm"], &[], &[]),
         resource("", "Endpoints", "endpoints", true, &["ep"], &[], &[]),
         resource("", "Event", "events", true, &["ev"], &[], &[]),
+        resource("", "LimitRange", "limitranges", true, &["limits"], &[], &[]),
         resource(
             "",
             "Namespace",
@@ -175,6 +184,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["po"],
             &["all"],
             &[Status, Binding, Log],
+        ),
+        resource(
+            "",
+            "ResourceQuota",
+            "resourcequotas",
+            true,
+            &["quota"],
+            &[],
+            &[Status],
         ),
         resource("", "Secret", "secrets", true, &[], &[], &[]),
         resource(
@@ -257,6 +275,21 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
             &[],
             &[],
+        ),
+        create_only(
+            "authentication.k8s.io",
+            "SelfSubjectReview",
+            "selfsubjectreviews",
+        ),
+        create_only(
+            "authorization.k8s.io",
+            "SelfSubjectAccessReview",
+            "selfsubjectaccessreviews",
+        ),
+        create_only(
+            "authorization.k8s.io",
+            "SelfSubjectRulesReview",
+            "selfsubjectrulesreviews",
         ),
         resource(
             "apiextensions.k8s.io",

@@ -276,6 +276,21 @@ impl ApiError {
         }
     }
 
+    /// An admission step's refusal: `pods "web" is forbidden: REASON`.
+    pub fn admission_forbidden(group: &str, resource: &str, name: &str, reason: &str) -> Self {
+        Self {
+            details: about(group, resource, name),
+            ..Self::new(
+                403,
+                Reason::Forbidden,
+                format!(
+                    "{} {name:?} is forbidden: {reason}",
+                    qualified(group, resource)
+                ),
+            )
+        }
+    }
+
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, Reason::MethodNotAllowed, message)
     }

@@ -12,9 +12,10 @@
 //!   fails the create. The creating request waits, bounded, until the object is
 //!   initialized.
 //!
-//! Built in: `NamespaceLifecycle` (in the create path itself, see
-//! `handlers::prepare_create`) and `ServiceAccount` (pods get the namespace's
-//! `default` service account).
+//! Built in, in this order: `NamespaceLifecycle` (in the create path itself, see
+//! `handlers::prepare_create`), `ServiceAccount` (pods get the namespace's `default`
+//! service account), `LimitRanger` ([`crate::limit_ranger`]) and `ResourceQuota`
+//! ([`crate::quota`]).
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use trellis_api::registry::ResourceInfo;
 use trellis_api::{ApiError, UserInfo};
+use trellis_store::Store;
 
 use crate::object::{Object, metadata, metadata_mut};
 
@@ -62,6 +64,14 @@ pub trait Admission: Send + Sync + std::fmt::Debug {
     ) -> Result<(), ApiError> {
         Ok(())
     }
+
+    /// Called once as the server starts, with the store the step may read (as
+    /// Kubernetes hands its admission plugins their informers and clients).
+    fn init(&self, _store: &Arc<dyn Store>) {}
+
+    /// Called after a write through the API succeeded: `verb` (`create`, `update`,
+    /// `patch`, `delete`, `deletecollection`) of `resource` in `namespace`.
+    async fn written(&self, _resource: &ResourceInfo, _verb: &str, _namespace: Option<&str>) {}
 }
 
 /// One initializer.
@@ -97,9 +107,27 @@ impl Chains {
     /// The built-in chain.
     pub fn builtin() -> Self {
         Self {
-            admission: vec![Arc::new(ServiceAccountDefault)],
+            admission: vec![
+                Arc::new(ServiceAccountDefault),
+                Arc::new(crate::limit_ranger::LimitRanger::default()),
+                Arc::new(crate::quota::ResourceQuota::default()),
+            ],
             initializers: Vec::new(),
             initializer_sources: Vec::new(),
+        }
+    }
+
+    /// Hands every step the store; see [`Admission::init`].
+    pub fn init(&self, store: &Arc<dyn Store>) {
+        for step in &self.admission {
+            step.init(store);
+        }
+    }
+
+    /// Tells every step of a write that succeeded; see [`Admission::written`].
+    pub async fn written(&self, resource: &ResourceInfo, verb: &str, namespace: Option<&str>) {
+        for step in &self.admission {
+            step.written(resource, verb, namespace).await;
         }
     }
 

@@ -1,7 +1,8 @@
 //! Custom resources: every served version of a CustomResourceDefinition becomes a
 //! resource of the registry as soon as the CRD is stored, validated against its
 //! `openAPIV3Schema` (JSON Schema, `jsonschema` crate) and pruned to it, with the
-//! `status` and `scale` subresources when the version declares them.
+//! `status` and `scale` subresources when the version declares them. A deleted CRD
+//! takes its objects with it ([`continue_deletion`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -349,6 +350,141 @@ pub fn established_status(crd: &Object) -> Value {
             {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now},
         ],
     })
+}
+
+/// The finalizer that keeps a CRD until its objects are deleted, as Kubernetes'
+/// `customresourcecleanup` controller does.
+pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+/// The store prefix of the objects of CRD `name` (`<plural>.<group>`).
+fn objects_prefix(name: &str) -> Option<String> {
+    let (plural, group) = name.split_once('.')?;
+    Some(format!("/registry/{group}/{plural}/"))
+}
+
+/// Deletes the objects under `prefix`: those with finalizers are marked for deletion,
+/// the others removed. Returns whether none remain.
+async fn delete_objects(
+    store: &dyn trellis_store::Store,
+    prefix: &str,
+) -> trellis_store::Result<bool> {
+    use trellis_store::{Error, ListRequest};
+    let page = store.list(ListRequest::prefix(prefix)).await?;
+    let mut remaining = false;
+    for kv in &page.kvs {
+        let Some(mut obj) = crate::watch_cache::decode_stored(&kv.value, kv.mod_revision) else {
+            continue;
+        };
+        let finalizers = crate::object::metadata(&obj)
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if !finalizers {
+            match store.delete(&kv.key, Some(kv.mod_revision)).await {
+                Ok(_) | Err(Error::NotFound { .. }) => {}
+                Err(Error::Conflict { .. }) => remaining = true,
+                Err(e) => return Err(e),
+            }
+            continue;
+        }
+        remaining = true;
+        if crate::object::meta_str(&obj, "deletionTimestamp").is_some() {
+            continue;
+        }
+        crate::object::set_meta(
+            &mut obj,
+            "deletionTimestamp",
+            crate::object::now_timestamp(),
+        );
+        crate::object::set_meta(&mut obj, "deletionGracePeriodSeconds", 0);
+        crate::object::remove_meta(&mut obj, "resourceVersion");
+        let Ok(bytes) = crate::object::encode(&obj) else {
+            continue;
+        };
+        match store.update(&kv.key, bytes, Some(kv.mod_revision)).await {
+            Ok(_) | Err(Error::NotFound { .. } | Error::Conflict { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(!remaining)
+}
+
+/// Moves the deletion of CRD `name` on: once it is marked for deletion, its objects
+/// are deleted, and when none remain its cleanup finalizer goes (and with the last
+/// finalizer, the CRD). With `deleted` (the CRD was just deleted), a CRD already gone
+/// has its objects deleted too. Returns whether the CRD or its objects changed.
+pub async fn continue_deletion(
+    store: &dyn trellis_store::Store,
+    name: &str,
+    deleted: bool,
+) -> trellis_store::Result<bool> {
+    let Some(prefix) = objects_prefix(name) else {
+        return Ok(false);
+    };
+    let key = format!("{CRD_PREFIX}{name}");
+    let Some(kv) = store.get(&key).await? else {
+        if deleted {
+            delete_objects(store, &prefix).await?;
+        }
+        return Ok(deleted);
+    };
+    let Some(mut crd) = crate::watch_cache::decode_stored(&kv.value, kv.mod_revision) else {
+        return Ok(false);
+    };
+    if crate::object::meta_str(&crd, "deletionTimestamp").is_none() {
+        return Ok(false);
+    }
+    if !delete_objects(store, &prefix).await? {
+        return Ok(true);
+    }
+    let meta = crate::object::metadata_mut(&mut crd);
+    let mut finalizers: Vec<Value> = meta
+        .get("finalizers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    finalizers.retain(|f| f.as_str() != Some(CLEANUP_FINALIZER));
+    let result = if finalizers.is_empty() {
+        store.delete(&key, Some(kv.mod_revision)).await.map(|_| ())
+    } else {
+        meta.insert("finalizers".into(), Value::Array(finalizers));
+        meta.remove("resourceVersion");
+        match crate::object::encode(&crd) {
+            Ok(bytes) => store
+                .update(&key, bytes, Some(kv.mod_revision))
+                .await
+                .map(|_| ()),
+            Err(_) => Ok(()),
+        }
+    };
+    match result {
+        Ok(())
+        | Err(trellis_store::Error::Conflict { .. } | trellis_store::Error::NotFound { .. }) => {
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether CRD `name` (`<plural>.<group>`) is being deleted: its objects are then
+/// being removed, and new ones are refused.
+pub async fn terminating(store: &dyn trellis_store::Store, name: &str) -> bool {
+    let Ok(Some(kv)) = store.get(&format!("{CRD_PREFIX}{name}")).await else {
+        return false;
+    };
+    crate::watch_cache::decode_stored(&kv.value, kv.mod_revision)
+        .is_some_and(|crd| crate::object::meta_str(&crd, "deletionTimestamp").is_some())
+}
+
+/// With `fieldValidation=Strict`, the fields the schema does not declare (those
+/// pruning would drop), as paths like `spec.color`.
+pub fn unknown_fields(schema: &Schema, obj: &Object) -> Vec<String> {
+    let original = Value::Object(obj.clone());
+    let mut pruned = original.clone();
+    prune(&mut pruned, &schema.raw, true);
+    let mut out = Vec::new();
+    crate::typed::unknown_fields(&original, &pruned, "", &mut out);
+    out
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ const SEEDS: &[&str] = &[
     "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  k: v\n",
     r#"[{"op":"replace","path":"/spec/replicas","value":3}]"#,
     r#"{"metadata":{"labels":{"x":null}},"spec":{"containers":[{"name":"c","$patch":"delete"}]}}"#,
+    r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","managedFields":[{"manager":"m","operation":"Apply","apiVersion":"v1","fieldsType":"FieldsV1","fieldsV1":{"f:data":{"f:k":{}},"f:spec":{"f:ports":{"k:{\"port\":1}":{".":{},"f:port":{}}},"f:finalizers":{"v:\"x\"":{}}}}}]},"data":{"k":"v"}}"#,
 ];
 
 const QUERIES: &[&str] = &[
@@ -101,8 +102,13 @@ fn request_decoding_never_panics_and_refuses_with_4xx() {
             serde_json::from_slice::<Value>(&body),
         ) {
             patch::merge(&mut doc, &p, rng.random());
-            if let Ok(ops) = serde_json::from_value::<json_patch::Patch>(p) {
+            if let Ok(ops) = serde_json::from_value::<json_patch::Patch>(p.clone()) {
                 let _ = json_patch::patch(&mut doc, &ops);
+            }
+            if let (Value::Object(live), Value::Object(config)) =
+                (serde_json::from_slice::<Value>(seed).unwrap_or_default(), p)
+            {
+                fuzz_field_management(&live, &config, rng.random());
             }
         }
 
@@ -128,4 +134,38 @@ fn request_decoding_never_panics_and_refuses_with_4xx() {
         let _ = request::body_format(&headers);
         let _ = request::wants_table(&headers);
     }
+}
+
+/// Applies `config` to `live` and records it as an update: errors must be 4xx.
+fn fuzz_field_management(live: &object::Object, config: &object::Object, force: bool) {
+    use crate::apply::Applied;
+    use crate::managed_fields::{Schema, Scope, record_update};
+    let applied = Applied {
+        manager: "fuzz",
+        force,
+        schema: Schema::Builtin,
+        scope: Scope::NoStatus,
+        api_version: "v1",
+        subresource: "",
+        now: "2026-01-01T00:00:00Z",
+    };
+    if let Err(e) = applied.apply_to(live, config) {
+        assert!(
+            client_error(e.code),
+            "apply answered {}: {}",
+            e.code,
+            e.message
+        );
+    }
+    let mut new = config.clone();
+    let _ = record_update(
+        Some(live),
+        &mut new,
+        Schema::Builtin,
+        Scope::All,
+        "fuzz",
+        "v1",
+        "",
+        "t",
+    );
 }

@@ -29,7 +29,7 @@ use crate::watch_cache::decode_stored;
 /// Most objects a list reads from the store per page while filtering by selectors.
 const LIST_PAGE: usize = 500;
 
-fn respond(code: StatusCode, obj: &Object, req: &ApiRequest) -> Response {
+pub(crate) fn respond(code: StatusCode, obj: &Object, req: &ApiRequest) -> Response {
     if req.wants_table {
         return json_response(
             code,
@@ -378,6 +378,7 @@ pub async fn prepare_create(
     remove_meta(obj, "deletionGracePeriodSeconds");
     let attrs = admission_attributes(req, "CREATE", &name);
     state.chains.mutate(&attrs, obj, None).await?;
+    check_unknown_fields(state, req, obj)?;
     typed::default_and_validate_with(res, obj, None, req.strict_fields())?;
     if let Some(schema) = state.schema_for(res) {
         crate::crd::validate(&schema, res, obj)?;
@@ -391,9 +392,26 @@ pub async fn prepare_create(
     if is_crd(res) {
         let status = crate::crd::established_status(obj);
         obj.insert("status".into(), status);
+        // Its objects are deleted with it, before it goes.
+        let finalizers = metadata_mut(obj)
+            .entry("finalizers")
+            .or_insert_with(|| json!([]));
+        if let Value::Array(list) = finalizers
+            && !list.iter().any(|f| f == crate::crd::CLEANUP_FINALIZER)
+        {
+            list.push(crate::crd::CLEANUP_FINALIZER.into());
+        }
     }
     if res.namespaced {
         check_namespace(state, req.namespace.as_deref().unwrap_or_default()).await?;
+    }
+    if state.schema_for(res).is_some()
+        && crate::crd::terminating(state.store.as_ref(), &res.qualified()).await
+    {
+        return Err(ApiError::method_not_allowed(
+            "create not allowed while custom resource definition is terminating",
+        )
+        .into());
     }
     Ok(res.key(req.namespace.as_deref(), &name))
 }
@@ -406,8 +424,15 @@ pub async fn create(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
 /// Creates `obj` (from a POST, a PUT of a missing object, or an apply that finds
 /// none): the server's fields, defaults, admission and validation, then the store and
 /// the initializers.
-async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) -> ApiResult {
+pub(crate) async fn create_object(
+    state: &AppState,
+    req: &ApiRequest,
+    mut obj: Object,
+) -> ApiResult {
     let key = prepare_create(state, req, &mut obj).await?;
+    if req.body_format != BodyFormat::Patch(PatchType::Apply) {
+        crate::apply::record_write(state, req, None, &mut obj)?;
+    }
     let name = object::name(&obj).unwrap_or_default().to_owned();
     if req.dry_run {
         return Ok(respond(StatusCode::CREATED, &obj, req));
@@ -510,6 +535,38 @@ fn admission_attributes<'a>(
     }
 }
 
+/// Fields the object's type does not have: with `fieldValidation=Warn` (the default)
+/// each becomes a warning; with `Strict` a custom resource is refused (built-in kinds
+/// are refused by their typed decode).
+fn check_unknown_fields(state: &AppState, req: &ApiRequest, obj: &Object) -> ApiResult<()> {
+    let schema = state.schema_for(&req.resource);
+    if req.strict_fields() {
+        let unknown = schema
+            .map(|s| crate::crd::unknown_fields(&s, obj))
+            .unwrap_or_default();
+        if !unknown.is_empty() {
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|f| format!("unknown field {f:?}"))
+                .collect();
+            return Err(ApiError::bad_request(format!(
+                "strict decoding error: {}",
+                list.join(", ")
+            ))
+            .into());
+        }
+    } else if req.warn_fields() {
+        let unknown = match schema {
+            Some(s) => crate::crd::unknown_fields(&s, obj),
+            None => typed::unknown_fields_of(&req.resource, obj),
+        };
+        for f in unknown {
+            crate::warnings::add(format!("unknown field {f:?}"));
+        }
+    }
+    Ok(())
+}
+
 /// Fields a write through the main resource may not change, and what `/status` may.
 fn merge_for_subresource(
     res: &ResourceInfo,
@@ -559,7 +616,7 @@ fn merge_for_subresource(
 /// Applies the server's rules to a replacement of `old` by `new`: immutable identity,
 /// generation on spec changes, status only through `/status`. Returns the expected
 /// revision for the compare-and-swap.
-async fn prepare_update(
+pub(crate) async fn prepare_update(
     state: &AppState,
     req: &ApiRequest,
     old: &Object,
@@ -603,6 +660,7 @@ async fn prepare_update(
     merge_for_subresource(res, req.subresource, old, new);
     let attrs = admission_attributes(req, "UPDATE", name);
     state.chains.mutate(&attrs, new, Some(old)).await?;
+    check_unknown_fields(state, req, new)?;
     typed::default_and_validate_with(res, new, Some(old), req.strict_fields())?;
     if let Some(schema) = state.schema_for(res) {
         crate::crd::validate(&schema, res, new)?;
@@ -633,7 +691,7 @@ async fn prepare_update(
 
 /// Whether an update changes nothing: Kubernetes then skips the write, keeping the
 /// resourceVersion (and kubectl reports "no change").
-fn unchanged(old: &Object, new: &Object) -> bool {
+pub(crate) fn unchanged(old: &Object, new: &Object) -> bool {
     let strip = |o: &Object| {
         let mut o = o.clone();
         remove_meta(&mut o, "resourceVersion");
@@ -644,7 +702,7 @@ fn unchanged(old: &Object, new: &Object) -> bool {
 
 /// Writes `new` over the stored object at `expected`; an object whose deletion is
 /// pending and whose finalizers are now empty is deleted instead.
-async fn write_update(
+pub(crate) async fn write_update(
     state: &AppState,
     req: &ApiRequest,
     mut new: Object,
@@ -693,6 +751,7 @@ pub async fn update(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         Err(e) => return Err(e),
     };
     let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
+    crate::apply::record_write(state, req, Some(&old), &mut new)?;
     if expected == old_rev && unchanged(&old, &new) {
         return Ok(respond(StatusCode::OK, &old, req));
     }
@@ -707,28 +766,17 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
             ApiError::unsupported_media_type(req.content_type.as_deref().unwrap_or("")).into(),
         );
     };
-    let patch_doc: Value = match kind {
-        PatchType::Apply => Value::Object(object::decode(&body, true)?),
-        _ => serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
-    };
+    if kind == PatchType::Apply {
+        return crate::apply::apply(state, req, body).await;
+    }
+    crate::apply::check_patch_options(req, false)?;
+    let patch_doc: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     // Retry on conflicts that the client did not ask for (no resourceVersion in the patch).
     for _ in 0..8 {
         let (old, old_rev) = match read(state, &req.resource, req.namespace.as_deref(), name).await
         {
             Ok(found) => found,
-            Err(ErrorResponse(e)) if e.code == 404 && kind == PatchType::Apply => {
-                // Server-side apply of a missing object creates it.
-                let obj = match patch_doc.clone() {
-                    Value::Object(m) => m,
-                    _ => {
-                        return Err(
-                            ApiError::bad_request("an apply patch must be an object").into()
-                        );
-                    }
-                };
-                return create_object(state, req, obj).await;
-            }
             Err(e) => return Err(e),
         };
         let mut doc = Value::Object(old.clone());
@@ -747,11 +795,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
                 })?;
             }
             PatchType::Merge | PatchType::StrategicMerge | PatchType::Apply => {
-                crate::patch::merge(
-                    &mut doc,
-                    &patch_doc,
-                    kind == PatchType::StrategicMerge || kind == PatchType::Apply,
-                );
+                crate::patch::merge(&mut doc, &patch_doc, kind == PatchType::StrategicMerge);
             }
         }
         let Value::Object(mut new) = doc else {
@@ -762,6 +806,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
             set_meta(&mut new, "resourceVersion", old_rev.to_string());
         }
         let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
+        crate::apply::record_write(state, req, Some(&old), &mut new)?;
         if expected == old_rev && unchanged(&old, &new) {
             return Ok(respond(StatusCode::OK, &old, req));
         }
@@ -922,12 +967,47 @@ fn is_crd(res: &ResourceInfo) -> bool {
     res.group == "apiextensions.k8s.io" && res.plural == "customresourcedefinitions"
 }
 
-/// After a write of a CRD, serve what it defines before answering.
+/// After a write, tell the admission steps of it. After a write of a CRD, serve what
+/// it defines before answering; a deleted CRD takes its objects with it. A write to a
+/// custom resource may be what a terminating CRD was waiting for (its last object's
+/// finalizers removed).
 pub async fn after_write(state: &AppState, req: &ApiRequest) {
-    if is_crd(&req.resource)
-        && !req.dry_run
-        && let Err(e) = state.refresh_custom_resources().await
-    {
+    if req.dry_run {
+        return;
+    }
+    let namespace = req.namespace.as_deref();
+    state
+        .chains
+        .written(&req.resource, req.verb, namespace)
+        .await;
+    let res = &req.resource;
+    let deleting = matches!(req.verb, "delete" | "deletecollection");
+    let crds: Vec<String> = if is_crd(res) && deleting {
+        match &req.name {
+            Some(name) => vec![name.clone()],
+            None => list_objects(state, req)
+                .await
+                .map(|(items, _, _)| {
+                    items
+                        .iter()
+                        .filter_map(|o| object::name(o).map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    } else if !is_crd(res) && state.schema_for(res).is_some() && req.verb != "create" {
+        vec![format!("{}.{}", res.plural, res.group)]
+    } else {
+        Vec::new()
+    };
+    let mut refresh = is_crd(res);
+    for name in crds {
+        match crate::crd::continue_deletion(state.store.as_ref(), &name, is_crd(res)).await {
+            Ok(changed) => refresh |= changed,
+            Err(e) => tracing::warn!(crd = %name, error = %e, "deleting a CRD's objects failed"),
+        }
+    }
+    if refresh && let Err(e) = state.refresh_custom_resources().await {
         tracing::warn!(error = %e, "refreshing custom resources failed");
     }
 }

@@ -9,18 +9,23 @@
 //! - [`routes`]: authentication, authorization, path parsing, dispatch.
 //! - [`rbac`]: RBAC authorization and the bootstrap roles; [`node_authz`]: what
 //!   a node's credentials may reach.
-//! - [`admission`]: the admission and initializer chains; [`plugins`]: the WASM
-//!   plugins in them (Plugin objects, the plugins directory, hot reload).
+//! - [`admission`]: the admission and initializer chains; [`limit_ranger`] and
+//!   [`quota`]: the built-in LimitRanger and ResourceQuota steps; [`plugins`]: the
+//!   WASM plugins in the chains (Plugin objects, the plugins directory, hot reload).
 //! - [`metrics`]: `/metrics`; [`audit`]: the audit log.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
 //! - [`handlers`]: get, list, create, update, patch, delete, deletecollection.
 //! - [`watch`]: client watches; [`watch_cache`]: the one store watch they share.
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
-//! - [`subresources`]: `scale` and `pods/binding`.
+//! - [`subresources`]: `scale` and `pods/binding`; [`reviews`]: self-subject access,
+//!   rules and identity reviews (`kubectl auth can-i`, `kubectl auth whoami`).
 //! - [`patch`]: merge and strategic merge patches; [`table`]: `kubectl get` tables.
+//! - [`managed_fields`]: field sets and `metadata.managedFields`; [`apply`]:
+//!   server-side apply and the field manager of every write; [`merge_keys`]: how the
+//!   built-in kinds' lists merge, for both apply and the OpenAPI schemas.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`; [`openapi`]: the
-//!   OpenAPI v2 and v3 documents.
+//!   OpenAPI v2 and v3 documents; [`openapi_proto`]: the v2 document in protobuf.
 //! - [`object`]: object metadata helpers; [`response`]: errors as `Status`.
 //! - [`protobuf`]: protobuf request bodies read into JSON.
 //! - [`pki`], [`tls`], [`tokens`], [`kubeconfig`]: the cluster CA, certificates,
@@ -29,23 +34,30 @@
 //! - [`warnings`]: `Warning` headers collected while a request is handled.
 
 pub mod admission;
+pub mod apply;
 pub mod audit;
 pub mod crd;
 pub mod discovery;
 mod fuzz;
 pub mod handlers;
 pub mod kubeconfig;
+pub mod limit_ranger;
+pub mod managed_fields;
+pub mod merge_keys;
 pub mod metrics;
 pub mod node_authz;
 pub mod object;
 pub mod openapi;
+pub mod openapi_proto;
 pub mod patch;
 pub mod pki;
 pub mod plugins;
 pub mod protobuf;
+pub mod quota;
 pub mod rbac;
 pub mod request;
 pub mod response;
+pub mod reviews;
 pub mod routes;
 pub mod sa_token;
 pub mod server;

@@ -16,12 +16,12 @@
 //!   `$ref` and `allOf` from there.
 //! - Before `apply`/`create`/`replace`, kubectl checks whether a kind's PATCH operation
 //!   takes the `fieldValidation` query parameter. When it does, validation is left to the
-//!   server (`fieldValidation=Strict`) and the protobuf `/openapi/v2` is never fetched.
+//!   server (`fieldValidation=Strict`).
 //! - `kubectl apply` computes its strategic merge patch from the v3 schemas only when the
-//!   PATCH operation lists `application/strategic-merge-patch+json`. The `k8s-openapi`
-//!   schemas carry no `x-kubernetes-patch-merge-key`, so the v3 documents leave that
-//!   media type out ([`V3_PATCH_MEDIA_TYPES`]) and kubectl uses the merge keys compiled
-//!   into it for the built-in kinds.
+//!   PATCH operation lists `application/strategic-merge-patch+json`. The v3 documents
+//!   leave that media type out ([`V3_PATCH_MEDIA_TYPES`]), so kubectl turns to the v2
+//!   document, whose schemas carry the built-in kinds' merge keys and strategies
+//!   ([`crate::merge_keys`]; the `k8s-openapi` schemas have none).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -506,7 +506,9 @@ impl Builder {
 }
 
 fn builtin_catalog() -> Catalog {
-    use k8s_openapi::api::{apps, autoscaling, coordination, core, rbac};
+    use k8s_openapi::api::{
+        apps, authentication, authorization, autoscaling, coordination, core, rbac,
+    };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
@@ -514,6 +516,8 @@ fn builtin_catalog() -> Catalog {
     b.listable::<core::v1::ConfigMap>();
     b.listable::<core::v1::Endpoints>();
     b.listable::<core::v1::Event>();
+    b.listable::<core::v1::LimitRange>();
+    b.listable::<core::v1::ResourceQuota>();
     b.listable::<core::v1::Namespace>();
     b.listable::<core::v1::Node>();
     b.listable::<core::v1::Pod>();
@@ -528,6 +532,9 @@ fn builtin_catalog() -> Catalog {
     b.listable::<rbac::v1::RoleBinding>();
     b.listable::<rbac::v1::ClusterRoleBinding>();
     b.listable::<apiextensions::CustomResourceDefinition>();
+    b.kind::<authentication::v1::SelfSubjectReview>();
+    b.kind::<authorization::v1::SelfSubjectAccessReview>();
+    b.kind::<authorization::v1::SelfSubjectRulesReview>();
     b.kind::<core::v1::Binding>();
     b.kind::<autoscaling::v1::Scale>();
     b.kind::<meta::Status>();
@@ -591,6 +598,7 @@ fn render_definition(name: &str, schema: &Value, spec: Spec, delete_options: &[G
     let Value::Object(m) = &mut out else {
         return out;
     };
+    add_patch_strategies(name, m);
     // The two "int or string" types: schemars gives only the extension; OpenAPI
     // readers want a type too, spelled as Kubernetes spells it in each version.
     if name == IntOrString::schema_name() {
@@ -623,6 +631,30 @@ fn render_definition(name: &str, schema: &Value, spec: Spec, delete_options: &[G
         m.insert(GVK_EXTENSION.to_owned(), Value::Array(kinds));
     }
     out
+}
+
+/// Adds the built-in kinds' patch strategies and merge keys ([`crate::merge_keys`]) to
+/// schema `name`. kubectl reads them from `/openapi/v2` when it computes a strategic
+/// merge patch from it; without them every list would be replaced whole.
+fn add_patch_strategies(name: &str, schema: &mut Map<String, Value>) {
+    let Some(Value::Object(properties)) = schema.get_mut("properties") else {
+        return;
+    };
+    for rule in crate::merge_keys::of_schema(name) {
+        let Some(Value::Object(property)) = properties.get_mut(rule.field) else {
+            continue;
+        };
+        property.insert(
+            "x-kubernetes-patch-strategy".into(),
+            Value::from(rule.patch_strategy),
+        );
+        if !rule.patch_merge_key.is_empty() {
+            property.insert(
+                "x-kubernetes-patch-merge-key".into(),
+                Value::from(rule.patch_merge_key),
+            );
+        }
+    }
 }
 
 /// A catalog schema in the dialect of `spec`: v3 wraps a `$ref` that has siblings in
@@ -1307,7 +1339,9 @@ mod tests {
     fn every_builtin_kind_and_list_kind_has_a_schema_with_its_group_version_kind() {
         for r in builtins() {
             let document = doc(&r.group, &r.version);
-            for kind in [r.kind.clone(), r.list_kind()] {
+            // Reviews are only created: they have no list kind.
+            let list_kind = r.allows("list").then(|| r.list_kind());
+            for kind in std::iter::once(r.kind.clone()).chain(list_kind) {
                 let schema = schema_of_kind(&document, &r.group, &r.version, &kind)
                     .unwrap_or_else(|| panic!("no schema for {}/{} {kind}", r.group, r.version));
                 assert_eq!(schema["type"], "object", "{kind}");
@@ -1444,7 +1478,8 @@ mod tests {
             assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
         }
         // kubectl takes the first PATCH of a kind it meets, so all of them must agree.
-        for r in builtins() {
+        // (Reviews are only created.)
+        for r in builtins().into_iter().filter(|r| r.allows("patch")) {
             let document = doc(&r.group, &r.version);
             let patches: Vec<&Value> = document["paths"]
                 .as_object()
@@ -1490,9 +1525,28 @@ mod tests {
     }
 
     #[test]
+    fn v2_schemas_carry_the_merge_keys_kubectl_apply_needs() {
+        let v2 = v2_document(&builtins());
+        let defs = &v2["definitions"];
+        let containers = &defs["io.k8s.api.core.v1.PodSpec"]["properties"]["containers"];
+        assert_eq!(containers["x-kubernetes-patch-merge-key"], "name");
+        assert_eq!(containers["x-kubernetes-patch-strategy"], "merge");
+        let ports = &defs["io.k8s.api.core.v1.ServiceSpec"]["properties"]["ports"];
+        assert_eq!(ports["x-kubernetes-patch-merge-key"], "port");
+        // Every entry names a schema and a property the documents have.
+        for crate::merge_keys::MergeRule { schema, field, .. } in crate::merge_keys::BUILTIN {
+            assert!(
+                defs[*schema]["properties"].get(*field).is_some(),
+                "{schema}.{field} is not in the v2 document"
+            );
+        }
+    }
+
+    #[test]
     fn explain_finds_kinds_through_their_paths() {
         // What `kubectl explain` does: the collection or object path's operations name
-        // the kind, and the schema with that kind is the one explained.
+        // the kind, and the schema with that kind is the one explained. Reviews, which
+        // are only created, name it in their POST.
         for r in builtins() {
             let document = doc(&r.group, &r.version);
             let prefix = format!("/{}", api_path(&r.group, &r.version));
@@ -1504,7 +1558,11 @@ mod tests {
             let gvk = candidates
                 .iter()
                 .filter_map(|p| document["paths"].get(p))
-                .find_map(|item| item["get"].get(GVK_EXTENSION))
+                .find_map(|item| {
+                    item["get"]
+                        .get(GVK_EXTENSION)
+                        .or(item["post"].get(GVK_EXTENSION))
+                })
                 .unwrap_or_else(|| panic!("no path for {}", r.plural));
             assert_eq!(gvk["kind"], r.kind.as_str());
         }

@@ -175,6 +175,54 @@ pub async fn authorize(
     ))
 }
 
+/// Every rule granted to `user` in `namespace` (cluster-wide grants included), as
+/// SelfSubjectRulesReviews list them. Unlike [`authorize`], `system:masters` gets no
+/// shortcut here: its rules are those of the roles bound to it (`cluster-admin`).
+pub async fn rules_for(
+    store: &dyn Store,
+    user: &UserInfo,
+    namespace: &str,
+) -> Result<Vec<Value>, ApiError> {
+    let mut bindings: Vec<(Object, String)> = list(store, &format!("{RBAC}clusterrolebindings/"))
+        .await?
+        .into_iter()
+        .map(|b| (b, String::new()))
+        .collect();
+    if !namespace.is_empty() {
+        bindings.extend(
+            list(store, &format!("{RBAC}rolebindings/{namespace}/"))
+                .await?
+                .into_iter()
+                .map(|b| (b, namespace.to_owned())),
+        );
+    }
+    let mut rules = Vec::new();
+    for (binding, binding_namespace) in bindings {
+        let bound = binding
+            .get("subjects")
+            .and_then(Value::as_array)
+            .is_some_and(|s| {
+                s.iter()
+                    .any(|s| subject_matches(s, user, &binding_namespace))
+            });
+        if let (true, Some(role_ref)) = (bound, binding.get("roleRef")) {
+            rules.extend(role_rules(store, role_ref, &binding_namespace).await?);
+        }
+    }
+    Ok(rules)
+}
+
+/// Whether one rule allows `verb` on a non-resource URL (`/healthz`, `/api/*`).
+pub fn non_resource_rule_allows(rule: &Value, verb: &str, path: &str) -> bool {
+    let urls = rule.get("nonResourceURLs").and_then(Value::as_array);
+    contains(rule.get("verbs"), verb)
+        && urls.is_some_and(|urls| {
+            urls.iter().filter_map(Value::as_str).any(|u| {
+                u == "*" || u == path || u.strip_suffix('*').is_some_and(|p| path.starts_with(p))
+            })
+        })
+}
+
 /// The roles and bindings every cluster starts with.
 pub fn bootstrap_objects() -> Vec<(String, Value)> {
     let cluster_role = |name: &str, rules: Value| {
@@ -204,9 +252,23 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
         ),
         binding("cluster-admin", "cluster-admin", group(groups::MASTERS)),
+        // What every authenticated user may ask about itself, as Kubernetes'
+        // `system:basic-user`: `kubectl auth can-i` and `kubectl auth whoami`.
+        cluster_role(
+            "system:basic-user",
+            json!([
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}
+            ]),
+        ),
+        binding(
+            "system:basic-user",
+            "system:basic-user",
+            group(groups::AUTHENTICATED),
+        ),
         cluster_role(
             "view",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "namespaces", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": read}]),
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "limitranges", "namespaces", "resourcequotas", "resourcequotas/status", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": read}]),
         ),
         cluster_role(
             "edit",

@@ -45,6 +45,8 @@ pub struct Query {
     pub timeout_seconds: Option<u64>,
     pub dry_run: bool,
     pub field_manager: Option<String>,
+    /// `force` of an apply patch: take over fields other managers own.
+    pub force: Option<bool>,
     pub field_validation: Option<String>,
     pub include_uninitialized: bool,
     pub include_object: Option<String>,
@@ -89,6 +91,7 @@ impl Query {
                     q.dry_run = true;
                 }
                 "fieldManager" => q.field_manager = Some(v),
+                "force" => q.force = Some(truthy(&v)),
                 "fieldValidation" => q.field_validation = Some(v),
                 "includeUninitialized" => q.include_uninitialized = truthy(&v),
                 "includeObject" => q.include_object = Some(v),
@@ -148,6 +151,8 @@ pub struct ApiRequest {
     pub query: Query,
     pub user: UserInfo,
     pub content_type: Option<String>,
+    /// The client's User-Agent: a write's field manager when it names none.
+    pub user_agent: Option<String>,
     pub body_format: BodyFormat,
     /// The client accepts a `meta.k8s.io` Table (kubectl get).
     pub wants_table: bool,
@@ -165,6 +170,11 @@ impl ApiRequest {
     /// `fieldValidation=Strict`: unknown fields are refused instead of dropped.
     pub fn strict_fields(&self) -> bool {
         self.query.field_validation.as_deref() == Some("Strict")
+    }
+
+    /// `fieldValidation=Warn`, Kubernetes' default: dropped fields are reported.
+    pub fn warn_fields(&self) -> bool {
+        matches!(self.query.field_validation.as_deref(), None | Some("Warn"))
     }
 
     /// The body as an object; JSON or YAML per its content type.

@@ -20,7 +20,7 @@ use crate::handlers::{self, State};
 use crate::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
 use crate::response::{ErrorResponse, json_response};
 use crate::watch;
-use crate::{discovery, node_authz, rbac, sa_token, subresources};
+use crate::{discovery, node_authz, rbac, reviews, sa_token, subresources};
 
 /// The identity a connection's verified client certificate proves, if any.
 #[derive(Clone, Debug, Default)]
@@ -160,8 +160,9 @@ struct RequestInfo {
 }
 
 /// `/openapi/v2` and `/openapi/v3[/…]`, for any authenticated user (as Kubernetes'
-/// `system:discovery`). JSON only: a client that accepts nothing else gets 406 and
-/// falls back (kubectl asks v2 as protobuf and then validates on the server).
+/// `system:discovery`). JSON, and v2 also as protobuf (what kubectl asks first);
+/// `/swagger-2.0.0.pb-v1` is the v2 protobuf under its old name, kubectl 1.20's
+/// fallback. A client that accepts neither gets 406.
 fn openapi(
     state: &State,
     rest: &[&str],
@@ -172,17 +173,28 @@ fn openapi(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let json_ok = accept.is_empty()
-        || accept.split(',').any(|a| {
-            let a = a.split(';').next().unwrap_or("").trim();
-            matches!(a, "application/json" | "application/*" | "*/*")
-        });
-    if !json_ok {
+    // The first media type of the Accept list the server has, JSON when none is named.
+    let chosen = if accept.is_empty() {
+        Some("application/json")
+    } else {
+        accept
+            .split(',')
+            .find_map(|a| match a.split(';').next().unwrap_or("").trim() {
+                "application/json" | "application/*" | "*/*" => Some("application/json"),
+                crate::openapi_proto::CONTENT_TYPE | crate::openapi_proto::ACCEPT_DEPRECATED
+                    if rest == ["v2"] =>
+                {
+                    Some(crate::openapi_proto::CONTENT_TYPE)
+                }
+                _ => None,
+            })
+    };
+    let Some(chosen) = chosen else {
         return Err(ApiError::not_acceptable(format!(
             "the server was unable to respond with a content type that the client supports ({accept}); it serves application/json"
         ))
         .into());
-    }
+    };
     let docs = state.openapi();
     let json = |body: Vec<u8>| {
         let mut r = (StatusCode::OK, body).into_response();
@@ -193,6 +205,7 @@ fn openapi(
         r
     };
     match rest {
+        ["v2"] if chosen == crate::openapi_proto::CONTENT_TYPE => Ok(openapi_v2_protobuf(&docs)),
         ["v2"] => Ok(json(docs.v2.clone())),
         ["v3"] => Ok(json(docs.index.clone())),
         ["v3", path @ ..] => {
@@ -224,6 +237,15 @@ fn openapi(
     }
 }
 
+fn openapi_v2_protobuf(docs: &crate::state::OpenApiDocs) -> Response {
+    let mut r = (StatusCode::OK, docs.v2_protobuf.clone()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(crate::openapi_proto::CONTENT_TYPE),
+    );
+    r
+}
+
 fn not_found() -> ApiError {
     ApiError::new(
         404,
@@ -243,7 +265,12 @@ async fn handle(
 ) -> Result<Response, ErrorResponse> {
     info.verb = method.as_str().to_lowercase();
     info.resource = uri.path().to_owned();
-    let user = authenticate(&state, &peer, &headers).await?;
+    let mut user = authenticate(&state, &peer, &headers).await?;
+    // Kubernetes puts every authenticated user in this group too.
+    if !user.in_group(trellis_api::user::groups::AUTHENTICATED) {
+        user.groups
+            .push(trellis_api::user::groups::AUTHENTICATED.to_owned());
+    }
     info.user = user.name.clone();
     if uri.path() == "/metrics" {
         let mut text = state.metrics.render(state.cache.watcher_count());
@@ -259,6 +286,11 @@ async fn handle(
     }
     let path = uri.path().trim_end_matches('/');
     let segments: Vec<&str> = path.split('/').skip(1).collect();
+    if let ["api" | "apis"] = segments.as_slice()
+        && let Some(r) = discovery::aggregated_response(&state, segments[0] == "api", &headers)
+    {
+        return Ok(r);
+    }
     let (group, version, rest) = match segments.as_slice() {
         ["api"] => {
             return Ok(json_response(
@@ -280,7 +312,7 @@ async fn handle(
         }
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         ["openapi", rest @ ..] => return openapi(&state, rest, uri.query(), &headers),
-        ["swagger.json"] | ["swagger-2.0.0.pb-v1"] => return Err(not_found().into()),
+        ["swagger-2.0.0.pb-v1"] => return Ok(openapi_v2_protobuf(&state.openapi())),
         _ => return Err(not_found().into()),
     };
     if !state.serves(group, version) {
@@ -333,6 +365,13 @@ async fn handle(
             "the server does not allow this method on the requested resource",
         )
     })?;
+    if subresource.is_none() && !resource.allows(verb) {
+        return Err(ApiError::method_not_allowed(format!(
+            "{verb} is not supported on {}",
+            resource.qualified()
+        ))
+        .into());
+    }
     let (content_type, body_format) = request::body_format(&headers);
     let req = ApiRequest {
         dry_run: query.dry_run,
@@ -345,6 +384,10 @@ async fn handle(
         query,
         user,
         content_type,
+        user_agent: headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
         body_format,
         wants_table: request::wants_table(&headers),
     };
@@ -374,6 +417,9 @@ async fn handle(
     let result = match (verb, req.subresource) {
         ("get", None | Some(Subresource::Status)) => handlers::get(&state, &req).await,
         ("list", None) => handlers::list(&state, &req).await,
+        ("create", None) if reviews::answers(&req.resource) => {
+            return reviews::create(&state, &req, body).await;
+        }
         ("create", None) if req.name.is_none() => handlers::create(&state, &req, body).await,
         ("update", None | Some(Subresource::Status)) => handlers::update(&state, &req, body).await,
         ("patch", None | Some(Subresource::Status)) => handlers::patch(&state, &req, body).await,

@@ -25,6 +25,8 @@ pub struct OpenApiDocs {
     pub v3: std::collections::BTreeMap<String, (Vec<u8>, String)>,
     /// `/openapi/v2` as JSON.
     pub v2: Vec<u8>,
+    /// `/openapi/v2` as gnostic's protobuf `Document`.
+    pub v2_protobuf: Vec<u8>,
 }
 
 /// The namespaces every cluster starts with.
@@ -63,6 +65,7 @@ impl AppState {
         signer: crate::sa_token::TokenSigner,
         server_address: String,
     ) -> Arc<Self> {
+        chains.init(&store);
         Arc::new(Self {
             store,
             cache,
@@ -228,10 +231,16 @@ impl AppState {
                 )
             })
             .collect();
+        let v2 = catalog.v2_document(&resources);
+        let v2_protobuf = crate::openapi_proto::encode(&v2).unwrap_or_else(|e| {
+            warn!(error = %e, "encoding OpenAPI v2 as protobuf failed");
+            Vec::new()
+        });
         let docs = Arc::new(OpenApiDocs {
             index: serde_json::to_vec(&index).unwrap_or_default(),
             v3,
-            v2: serde_json::to_vec(&catalog.v2_document(&resources)).unwrap_or_default(),
+            v2: serde_json::to_vec(&v2).unwrap_or_default(),
+            v2_protobuf,
         });
         *self.openapi.write().unwrap_or_else(|e| e.into_inner()) = Some(docs.clone());
         docs

@@ -55,6 +55,7 @@ pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> Api
     let res = &req.resource;
     for _ in 0..8 {
         let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
+        let old = obj.clone();
         let mut scale = scale_of(&obj, rev);
         match req.body_format {
             BodyFormat::Json | BodyFormat::Yaml | BodyFormat::Protobuf => {
@@ -126,6 +127,8 @@ pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> Api
                 .unwrap_or(1);
             set_meta(&mut obj, "generation", generation + 1);
         }
+        // The scale's writer owns the workload's replicas, as `…/scale` in Kubernetes.
+        crate::apply::record_write(state, req, Some(&old), &mut obj)?;
         crate::object::remove_meta(&mut obj, "resourceVersion");
         if req.dry_run {
             return Ok(json_response(StatusCode::OK, &scale_of(&obj, rev)));

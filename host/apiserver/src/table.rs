@@ -116,6 +116,26 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
             col("Data", "string", "", "Number of data entries"),
             AGE,
         ],
+        ("", "resourcequotas") => vec![
+            NAME,
+            AGE,
+            col(
+                "Request",
+                "string",
+                "",
+                "Used and hard requests, and counts",
+            ),
+            col("Limit", "string", "", "Used and hard limits"),
+        ],
+        ("", "limitranges") => vec![
+            NAME,
+            col(
+                "Created At",
+                "date",
+                "",
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+            ),
+        ],
         ("", "secrets") => vec![
             NAME,
             col("Type", "string", "", "The type of the secret"),
@@ -230,6 +250,30 @@ fn pod_cells(obj: &Object) -> Vec<Value> {
     ]
 }
 
+/// A quota's `used/hard` pairs, as kubectl shows them: limits in one column,
+/// everything else in the other.
+fn quota_cells(obj: &Object) -> (String, String) {
+    let hard = obj
+        .get("status")
+        .and_then(|s| s.get("hard"))
+        .and_then(Value::as_object);
+    let used = obj.get("status").and_then(|s| s.get("used"));
+    let (mut request, mut limit) = (Vec::new(), Vec::new());
+    for (name, hard) in hard.into_iter().flatten() {
+        let used = used
+            .and_then(|u| u.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or("0");
+        let pair = format!("{name}: {used}/{}", hard.as_str().unwrap_or(""));
+        if name.starts_with("limits.") {
+            limit.push(pair);
+        } else {
+            request.push(pair);
+        }
+    }
+    (request.join(", "), limit.join(", "))
+}
+
 fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
     let name = json!(meta_str(obj, "name").unwrap_or_default());
     let age = json!(age(obj));
@@ -305,6 +349,14 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
                 age,
             ]
         }
+        ("", "resourcequotas") => {
+            let (request, limit) = quota_cells(obj);
+            vec![name, age, json!(request), json!(limit)]
+        }
+        ("", "limitranges") => vec![
+            name,
+            json!(meta_str(obj, "creationTimestamp").unwrap_or_default()),
+        ],
         ("", "secrets") => vec![
             name,
             json!(obj.get("type").and_then(Value::as_str).unwrap_or("Opaque")),

@@ -39,6 +39,8 @@ fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, Ap
         ("", "endpoints") => roundtrip::<core::v1::Endpoints>(obj),
         ("", "events") => roundtrip::<core::v1::Event>(obj),
         ("", "serviceaccounts") => roundtrip::<core::v1::ServiceAccount>(obj),
+        ("", "limitranges") => roundtrip::<core::v1::LimitRange>(obj),
+        ("", "resourcequotas") => roundtrip::<core::v1::ResourceQuota>(obj),
         ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),
         ("apps", "replicasets") => roundtrip::<apps::v1::ReplicaSet>(obj),
         ("coordination.k8s.io", "leases") => roundtrip::<coordination::v1::Lease>(obj),
@@ -81,6 +83,33 @@ pub fn unknown_fields(original: &Value, decoded: &Value, path: &str, out: &mut V
     }
 }
 
+/// The fields of `obj` its typed decode (`decoded`) dropped, but for those Trellis keeps.
+fn dropped_fields(obj: &Object, decoded: &Object) -> Vec<String> {
+    let mut unknown = Vec::new();
+    unknown_fields(
+        &Value::Object(obj.clone()),
+        &Value::Object(decoded.clone()),
+        "",
+        &mut unknown,
+    );
+    unknown.retain(|f| {
+        !KEPT_METADATA
+            .iter()
+            .any(|k| f == &format!("metadata.{k}") || f.starts_with(&format!("metadata.{k}.")))
+    });
+    unknown
+}
+
+/// The fields of a built-in object that its type does not have (what a write drops),
+/// as paths like `spec.colour`; none for kinds without a typed struct or objects that
+/// do not decode.
+pub fn unknown_fields_of(res: &ResourceInfo, obj: &Object) -> Vec<String> {
+    match typed_roundtrip(res, obj) {
+        Some(Ok(decoded)) => dropped_fields(obj, &decoded),
+        _ => Vec::new(),
+    }
+}
+
 /// Applies defaults and validation to a built-in object about to be stored. `old` is
 /// the stored object for an update. `strict` refuses unknown fields.
 pub fn default_and_validate(
@@ -103,18 +132,7 @@ pub fn default_and_validate_with(
     if let Some(decoded) = typed_roundtrip(res, obj) {
         let mut decoded = decoded?;
         if strict {
-            let mut unknown = Vec::new();
-            unknown_fields(
-                &Value::Object(obj.clone()),
-                &Value::Object(decoded.clone()),
-                "",
-                &mut unknown,
-            );
-            unknown.retain(|f| {
-                !KEPT_METADATA.iter().any(|k| {
-                    f == &format!("metadata.{k}") || f.starts_with(&format!("metadata.{k}."))
-                })
-            });
+            let unknown = dropped_fields(obj, &decoded);
             if !unknown.is_empty() {
                 let list: Vec<String> = unknown
                     .iter()
@@ -196,6 +214,9 @@ fn default_pod_spec(spec: &mut Map<String, Value>) {
     for list in ["containers", "initContainers"] {
         if let Some(Value::Array(containers)) = spec.get_mut(list) {
             for c in containers.iter_mut().filter_map(Value::as_object_mut) {
+                if c.contains_key("resources") {
+                    crate::limit_ranger::default_requests_from_limits(c);
+                }
                 let image = c.get("image").and_then(Value::as_str).unwrap_or("");
                 let last = image.rsplit('/').next().unwrap_or("");
                 let pull =
@@ -242,6 +263,7 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
             }
         }
         ("", "secrets") => set_default(obj, "type", json!("Opaque")),
+        ("", "limitranges") => crate::limit_ranger::default_limit_range(obj),
         ("", "services") => {
             let spec = object_at(obj, "spec");
             set_default(spec, "type", json!("ClusterIP"));
@@ -323,6 +345,9 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
                     }
                 }
             }
+        }
+        ("", plural @ ("limitranges" | "resourcequotas")) => {
+            crate::limit_ranger::validate(plural, obj, &mut causes)
         }
         _ => {}
     }

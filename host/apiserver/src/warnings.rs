@@ -20,10 +20,11 @@ pub async fn collect(handle: impl Future<Output = Response>) -> Response {
         })
         .await;
     for text in warnings {
-        // Quotes and backslashes are escaped inside the quoted text; anything not
+        // RFC 7234's warn-code 299 ("miscellaneous persistent warning"), the text
+        // quoted as kube-apiserver sends it; kubectl prints the text. Anything not
         // valid in a header is dropped rather than failing the response.
-        let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");
-        if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+        let quoted = serde_json::Value::String(text).to_string();
+        if let Ok(value) = HeaderValue::from_str(&format!("299 - {quoted}")) {
             response.headers_mut().append("warning", value);
         }
     }

@@ -261,6 +261,32 @@ async fn apply_creates_then_reports_unchanged_then_configured() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_changes_one_port_and_keeps_the_others() -> Result<()> {
+    // kubectl's patch names only the changed element, by the list's merge key
+    // (`port`, not `name`); merged by anything else the other port would be lost.
+    let cluster = TestCluster::start().await?;
+    let apply = ["apply", "-f", "-"];
+    let v1 = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  selector:\n    app: web\n  ports:\n  - name: http\n    port: 80\n    targetPort: 8080\n  - name: https\n    port: 443\n    targetPort: 8443\n";
+    let v2 = v1.replace("8443", "9443");
+    cluster.kubectl_ok_stdin(&apply, v1).await?;
+    assert_eq!(
+        cluster.kubectl_ok_stdin(&apply, &v2).await?,
+        "service/web configured\n"
+    );
+    let ports = cluster
+        .kubectl_ok(&[
+            "get",
+            "service",
+            "web",
+            "-o",
+            "jsonpath={range .spec.ports[*]}{.name}={.port}:{.targetPort} {end}",
+        ])
+        .await?;
+    assert_eq!(ports.trim(), "http=80:8080 https=443:9443");
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_prints_tables_names_jsonpath_and_yaml() -> Result<()> {
     let cluster = TestCluster::start().await?;
     let objects = format!("{PODS}---\n{WEB_APP}");

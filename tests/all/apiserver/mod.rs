@@ -1,7 +1,11 @@
 //! The API server end to end, with the real kubectl as its client.
 
+mod apply;
+mod compat;
 mod initializers;
 mod kubectl;
+mod kubectl_1_20;
 mod node_authz;
 mod openapi;
+mod quota;
 mod service_accounts;

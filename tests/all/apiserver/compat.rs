@@ -1,0 +1,417 @@
+//! What kubectl needs beyond CRUD: OpenAPI v2 in protobuf, `auth can-i` and `auth
+//! whoami`, aggregated discovery, events in `describe`, and `delete --wait`.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use prost_reflect::{DynamicMessage, ReflectMessage as _, Value as ProtoValue};
+use trellis_tests::TestCluster;
+
+/// A `kind: List` of two objects, which kubectl validates item by item.
+const LIST: &str = "apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: ConfigMap
+  metadata:
+    name: listed-a
+  data: {k: v}
+- apiVersion: apps/v1
+  kind: Deployment
+  metadata:
+    name: listed-web
+  spec:
+    selector:
+      matchLabels: {app: listed-web}
+    template:
+      metadata:
+        labels: {app: listed-web}
+      spec:
+        containers:
+        - name: nginx
+          image: nginx:1.25
+";
+
+/// GETs `path` over HTTPS as the admin with `accept`, with curl; returns the body and
+/// the response's Content-Type.
+async fn raw_get(cluster: &TestCluster, path: &str, accept: &str) -> Result<(Vec<u8>, String)> {
+    let dir = tempfile::tempdir()?;
+    let ca = dir.path().join("ca.crt");
+    let headers = dir.path().join("headers");
+    std::fs::write(&ca, &cluster.ca_pem)?;
+    let output = tokio::process::Command::new("curl")
+        .arg("-sSf")
+        .arg("--cacert")
+        .arg(&ca)
+        .arg("-D")
+        .arg(&headers)
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {}", cluster.admin_token))
+        .arg("-H")
+        .arg(format!("Accept: {accept}"))
+        .arg(format!("{}{path}", cluster.url))
+        .output()
+        .await
+        .context("run curl")?;
+    ensure!(
+        output.status.success(),
+        "curl {path}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let headers = std::fs::read_to_string(&headers)?;
+    let content_type = headers
+        .lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        })
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_default();
+    Ok((output.stdout, content_type))
+}
+
+fn field<'a>(msg: &'a DynamicMessage, name: &str) -> Result<std::borrow::Cow<'a, ProtoValue>> {
+    msg.get_field_by_name(name)
+        .with_context(|| format!("no field {name} in {}", msg.descriptor().full_name()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_v2_protobuf_decodes_and_kubectl_validates_a_list_with_it() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let (body, content_type) = raw_get(
+        &cluster,
+        "/openapi/v2",
+        "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+    )
+    .await?;
+    ensure!(
+        content_type == "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+        "{content_type}"
+    );
+    let document = DynamicMessage::decode(
+        trellis_apiserver::openapi_proto::document_descriptor().map_err(anyhow::Error::msg)?,
+        body.as_slice(),
+    )?;
+    ensure!(field(&document, "swagger")?.as_str() == Some("2.0"));
+    // The Deployment definition carries its group-version-kind, which kubectl maps
+    // kinds to schemas with.
+    let definitions = field(&document, "definitions")?;
+    let named = definitions
+        .as_message()
+        .context("definitions")?
+        .get_field_by_name("additional_properties")
+        .context("additional_properties")?;
+    let deployment = named
+        .as_list()
+        .context("a list of definitions")?
+        .iter()
+        .filter_map(ProtoValue::as_message)
+        .find(|d| {
+            d.get_field_by_name("name").is_some_and(|n| {
+                n.as_str()
+                    .is_some_and(|n| n.ends_with("apps.v1.Deployment"))
+            })
+        })
+        .context("no Deployment definition")?;
+    let schema = field(deployment, "value")?;
+    let extensions = schema
+        .as_message()
+        .context("schema")?
+        .get_field_by_name("vendor_extension")
+        .context("vendor_extension")?;
+    let gvk = extensions
+        .as_list()
+        .context("extensions")?
+        .iter()
+        .filter_map(ProtoValue::as_message)
+        .find(|e| {
+            e.get_field_by_name("name")
+                .and_then(|n| n.as_str().map(str::to_owned))
+                == Some("x-kubernetes-group-version-kind".into())
+        })
+        .context("no group-version-kind extension")?;
+    let yaml = field(gvk, "value")?
+        .as_message()
+        .and_then(|v| v.get_field_by_name("yaml"))
+        .and_then(|y| y.as_str().map(str::to_owned))
+        .context("yaml")?;
+    ensure!(
+        yaml.contains("Deployment") && yaml.contains("apps"),
+        "{yaml}"
+    );
+
+    // The old name serves the same bytes.
+    let (legacy, _) = raw_get(&cluster, "/swagger-2.0.0.pb-v1", "*/*").await?;
+    ensure!(
+        legacy == body,
+        "/swagger-2.0.0.pb-v1 differs from /openapi/v2"
+    );
+
+    let applied = cluster
+        .kubectl_ok_stdin(&["apply", "--validate=true", "-f", "-"], LIST)
+        .await?;
+    ensure!(
+        applied.contains("configmap/listed-a created")
+            && applied.contains("deployment.apps/listed-web created"),
+        "{applied}"
+    );
+    let bad = LIST.replace("data: {k: v}", "data: {k: v}\n  bogus: 1");
+    let refused = cluster
+        .kubectl_err_stdin(&["apply", "--validate=true", "-f", "-"], &bad)
+        .await?;
+    ensure!(refused.contains("bogus"), "{refused}");
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_can_i_and_whoami_answer_from_rbac() -> Result<()> {
+    let cluster = TestCluster::builder()
+        .with_token("viewer-token", "viewer", &["viewers"])
+        .start()
+        .await?;
+    let viewer = cluster.kubectl_with_token("viewer", "viewer-token")?;
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "rolebinding",
+            "viewers",
+            "--clusterrole=view",
+            "--group=viewers",
+            "-n",
+            "default",
+        ])
+        .await?;
+
+    let admin_can = cluster
+        .kubectl_ok(&["auth", "can-i", "create", "pods"])
+        .await?;
+    ensure!(admin_can.trim() == "yes", "{admin_can}");
+    let can_list = viewer
+        .ok(&["auth", "can-i", "list", "pods", "-n", "default"])
+        .await?;
+    ensure!(can_list.trim() == "yes", "{can_list}");
+    // `no` exits 1 with "no" on stdout.
+    let output = viewer
+        .run(&["auth", "can-i", "create", "pods", "-n", "default"], None)
+        .await?;
+    ensure!(
+        !output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == "no",
+        "{output:?}"
+    );
+    let elsewhere = viewer
+        .run(
+            &["auth", "can-i", "list", "pods", "-n", "kube-system"],
+            None,
+        )
+        .await?;
+    ensure!(!elsewhere.status.success(), "{elsewhere:?}");
+
+    let rules = viewer
+        .ok(&["auth", "can-i", "--list", "-n", "default"])
+        .await?;
+    ensure!(
+        rules.contains("pods") && rules.contains("[get list watch]"),
+        "{rules}"
+    );
+    ensure!(
+        rules.contains("selfsubjectaccessreviews.authorization.k8s.io"),
+        "{rules}"
+    );
+
+    let whoami = viewer.ok(&["auth", "whoami", "-o", "json"]).await?;
+    let review: serde_json::Value = serde_json::from_str(&whoami)?;
+    ensure!(review["kind"] == "SelfSubjectReview", "{whoami}");
+    ensure!(
+        review["status"]["userInfo"]["username"] == "viewer",
+        "{whoami}"
+    );
+    let groups = review["status"]["userInfo"]["groups"].to_string();
+    ensure!(
+        groups.contains("viewers") && groups.contains("system:authenticated"),
+        "{groups}"
+    );
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregated_discovery_is_served_and_kubectl_stays_quiet() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let accept =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+    let (body, content_type) = raw_get(&cluster, "/apis", accept).await?;
+    ensure!(
+        content_type == "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        "{content_type}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&body)?;
+    ensure!(doc["kind"] == "APIGroupDiscoveryList", "{doc}");
+    let apps = doc["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|g| g["metadata"]["name"] == "apps"))
+        .context("no apps group")?;
+    let deployments = apps["versions"][0]["resources"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["resource"] == "deployments"))
+        .context("no deployments")?;
+    ensure!(deployments["scope"] == "Namespaced", "{deployments}");
+    let (core, _) = raw_get(
+        &cluster,
+        "/api",
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+    )
+    .await?;
+    let core: serde_json::Value = serde_json::from_slice(&core)?;
+    ensure!(
+        core["apiVersion"] == "apidiscovery.k8s.io/v2beta1",
+        "{core}"
+    );
+    ensure!(
+        core["items"][0]["versions"][0]["resources"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["resource"] == "pods")),
+        "{core}"
+    );
+    // Plain JSON still gets the legacy document.
+    let (legacy, _) = raw_get(&cluster, "/apis", "application/json").await?;
+    let legacy: serde_json::Value = serde_json::from_slice(&legacy)?;
+    ensure!(legacy["kind"] == "APIGroupList", "{legacy}");
+
+    // kubectl resolves short names and categories from it, and says nothing else.
+    let output = cluster
+        .kubectl(&["get", "deploy,cm,quota,limits", "-n", "default"])
+        .await?;
+    ensure!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        stderr.trim().is_empty() || stderr.trim() == "No resources found in default namespace.",
+        "{stderr}"
+    );
+    let all = cluster
+        .kubectl(&["api-resources", "--api-group=apps"])
+        .await?;
+    ensure!(all.status.success() && all.stderr.is_empty(), "{all:?}");
+    ensure!(String::from_utf8_lossy(&all.stdout).contains("deployments"));
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_pod_shows_its_events() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster
+        .kubectl_ok(&["run", "web", "--image=nginx:1.25", "--restart=Never"])
+        .await?;
+    let uid = cluster
+        .kubectl_ok(&["get", "pod", "web", "-o", "jsonpath={.metadata.uid}"])
+        .await?;
+    let event = format!(
+        "apiVersion: v1
+kind: Event
+metadata:
+  name: web.1
+involvedObject:
+  apiVersion: v1
+  kind: Pod
+  name: web
+  namespace: default
+  uid: {uid}
+reason: Scheduled
+message: Successfully assigned default/web to node-1
+type: Normal
+source:
+  component: default-scheduler
+firstTimestamp: \"2026-01-01T00:00:00Z\"
+lastTimestamp: \"2026-01-01T00:00:00Z\"
+count: 1
+"
+    );
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &event)
+        .await?;
+    // An event about another pod stays out of the description.
+    let other = event
+        .replace("name: web.1", "name: other.1")
+        .replace("  name: web\n", "  name: other\n")
+        .replace("Successfully assigned default/web", "Elsewhere");
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &other)
+        .await?;
+    let described = cluster.kubectl_ok(&["describe", "pod", "web"]).await?;
+    let events = described
+        .split("Events:")
+        .nth(1)
+        .context("no Events section")?;
+    ensure!(
+        events.contains("Scheduled")
+            && events.contains("Successfully assigned default/web to node-1")
+            && events.contains("default-scheduler"),
+        "{described}"
+    );
+    ensure!(!events.contains("Elsewhere"), "{described}");
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_waits_until_the_finalizer_is_removed() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster
+        .kubectl_ok_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: held\n  finalizers: [example.com/hold]\n",
+        )
+        .await?;
+    let waiting = cluster.admin().clone();
+    let delete = tokio::spawn(async move {
+        waiting
+            .run(
+                &["delete", "cm", "held", "--wait=true", "--timeout=30s"],
+                None,
+            )
+            .await
+    });
+    // The delete only marks the object; kubectl keeps waiting.
+    let mut marked = false;
+    for _ in 0..50 {
+        let ts = cluster
+            .kubectl_ok(&[
+                "get",
+                "cm",
+                "held",
+                "-o",
+                "jsonpath={.metadata.deletionTimestamp}",
+            ])
+            .await?;
+        if !ts.is_empty() {
+            marked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(marked, "the config map was never marked for deletion");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        !delete.is_finished(),
+        "kubectl delete returned before the finalizer went"
+    );
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "cm",
+            "held",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ])
+        .await?;
+    let output = tokio::time::timeout(Duration::from_secs(30), delete).await???;
+    ensure!(output.status.success(), "{output:?}");
+    ensure!(
+        String::from_utf8_lossy(&output.stdout).contains("configmap \"held\" deleted"),
+        "{output:?}"
+    );
+    let gone = cluster.kubectl_err(&["get", "cm", "held"]).await?;
+    ensure!(
+        gone.contains("NotFound") || gone.contains("not found"),
+        "{gone}"
+    );
+    cluster.stop().await
+}

@@ -1,0 +1,279 @@
+//! LimitRanger and ResourceQuota admission, driven by kubectl: defaults and bounds from
+//! LimitRanges, quota refusals in Kubernetes' words, `status.used` kept current, and
+//! concurrent creates held to the quota.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use trellis_tests::TestCluster;
+
+fn pod(name: &str, resources: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  containers:
+  - name: app
+    image: nginx:1.25
+    resources: {resources}
+"
+    )
+}
+
+/// Polls `jsonpath` of `what` until it equals `want`.
+async fn wait_for(cluster: &TestCluster, what: &[&str], jsonpath: &str, want: &str) -> Result<()> {
+    let mut args: Vec<&str> = vec!["get"];
+    args.extend(what);
+    let path = format!("jsonpath={jsonpath}");
+    args.extend(["-o", &path]);
+    let mut last = String::new();
+    for _ in 0..50 {
+        last = cluster.kubectl_ok(&args).await?;
+        if last == want {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{what:?} {jsonpath} is {last:?}, not {want:?}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_ranges_default_and_bound_pod_resources() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster
+        .kubectl_ok_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: v1
+kind: LimitRange
+metadata:
+  name: bounds
+spec:
+  limits:
+  - type: Container
+    default: {cpu: 500m, memory: 256Mi}
+    defaultRequest: {cpu: 100m}
+    max: {cpu: '1'}
+    min: {cpu: 50m}
+    maxLimitRequestRatio: {cpu: '10'}
+",
+        )
+        .await?;
+    let table = cluster.kubectl_ok(&["get", "limits"]).await?;
+    ensure!(
+        table.contains("bounds") && table.contains("CREATED AT"),
+        "{table}"
+    );
+
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &pod("plain", "{}"))
+        .await?;
+    let resources = cluster
+        .kubectl_ok(&[
+            "get",
+            "pod",
+            "plain",
+            "-o",
+            "jsonpath={.spec.containers[0].resources}",
+        ])
+        .await?;
+    let resources: serde_json::Value = serde_json::from_str(&resources)?;
+    ensure!(
+        resources["requests"]["cpu"] == "100m"
+            && resources["limits"]["cpu"] == "500m"
+            && resources["limits"]["memory"] == "256Mi"
+            // The default memory limit stands for the request too.
+            && resources["requests"]["memory"] == "256Mi",
+        "{resources}"
+    );
+
+    let refused = cluster
+        .kubectl_err_stdin(
+            &["create", "-f", "-"],
+            &pod("greedy", "{limits: {cpu: '2'}, requests: {cpu: 10m}}"),
+        )
+        .await?;
+    ensure!(
+        refused.contains("pods \"greedy\" is forbidden: [minimum cpu usage per Container is 50m, but request is 10m, maximum cpu usage per Container is 1, but limit is 2, cpu max limit to request ratio per Container is 10, but provided ratio is 200.000000]"),
+        "{refused}"
+    );
+
+    let invalid = cluster
+        .kubectl_err_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: v1\nkind: LimitRange\nmetadata:\n  name: broken\nspec:\n  limits:\n  - type: Container\n    max: {cpu: lots}\n",
+        )
+        .await?;
+    ensure!(
+        invalid.contains("spec.limits[0].max[cpu]") && invalid.contains("Invalid value"),
+        "{invalid}"
+    );
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_quota_refuses_over_quota_creates_and_tracks_usage() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "quota",
+            "compute",
+            "--hard=pods=2,requests.cpu=1,limits.memory=1Gi",
+        ])
+        .await?;
+    wait_for(&cluster, &["quota", "compute"], "{.status.used.pods}", "0").await?;
+
+    let unspecified = cluster
+        .kubectl_err_stdin(&["create", "-f", "-"], &pod("bare", "{}"))
+        .await?;
+    ensure!(
+        unspecified.contains(
+            "pods \"bare\" is forbidden: failed quota: compute: must specify limits.memory,requests.cpu"
+        ),
+        "{unspecified}"
+    );
+
+    let sized = "{requests: {cpu: 250m}, limits: {memory: 256Mi}}";
+    for name in ["a", "b"] {
+        cluster
+            .kubectl_ok_stdin(&["create", "-f", "-"], &pod(name, sized))
+            .await?;
+    }
+    let used = cluster
+        .kubectl_ok(&["get", "quota", "compute", "-o", "jsonpath={.status.used}"])
+        .await?;
+    let used: serde_json::Value = serde_json::from_str(&used)?;
+    ensure!(
+        used["pods"] == "2" && used["requests.cpu"] == "500m" && used["limits.memory"] == "512Mi",
+        "{used}"
+    );
+    let table = cluster.kubectl_ok(&["get", "quota"]).await?;
+    ensure!(
+        table.contains("pods: 2/2") && table.contains("limits.memory: 512Mi/1Gi"),
+        "{table}"
+    );
+
+    let third = cluster
+        .kubectl_err_stdin(&["create", "-f", "-"], &pod("c", sized))
+        .await?;
+    ensure!(
+        third.contains(
+            "pods \"c\" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=2, limited: pods=2"
+        ),
+        "{third}"
+    );
+
+    // A delete gives the room back.
+    cluster.kubectl_ok(&["delete", "pod", "a"]).await?;
+    wait_for(&cluster, &["quota", "compute"], "{.status.used.pods}", "1").await?;
+    let too_much_cpu = cluster
+        .kubectl_err_stdin(
+            &["create", "-f", "-"],
+            &pod("big", "{requests: {cpu: '1'}, limits: {memory: 128Mi}}"),
+        )
+        .await?;
+    ensure!(
+        too_much_cpu.contains(
+            "exceeded quota: compute, requested: requests.cpu=1, used: requests.cpu=250m, limited: requests.cpu=1"
+        ),
+        "{too_much_cpu}"
+    );
+    // A dry run is checked and not charged.
+    cluster
+        .kubectl_ok_stdin(&["create", "--dry-run=server", "-f", "-"], &pod("c", sized))
+        .await?;
+    let pods = cluster
+        .kubectl_ok(&[
+            "get",
+            "quota",
+            "compute",
+            "-o",
+            "jsonpath={.status.used.pods}",
+        ])
+        .await?;
+    ensure!(pods == "1", "{pods}");
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &pod("c", sized))
+        .await?;
+    wait_for(&cluster, &["quota", "compute"], "{.status.used.pods}", "2").await?;
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_never_pass_the_quota() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "quota",
+            "objects",
+            "--hard=configmaps=5,count/deployments.apps=1",
+        ])
+        .await?;
+    wait_for(
+        &cluster,
+        &["quota", "objects"],
+        "{.status.used.configmaps}",
+        "0",
+    )
+    .await?;
+    let mut runs = Vec::new();
+    for i in 0..16 {
+        let kubectl = cluster.admin().clone();
+        runs.push(tokio::spawn(async move {
+            let name = format!("cm-{i}");
+            kubectl
+                .run(&["create", "configmap", &name, "--from-literal=k=v"], None)
+                .await
+        }));
+    }
+    let (mut created, mut refused) = (0, 0);
+    for run in runs {
+        let output = run.await??;
+        if output.status.success() {
+            created += 1;
+        } else {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            ensure!(
+                stderr.contains("exceeded quota: objects, requested: configmaps=1, used: configmaps=5, limited: configmaps=5"),
+                "{stderr}"
+            );
+            refused += 1;
+        }
+    }
+    ensure!(
+        created == 5 && refused == 11,
+        "{created} created, {refused} refused"
+    );
+    let stored = cluster.kubectl_ok(&["get", "cm", "-o", "name"]).await?;
+    ensure!(stored.lines().count() == 5, "{stored}");
+    let used = cluster
+        .kubectl_ok(&[
+            "get",
+            "quota",
+            "objects",
+            "-o",
+            "jsonpath={.status.used.configmaps}",
+        ])
+        .await?;
+    ensure!(used == "5", "{used}");
+
+    cluster
+        .kubectl_ok(&["create", "deployment", "one", "--image=nginx:1.25"])
+        .await?;
+    let second = cluster
+        .kubectl_err(&["create", "deployment", "two", "--image=nginx:1.25"])
+        .await?;
+    ensure!(
+        second.contains("deployments.apps \"two\" is forbidden: exceeded quota: objects, requested: count/deployments.apps=1, used: count/deployments.apps=1, limited: count/deployments.apps=1"),
+        "{second}"
+    );
+    let hard = cluster
+        .kubectl_ok(&["get", "quota", "objects", "-o", "jsonpath={.status.hard}"])
+        .await
+        .context("read the quota's status")?;
+    ensure!(hard.contains("count/deployments.apps"), "{hard}");
+    cluster.stop().await
+}
