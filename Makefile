@@ -8,7 +8,7 @@ DATA_DIR ?= $(HOME)/.local/share/trellis
 # Runs as root on CI machines; elsewhere apt needs sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps plugins up test lint bench-store bench-admission
+.PHONY: deps test-deps plugins test-plugins up test lint bench-store bench-admission
 
 deps:
 	@missing=""; \
@@ -34,7 +34,13 @@ up: deps plugins
 test-deps: deps
 	@tests/tools/kubectl-1.20.sh >/dev/null
 
-test: test-deps plugins
+# The plugin SDK and the examples' own tests, natively (Rust, Python, JavaScript).
+test-plugins: plugins
+	$(CARGO) test -q --manifest-path plugins/Cargo.toml --workspace
+	cd examples/plugins/require-team-label && python3 -m unittest -q
+	cd examples/plugins/deny-latest-tag && node --test
+
+test: test-deps plugins test-plugins
 	$(CARGO) test --workspace
 	$(CARGO) build -p trellis
 	tests/python/run.sh
