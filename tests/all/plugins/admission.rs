@@ -33,9 +33,20 @@ spec:
     ))
 }
 
-/// Waits until the Plugin's `Loaded` condition has `status` and returns the condition.
+/// Waits until the Plugin's `Loaded` condition has `status` and returns the object.
 async fn loaded(cluster: &TestCluster, name: &str, status: &str, generation: i64) -> Result<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    loaded_within(cluster, name, status, generation, Duration::from_secs(20)).await
+}
+
+/// [`loaded`], for plugins whose first compilation takes long (Python, JavaScript).
+pub(super) async fn loaded_within(
+    cluster: &TestCluster,
+    name: &str,
+    status: &str,
+    generation: i64,
+    within: Duration,
+) -> Result<Value> {
+    let deadline = Instant::now() + within;
     loop {
         let out = cluster
             .kubectl_ok(&["get", "plugin", name, "-o", "json"])
