@@ -62,7 +62,9 @@ if [ ${#rust_stale[@]} -gt 0 ]; then
   if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-wasip2; then
     rustup target add wasm32-wasip2
   fi
-  cargo build --quiet --release --target wasm32-wasip2 --manifest-path "$plugins/Cargo.toml"
+  # Its own target directory whatever the caller set: the copies below read from it.
+  CARGO_TARGET_DIR="$plugins/target" cargo build --quiet --release --target wasm32-wasip2 \
+    --manifest-path "$plugins/Cargo.toml"
   for name in "${rust_stale[@]}"; do
     cp "$plugins/target/wasm32-wasip2/release/${name//-/_}.wasm" "$dist/$name.wasm"
     built=$((built + 1))
