@@ -558,3 +558,35 @@ fn rustls_pemfile_certs(
         .collect::<Result<Vec<_>, _>>()
         .context("read the cluster CA")
 }
+
+impl TestCluster {
+    /// Waits until Plugin `name`'s `Loaded` condition has `status` for `generation`, and
+    /// returns the Plugin object.
+    pub async fn plugin_loaded(
+        &self,
+        name: &str,
+        status: &str,
+        generation: i64,
+        within: Duration,
+    ) -> anyhow::Result<serde_json::Value> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let out = self
+                .kubectl_ok(&["get", "plugin", name, "-o", "json"])
+                .await?;
+            let obj: serde_json::Value = serde_json::from_str(&out)?;
+            if let Some(cond) = obj["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Loaded"))
+                && cond["status"] == status
+                && cond["observedGeneration"] == generation
+            {
+                return Ok(obj);
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("plugin {name} never became Loaded={status}: {obj}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

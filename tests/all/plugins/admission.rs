@@ -35,37 +35,9 @@ spec:
 
 /// Waits until the Plugin's `Loaded` condition has `status` and returns the object.
 async fn loaded(cluster: &TestCluster, name: &str, status: &str, generation: i64) -> Result<Value> {
-    loaded_within(cluster, name, status, generation, Duration::from_secs(20)).await
-}
-
-/// [`loaded`], for plugins whose first compilation takes long (Python, JavaScript).
-pub(super) async fn loaded_within(
-    cluster: &TestCluster,
-    name: &str,
-    status: &str,
-    generation: i64,
-    within: Duration,
-) -> Result<Value> {
-    let deadline = Instant::now() + within;
-    loop {
-        let out = cluster
-            .kubectl_ok(&["get", "plugin", name, "-o", "json"])
-            .await?;
-        let obj: Value = serde_json::from_str(&out)?;
-        if let Some(cond) = obj["status"]["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == "Loaded"))
-            && cond["status"] == status
-            && cond["observedGeneration"] == generation
-        {
-            return Ok(obj);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "plugin {name} never became Loaded={status}: {obj}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cluster
+        .plugin_loaded(name, status, generation, Duration::from_secs(20))
+        .await
 }
 
 fn configmap(name: &str, mode: &str) -> String {

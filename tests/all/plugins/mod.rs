@@ -1,7 +1,6 @@
 //! WASM plugins: the host's limits and failures on real components built from
-//! `plugins/`, plugins in the API server's chains driven by kubectl, and the example
-//! plugins as their READMEs use them.
+//! `plugins/`, and plugins in the API server's chains driven by kubectl (the example
+//! plugins have a test binary of their own, `tests/plugin_examples`).
 
 mod admission;
-mod examples;
 mod host;

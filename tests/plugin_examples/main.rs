@@ -1,12 +1,14 @@
 //! The example plugins (examples/plugins), installed from their own `plugin.yaml` into
 //! a real API server and exercised with kubectl, as their READMEs show.
+//!
+//! A test binary of its own: compiling the Python and JavaScript components keeps both
+//! cores busy for a while, and cargo runs test binaries one after another, so the
+//! timing-sensitive tests in `all` never share the machine with it.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use trellis_tests::{TestCluster, plugin_wasm};
-
-use super::admission::loaded_within;
 
 /// An example's Plugin object with its module's path and digest filled in. Deadlines
 /// are raised for a debug build on a busy machine.
@@ -29,7 +31,7 @@ async fn install(cluster: &TestCluster, name: &str, within: Duration) -> Result<
     cluster
         .kubectl_ok_stdin(&["apply", "-f", "-"], &example_yaml(name)?)
         .await?;
-    loaded_within(cluster, name, "True", 1, within).await?;
+    cluster.plugin_loaded(name, "True", 1, within).await?;
     Ok(())
 }
 
@@ -54,7 +56,7 @@ spec:
 async fn the_rust_examples_police_default_and_initialize() -> Result<()> {
     let cluster = TestCluster::start().await?;
     for name in ["pod-policy", "pod-defaults", "annotate-init"] {
-        install(&cluster, name, Duration::from_secs(60)).await?;
+        install(&cluster, name, Duration::from_secs(600)).await?;
     }
 
     let err = cluster
