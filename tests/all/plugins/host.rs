@@ -23,9 +23,12 @@ fn host() -> Result<Arc<PluginHost>> {
     })
 }
 
+/// A spec for the fixture. The deadline is 1 s rather than the default 100 ms: it counts
+/// waiting for a CPU, and a debug build on a busy 2-core machine waits.
 fn spec(kind: PluginKind, configuration: serde_json::Value) -> PluginSpec {
     let mut spec = PluginSpec::new("misbehave", kind);
     spec.configuration = configuration.to_string();
+    spec.timeout = Duration::from_secs(1);
     spec
 }
 
@@ -82,22 +85,22 @@ async fn a_bad_call_is_named_and_the_plugin_keeps_serving() -> Result<()> {
     ensure!(status.code == 403 && status.message == "misbehave denies cm");
     ensure!(denied.warnings == vec!["misbehave looked at this".to_owned()]);
 
-    // A loop is stopped at the deadline (100 ms, 10 ms ticks), not much later.
+    // A loop is stopped at the deadline (10 ms ticks), not much later.
     let started = Instant::now();
     let err = plugin.admit(&host, &request("loop")).await.unwrap_err();
     let took = started.elapsed();
     ensure!(
-        err.kind == PluginErrorKind::Timeout(Duration::from_millis(100)),
+        err.kind == PluginErrorKind::Timeout(Duration::from_secs(1)),
         "{err}"
     );
     ensure!(
-        took >= Duration::from_millis(100) && took < Duration::from_secs(2),
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
         "took {took:?}"
     );
     let message = err.to_string();
     ensure!(
         message.starts_with("plugin misbehave (validating, v sha256:")
-            && message.ends_with(") timed out after 100ms"),
+            && message.ends_with(") timed out after 1000ms"),
         "{message}"
     );
 
