@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests with the official Python client against `trellis server`.
-# The binary is $TRELLIS_BIN (default target/debug/trellis under the repository
-# root); build it first. Extra arguments go to pytest, e.g. `-k watch`.
+# The binary is $TRELLIS_BIN (default: debug/trellis in $CARGO_TARGET_DIR, else in
+# target/ under the repository root); build it first. Extra arguments go to pytest, e.g. `-k watch`.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,7 +23,8 @@ PY
     fi
 fi
 
-export TRELLIS_BIN="${TRELLIS_BIN:-target/debug/trellis}"
+# Where cargo put it: CARGO_TARGET_DIR when the caller set one.
+export TRELLIS_BIN="${TRELLIS_BIN:-${CARGO_TARGET_DIR:-target}/debug/trellis}"
 if [[ ! -x "$TRELLIS_BIN" ]]; then
     echo "tests/python: no trellis binary at $TRELLIS_BIN (run \`cargo build -p trellis\` first)" >&2
     exit 2
