@@ -819,6 +819,14 @@ pub(crate) async fn exchange(
         path,
         Bytes::from(body),
     )?;
+    send_and_read(&mut connection, request).await
+}
+
+/// Sends `request` and reads the whole response within [`CALL_TIMEOUT`].
+async fn send_and_read(
+    connection: &mut Connection,
+    request: Request<Full<Bytes>>,
+) -> anyhow::Result<(StatusCode, Bytes)> {
     let exchange = async {
         let response = connection.send(request).await.context("send the request")?;
         let status = response.status();
@@ -842,20 +850,7 @@ async fn call(
     request: Request<Full<Bytes>>,
     expected: StatusCode,
 ) -> anyhow::Result<()> {
-    let exchange = async {
-        let response = connection.send(request).await.context("send the request")?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .context("read the response")?
-            .to_bytes();
-        anyhow::Ok((status, body))
-    };
-    let (status, body) = tokio::time::timeout(CALL_TIMEOUT, exchange)
-        .await
-        .unwrap_or_else(|_| bail!("no answer within {CALL_TIMEOUT:?}"))?;
+    let (status, body) = send_and_read(connection, request).await?;
     if status != expected {
         bail!(
             "the server answered {status} (expected {expected}): {}",
