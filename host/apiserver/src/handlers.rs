@@ -545,15 +545,7 @@ fn check_unknown_fields(state: &AppState, req: &ApiRequest, obj: &Object) -> Api
             .map(|s| crate::crd::unknown_fields(&s, obj))
             .unwrap_or_default();
         if !unknown.is_empty() {
-            let list: Vec<String> = unknown
-                .iter()
-                .map(|f| format!("unknown field {f:?}"))
-                .collect();
-            return Err(ApiError::bad_request(format!(
-                "strict decoding error: {}",
-                list.join(", ")
-            ))
-            .into());
+            return Err(typed::strict_decoding_error(&unknown).into());
         }
     } else if req.warn_fields() {
         let unknown = match schema {

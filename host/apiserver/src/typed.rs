@@ -84,6 +84,15 @@ pub fn unknown_fields(original: &Value, decoded: &Value, path: &str, out: &mut V
 }
 
 /// The fields of `obj` its typed decode (`decoded`) dropped, but for those Trellis keeps.
+/// `fieldValidation=Strict`'s refusal of unknown fields, in Kubernetes' wording.
+pub fn strict_decoding_error(unknown: &[String]) -> ApiError {
+    let list: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field {f:?}"))
+        .collect();
+    ApiError::bad_request(format!("strict decoding error: {}", list.join(", ")))
+}
+
 fn dropped_fields(obj: &Object, decoded: &Object) -> Vec<String> {
     let mut unknown = Vec::new();
     unknown_fields(
@@ -134,14 +143,7 @@ pub fn default_and_validate_with(
         if strict {
             let unknown = dropped_fields(obj, &decoded);
             if !unknown.is_empty() {
-                let list: Vec<String> = unknown
-                    .iter()
-                    .map(|f| format!("unknown field {f:?}"))
-                    .collect();
-                return Err(ApiError::bad_request(format!(
-                    "strict decoding error: {}",
-                    list.join(", ")
-                )));
+                return Err(strict_decoding_error(&unknown));
             }
         }
         if let Some(meta) = metadata(obj) {
