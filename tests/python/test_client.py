@@ -4,7 +4,7 @@ Every test asserts what Kubernetes' own API server answers. When Trellis answers
 differently the test fails: the server is what gets fixed, not the test.
 
 Not covered: a watch from a compacted resourceVersion (410 Gone). The watch cache
-keeps 10,000 events and the store 5 minutes of history, so it cannot be forced
+keeps 2,048 events and the store 5 minutes of history, so it cannot be forced
 without either a long wait or reaching into the server.
 """
 

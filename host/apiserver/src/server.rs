@@ -51,12 +51,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// [`Config::watch_cache_events`] unless set.
+    pub const DEFAULT_WATCH_CACHE_EVENTS: usize = 2_048;
+
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 6443)),
             tls_sans: Vec::new(),
-            watch_cache_events: 10_000,
+            watch_cache_events: Self::DEFAULT_WATCH_CACHE_EVENTS,
             watch_buffer: 1_000,
             shutdown_grace: Duration::from_secs(10),
             chains: Chains::builtin(),

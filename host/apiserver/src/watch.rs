@@ -49,8 +49,13 @@ impl Filter {
                 .and_then(|i| i.get("pending"))
                 .and_then(Value::as_array)
                 .is_none_or(|p| p.is_empty());
+        let labels = metadata(obj)
+            .and_then(|m| m.get("labels"))
+            .and_then(Value::as_object);
         initialized
-            && self.labels.matches_object(&Value::Object(obj.clone()))
+            && self
+                .labels
+                .matches(|key| labels.and_then(|l| l.get(key)).and_then(Value::as_str))
             && (self.fields.is_empty() || self.fields.matches(|f| handlers::field_value(obj, f)))
     }
 }
@@ -149,6 +154,21 @@ impl Writer {
             .await
     }
 
+    /// Sends one event line for a cached change, reusing its encoding.
+    async fn send_cached(&self, kind: &str, event: &CachedEvent) -> bool {
+        if self.req.wants_table {
+            return self.send(kind, &event.object).await;
+        }
+        let object = event.encoded();
+        let mut line = Vec::with_capacity(object.len() + 32);
+        line.extend_from_slice(br#"{"type":""#);
+        line.extend_from_slice(kind.as_bytes());
+        line.extend_from_slice(br#"","object":"#);
+        line.extend_from_slice(object);
+        line.extend_from_slice(b"}\n");
+        self.tx.send(Bytes::from(line)).await.is_ok()
+    }
+
     async fn send_value(&self, event: &Value) -> bool {
         let mut line = serde_json::to_vec(event).unwrap_or_default();
         line.push(b'\n');
@@ -177,13 +197,13 @@ impl Writer {
             EventKind::Put => {
                 let is = filter.matches(&event.object);
                 match (was, is) {
-                    (false, true) => self.send("ADDED", &event.object).await,
-                    (true, true) => self.send("MODIFIED", &event.object).await,
-                    (true, false) => self.send("DELETED", &event.object).await,
+                    (false, true) => self.send_cached("ADDED", event).await,
+                    (true, true) => self.send_cached("MODIFIED", event).await,
+                    (true, false) => self.send_cached("DELETED", event).await,
                     (false, false) => true,
                 }
             }
-            EventKind::Delete if was => self.send("DELETED", &event.object).await,
+            EventKind::Delete if was => self.send_cached("DELETED", event).await,
             EventKind::Delete => true,
         }
     }

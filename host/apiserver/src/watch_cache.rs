@@ -10,9 +10,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -31,6 +32,18 @@ pub struct CachedEvent {
     pub object: Arc<Object>,
     /// The object before the change, if it existed.
     pub prev: Option<Arc<Object>>,
+    /// `object` as JSON, encoded by the first client watch that sends it and shared by
+    /// the rest: with many watchers, encoding once per change rather than once per
+    /// watcher is most of the cost of a delivery.
+    encoded: OnceLock<Bytes>,
+}
+
+impl CachedEvent {
+    /// `object` as JSON.
+    pub fn encoded(&self) -> &Bytes {
+        self.encoded
+            .get_or_init(|| Bytes::from(serde_json::to_vec(&*self.object).unwrap_or_default()))
+    }
 }
 
 /// Decodes a stored value into an object with its resourceVersion set.
@@ -66,6 +79,7 @@ pub fn convert(event: &Event) -> Option<CachedEvent> {
         kind: event.kind,
         object: Arc::new(object),
         prev,
+        encoded: OnceLock::new(),
     })
 }
 

@@ -37,7 +37,7 @@ use futures::stream::BoxStream;
 pub use compactor::{Compactor, CompactorConfig};
 pub use error::{Error, Result};
 pub use etcd_backend::{EtcdConfig, EtcdStore};
-pub use redb_backend::{RedbConfig, RedbStore};
+pub use redb_backend::{DEFAULT_CACHE_BYTES, RedbConfig, RedbStore};
 
 /// A store revision. Revision 0 never names a write; an empty store is at revision 1,
 /// as etcd is, so the first write is revision 2.

@@ -40,6 +40,16 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 300)]
     history_window: u64,
 
+    /// Changes the API server keeps in memory for watches to resume from; older
+    /// resumes are served by a watch on the store.
+    #[arg(long, default_value_t = trellis_apiserver::Config::DEFAULT_WATCH_CACHE_EVENTS, value_name = "EVENTS")]
+    watch_cache_events: usize,
+
+    /// MiB of store pages the embedded store keeps in memory; reads past it go to the
+    /// file through the operating system's cache.
+    #[arg(long, default_value_t = trellis_store::DEFAULT_CACHE_BYTES >> 20, value_name = "MIB")]
+    store_cache_mib: usize,
+
     /// Plugins to run from files: `NAME.yaml` (a Plugin object or its spec) beside
     /// `NAME.wasm`; added, changed and removed files take effect while running.
     /// Defaults to `DATA_DIR/plugins`.
@@ -84,8 +94,11 @@ pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         StoreSpec::Redb => {
             let path = args.data_dir.join("store.redb");
             let redb = Arc::new(
-                RedbStore::open(RedbConfig::new(&path))
-                    .with_context(|| format!("open the store {}", path.display()))?,
+                RedbStore::open(RedbConfig {
+                    cache_bytes: args.store_cache_mib << 20,
+                    ..RedbConfig::new(&path)
+                })
+                .with_context(|| format!("open the store {}", path.display()))?,
             );
             (redb.clone(), Some(redb))
         }
@@ -110,6 +123,7 @@ pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
     server_config.listen = args.listen;
     server_config.tls_sans = args.tls_sans.clone();
+    server_config.watch_cache_events = args.watch_cache_events;
     let plugin_dir = args
         .plugin_dir
         .clone()

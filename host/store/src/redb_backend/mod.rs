@@ -58,6 +58,9 @@ const META_PURGED_TO: &str = "purged_to";
 /// Bumped on any incompatible change of the tables or their encodings.
 const FORMAT_VERSION: u64 = 1;
 
+/// [`RedbConfig::cache_bytes`] unless set.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
+
 /// Settings of a [`RedbStore`].
 #[derive(Clone, Debug)]
 pub struct RedbConfig {
@@ -74,6 +77,11 @@ pub struct RedbConfig {
     /// History entries examined per purge step after a compaction. Bounds how long a
     /// purge step can hold up the next write batch.
     pub purge_chunk: usize,
+    /// Bytes of pages redb keeps in memory. Reads past it go to the file (the
+    /// operating system's page cache), so this trades the server's resident memory
+    /// against read latency; redb's own default, 1 GiB, would let a store of a few
+    /// hundred MiB sit in the heap whole.
+    pub cache_bytes: usize,
 }
 
 impl RedbConfig {
@@ -84,6 +92,7 @@ impl RedbConfig {
             watch_buffer: 1024,
             max_batch: 4096,
             purge_chunk: 1024,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -127,9 +136,14 @@ impl RedbStore {
         }
         // redb validates its header and checksums; a foreign or damaged file must be an
         // error that names the file, so a panic deep in a decoder is caught here too.
-        let db = std::panic::catch_unwind(|| Database::builder().create(&path))
-            .map_err(|_| open_err("the file is not a readable redb database".into()))?
-            .map_err(|e| open_err(e.into()))?;
+        let cache_bytes = config.cache_bytes;
+        let db = std::panic::catch_unwind(|| {
+            Database::builder()
+                .set_cache_size(cache_bytes)
+                .create(&path)
+        })
+        .map_err(|_| open_err("the file is not a readable redb database".into()))?
+        .map_err(|e| open_err(e.into()))?;
         let (revision, compacted) = init_tables(&db, &path)?;
 
         let shared = Arc::new(Shared {

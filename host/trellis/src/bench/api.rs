@@ -48,6 +48,9 @@ use trellis_store::{RedbConfig, RedbStore};
 
 use super::{CALL_TIMEOUT, Percentiles, run_id, share};
 
+mod process;
+mod watch;
+
 /// Objects a `get` run creates and then reads: enough that reads spread over many
 /// keys, few enough that setting them up stays short.
 const GET_OBJECTS: usize = 1000;
@@ -67,11 +70,13 @@ pub struct ApiArgs {
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
 
-    /// Concurrent clients, each on its own connection; they share the requests.
+    /// Concurrent clients, each on its own connection; they share the requests. With
+    /// `--verb watch`, the watchers.
     #[arg(long, default_value_t = 50, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     clients: usize,
 
     /// Measured requests in total, not counting the warm-up and a `get` run's setup.
+    /// With `--verb watch`, the creates every watcher must see.
     #[arg(long, default_value_t = 10_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     ops: usize,
 
@@ -87,11 +92,22 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 256, value_name = "BYTES")]
     value_size: usize,
 
+    /// With `--verb watch`, creates per second. Paced rather than flat out, so the
+    /// figure is delivery latency, not queueing behind a backlog.
+    #[arg(long, default_value_t = 100, value_name = "CREATES_PER_SEC", value_parser = RangedU64ValueParser::<u32>::new().range(1..))]
+    rate: u32,
+
     /// Speak HTTP/2 (one stream at a time per connection), as kubectl and client-go
     /// do, instead of HTTP/1.1. HTTP/1.1 is the default because it costs both sides
     /// less CPU, so the figure is the server's rather than the protocol's.
     #[arg(long)]
     http2: bool,
+
+    /// Start the server as a child process rather than in this one, and report its
+    /// memory after the run: its resident set size a second after the last request
+    /// and the largest it reached.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    server_process: bool,
 
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
@@ -123,6 +139,10 @@ enum Verb {
     Create,
     /// GET existing objects.
     Get,
+    /// Watch the collection from `--clients` connections while one more creates
+    /// objects at `--rate`; latency is a create's acknowledgement to its arrival at the
+    /// last watcher, and requests/s the creates'.
+    Watch,
 }
 
 impl Verb {
@@ -130,6 +150,7 @@ impl Verb {
         match self {
             Verb::Create => "create",
             Verb::Get => "get",
+            Verb::Watch => "watch",
         }
     }
 }
@@ -147,7 +168,14 @@ struct Report {
     /// Failed requests. Always 0 in a printed report: the first failure ends the run
     /// with an error instead, so that a figure never hides failures.
     errors: usize,
+    /// With `--server-process`: the server's memory after the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_memory: Option<process::Memory>,
 }
+
+/// How long the server settles after the run before its memory is read: long enough
+/// for requests' buffers to be freed, short next to a run.
+const SETTLE: Duration = Duration::from_secs(1);
 
 pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     let report = match &args.kubeconfig {
@@ -155,6 +183,17 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             let target = Target::from_kubeconfig(path, args.http2)?;
             tracing::info!(server = %target.base, "measuring the kubeconfig's cluster");
             measure(&target, &args).await?
+        }
+        None if args.server_process => {
+            let mut server = process::ChildServer::start(args.http2).await?;
+            let measured = measure(&server.target, &args).await;
+            tokio::time::sleep(SETTLE).await;
+            let memory = server.memory();
+            let stopped = server.stop().await;
+            let mut report = measured?;
+            report.server_memory = Some(memory?);
+            stopped?;
+            report
         }
         None => {
             let cluster = LocalCluster::start().await?;
@@ -174,9 +213,15 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     };
 
     super::print_report(args.json, &report, || {
+        let memory = report.server_memory.map_or(String::new(), |m| {
+            format!(
+                "; server RSS {:.1} MiB, peak {:.1} MiB",
+                m.rss_mib, m.peak_rss_mib
+            )
+        });
         format!(
             "api {} {}: {} clients, {} requests: {:.0} requests/s, \
-             latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+             latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms{memory}",
             report.verb,
             report.kind,
             report.clients,
@@ -191,6 +236,15 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
 }
 
 async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
+    match args.verb {
+        Verb::Create => measure_requests(target, args, false).await,
+        Verb::Get => measure_requests(target, args, true).await,
+        Verb::Watch => watch::measure(target, args).await,
+    }
+}
+
+/// Creates (or with `reads`, GETs) over `--clients` connections.
+async fn measure_requests(target: &Target, args: &ApiArgs, reads: bool) -> anyhow::Result<Report> {
     let mut connections = connect_all(target, args.clients)
         .await
         .context("connect the clients")?;
@@ -207,22 +261,21 @@ async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
     };
     let warmup = (args.ops / 10).min(MAX_WARMUP);
 
-    let (warmup_plan, measured_plan) = match args.verb {
-        Verb::Create => (create("w"), create("m")),
-        Verb::Get => {
-            let objects = args.ops.min(GET_OBJECTS);
-            let setup = create("g");
-            connections = drive(target, connections, &setup, objects)
-                .await
-                .context("create the objects to read")?
-                .0;
-            let names: Arc<[String]> = (0..objects).map(|i| setup.name(i)).collect();
-            let get = Plan::Get {
-                collection: collection.clone(),
-                names,
-            };
-            (get.clone(), get)
-        }
+    let (warmup_plan, measured_plan) = if reads {
+        let objects = args.ops.min(GET_OBJECTS);
+        let setup = create("g");
+        connections = drive(target, connections, &setup, objects)
+            .await
+            .context("create the objects to read")?
+            .0;
+        let names: Arc<[String]> = (0..objects).map(|i| setup.name(i)).collect();
+        let get = Plan::Get {
+            collection: collection.clone(),
+            names,
+        };
+        (get.clone(), get)
+    } else {
+        (create("w"), create("m"))
     };
     connections = drive(target, connections, &warmup_plan, warmup)
         .await
@@ -249,6 +302,7 @@ async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
         p99_ms: percentiles.p99_ms,
         max_ms: percentiles.max_ms,
         errors: 0,
+        server_memory: None,
     })
 }
 
@@ -1029,6 +1083,8 @@ pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
         kind: Kind::Pods,
         verb: Verb::Create,
         value_size: 0,
+        rate: 1,
+        server_process: false,
         http2: false,
         json: false,
     };
