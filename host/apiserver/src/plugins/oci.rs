@@ -297,6 +297,7 @@ impl<'a> Client<'a> {
                 ));
             };
             let next = resolve_location(&url, location);
+            self.may_follow(&next)?;
             same_registry = authority(&next) == authority(&self.base);
             url = next;
         };
@@ -310,6 +311,24 @@ impl<'a> Client<'a> {
             ));
         }
         Ok(body.to_vec())
+    }
+
+    /// A remote registry may not steer the server to this machine (a token realm or a
+    /// redirect naming a loopback address); a loopback registry may.
+    fn may_follow(&self, url: &str) -> Result<(), String> {
+        let host_of = |u: &str| {
+            u.parse::<hyper::Uri>()
+                .ok()
+                .and_then(|u| u.host().map(str::to_owned))
+                .unwrap_or_default()
+        };
+        if is_loopback(&host_of(url)) && !is_loopback(&host_of(&self.base)) {
+            return Err(format!(
+                "{}: the registry sent the server to a loopback address ({url}), which only a loopback registry may",
+                self.name()
+            ));
+        }
+        Ok(())
     }
 
     fn name(&self) -> String {
@@ -409,6 +428,7 @@ impl<'a> Client<'a> {
             url.push_str(&format!("service={}&", encode_query(service)));
         }
         url.push_str(&format!("scope={}", encode_query(&scope)));
+        self.may_follow(&url)?;
         let response = http::get(&url, &[], MAX_TOKEN).await?;
         if !response.status.is_success() {
             return Err(format!(
@@ -655,6 +675,24 @@ mod tests {
             "https://ghcr.io/v2/a/b/blobs/x?y=1"
         );
         assert_eq!(authority(from).as_deref(), Some("https://ghcr.io"));
+    }
+
+    #[test]
+    fn only_loopback_registries_may_point_at_loopback() {
+        let remote = parse("oci://ghcr.io/a/b:1");
+        let client = Client::new(&remote);
+        assert!(client.may_follow("https://cdn.example/blob").is_ok());
+        let err = client
+            .may_follow("http://127.0.0.1:8080/token")
+            .unwrap_err();
+        assert!(err.contains("loopback"), "{err}");
+        assert!(client.may_follow("https://[::1]/x").is_err());
+        let local = parse("oci://127.0.0.1:5000/a/b:1");
+        assert!(
+            Client::new(&local)
+                .may_follow("http://localhost:9/token")
+                .is_ok()
+        );
     }
 
     #[test]
