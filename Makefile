@@ -29,10 +29,12 @@ plugins:
 up: deps plugins
 	$(CARGO) run --release -p trellis -- up --data-dir $(DATA_DIR)
 
-# kubectl 1.20 for the compatibility tests: Debian's package, unpacked under
-# ~/.cache/trellis, never installed over the system's kubectl.
+# kubectl 1.20 for the compatibility tests and docker-registry for the oci:// plugin
+# tests: Debian's packages, unpacked under ~/.cache/trellis, never installed (the
+# system's kubectl stays as it is).
 test-deps: deps
 	@tests/tools/kubectl-1.20.sh >/dev/null
+	@tests/tools/docker-registry.sh >/dev/null
 
 # The plugin SDK and the examples' own tests, natively (Rust, Python, JavaScript).
 test-plugins: plugins

@@ -15,6 +15,8 @@ use trellis_apiserver::Server;
 use trellis_store::local_etcd::LocalEtcd;
 use trellis_store::{EtcdStore, RedbConfig, RedbStore, Store};
 
+pub mod registry;
+
 /// Settings the conformance suite varies on both backends alike.
 #[derive(Clone, Debug)]
 pub struct StoreSettings {

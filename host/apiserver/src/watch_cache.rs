@@ -1,5 +1,8 @@
 //! The server's watch cache: one store watch over all of `/registry/` feeds a ring of
-//! recent events, decoded once, and fans them out to client watches.
+//! recent events, decoded once, and fans them out to client watches. It also keeps
+//! the current state, every object under `/registry/` at the cache's revision, which
+//! serves reads that may lag the store by the time an event takes to arrive (plugins'
+//! `cluster` import): the objects are the events' own, shared, not copies.
 //!
 //! A client watch from revision `N` replays the ring's events after `N` and then
 //! receives live events on its own bounded channel, offered only if its key prefix
@@ -8,7 +11,7 @@
 //! that falls behind is dropped, as the store drops slow watchers, and ends its
 //! stream so that it relists.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -17,7 +20,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
-use trellis_store::{Event, EventKind, Revision, Store};
+use trellis_store::{Event, EventKind, ListRequest, Revision, Store};
 
 use crate::object::{Object, set_meta};
 
@@ -102,6 +105,8 @@ struct State {
     /// The last revision the cache has seen.
     revision: Revision,
     watchers: Vec<Slot>,
+    /// Every object at `revision`, by key.
+    objects: BTreeMap<String, Arc<Object>>,
 }
 
 /// A client watch's feed: what the ring holds after its revision, then live events.
@@ -127,16 +132,55 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 /// The prefix every Kubernetes object is stored under.
 pub const REGISTRY: &str = "/registry/";
 
+/// Keys per page of the list that fills the current state.
+const LIST_PAGE: usize = 1000;
+
+/// Objects read from the cache's current state, and the revision they are at.
+#[derive(Debug)]
+pub struct Listed {
+    pub revision: Revision,
+    pub objects: Vec<Arc<Object>>,
+}
+
+/// Every object under `/registry/`, read at one revision, page by page.
+async fn list_registry(
+    store: &dyn Store,
+) -> trellis_store::Result<(Revision, BTreeMap<String, Arc<Object>>)> {
+    let mut objects = BTreeMap::new();
+    let mut request = ListRequest {
+        limit: Some(LIST_PAGE),
+        ..ListRequest::prefix(REGISTRY)
+    };
+    loop {
+        let page = store.list(request.clone()).await?;
+        for kv in &page.kvs {
+            match decode_stored(&kv.value, kv.mod_revision) {
+                Some(obj) => {
+                    objects.insert(kv.key.clone(), Arc::new(obj));
+                }
+                None => warn!(key = %kv.key, "skipping a stored value that is not a JSON object"),
+            }
+        }
+        match (page.more, page.kvs.last()) {
+            (true, Some(last)) => {
+                request.start_after = Some(last.key.clone());
+                request.revision = Some(page.revision);
+            }
+            _ => return Ok((page.revision, objects)),
+        }
+    }
+}
+
 impl WatchCache {
-    /// Starts the cache at the store's current revision and its feeder task, which
-    /// runs until `shutdown` completes.
+    /// Starts the cache with the objects of a list of `/registry/` (at that list's
+    /// revision) and its feeder task, which runs until `shutdown` completes.
     pub async fn start(
         store: Arc<dyn Store>,
         capacity: usize,
         watcher_buffer: usize,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> trellis_store::Result<Arc<Self>> {
-        let revision = store.current_revision().await?;
+        let (revision, objects) = list_registry(store.as_ref()).await?;
         let (revision_changed, _) = tokio::sync::watch::channel(revision);
         let cache = Arc::new(Self {
             state: Mutex::new(State {
@@ -144,6 +188,7 @@ impl WatchCache {
                 base: revision,
                 revision,
                 watchers: Vec::new(),
+                objects,
             }),
             capacity: capacity.max(1),
             watcher_buffer: watcher_buffer.max(1),
@@ -179,6 +224,10 @@ impl WatchCache {
             let from = self.revision() + 1;
             let mut stream = match store.watch(REGISTRY, from).await {
                 Ok(s) => s,
+                Err(trellis_store::Error::Compacted { .. }) => {
+                    self.relist(store.as_ref()).await;
+                    continue;
+                }
                 Err(e) => {
                     warn!(error = %e, from, "watch cache cannot watch the store; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -198,12 +247,58 @@ impl WatchCache {
         }
     }
 
+    /// The store compacted events the cache has not seen: start again from a list.
+    /// Client watches end (they relist too) and the ring starts empty at the list's
+    /// revision, so older watch revisions fall back to the store.
+    async fn relist(&self, store: &dyn Store) {
+        let (revision, objects) = match list_registry(store).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                warn!(error = %e, "watch cache cannot list the store; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                return;
+            }
+        };
+        warn!(
+            revision,
+            "watch cache missed compacted events; relisted the store"
+        );
+        let mut state = lock(&self.state);
+        for slot in state.watchers.drain(..) {
+            slot.lagged.store(true, Ordering::Release);
+        }
+        state.events.clear();
+        state.base = revision;
+        state.revision = revision;
+        state.objects = objects;
+        drop(state);
+        self.revision_changed.send_replace(revision);
+    }
+
     fn apply(&self, events: &[Event]) {
-        let converted: Vec<Arc<CachedEvent>> =
-            events.iter().filter_map(convert).map(Arc::new).collect();
+        let converted: Vec<(&str, Option<Arc<CachedEvent>>)> = events
+            .iter()
+            .map(|e| (e.kv.key.as_str(), convert(e).map(Arc::new)))
+            .collect();
         let last = events.last().map(Event::revision);
         let mut state = lock(&self.state);
-        for event in &converted {
+        for (key, event) in converted {
+            let Some(event) = event else {
+                // Not an object any more (or a delete without its last state): the key
+                // holds nothing a reader could use.
+                state.objects.remove(key);
+                continue;
+            };
+            match event.kind {
+                EventKind::Put => {
+                    state
+                        .objects
+                        .insert(event.key.clone(), event.object.clone());
+                }
+                EventKind::Delete => {
+                    state.objects.remove(&event.key);
+                }
+            }
             state.watchers.retain(|slot| {
                 if !event.key.starts_with(&slot.prefix) {
                     return !slot.tx.is_closed();
@@ -263,5 +358,178 @@ impl WatchCache {
 
     pub fn watcher_count(&self) -> usize {
         lock(&self.state).watchers.len()
+    }
+
+    /// One object of the current state.
+    pub fn get(&self, key: &str) -> Option<Arc<Object>> {
+        lock(&self.state).objects.get(key).cloned()
+    }
+
+    /// The current state's objects under `prefix`, in key order, and the revision
+    /// they are at.
+    pub fn list(&self, prefix: &str) -> Listed {
+        let state = lock(&self.state);
+        let objects = state
+            .objects
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(_, obj)| obj.clone())
+            .collect();
+        Listed {
+            revision: state.revision,
+            objects,
+        }
+    }
+
+    /// How many objects the current state holds.
+    pub fn object_count(&self) -> usize {
+        lock(&self.state).objects.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use serde_json::json;
+    use trellis_store::{RedbConfig, RedbStore};
+
+    use super::*;
+
+    fn value(name: &str, label: &str) -> Bytes {
+        Bytes::from(
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": name, "namespace": "a", "labels": {"l": label}}})
+            .to_string(),
+        )
+    }
+
+    fn rv(obj: &Object) -> String {
+        obj["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    async fn started() -> (tempfile::TempDir, Arc<dyn Store>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(RedbStore::open(RedbConfig::new(dir.path().join("s.redb"))).unwrap());
+        (dir, store)
+    }
+
+    const A: &str = "/registry/configmaps/a/";
+
+    #[tokio::test]
+    async fn current_state_starts_from_a_list_and_follows_puts_and_deletes() {
+        let (_dir, store) = started().await;
+        let one = store
+            .create(&format!("{A}one"), value("one", "x"))
+            .await
+            .unwrap();
+        store
+            .create("/registry/configmaps/b/other", value("other", "x"))
+            .await
+            .unwrap();
+        store.create("/elsewhere/k", value("k", "x")).await.unwrap();
+        let cache = WatchCache::start(store.clone(), 16, 16, std::future::pending())
+            .await
+            .unwrap();
+        assert_eq!(cache.object_count(), 2, "only /registry/ is kept");
+        let first = cache.get(&format!("{A}one")).unwrap();
+        assert_eq!(rv(&first), one.mod_revision.to_string());
+
+        let two = store
+            .create(&format!("{A}two"), value("two", "y"))
+            .await
+            .unwrap();
+        let updated = store
+            .update(&format!("{A}one"), value("one", "z"), None)
+            .await
+            .unwrap();
+        let gone = store
+            .delete("/registry/configmaps/b/other", None)
+            .await
+            .unwrap();
+        assert!(cache.wait_for(gone.revision, Duration::from_secs(5)).await);
+
+        let listed = cache.list(A);
+        assert!(listed.revision >= gone.revision);
+        let names: Vec<&str> = listed
+            .objects
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["one", "two"]);
+        assert_eq!(rv(&listed.objects[0]), updated.mod_revision.to_string());
+        assert_eq!(listed.objects[0]["metadata"]["labels"]["l"], "z");
+        assert_eq!(rv(&listed.objects[1]), two.mod_revision.to_string());
+        assert!(cache.get("/registry/configmaps/b/other").is_none());
+        assert!(cache.list("/registry/configmaps/b/").objects.is_empty());
+        // What an earlier read handed out is not changed by later events.
+        assert_eq!(first["metadata"]["labels"]["l"], "x");
+    }
+
+    #[tokio::test]
+    async fn current_state_shares_objects_with_events() {
+        let (_dir, store) = started().await;
+        let cache = WatchCache::start(store.clone(), 16, 16, std::future::pending())
+            .await
+            .unwrap();
+        let mut sub = cache.subscribe(A, cache.revision()).unwrap();
+        let kv = store
+            .create(&format!("{A}one"), value("one", "x"))
+            .await
+            .unwrap();
+        let event = sub.rx.recv().await.unwrap();
+        assert_eq!(event.revision, kv.mod_revision);
+        let current = cache.get(&format!("{A}one")).unwrap();
+        assert!(Arc::ptr_eq(&event.object, &current));
+    }
+
+    #[tokio::test]
+    async fn a_value_that_is_not_an_object_leaves_nothing_to_read() {
+        let (_dir, store) = started().await;
+        let cache = WatchCache::start(store.clone(), 16, 16, std::future::pending())
+            .await
+            .unwrap();
+        let key = format!("{A}one");
+        store.create(&key, value("one", "x")).await.unwrap();
+        let kv = store
+            .update(&key, Bytes::from_static(b"not json"), None)
+            .await
+            .unwrap();
+        assert!(
+            cache
+                .wait_for(kv.mod_revision, Duration::from_secs(5))
+                .await
+        );
+        assert!(cache.get(&key).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_relist_replaces_the_state_and_ends_client_watches() {
+        let (_dir, store) = started().await;
+        let cache = WatchCache::start(store.clone(), 16, 16, std::future::pending())
+            .await
+            .unwrap();
+        let key = format!("{A}one");
+        let kv = store.create(&key, value("one", "x")).await.unwrap();
+        assert!(
+            cache
+                .wait_for(kv.mod_revision, Duration::from_secs(5))
+                .await
+        );
+        let sub = cache.subscribe(A, cache.revision()).unwrap();
+        cache.relist(store.as_ref()).await;
+        assert!(sub.lagged.load(Ordering::Acquire));
+        assert_eq!(cache.watcher_count(), 0);
+        assert!(matches!(
+            cache.subscribe(A, kv.mod_revision - 1),
+            Err(TooOld)
+        ));
+        assert_eq!(rv(&cache.get(&key).unwrap()), kv.mod_revision.to_string());
     }
 }

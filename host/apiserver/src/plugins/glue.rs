@@ -13,14 +13,12 @@ use trellis_plugin_host::{
     AdmissionRequest, ClusterReader, GroupVersionKind, GroupVersionResource, InitializeRequest,
     Operation, PluginError, PluginErrorKind, PluginKind, UserInfo,
 };
-use trellis_store::ListRequest;
 
 use super::spec::FailurePolicy;
 use super::{Bound, PluginManager};
 use crate::admission::{Admission, Attributes, Initializer, InitializerSource};
 use crate::object::{Object, metadata};
 use crate::state::AppState;
-use crate::watch_cache::decode_stored;
 
 /// Most objects one `cluster.list` call returns.
 const MAX_LIST: usize = 10_000;
@@ -405,8 +403,9 @@ fn check_initialized(before: &Object, text: &str) -> Result<Object, String> {
     Ok(after)
 }
 
-/// Cluster reads for plugins granted them: one object or a filtered list, as the
-/// server stores them (uninitialized objects included).
+/// Cluster reads for plugins granted them: one object or a filtered list, from the
+/// watch cache's current state (uninitialized objects included). Reads cost no store
+/// access and may lag a write by the time its event takes to reach the cache.
 #[derive(Debug)]
 pub struct StoreReader {
     /// Weak: loaded plugins hold their reader, and the state holds the plugins.
@@ -425,12 +424,6 @@ impl StoreReader {
             .upgrade()
             .ok_or_else(|| "the server is stopping".to_owned())
     }
-
-    fn resource(&self, gvr: &GroupVersionResource) -> Result<ResourceInfo, String> {
-        self.state()?
-            .resource(&gvr.group, &gvr.version, &gvr.resource)
-            .map_err(|e| e.message)
-    }
 }
 
 #[async_trait]
@@ -441,16 +434,12 @@ impl ClusterReader for StoreReader {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<String>, String> {
-        let res = self.resource(gvr)?;
-        let kv = self
-            .state()?
-            .store
+        let state = self.state()?;
+        let res = resource(&state, gvr)?;
+        Ok(state
+            .cache
             .get(&res.key(namespace, name))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(kv
-            .and_then(|kv| decode_stored(&kv.value, kv.mod_revision))
-            .map(|o| Value::Object(o).to_string()))
+            .map(|o| to_json(&o)))
     }
 
     async fn list(
@@ -459,24 +448,34 @@ impl ClusterReader for StoreReader {
         namespace: Option<&str>,
         label_selector: &str,
     ) -> Result<Vec<String>, String> {
-        let res = self.resource(gvr)?;
+        let state = self.state()?;
+        let res = resource(&state, gvr)?;
         let selector = LabelSelector::parse(label_selector).map_err(|e| e.to_string())?;
-        let page = self
-            .state()?
-            .store
-            .list(ListRequest {
-                limit: Some(MAX_LIST),
-                ..ListRequest::prefix(res.namespace_prefix(namespace))
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(page
-            .kvs
+        Ok(state
+            .cache
+            .list(&res.namespace_prefix(namespace))
+            .objects
             .iter()
-            .filter_map(|kv| decode_stored(&kv.value, kv.mod_revision))
-            .map(Value::Object)
-            .filter(|o| selector.matches_object(o))
-            .map(|o| o.to_string())
+            .filter(|o| {
+                let labels = o
+                    .get("metadata")
+                    .and_then(|m| m.get("labels"))
+                    .and_then(Value::as_object);
+                selector.matches(|key| labels.and_then(|l| l.get(key)).and_then(Value::as_str))
+            })
+            .take(MAX_LIST)
+            .map(|o| to_json(o))
             .collect())
     }
+}
+
+fn resource(state: &AppState, gvr: &GroupVersionResource) -> Result<ResourceInfo, String> {
+    state
+        .resource(&gvr.group, &gvr.version, &gvr.resource)
+        .map_err(|e| e.message)
+}
+
+/// An object as the JSON text a plugin receives.
+fn to_json(obj: &Object) -> String {
+    serde_json::to_string(obj).unwrap_or_default()
 }

@@ -13,6 +13,8 @@
 
 mod dir;
 mod glue;
+mod http;
+mod oci;
 mod source;
 pub mod spec;
 

@@ -1,14 +1,14 @@
-//! Fetching a plugin's module: `file://` paths, and `https://` URLs whose content must
-//! match `spec.module.sha256`. Fetched modules are kept by digest in the server's
-//! plugin cache, so a restart does not need the network.
+//! Fetching a plugin's module: `file://` paths, `https://` URLs whose content must
+//! match `spec.module.sha256`, and `oci://` artifacts pulled from a registry (see
+//! [`super::oci`]). Fetched modules are kept by digest in the server's plugin cache,
+//! so a restart does not need the network when the digest is pinned.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Empty, Limited};
 use trellis_plugin_host::digest_of;
 
+use super::http;
+use super::oci;
 use super::spec::ModuleDoc;
 
 /// Largest module accepted (a Python component is ~20 MB).
@@ -41,27 +41,18 @@ pub async fn fetch(doc: &ModuleDoc, cache: &Path, base: Option<&Path>) -> Result
                 "spec.module.sha256: Required value: an https:// module needs its digest".into(),
             );
         };
-        let cached = cache.join(format!("{hex}.wasm"));
-        if let Ok(bytes) = tokio::fs::read(&cached).await
-            && digest_of(&bytes).ends_with(hex.as_str())
-        {
+        if let Some(bytes) = cached(cache, hex).await {
             return Ok(bytes);
         }
         let bytes = https_get(&doc.url).await?;
         check_digest(&bytes, Some(hex))?;
-        let tmp = cached.with_extension("tmp");
-        if tokio::fs::write(&tmp, &bytes).await.is_ok() {
-            let _ = tokio::fs::rename(&tmp, &cached).await;
-        }
+        keep(cache, hex, &bytes).await;
         bytes
     } else if doc.url.starts_with("oci://") {
-        return Err(format!(
-            "spec.module.url: Unsupported value: {:?}: oci:// registries are not supported by this server; use file:// or https://",
-            doc.url
-        ));
+        return pull(&doc.url, expected.as_deref(), cache).await;
     } else {
         return Err(format!(
-            "spec.module.url: Unsupported value: {:?}: supported schemes: \"file://\", \"https://\"",
+            "spec.module.url: Unsupported value: {:?}: supported schemes: \"file://\", \"https://\", \"oci://\"",
             doc.url
         ));
     };
@@ -79,55 +70,56 @@ fn check_digest(bytes: &[u8], expected: Option<&str>) -> Result<(), String> {
     }
 }
 
-/// One GET over HTTPS, verified against the system's roots; redirects are not
-/// followed (the digest pins the content, not the address).
+/// Pulls an `oci://` artifact's WebAssembly layer; `expected` (spec.module.sha256)
+/// must name that layer when given.
+async fn pull(url: &str, expected: Option<&str>, cache: &Path) -> Result<Vec<u8>, String> {
+    let reference = oci::Reference::parse(url)?;
+    if let Some(hex) = expected
+        && let Some(bytes) = cached(cache, hex).await
+    {
+        return Ok(bytes);
+    }
+    let mut client = oci::Client::new(&reference);
+    let layer = client.resolve().await?;
+    if let Some(hex) = expected
+        && hex != layer.hex
+    {
+        return Err(format!(
+            "{url}: the artifact's module is sha256:{}, not the sha256:{hex} spec.module.sha256 asks for",
+            layer.hex
+        ));
+    }
+    if let Some(bytes) = cached(cache, &layer.hex).await {
+        return Ok(bytes);
+    }
+    let bytes = client.blob(&layer, MAX_MODULE).await?;
+    keep(cache, &layer.hex, &bytes).await;
+    Ok(bytes)
+}
+
+/// A module fetched before, if the cache has it intact.
+async fn cached(cache: &Path, hex: &str) -> Option<Vec<u8>> {
+    let bytes = tokio::fs::read(cache.join(format!("{hex}.wasm")))
+        .await
+        .ok()?;
+    digest_of(&bytes).ends_with(hex).then_some(bytes)
+}
+
+/// Keeps a fetched module by digest; a failure only costs a fetch next time.
+async fn keep(cache: &Path, hex: &str, bytes: &[u8]) {
+    let path = cache.join(format!("{hex}.wasm"));
+    let tmp = path.with_extension("tmp");
+    if tokio::fs::write(&tmp, bytes).await.is_ok() {
+        let _ = tokio::fs::rename(&tmp, &path).await;
+    }
+}
+
+/// One GET over HTTPS; redirects are not followed (the digest pins the content, not
+/// the address).
 async fn https_get(url: &str) -> Result<Vec<u8>, String> {
-    let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    let host = uri
-        .host()
-        .ok_or_else(|| format!("{url}: no host"))?
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(443);
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
+    let response = http::get(url, &[], MAX_MODULE).await?;
+    if !response.status.is_success() {
+        return Err(format!("{url}: HTTP {}", response.status));
     }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| format!("TLS: {e}"))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    let server_name =
-        rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| format!("{url}: {e}"))?;
-    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-    tokio::spawn(conn);
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let request = hyper::Request::get(path)
-        .header(hyper::header::HOST, host)
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| format!("{url}: {e}"))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    if !response.status().is_success() {
-        return Err(format!("{url}: HTTP {}", response.status()));
-    }
-    let body = Limited::new(response.into_body(), MAX_MODULE)
-        .collect()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    Ok(body.to_bytes().to_vec())
+    Ok(response.body.to_vec())
 }

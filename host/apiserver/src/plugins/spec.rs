@@ -277,7 +277,7 @@ pub fn crd() -> Value {
                 "description": "Where the component comes from: file://, https:// (with sha256) or oci://.",
                 "properties": {
                     "url": {"type": "string"},
-                    "sha256": {"type": "string", "description": "Hex digest the module must have; required for https:// and oci://."},
+                    "sha256": {"type": "string", "description": "Hex digest the module must have: required for https://; for oci://, the digest of the artifact's WebAssembly layer."},
                 },
             },
             "configuration": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
