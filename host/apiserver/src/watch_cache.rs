@@ -2,7 +2,9 @@
 //! recent events, decoded once, and fans them out to client watches. It also keeps
 //! the current state, every object under `/registry/` at the cache's revision, which
 //! serves reads that may lag the store by the time an event takes to arrive (plugins'
-//! `cluster` import): the objects are the events' own, shared, not copies.
+//! `cluster` import, the namespace check of creates). The state holds each object as
+//! the store's JSON and decodes it when read: a decoded object takes about five times
+//! the memory of its JSON, and most objects are never read this way.
 //!
 //! A client watch from revision `N` replays the ring's events after `N` and then
 //! receives live events on its own bounded channel, offered only if its key prefix
@@ -106,7 +108,7 @@ struct State {
     revision: Revision,
     watchers: Vec<Slot>,
     /// Every object at `revision`, by key.
-    objects: BTreeMap<String, Arc<Object>>,
+    objects: BTreeMap<String, Stored>,
 }
 
 /// A client watch's feed: what the ring holds after its revision, then live events.
@@ -135,6 +137,26 @@ pub const REGISTRY: &str = "/registry/";
 /// Keys per page of the list that fills the current state.
 const LIST_PAGE: usize = 1000;
 
+/// One object of the current state: the store's value and its revision.
+#[derive(Clone, Debug)]
+struct Stored {
+    value: Bytes,
+    revision: Revision,
+}
+
+impl Stored {
+    fn of(kv: &trellis_store::KeyValue) -> Self {
+        Self {
+            value: kv.value.clone(),
+            revision: kv.mod_revision,
+        }
+    }
+
+    fn decode(&self) -> Option<Arc<Object>> {
+        decode_stored(&self.value, self.revision).map(Arc::new)
+    }
+}
+
 /// Objects read from the cache's current state, and the revision they are at.
 #[derive(Debug)]
 pub struct Listed {
@@ -145,7 +167,7 @@ pub struct Listed {
 /// Every object under `/registry/`, read at one revision, page by page.
 async fn list_registry(
     store: &dyn Store,
-) -> trellis_store::Result<(Revision, BTreeMap<String, Arc<Object>>)> {
+) -> trellis_store::Result<(Revision, BTreeMap<String, Stored>)> {
     let mut objects = BTreeMap::new();
     let mut request = ListRequest {
         limit: Some(LIST_PAGE),
@@ -154,11 +176,12 @@ async fn list_registry(
     loop {
         let page = store.list(request.clone()).await?;
         for kv in &page.kvs {
-            match decode_stored(&kv.value, kv.mod_revision) {
-                Some(obj) => {
-                    objects.insert(kv.key.clone(), Arc::new(obj));
+            // Checked once here so that reads never meet a value that is not an object.
+            match serde_json::from_slice::<Object>(&kv.value) {
+                Ok(_) => {
+                    objects.insert(kv.key.clone(), Stored::of(kv));
                 }
-                None => warn!(key = %kv.key, "skipping a stored value that is not a JSON object"),
+                Err(_) => warn!(key = %kv.key, "skipping a stored value that is not a JSON object"),
             }
         }
         match (page.more, page.kvs.last()) {
@@ -276,24 +299,22 @@ impl WatchCache {
     }
 
     fn apply(&self, events: &[Event]) {
-        let converted: Vec<(&str, Option<Arc<CachedEvent>>)> = events
+        let converted: Vec<(&Event, Option<Arc<CachedEvent>>)> = events
             .iter()
-            .map(|e| (e.kv.key.as_str(), convert(e).map(Arc::new)))
+            .map(|e| (e, convert(e).map(Arc::new)))
             .collect();
         let last = events.last().map(Event::revision);
         let mut state = lock(&self.state);
-        for (key, event) in converted {
+        for (raw, event) in converted {
             let Some(event) = event else {
                 // Not an object any more (or a delete without its last state): the key
                 // holds nothing a reader could use.
-                state.objects.remove(key);
+                state.objects.remove(&raw.kv.key);
                 continue;
             };
             match event.kind {
                 EventKind::Put => {
-                    state
-                        .objects
-                        .insert(event.key.clone(), event.object.clone());
+                    state.objects.insert(event.key.clone(), Stored::of(&raw.kv));
                 }
                 EventKind::Delete => {
                     state.objects.remove(&event.key);
@@ -362,25 +383,30 @@ impl WatchCache {
 
     /// One object of the current state.
     pub fn get(&self, key: &str) -> Option<Arc<Object>> {
-        lock(&self.state).objects.get(key).cloned()
+        let stored = lock(&self.state).objects.get(key).cloned();
+        stored?.decode()
     }
 
     /// The current state's objects under `prefix`, in key order, and the revision
     /// they are at.
     pub fn list(&self, prefix: &str) -> Listed {
-        let state = lock(&self.state);
-        let objects = state
-            .objects
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .map(|(_, obj)| obj.clone())
-            .collect();
+        // Copied out under the lock (reference counts only), decoded after it.
+        let (revision, stored): (Revision, Vec<Stored>) = {
+            let state = lock(&self.state);
+            let stored = state
+                .objects
+                .range::<str, _>((
+                    std::ops::Bound::Included(prefix),
+                    std::ops::Bound::Unbounded,
+                ))
+                .take_while(|(key, _)| key.starts_with(prefix))
+                .map(|(_, stored)| stored.clone())
+                .collect();
+            (state.revision, stored)
+        };
         Listed {
-            revision: state.revision,
-            objects,
+            revision,
+            objects: stored.iter().filter_map(Stored::decode).collect(),
         }
     }
 
@@ -473,7 +499,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn current_state_shares_objects_with_events() {
+    async fn current_state_reads_what_the_events_carry() {
         let (_dir, store) = started().await;
         let cache = WatchCache::start(store.clone(), 16, 16, std::future::pending())
             .await
@@ -486,7 +512,7 @@ mod tests {
         let event = sub.rx.recv().await.unwrap();
         assert_eq!(event.revision, kv.mod_revision);
         let current = cache.get(&format!("{A}one")).unwrap();
-        assert!(Arc::ptr_eq(&event.object, &current));
+        assert_eq!(*event.object, *current);
     }
 
     #[tokio::test]
