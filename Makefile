@@ -8,7 +8,7 @@ DATA_DIR ?= $(HOME)/.local/share/trellis
 # Runs as root on CI machines; elsewhere apt needs sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps plugins test-plugins up test lint bench-store bench-admission
+.PHONY: deps test-deps plugins test-plugins up test lint bench-store bench-admission bench-plugin-reload
 
 deps:
 	@missing=""; \
@@ -57,3 +57,8 @@ bench-store: deps
 
 bench-admission: deps plugins
 	.ci/bench-admission
+
+# Time from a plugin change (Plugin object, new module, plugins directory) to the first
+# request the new version judges.
+bench-plugin-reload: plugins
+	RUST_LOG=$${RUST_LOG:-warn} $(CARGO) run --release -q -p trellis -- bench plugin-reload --rounds 50 --json

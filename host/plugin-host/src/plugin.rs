@@ -303,7 +303,8 @@ pub struct Plugin {
     pre: Pre,
     idle: Mutex<Vec<Instance>>,
     cluster: Option<Arc<dyn ClusterReader>>,
-    pub metrics: PluginMetrics,
+    /// Shared with the versions before and after this one (see [`PluginHost::reload`]).
+    pub metrics: Arc<PluginMetrics>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -325,6 +326,32 @@ impl PluginHost {
         wasm: Arc<Vec<u8>>,
         cluster: Option<Arc<dyn ClusterReader>>,
     ) -> Result<Arc<Plugin>, LoadError> {
+        self.load_counting(spec, wasm, cluster, None).await
+    }
+
+    /// Loads a new version of `previous`, as [`PluginHost::load`] does. The new
+    /// version counts into the same metrics as the old one (when both are of the same
+    /// kind): calls still in flight on the old version after the swap, and everything
+    /// before it, stay in the plugin's counters instead of vanishing with the version.
+    pub async fn reload(
+        self: &Arc<Self>,
+        previous: &Plugin,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        cluster: Option<Arc<dyn ClusterReader>>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let metrics = (previous.spec.kind == spec.kind).then(|| previous.metrics.clone());
+        self.load_counting(spec, wasm, cluster, metrics).await
+    }
+
+    /// Compiles off the async runtime, then loads; counts into `metrics` when given.
+    async fn load_counting(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        cluster: Option<Arc<dyn ClusterReader>>,
+        metrics: Option<Arc<PluginMetrics>>,
+    ) -> Result<Arc<Plugin>, LoadError> {
         let host = self.clone();
         let bytes = wasm.clone();
         let component = tokio::task::spawn_blocking(move || host.compile(&bytes))
@@ -333,7 +360,7 @@ impl PluginHost {
                 reason: LoadErrorReason::CompileFailed,
                 message: format!("compiling stopped: {e}"),
             })??;
-        self.load_component(spec, &component, &digest_of(&wasm), cluster)
+        self.load_component(spec, &component, &digest_of(&wasm), cluster, metrics)
             .await
     }
 
@@ -343,6 +370,7 @@ impl PluginHost {
         component: &Component,
         digest: &str,
         cluster: Option<Arc<dyn ClusterReader>>,
+        metrics: Option<Arc<PluginMetrics>>,
     ) -> Result<Arc<Plugin>, LoadError> {
         let wrong_world = |e: wasmtime::Error| LoadError {
             reason: LoadErrorReason::WrongWorld,
@@ -369,15 +397,17 @@ impl PluginHost {
             .unwrap_or(digest)
             .to_owned();
         let label = format!("plugin {} ({}, v {short})", spec.name, spec.kind);
-        let plugin = Arc::new(Plugin {
+        let mut plugin = Plugin {
             digest: digest.to_owned(),
             label,
             pre,
             idle: Mutex::new(Vec::new()),
             cluster,
-            metrics: PluginMetrics::default(),
+            // The load's own failures are not the serving version's: they count
+            // nowhere, and shared counters are taken only once the version is ready.
+            metrics: Arc::default(),
             spec,
-        });
+        };
         let start_error = |e: PluginError| LoadError {
             reason: LoadErrorReason::InstantiateFailed,
             message: e.to_string(),
@@ -408,7 +438,10 @@ impl PluginHost {
             Err(e) => return Err(start_error(plugin.failure(e, &instance.store))),
         }
         plugin.give_back(instance);
-        Ok(plugin)
+        if let Some(metrics) = metrics {
+            plugin.metrics = metrics;
+        }
+        Ok(Arc::new(plugin))
     }
 }
 

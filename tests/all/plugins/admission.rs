@@ -1,7 +1,10 @@
 //! Plugins in the API server's chains, declared as Plugin objects or files in the
 //! plugins directory, driven by kubectl: denials, patches, failure policies, limits,
-//! hot reload that keeps the last good version, initializers and metrics.
+//! hot reload that keeps the last good version, updates while requests are in flight,
+//! initializers and metrics.
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -418,4 +421,330 @@ async fn until_dropped_plugin(cluster: &TestCluster, denies: bool) -> Result<()>
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// How long each request of an in-flight batch stays in the plugin: long enough for a
+/// Plugin update to be applied, loaded and reported while all of them wait. The
+/// fixture busy-waits on the wall clock, so more requests burn more CPU but do not
+/// take longer.
+const IN_FLIGHT_MS: u64 = 8000;
+/// Requests held in the plugin while it is updated.
+const IN_FLIGHT: usize = 24;
+/// Requests sent once the update is reported.
+const AFTER: usize = 8;
+
+/// A validating `misbehave` Plugin named `slow` with `configuration` (JSON), module
+/// `module`, and the longest deadline, so that waiting for a CPU behind the other
+/// requests' busy waits never times a call out.
+fn slow_plugin(policy: &str, module: &std::path::Path, configuration: &str) -> Result<String> {
+    let yaml = plugin_yaml(
+        "slow",
+        "misbehave",
+        "validating",
+        policy,
+        &format!("  configuration: {configuration}\n"),
+    )?;
+    Ok(yaml.replace("timeoutMs: 1000", "timeoutMs: 30000").replace(
+        plugin_wasm("misbehave")?.to_string_lossy().as_ref(),
+        module.to_string_lossy().as_ref(),
+    ))
+}
+
+/// One create's outcome.
+#[derive(Debug)]
+struct Created {
+    name: String,
+    status: u16,
+    message: String,
+    warnings: Vec<String>,
+}
+
+/// Creates ConfigMap `name` (no `misbehave` annotation unless `mode` is given, so the
+/// plugin's configuration decides) over a connection of its own.
+async fn create(cluster: &TestCluster, name: String, mode: Option<&str>) -> Result<Created> {
+    let annotations = mode
+        .map(|m| serde_json::json!({ "misbehave": m }))
+        .unwrap_or_else(|| serde_json::json!({}));
+    let body = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "annotations": annotations},
+        "data": {"k": "v"},
+    });
+    let response = cluster
+        .request(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            "application/json",
+            &body.to_string(),
+        )
+        .await
+        .with_context(|| format!("create {name}"))?;
+    let message = response
+        .json()
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Ok(Created {
+        name,
+        status: response.status,
+        message,
+        warnings: response
+            .header_values("warning")
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+    })
+}
+
+/// The value of the sample `metric{plugin="slow",kind="validating"}` on `/metrics`.
+async fn slow_metric(cluster: &TestCluster, metric: &str) -> Result<u64> {
+    let response = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    let text = String::from_utf8_lossy(&response.body).into_owned();
+    let prefix = format!("{metric}{{plugin=\"slow\",kind=\"validating\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no {prefix}in /metrics:\n{text}"))
+}
+
+/// The names of the stored ConfigMaps in `default` that start with `prefix`.
+async fn stored(cluster: &TestCluster, prefix: &str) -> Result<Vec<String>> {
+    let list = cluster
+        .request("GET", "/api/v1/namespaces/default/configmaps", "", "")
+        .await?
+        .json()?;
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .context("a list has items")?
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .filter(|n| n.starts_with(prefix))
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Starts [`IN_FLIGHT`] creates that wait in the `slow` plugin, counting in `finished`
+/// those answered, runs `update` once all of them are inside the plugin, and returns
+/// their outcomes and what `update` returned.
+async fn with_requests_in_flight<T>(
+    cluster: &TestCluster,
+    finished: &AtomicUsize,
+    update: impl Future<Output = Result<T>>,
+) -> Result<(Vec<Created>, T)> {
+    let batch = futures::future::join_all((0..IN_FLIGHT).map(|i| async move {
+        let created = create(cluster, format!("inflight-{i}"), None).await;
+        finished.fetch_add(1, SeqCst);
+        created
+    }));
+    let driver = async {
+        // Every request is inside the old version before the update is written.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while slow_metric(cluster, "trellis_plugin_calls_total").await? < IN_FLIGHT as u64 {
+            ensure!(
+                Instant::now() < deadline,
+                "the batch never reached the plugin"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        ensure!(
+            finished.load(SeqCst) == 0,
+            "requests finished before the update began: the plugin is not slow enough"
+        );
+        update.await
+    };
+    let (results, out) = tokio::join!(batch, driver);
+    let out = out?;
+    let results = results.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok((results, out))
+}
+
+/// The names of the in-flight batch's objects, sorted.
+fn in_flight_names() -> Vec<String> {
+    let mut names: Vec<String> = (0..IN_FLIGHT).map(|i| format!("inflight-{i}")).collect();
+    names.sort();
+    names
+}
+
+/// Fails unless some of the in-flight batch was still waiting when the update was
+/// reported: otherwise nothing was tested.
+fn ensure_in_flight(finished: &AtomicUsize) -> Result<()> {
+    let done = finished.load(SeqCst);
+    ensure!(
+        done < IN_FLIGHT,
+        "all {done} requests had finished before the update was reported: none was in flight"
+    );
+    Ok(())
+}
+
+/// The fixture with a custom section appended: the same code under another digest,
+/// so loading it compiles anew.
+fn renamed_module(dir: &std::path::Path, tag: &str) -> Result<std::path::PathBuf> {
+    let mut bytes = std::fs::read(plugin_wasm("misbehave")?)?;
+    let name = b"trellis-test";
+    let payload = tag.as_bytes();
+    let size = 1 + name.len() + payload.len();
+    ensure!(size < 128 && name.len() < 128, "one-byte LEB128 sizes only");
+    bytes.push(0); // custom section id
+    bytes.push(size as u8);
+    bytes.push(name.len() as u8);
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(payload);
+    let path = dir.join(format!("misbehave-{tag}.wasm"));
+    std::fs::write(&path, bytes)?;
+    Ok(path)
+}
+
+/// A Plugin changed from a slow allowing version to a denying one (a new module and
+/// configuration) while requests wait in the old version.
+async fn an_update_in_flight_answers_each_request_from_one_version(policy: &str) -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let modules = tempfile::tempdir()?;
+    let old_module = renamed_module(modules.path(), "old")?;
+    let new_module = renamed_module(modules.path(), "new")?;
+    let slow = format!(r#"{{"mode": "sleep", "sleepMs": {IN_FLIGHT_MS}}}"#);
+    cluster
+        .kubectl_ok_stdin(
+            &["apply", "-f", "-"],
+            &slow_plugin(policy, &old_module, &slow)?,
+        )
+        .await?;
+    let old = loaded(&cluster, "slow", "True", 1).await?;
+    let new_digest = trellis_plugin_host::digest_of(&std::fs::read(&new_module)?);
+    ensure!(old["status"]["digest"] != new_digest.as_str(), "{old}");
+
+    let finished = AtomicUsize::new(0);
+    let update = async {
+        cluster
+            .kubectl_ok_stdin(
+                &["apply", "-f", "-"],
+                &slow_plugin(policy, &new_module, r#"{"mode": "deny"}"#)?,
+            )
+            .await?;
+        let new = loaded(&cluster, "slow", "True", 2).await?;
+        ensure_in_flight(&finished)?;
+        ensure!(new["status"]["digest"] == new_digest.as_str(), "{new}");
+        // Reported: every request from now on meets the new version only.
+        let after = futures::future::join_all(
+            (0..AFTER).map(|i| create(&cluster, format!("after-{i}"), None)),
+        )
+        .await;
+        after.into_iter().collect::<Result<Vec<_>>>()
+    };
+    let (in_flight, after) = with_requests_in_flight(&cluster, &finished, update).await?;
+
+    // Each request in flight was judged by the old version alone: allowed, with no
+    // failure (which Ignore would have turned into a warning) and no new-version denial.
+    for c in &in_flight {
+        ensure!(c.status == 201, "{} in flight: {c:?}", c.name);
+        ensure!(c.warnings.is_empty(), "{} in flight: {c:?}", c.name);
+    }
+    for c in &after {
+        ensure!(
+            c.status == 403 && c.message.ends_with(&format!("misbehave denies {}", c.name)),
+            "{} after the update: {c:?}",
+            c.name
+        );
+        ensure!(c.warnings.iter().all(|w| !w.contains("ignored")), "{c:?}");
+    }
+    // None lost, none extra: the stored objects are the 201s.
+    ensure!(stored(&cluster, "inflight-").await? == in_flight_names());
+    ensure!(stored(&cluster, "after-").await?.is_empty());
+
+    // The plugin's counters span both versions: the old one's calls that ended after
+    // the swap are not lost with it.
+    let calls = slow_metric(&cluster, "trellis_plugin_calls_total").await?;
+    ensure!(calls == (IN_FLIGHT + AFTER) as u64, "calls {calls}");
+    let denials = slow_metric(&cluster, "trellis_plugin_denials_total").await?;
+    ensure!(denials == AFTER as u64, "denials {denials}");
+    let errors = slow_metric(&cluster, "trellis_plugin_errors_total").await?;
+    ensure!(errors == 0, "errors {errors}");
+
+    // And the server goes on serving (the annotation overrides the configuration).
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &configmap("last", "allow"))
+        .await?;
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_in_flight_answers_each_request_from_one_version_under_fail() -> Result<()> {
+    an_update_in_flight_answers_each_request_from_one_version("Fail").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_in_flight_answers_each_request_from_one_version_under_ignore() -> Result<()> {
+    an_update_in_flight_answers_each_request_from_one_version("Ignore").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_update_in_flight_leaves_the_old_version_serving() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let modules = tempfile::tempdir()?;
+    let good = renamed_module(modules.path(), "good")?;
+    let garbage = modules.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"\0asm but not really a component")?;
+    let slow = format!(r#"{{"mode": "sleep", "sleepMs": {IN_FLIGHT_MS}}}"#);
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &slow_plugin("Fail", &good, &slow)?)
+        .await?;
+    let old = loaded(&cluster, "slow", "True", 1).await?;
+    let digest = old["status"]["digest"].clone();
+
+    let finished = AtomicUsize::new(0);
+    let update = async {
+        cluster
+            .kubectl_ok_stdin(
+                &["apply", "-f", "-"],
+                &slow_plugin("Fail", &garbage, r#"{"mode": "deny"}"#)?,
+            )
+            .await?;
+        let failed = loaded(&cluster, "slow", "False", 2).await?;
+        let cond = &failed["status"]["conditions"][0];
+        ensure!(cond["reason"] == "CompileFailed", "{failed}");
+        ensure!(
+            cond["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&format!(
+                    "the last good version ({}) keeps serving",
+                    digest.as_str().unwrap_or_default()
+                )),
+            "{failed}"
+        );
+        ensure!(failed["status"]["digest"] == digest, "{failed}");
+        ensure_in_flight(&finished)?;
+        // The old version judges what comes next: it denies on the annotation's word
+        // (the broken one cannot answer at all).
+        let after = futures::future::join_all(
+            (0..AFTER).map(|i| create(&cluster, format!("after-{i}"), Some("deny"))),
+        )
+        .await;
+        after.into_iter().collect::<Result<Vec<_>>>()
+    };
+    let (in_flight, after) = with_requests_in_flight(&cluster, &finished, update).await?;
+    for c in &in_flight {
+        ensure!(
+            c.status == 201 && c.warnings.is_empty(),
+            "{} in flight: {c:?}",
+            c.name
+        );
+    }
+    for c in &after {
+        ensure!(
+            c.status == 403 && c.message.ends_with(&format!("misbehave denies {}", c.name)),
+            "{} after the failed update: {c:?}",
+            c.name
+        );
+    }
+    ensure!(stored(&cluster, "inflight-").await? == in_flight_names());
+    let calls = slow_metric(&cluster, "trellis_plugin_calls_total").await?;
+    ensure!(calls == (IN_FLIGHT + AFTER) as u64, "calls {calls}");
+    let errors = slow_metric(&cluster, "trellis_plugin_errors_total").await?;
+    ensure!(errors == 0, "errors {errors}");
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &configmap("last", "allow"))
+        .await?;
+    cluster.stop().await
 }

@@ -329,3 +329,51 @@ async fn compiled_components_are_cached_by_digest() -> Result<()> {
     ensure!(healed.admit(&third, &request("allow")).await?.allowed);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_plugin_keeps_counting_where_the_old_version_left_off() -> Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let host = host()?;
+    let old = host
+        .load(
+            spec(PluginKind::Validating, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    ensure!(!old.admit(&host, &request("deny")).await?.allowed);
+    let new = host
+        .reload(
+            &old,
+            spec(PluginKind::Validating, json!({"mode": "log"})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    // A call still on the old version after the swap counts with the new one's.
+    ensure!(old.admit(&host, &request("allow")).await?.allowed);
+    ensure!(!new.admit(&host, &request("deny")).await?.allowed);
+    let m = &new.metrics;
+    ensure!(
+        m.calls.load(Relaxed) == 3,
+        "calls {}",
+        m.calls.load(Relaxed)
+    );
+    ensure!(
+        m.denials.load(Relaxed) == 2,
+        "denials {}",
+        m.denials.load(Relaxed)
+    );
+
+    // Another kind is another series: it starts from zero.
+    let mutating = host
+        .reload(
+            &new,
+            spec(PluginKind::Mutating, json!({})),
+            wasm("misbehave")?,
+            None,
+        )
+        .await?;
+    ensure!(mutating.metrics.calls.load(Relaxed) == 0);
+    Ok(())
+}

@@ -208,7 +208,6 @@ impl PluginManager {
             }
         };
         let mut seen = Vec::new();
-        let mut changed = false;
         for (key, obj) in objects {
             let meta = obj.get("metadata").cloned().unwrap_or_default();
             let name = meta["name"].as_str().unwrap_or_default().to_owned();
@@ -224,21 +223,32 @@ impl PluginManager {
             }
             entry.fingerprint = fingerprint;
             let spec = obj.get("spec").cloned().unwrap_or_default();
+            let previous = entry.serving.clone();
             let outcome = self
-                .load(&name, &spec, None, format!("Plugin {name}"), reader)
+                .load(
+                    &name,
+                    &spec,
+                    None,
+                    format!("Plugin {name}"),
+                    previous.as_deref(),
+                    reader,
+                )
                 .await;
             let (result, serving) = match outcome {
-                Ok(bound) => {
-                    changed = true;
-                    entry.serving = Some(bound.clone());
-                    (Ok(()), Some(bound))
-                }
+                Ok(bound) => (Ok(()), Some(bound)),
                 Err(failure) => {
                     warn!(plugin = %name, reason = failure.0, "{}", failure.1);
-                    (Err(failure), entry.serving.clone())
+                    (Err(failure), previous)
                 }
             };
             entry.reported = serving.as_ref().map(|b| counters(&b.plugin));
+            if result.is_ok() {
+                entry.serving.clone_from(&serving);
+                // Serving before the status says so: a client that sees `Loaded` for
+                // this generation gets the new version, even while other changed
+                // Plugins are still loading in this pass.
+                self.publish(tracked);
+            }
             write_status(self.store.as_ref(), &key, &meta, result, serving.as_deref()).await;
         }
         let gone: Vec<String> = tracked
@@ -246,12 +256,11 @@ impl PluginManager {
             .filter(|id| id.starts_with("object/") && !seen.contains(id))
             .cloned()
             .collect();
-        for id in gone {
-            tracked.remove(&id);
-            info!(plugin = %id.trim_start_matches("object/"), "plugin removed");
-            changed = true;
-        }
-        if changed {
+        if !gone.is_empty() {
+            for id in &gone {
+                tracked.remove(id);
+                info!(plugin = %id.trim_start_matches("object/"), "plugin removed");
+            }
             self.publish(tracked);
         }
     }
@@ -264,7 +273,6 @@ impl PluginManager {
         reader: &Arc<dyn ClusterReader>,
     ) {
         let found = dir::scan(dir).await;
-        let mut changed = false;
         for entry in &found {
             let id = format!("file/{}", entry.name);
             let slot = tracked.entry(id).or_default();
@@ -273,10 +281,18 @@ impl PluginManager {
             }
             slot.fingerprint = entry.fingerprint.clone();
             let origin = format!("file {}", entry.spec_path.display());
+            let previous = slot.serving.clone();
             let loaded = match dir::read_spec(entry).await {
                 Ok(spec) => {
-                    self.load(&entry.name, &spec, Some(dir), origin, reader)
-                        .await
+                    self.load(
+                        &entry.name,
+                        &spec,
+                        Some(dir),
+                        origin,
+                        previous.as_deref(),
+                        reader,
+                    )
+                    .await
                 }
                 Err(e) => Err(("InvalidSpec", e)),
             };
@@ -284,7 +300,8 @@ impl PluginManager {
                 Ok(bound) => {
                     info!(plugin = %entry.name, digest = %bound.plugin.digest(), "plugin loaded from the plugins directory");
                     slot.serving = Some(bound);
-                    changed = true;
+                    // At once, not after the other files of this pass have loaded.
+                    self.publish(tracked);
                 }
                 Err((reason, message)) => {
                     let keeps = slot
@@ -304,12 +321,11 @@ impl PluginManager {
             })
             .cloned()
             .collect();
-        for id in gone {
-            tracked.remove(&id);
-            info!(plugin = %id.trim_start_matches("file/"), "plugin file removed");
-            changed = true;
-        }
-        if changed {
+        if !gone.is_empty() {
+            for id in &gone {
+                tracked.remove(id);
+                info!(plugin = %id.trim_start_matches("file/"), "plugin file removed");
+            }
             self.publish(tracked);
         }
     }
@@ -321,6 +337,7 @@ impl PluginManager {
         spec: &Value,
         base: Option<&Path>,
         origin: String,
+        previous: Option<&Bound>,
         reader: &Arc<dyn ClusterReader>,
     ) -> Result<Arc<Bound>, (&'static str, String)> {
         let parsed = spec::parse(name, spec).map_err(|e| ("InvalidSpec", e))?;
@@ -341,10 +358,15 @@ impl PluginManager {
             .map_err(|e| ("FetchFailed", e))?;
         let host = self.host().await.map_err(|e| ("EngineFailed", e))?;
         let cluster = parsed.cluster_read.then(|| reader.clone());
-        let plugin = host
-            .load(parsed.spec.clone(), Arc::new(bytes), cluster)
-            .await
-            .map_err(|e| (e.reason.as_str(), e.message))?;
+        let bytes = Arc::new(bytes);
+        let loaded = match previous {
+            Some(previous) => {
+                host.reload(&previous.plugin, parsed.spec.clone(), bytes, cluster)
+                    .await
+            }
+            None => host.load(parsed.spec.clone(), bytes, cluster).await,
+        };
+        let plugin = loaded.map_err(|e| (e.reason.as_str(), e.message))?;
         info!(plugin = %name, kind = %parsed.spec.kind, digest = %plugin.digest(), %origin, "plugin loaded");
         Ok(Arc::new(Bound {
             parsed,

@@ -10,9 +10,11 @@
 //! - [`watch`]: write-to-watcher delivery latency.
 //! - [`compaction`]: the longest write stall compaction causes.
 //! - [`api`]: API request throughput and latency over HTTPS.
+//! - [`reload`]: how soon a changed plugin serves.
 
 pub(crate) mod api;
 mod compaction;
+mod reload;
 mod store;
 mod watch;
 
@@ -49,6 +51,8 @@ enum BenchCommand {
     Api(api::ApiArgs),
     /// Pod creates with WASM validating plugins in the admission chain, against none.
     Admission(api::AdmissionArgs),
+    /// Time from a plugin change to the first request the new version judges.
+    PluginReload(reload::PluginReloadArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -62,6 +66,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Admission(args) => api::run_admission(args)
             .await
             .context("run the admission benchmark"),
+        BenchCommand::PluginReload(args) => reload::run(args)
+            .await
+            .context("run the plugin reload benchmark"),
     }
 }
 
