@@ -3,7 +3,8 @@
 //!
 //! - `trellis server`: the API server on the store; `trellis up`: the control plane on
 //!   its embedded default (today the same; controllers, scheduler and node join it).
-//! - `trellis bench store|watch|compaction|api`: the store backends' and the API server's figures.
+//! - `trellis bench store|watch|compaction|api|admission|plugin-reload`: the store
+//!   backends', the API server's and the plugins' figures.
 //! - `trellis plugin run|bench|list|describe|install|uninstall`: plugins offline and
 //!   Plugin objects.
 //! - `trellis version`: the version of this binary.
