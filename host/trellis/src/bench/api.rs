@@ -308,15 +308,23 @@ async fn measure_requests(target: &Target, args: &ApiArgs, reads: bool) -> anyho
 
 /// A server started in this process on an embedded store in a temporary directory.
 #[derive(Debug)]
-struct LocalCluster {
-    server: trellis_apiserver::Server,
+pub(crate) struct LocalCluster {
+    pub(crate) server: trellis_apiserver::Server,
     redb: Arc<RedbStore>,
-    // Dropped last: the store and the server's credentials live in it.
-    _dir: tempfile::TempDir,
+    /// The data directory. Dropped last: the store and the server's credentials live in
+    /// it.
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl LocalCluster {
     async fn start() -> anyhow::Result<Self> {
+        Self::start_with(|_| Ok(())).await
+    }
+
+    /// Starts a server whose configuration `configure` may change first.
+    pub(crate) async fn start_with(
+        configure: impl FnOnce(&mut trellis_apiserver::Config) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("trellis-bench-")
             .tempdir()
@@ -326,10 +334,11 @@ impl LocalCluster {
             RedbStore::open(RedbConfig::new(&path))
                 .with_context(|| format!("open the redb store {}", path.display()))?,
         );
-        let config = trellis_apiserver::Config {
+        let mut config = trellis_apiserver::Config {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             ..trellis_apiserver::Config::new(dir.path())
         };
+        configure(&mut config)?;
         // Stopped through `Server::stop`, never by this signal.
         let started =
             trellis_apiserver::start(config, redb.clone(), std::future::pending::<()>()).await;
@@ -343,15 +352,11 @@ impl LocalCluster {
             }
         };
         tracing::info!(url = %server.url, "started an API server in this process");
-        Ok(Self {
-            server,
-            redb,
-            _dir: dir,
-        })
+        Ok(Self { server, redb, dir })
     }
 
     /// Stops the server, then closes the store under it.
-    async fn stop(self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
         let stopped = self.server.stop().await.context("stop the API server");
         self.redb.close().await.context("close the redb store")?;
         stopped

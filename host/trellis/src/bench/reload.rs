@@ -23,7 +23,6 @@
 //!   the server's poll of the directory.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -33,10 +32,9 @@ use hyper::{Method, StatusCode};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::{Instant, MissedTickBehavior};
-use trellis_store::{RedbConfig, RedbStore};
 
 use super::Percentiles;
-use super::api::{Target, exchange};
+use super::api::{LocalCluster, Target, exchange};
 
 /// How often a probe is sent while waiting for the new version: the resolution of the
 /// figures.
@@ -129,7 +127,13 @@ pub async fn run(args: PluginReloadArgs) -> anyhow::Result<()> {
     let module =
         std::fs::read(&plugin).with_context(|| format!("read the plugin {}", plugin.display()))?;
 
-    let cluster = ReloadCluster::start().await?;
+    let cluster = LocalCluster::start_with(|config| {
+        let plugin_dir = config.data_dir.join("plugins");
+        std::fs::create_dir_all(&plugin_dir).context("create the plugins directory")?;
+        config.plugin_dir = Some(plugin_dir);
+        Ok(())
+    })
+    .await?;
     let measured = measure(&cluster, &module, args.rounds, args.module_rounds).await;
     let stopped = cluster.stop().await;
     let routes = measured?;
@@ -165,7 +169,7 @@ pub async fn run(args: PluginReloadArgs) -> anyhow::Result<()> {
 }
 
 async fn measure(
-    cluster: &ReloadCluster,
+    cluster: &LocalCluster,
     module: &[u8],
     rounds: usize,
     module_rounds: usize,
@@ -202,7 +206,7 @@ async fn measure(
         wait_loaded(&target, generation).await?;
     }
 
-    let plugin_dir = &cluster.plugin_dir;
+    let plugin_dir = &cluster.dir.path().join("plugins");
     std::fs::write(plugin_dir.join(format!("{FILE_PLUGIN}.wasm")), module)
         .context("write the module into the plugins directory")?;
     write_spec_file(plugin_dir, false)?;
@@ -414,64 +418,6 @@ async fn until_judged(target: &Target, route: &str, allows: bool) -> anyhow::Res
         if answered - started > GIVE_UP {
             bail!("the {route} plugin's change did not serve within {GIVE_UP:?}");
         }
-    }
-}
-
-/// A server in this process on an embedded store and a plugins directory, both in a
-/// temporary directory.
-#[derive(Debug)]
-struct ReloadCluster {
-    server: trellis_apiserver::Server,
-    redb: Arc<RedbStore>,
-    plugin_dir: PathBuf,
-    // Dropped last: the store, the credentials and the plugins live in it.
-    dir: tempfile::TempDir,
-}
-
-impl ReloadCluster {
-    async fn start() -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("trellis-bench-")
-            .tempdir()
-            .context("create a temporary data directory")?;
-        let plugin_dir = dir.path().join("plugins");
-        std::fs::create_dir_all(&plugin_dir).context("create the plugins directory")?;
-        let path = dir.path().join("store.redb");
-        let redb = Arc::new(
-            RedbStore::open(RedbConfig::new(&path))
-                .with_context(|| format!("open the redb store {}", path.display()))?,
-        );
-        let config = trellis_apiserver::Config {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            plugin_dir: Some(plugin_dir.clone()),
-            ..trellis_apiserver::Config::new(dir.path().join("data"))
-        };
-        // Stopped through `Server::stop`, never by this signal.
-        let started =
-            trellis_apiserver::start(config, redb.clone(), std::future::pending::<()>()).await;
-        let server = match started {
-            Ok(server) => server,
-            Err(e) => {
-                if let Err(close) = redb.close().await {
-                    tracing::warn!(error = %format!("{close:#}"), "failed to close the redb store");
-                }
-                return Err(e.context("start the API server"));
-            }
-        };
-        tracing::info!(url = %server.url, "started an API server in this process");
-        Ok(Self {
-            server,
-            redb,
-            plugin_dir,
-            dir,
-        })
-    }
-
-    /// Stops the server, then closes the store under it.
-    async fn stop(self) -> anyhow::Result<()> {
-        let stopped = self.server.stop().await.context("stop the API server");
-        self.redb.close().await.context("close the redb store")?;
-        stopped
     }
 }
 
