@@ -191,15 +191,27 @@ impl TestClusterBuilder {
 /// machine; later runs reuse it).
 pub fn kubectl_1_20_bin() -> anyhow::Result<PathBuf> {
     static BIN: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-    if let Some(bin) = std::env::var_os("TRELLIS_KUBECTL_1_20") {
+    tool_bin(&BIN, "TRELLIS_KUBECTL_1_20", "kubectl-1.20.sh")
+}
+
+/// A binary one of `tests/tools/` installs: `$env_var` when set, else the path the
+/// script prints, run once per test process (`cached` holds its answer).
+pub fn tool_bin(
+    cached: &std::sync::Mutex<Option<PathBuf>>,
+    env_var: &str,
+    script: &str,
+) -> anyhow::Result<PathBuf> {
+    if let Some(bin) = std::env::var_os(env_var) {
         return Ok(PathBuf::from(bin));
     }
-    // One unpacking at a time: tests run in parallel.
-    let mut cached = BIN.lock().unwrap_or_else(|e| e.into_inner());
+    // One installation at a time: tests run in parallel.
+    let mut cached = cached.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(bin) = cached.as_ref() {
         return Ok(bin.clone());
     }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/kubectl-1.20.sh");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tools")
+        .join(script);
     let output = std::process::Command::new(&script)
         .stderr(Stdio::inherit())
         .output()

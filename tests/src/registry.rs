@@ -24,28 +24,7 @@ const ISSUER: &str = "trellis-test-token-service";
 /// unpacks from Debian's `docker-registry` into `~/.cache/trellis` (once per machine).
 pub fn registry_bin() -> anyhow::Result<PathBuf> {
     static BIN: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-    if let Some(bin) = std::env::var_os("TRELLIS_REGISTRY") {
-        return Ok(PathBuf::from(bin));
-    }
-    let mut cached = BIN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(bin) = cached.as_ref() {
-        return Ok(bin.clone());
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/docker-registry.sh");
-    let output = std::process::Command::new(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("run {}", script.display()))?;
-    if !output.status.success() {
-        bail!("{} failed with {}", script.display(), output.status);
-    }
-    let bin = PathBuf::from(
-        String::from_utf8(output.stdout)
-            .context("the script's output is not UTF-8")?
-            .trim(),
-    );
-    *cached = Some(bin.clone());
-    Ok(bin)
+    crate::tool_bin(&BIN, "TRELLIS_REGISTRY", "docker-registry.sh")
 }
 
 /// The token service's signing key and certificate.

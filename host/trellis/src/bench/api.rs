@@ -1068,19 +1068,22 @@ struct AdmissionReport {
     overhead_p99_us_per_plugin: f64,
 }
 
-pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
-    let plugin = match &args.plugin {
-        Some(path) => path.clone(),
-        None => {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/dist/pod-policy.wasm")
-        }
-    };
-    let plugin = std::fs::canonicalize(&plugin).with_context(|| {
+/// `--plugin`, else the pod-policy example built by `plugins/build.sh`; absolute.
+pub(crate) fn plugin_or_bundled(plugin: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let plugin = plugin.map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/dist/pod-policy.wasm"),
+        Path::to_path_buf,
+    );
+    std::fs::canonicalize(&plugin).with_context(|| {
         format!(
             "find the plugin {} (build it with `make plugins`, or pass --plugin)",
             plugin.display()
         )
-    })?;
+    })
+}
+
+pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
+    let plugin = plugin_or_bundled(args.plugin.as_deref())?;
     let api_args = |ops| ApiArgs {
         kubeconfig: None,
         clients: args.clients,

@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::Percentiles;
-use super::api::{LocalCluster, Target, exchange};
+use super::api::{LocalCluster, Target, exchange, plugin_or_bundled};
 
 /// How often a probe is sent while waiting for the new version: the resolution of the
 /// figures.
@@ -112,18 +112,7 @@ struct Report {
 }
 
 pub async fn run(args: PluginReloadArgs) -> anyhow::Result<()> {
-    let plugin = match &args.plugin {
-        Some(path) => path.clone(),
-        None => {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/dist/pod-policy.wasm")
-        }
-    };
-    let plugin = std::fs::canonicalize(&plugin).with_context(|| {
-        format!(
-            "find the plugin {} (build it with `make plugins`, or pass --plugin)",
-            plugin.display()
-        )
-    })?;
+    let plugin = plugin_or_bundled(args.plugin.as_deref())?;
     let module =
         std::fs::read(&plugin).with_context(|| format!("read the plugin {}", plugin.display()))?;
 
