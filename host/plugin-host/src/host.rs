@@ -1,18 +1,18 @@
-//! The engine every plugin shares, its linker, the compiled-component cache and the
-//! epoch ticker.
+//! The engines every plugin shares, their linkers, the compiled-component cache, the
+//! background compiler that moves plugins to optimized code, and the epoch ticker.
 
 use std::hash::{Hash as _, Hasher as _};
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy};
 
 use crate::bindings;
-use crate::plugin::{LoadError, LoadErrorReason, PluginState};
+use crate::plugin::{LoadError, LoadErrorReason, Plugin, PluginState};
 
 #[derive(Clone, Debug)]
 pub struct HostConfig {
@@ -26,6 +26,41 @@ pub struct HostConfig {
     /// The largest linear memory any plugin may be given, in bytes (each plugin's
     /// own limit is enforced below it).
     pub max_memory: usize,
+    /// Which compilers turn a module into machine code.
+    pub compilers: Compilers,
+}
+
+/// Which compilers a host uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compilers {
+    /// A module not in the cache is compiled by Winch, a single-pass compiler (a
+    /// fraction of a second where Cranelift may take seconds), and serves at once;
+    /// Cranelift compiles it again on a background thread, one module at a time, and
+    /// the plugin moves to the optimized code when it is ready. A cached module is
+    /// optimized from the start.
+    Tiered,
+    /// Cranelift only: the first load waits for the optimized code.
+    Optimized,
+    /// Winch only, never moved to optimized code (for tests of the baseline tier).
+    Baseline,
+}
+
+/// The compiler that produced the code a plugin runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    /// Winch's code: compiled fast, runs slower.
+    Baseline,
+    /// Cranelift's code, as cached on disk.
+    Optimized,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Baseline => "baseline",
+            Self::Optimized => "optimized",
+        }
+    }
 }
 
 impl Default for HostConfig {
@@ -35,15 +70,53 @@ impl Default for HostConfig {
             epoch_tick: Duration::from_millis(10),
             max_instances: 1_000,
             max_memory: 1 << 30,
+            compilers: Compilers::Tiered,
         }
     }
 }
 
-/// One engine and linker for all plugins.
-pub struct PluginHost {
+/// An engine and the linker that binds components compiled by it.
+pub(crate) struct Compiler {
     pub(crate) engine: Engine,
     pub(crate) linker: Linker<PluginState>,
+    pub(crate) tier: Tier,
+}
+
+impl Compiler {
+    fn new(wasm: &Config, tier: Tier) -> anyhow::Result<Self> {
+        let engine = Engine::new(wasm).map_err(|e| anyhow::anyhow!("wasm engine: {e}"))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| anyhow::anyhow!("linking WASI: {e}"))?;
+        bindings::admission::Admission::add_to_linker::<PluginState, HasSelf<PluginState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(|e| anyhow::anyhow!("linking the plugin imports: {e}"))?;
+        Ok(Self {
+            engine,
+            linker,
+            tier,
+        })
+    }
+}
+
+/// A plugin serving baseline code, waiting for its optimized code.
+struct TierUp {
+    plugin: Weak<Plugin>,
+    wasm: Arc<Vec<u8>>,
+}
+
+/// The engines and linkers for all plugins.
+pub struct PluginHost {
+    /// Cranelift, pooled instances, the disk cache.
+    pub(crate) optimized: Compiler,
+    /// Winch, instances allocated on demand (they live until the optimized code is
+    /// ready); `None` unless [`Compilers::Tiered`] or [`Compilers::Baseline`].
+    baseline: Option<Compiler>,
     pub(crate) config: HostConfig,
+    /// Hands plugins serving baseline code to the background compiler thread.
+    tier_up: Mutex<Option<mpsc::Sender<TierUp>>>,
     ticker: Option<Ticker>,
 }
 
@@ -75,68 +148,213 @@ impl PluginHost {
         let mut wasm = Config::new();
         wasm.epoch_interruption(true)
             .wasm_component_model(true)
+            .strategy(Strategy::Cranelift)
+            // With a baseline tier, Cranelift works in the background: one thread, so
+            // that the plugins serving meanwhile keep a core and their deadlines.
+            .parallel_compilation(config.compilers == Compilers::Optimized)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&wasm).map_err(|e| anyhow::anyhow!("wasm engine: {e}"))?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| anyhow::anyhow!("linking WASI: {e}"))?;
-        bindings::admission::Admission::add_to_linker::<PluginState, HasSelf<PluginState>>(
-            &mut linker,
-            |state| state,
-        )
-        .map_err(|e| anyhow::anyhow!("linking the plugin imports: {e}"))?;
+        let optimized = Compiler::new(&wasm, Tier::Optimized)?;
+        let baseline = match config.compilers {
+            Compilers::Optimized => None,
+            Compilers::Tiered | Compilers::Baseline => {
+                let mut wasm = Config::new();
+                wasm.epoch_interruption(true)
+                    .wasm_component_model(true)
+                    .strategy(Strategy::Winch);
+                Some(Compiler::new(&wasm, Tier::Baseline)?)
+            }
+        };
         if let Some(dir) = &config.cache_dir {
             std::fs::create_dir_all(dir)
                 .map_err(|e| anyhow::anyhow!("plugin cache {}: {e}", dir.display()))?;
         }
-        let ticker = Ticker::start(engine.clone(), config.epoch_tick)?;
-        Ok(Arc::new(Self {
-            engine,
-            linker,
-            config,
-            ticker: Some(ticker),
-        }))
+        let mut engines = vec![optimized.engine.clone()];
+        engines.extend(baseline.as_ref().map(|b| b.engine.clone()));
+        let ticker = Ticker::start(engines, config.epoch_tick)?;
+        let (tx, rx) = mpsc::channel();
+        let host = Arc::new_cyclic(|host: &Weak<Self>| {
+            if config.compilers == Compilers::Tiered {
+                TierUpThread::start(host.clone(), rx);
+            }
+            Self {
+                optimized,
+                baseline,
+                config,
+                tier_up: Mutex::new(Some(tx)),
+                ticker: Some(ticker),
+            }
+        });
+        Ok(host)
     }
 
-    /// Compiles `wasm` (or loads it from the cache). Blocking: tens of milliseconds
-    /// for a small Rust component, seconds for a large Python one.
-    pub fn compile(&self, wasm: &[u8]) -> Result<Component, LoadError> {
-        let digest = digest_of(wasm);
-        let Some(dir) = &self.config.cache_dir else {
-            return Component::new(&self.engine, wasm).map_err(compile_error);
-        };
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.engine
-            .precompile_compatibility_hash()
-            .hash(&mut hasher);
-        let hex = digest.trim_start_matches("sha256:");
-        let path = dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish()));
-        if path.exists() {
-            match deserialize_cached(&self.engine, &path) {
-                Ok(component) => return Ok(component),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "recompiling a bad cached plugin");
+    /// The code to serve `wasm` with now: optimized from the cache, else the baseline
+    /// tier's (when there is one and it compiles the module), else optimized.
+    /// Blocking: milliseconds from the cache or Winch, up to seconds from Cranelift.
+    pub(crate) fn compile(&self, wasm: &[u8]) -> Result<(Component, &Compiler), LoadError> {
+        if let Some(component) = self.cached(wasm) {
+            return Ok((component, &self.optimized));
+        }
+        if let Some(baseline) = &self.baseline {
+            match Component::new(&baseline.engine, wasm) {
+                Ok(component) => return Ok((component, baseline)),
+                // Winch lacks a few proposals (tail calls, exceptions, GC);
+                // Cranelift gets the last word on whether the module is valid.
+                Err(e) if self.config.compilers == Compilers::Tiered => {
+                    tracing::debug!(error = %first_line(&format!("{e:#}")), "baseline compiler declined a module");
                 }
+                Err(e) => return Err(compile_error(e)),
             }
         }
-        let compiled = self
-            .engine
-            .precompile_component(wasm)
-            .map_err(compile_error)?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let written = std::fs::write(&tmp, &compiled).and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            // The cache only saves time: a full or read-only disk must not stop a load.
-            tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled plugin");
-            let _ = std::fs::remove_file(&tmp);
-            return Component::new(&self.engine, wasm).map_err(compile_error);
-        }
-        deserialize_cached(&self.engine, &path).map_err(compile_error)
+        Ok((self.compile_optimized(wasm)?, &self.optimized))
     }
+
+    /// The engine that runs code of `tier`.
+    pub(crate) fn engine(&self, tier: Tier) -> &Engine {
+        match (tier, &self.baseline) {
+            (Tier::Baseline, Some(baseline)) => &baseline.engine,
+            _ => &self.optimized.engine,
+        }
+    }
+
+    /// Where the optimized code of `wasm` is cached, if there is a cache.
+    fn cache_path(&self, wasm: &[u8]) -> Option<PathBuf> {
+        let dir = self.config.cache_dir.as_ref()?;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.optimized
+            .engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        let digest = digest_of(wasm);
+        let hex = digest.trim_start_matches("sha256:");
+        Some(dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish())))
+    }
+
+    fn cached(&self, wasm: &[u8]) -> Option<Component> {
+        self.cached_at(&self.cache_path(wasm)?)
+    }
+
+    fn cached_at(&self, path: &Path) -> Option<Component> {
+        if !path.exists() {
+            return None;
+        }
+        match deserialize_cached(&self.optimized.engine, path) {
+            Ok(component) => Some(component),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "recompiling a bad cached plugin");
+                None
+            }
+        }
+    }
+
+    /// Cranelift's code for `wasm`, from the cache or compiled (and then cached).
+    fn compile_optimized(&self, wasm: &[u8]) -> Result<Component, LoadError> {
+        let engine = &self.optimized.engine;
+        let Some(path) = self.cache_path(wasm) else {
+            return Component::new(engine, wasm).map_err(compile_error);
+        };
+        // Another load of the same module may have compiled it meanwhile.
+        if let Some(component) = self.cached_at(&path) {
+            return Ok(component);
+        }
+        let compiled = engine.precompile_component(wasm).map_err(compile_error)?;
+        match write_whole(&path, &compiled) {
+            Ok(()) => deserialize_cached(engine, &path).map_err(compile_error),
+            Err(e) => {
+                // The cache only saves time: a full or read-only disk must not stop a
+                // load.
+                tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled plugin");
+                Component::new(engine, wasm).map_err(compile_error)
+            }
+        }
+    }
+
+    /// Has the background thread compile `plugin`'s module with Cranelift and move the
+    /// plugin to that code (unless the plugin is gone by then).
+    pub(crate) fn queue_tier_up(&self, plugin: &Arc<Plugin>, wasm: Arc<Vec<u8>>) {
+        let job = TierUp {
+            plugin: Arc::downgrade(plugin),
+            wasm,
+        };
+        if let Ok(tx) = self.tier_up.lock()
+            && let Some(tx) = tx.as_ref()
+        {
+            let _ = tx.send(job);
+        }
+    }
+
+    /// One job of the background thread.
+    fn tier_up(&self, job: TierUp) {
+        if job.plugin.strong_count() == 0 {
+            // Replaced or removed before its turn came.
+            return;
+        }
+        let started = Instant::now();
+        let component = match self.compile_optimized(&job.wasm) {
+            Ok(component) => component,
+            Err(e) => {
+                tracing::warn!(digest = %digest_of(&job.wasm), error = %e.message, "optimizing a plugin failed; it keeps its baseline code");
+                return;
+            }
+        };
+        let Some(plugin) = job.plugin.upgrade() else {
+            return;
+        };
+        match plugin.promote(&self.optimized, &component) {
+            Ok(()) => tracing::info!(
+                plugin = %plugin.name(),
+                digest = %plugin.digest(),
+                compile_ms = started.elapsed().as_millis() as u64,
+                "plugin moved to optimized code"
+            ),
+            Err(e) => tracing::warn!(
+                plugin = %plugin.name(),
+                error = %e.message,
+                "optimized code of a plugin did not link; it keeps its baseline code"
+            ),
+        }
+    }
+}
+
+/// The background compiler: optimizes one plugin at a time, until the host is gone.
+struct TierUpThread;
+
+impl TierUpThread {
+    fn start(host: Weak<PluginHost>, jobs: mpsc::Receiver<TierUp>) {
+        let spawned = std::thread::Builder::new()
+            .name("plugin-optimize".into())
+            .spawn(move || {
+                // Not joined: a host dropped mid-compile lets the thread finish its
+                // job and end, instead of making the drop wait seconds.
+                while let Ok(job) = jobs.recv() {
+                    let Some(host) = host.upgrade() else {
+                        return;
+                    };
+                    host.tier_up(job);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no background compiler thread: plugins keep their baseline code");
+        }
+    }
+}
+
+/// Writes `bytes` whole under a temporary name, then renames it into place: a reader
+/// never sees a partial file.
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 impl Drop for PluginHost {
     fn drop(&mut self) {
+        // Ends the background compiler after its current job.
+        if let Ok(mut tx) = self.tier_up.lock() {
+            tx.take();
+        }
         if let Some(ticker) = self.ticker.take() {
             ticker.stop();
         }
@@ -175,7 +393,7 @@ pub fn digest_of(bytes: &[u8]) -> String {
     out
 }
 
-/// Advances the engine's epoch from an OS thread, so a spinning guest on the async
+/// Advances the engines' epochs from an OS thread, so a spinning guest on the async
 /// runtime cannot starve the clock that stops it.
 struct Ticker {
     stop: Arc<AtomicBool>,
@@ -183,7 +401,7 @@ struct Ticker {
 }
 
 impl Ticker {
-    fn start(engine: Engine, tick: Duration) -> anyhow::Result<Self> {
+    fn start(engines: Vec<Engine>, tick: Duration) -> anyhow::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -191,7 +409,9 @@ impl Ticker {
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::sleep(tick);
-                    engine.increment_epoch();
+                    for engine in &engines {
+                        engine.increment_epoch();
+                    }
                 }
             })?;
         Ok(Self { stop, thread })

@@ -23,7 +23,7 @@ pub use bindings::admission::exports::trellis::plugin::admission_handler::{
 };
 pub use bindings::initializer::exports::trellis::plugin::initializer_handler::InitializeRequest;
 pub use bindings::types::{GroupVersionKind, GroupVersionResource, Operation, Status, UserInfo};
-pub use host::{HostConfig, PluginHost, digest_of};
+pub use host::{Compilers, HostConfig, PluginHost, Tier, digest_of};
 pub use metrics::{PluginMetrics, render_metrics};
 pub use plugin::{
     ClusterReader, LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginKind,

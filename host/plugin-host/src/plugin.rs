@@ -2,7 +2,7 @@
 //! limits, and the calls into it.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ResourceTable};
@@ -10,7 +10,7 @@ use wasmtime::{ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap, Up
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::{self, admission, cluster, initializer, log, types};
-use crate::host::{PluginHost, digest_of, first_line};
+use crate::host::{Compiler, PluginHost, Tier, digest_of, first_line};
 use crate::metrics::PluginMetrics;
 use crate::stdio::LogStream;
 use crate::{AdmissionRequest, AdmissionResponse, InitializeRequest};
@@ -293,6 +293,49 @@ enum Bindings {
 struct Instance {
     store: Store<PluginState>,
     bindings: Bindings,
+    /// The code it runs: an instance of baseline code is not kept once the plugin
+    /// has moved to optimized code.
+    tier: Tier,
+}
+
+/// The code a plugin runs: linked, ready to instantiate in stores of its tier's
+/// engine.
+struct Code {
+    pre: Pre,
+    tier: Tier,
+}
+
+impl Code {
+    fn link(
+        compiler: &Compiler,
+        kind: PluginKind,
+        component: &Component,
+    ) -> Result<Self, LoadError> {
+        let wrong_world = |e: wasmtime::Error| LoadError {
+            reason: LoadErrorReason::WrongWorld,
+            message: format!(
+                "not a trellis:plugin/{} component: {}",
+                kind.world(),
+                first_line(&format!("{e:#}"))
+            ),
+        };
+        let instance_pre = compiler
+            .linker
+            .instantiate_pre(component)
+            .map_err(wrong_world)?;
+        let pre = match kind {
+            PluginKind::Mutating | PluginKind::Validating => {
+                Pre::Admission(admission::AdmissionPre::new(instance_pre).map_err(wrong_world)?)
+            }
+            PluginKind::Initializer => Pre::Initializer(
+                initializer::InitializerPre::new(instance_pre).map_err(wrong_world)?,
+            ),
+        };
+        Ok(Self {
+            pre,
+            tier: compiler.tier,
+        })
+    }
 }
 
 /// A loaded plugin, ready to call from any number of tasks at once.
@@ -300,7 +343,10 @@ pub struct Plugin {
     spec: PluginSpec,
     digest: String,
     label: String,
-    pre: Pre,
+    /// Swapped once, from baseline to optimized code, by the background compiler.
+    code: RwLock<Arc<Code>>,
+    /// Tells waiters when the optimized code serves.
+    tier: tokio::sync::watch::Sender<Tier>,
     idle: Mutex<Vec<Instance>>,
     cluster: Option<Arc<dyn ClusterReader>>,
     /// Shared with the versions before and after this one (see [`PluginHost::reload`]).
@@ -354,44 +400,34 @@ impl PluginHost {
     ) -> Result<Arc<Plugin>, LoadError> {
         let host = self.clone();
         let bytes = wasm.clone();
-        let component = tokio::task::spawn_blocking(move || host.compile(&bytes))
-            .await
-            .map_err(|e| LoadError {
-                reason: LoadErrorReason::CompileFailed,
-                message: format!("compiling stopped: {e}"),
-            })??;
-        self.load_component(spec, &component, &digest_of(&wasm), cluster, metrics)
-            .await
+        let kind = spec.kind;
+        let code = tokio::task::spawn_blocking(move || {
+            let (component, compiler) = host.compile(&bytes)?;
+            Code::link(compiler, kind, &component)
+        })
+        .await
+        .map_err(|e| LoadError {
+            reason: LoadErrorReason::CompileFailed,
+            message: format!("compiling stopped: {e}"),
+        })??;
+        let tier = code.tier;
+        let plugin = self
+            .load_code(spec, code, &digest_of(&wasm), cluster, metrics)
+            .await?;
+        if tier == Tier::Baseline {
+            self.queue_tier_up(&plugin, wasm);
+        }
+        Ok(plugin)
     }
 
-    async fn load_component(
+    async fn load_code(
         self: &Arc<Self>,
         spec: PluginSpec,
-        component: &Component,
+        code: Code,
         digest: &str,
         cluster: Option<Arc<dyn ClusterReader>>,
         metrics: Option<Arc<PluginMetrics>>,
     ) -> Result<Arc<Plugin>, LoadError> {
-        let wrong_world = |e: wasmtime::Error| LoadError {
-            reason: LoadErrorReason::WrongWorld,
-            message: format!(
-                "not a trellis:plugin/{} component: {}",
-                spec.kind.world(),
-                first_line(&format!("{e:#}"))
-            ),
-        };
-        let instance_pre = self
-            .linker
-            .instantiate_pre(component)
-            .map_err(wrong_world)?;
-        let pre = match spec.kind {
-            PluginKind::Mutating | PluginKind::Validating => {
-                Pre::Admission(admission::AdmissionPre::new(instance_pre).map_err(wrong_world)?)
-            }
-            PluginKind::Initializer => Pre::Initializer(
-                initializer::InitializerPre::new(instance_pre).map_err(wrong_world)?,
-            ),
-        };
         let short = digest
             .get(..("sha256:".len() + 12))
             .unwrap_or(digest)
@@ -400,7 +436,8 @@ impl PluginHost {
         let mut plugin = Plugin {
             digest: digest.to_owned(),
             label,
-            pre,
+            tier: tokio::sync::watch::Sender::new(code.tier),
+            code: RwLock::new(Arc::new(code)),
             idle: Mutex::new(Vec::new()),
             cluster,
             // The load's own failures are not the serving version's: they count
@@ -466,6 +503,35 @@ impl Plugin {
     /// `plugin NAME (KIND, v sha256:…)`, how errors name the plugin.
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// The compiler whose code serves now.
+    pub fn tier(&self) -> Tier {
+        *self.tier.borrow()
+    }
+
+    /// Waits until the optimized code serves (at once if it does already). Never
+    /// returns for a plugin that stays on baseline code: bound it with a timeout.
+    pub async fn optimized(&self) {
+        let mut rx = self.tier.subscribe();
+        let _ = rx.wait_for(|tier| *tier == Tier::Optimized).await;
+    }
+
+    /// Serves `component` (optimized code of the same module) from now on: new calls
+    /// instantiate it, calls in flight finish on the code they started with.
+    pub(crate) fn promote(
+        &self,
+        compiler: &Compiler,
+        component: &Component,
+    ) -> Result<(), LoadError> {
+        let code = Arc::new(Code::link(compiler, self.spec.kind, component)?);
+        let tier = code.tier;
+        *self.code.write().unwrap_or_else(|e| e.into_inner()) = code;
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.retain(|instance| instance.tier == tier);
+        }
+        self.tier.send_replace(tier);
+        Ok(())
     }
 
     /// Calls `admit`. A validating plugin's patch is refused here; the caller checks
@@ -590,6 +656,9 @@ impl Plugin {
     }
 
     fn give_back(&self, instance: Instance) {
+        if instance.tier != self.tier() {
+            return;
+        }
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < MAX_IDLE
         {
@@ -670,7 +739,8 @@ impl Plugin {
             cluster: self.cluster.clone(),
             deadline: Instant::now() + self.spec.timeout,
         };
-        let mut store = Store::new(&host.engine, state);
+        let code = self.code.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut store = Store::new(host.engine(code.tier), state);
         store.limiter(|state| &mut state.limits);
         store.epoch_deadline_callback(|ctx| {
             if Instant::now() >= ctx.data().deadline {
@@ -681,7 +751,7 @@ impl Plugin {
             }
         });
         store.set_epoch_deadline(1);
-        let bindings = match &self.pre {
+        let bindings = match &code.pre {
             Pre::Admission(pre) => pre
                 .instantiate_async(&mut store)
                 .await
@@ -692,7 +762,11 @@ impl Plugin {
                 .map(Bindings::Initializer),
         };
         match bindings {
-            Ok(bindings) => Ok(Instance { store, bindings }),
+            Ok(bindings) => Ok(Instance {
+                store,
+                bindings,
+                tier: code.tier,
+            }),
             Err(e) => Err(self.failure(e, &store)),
         }
     }

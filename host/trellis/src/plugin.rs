@@ -22,8 +22,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use trellis_plugin_host::review::{request_from_review, review_from_response};
 use trellis_plugin_host::{
-    GroupVersionKind, GroupVersionResource, HostConfig, InitializeRequest, PluginHost, PluginKind,
-    PluginSpec,
+    Compilers, GroupVersionKind, GroupVersionResource, HostConfig, InitializeRequest, PluginHost,
+    PluginKind, PluginSpec,
 };
 
 use crate::bench::Percentiles;
@@ -93,6 +93,18 @@ struct Offline {
     /// The instance's memory cap.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     memory_limit_mib: usize,
+
+    /// The compiler: `baseline` (Winch: compiles in a fraction of a second, the code
+    /// the server runs while `optimized` compiles) or `optimized` (Cranelift: what the
+    /// server serves once ready). `run` defaults to baseline, `bench` to optimized.
+    #[arg(long, value_enum)]
+    tier: Option<TierArg>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TierArg {
+    Baseline,
+    Optimized,
 }
 
 #[derive(Debug, Args)]
@@ -200,7 +212,7 @@ enum Call {
     Initialize(Box<InitializeRequest>),
 }
 
-async fn prepare(args: &Offline) -> anyhow::Result<Prepared> {
+async fn prepare(args: &Offline, default_tier: TierArg) -> anyhow::Result<Prepared> {
     let configuration = match &args.config {
         Some(path) => read_document(path)?.to_string(),
         None => "{}".to_owned(),
@@ -219,8 +231,13 @@ async fn prepare(args: &Offline) -> anyhow::Result<Prepared> {
     spec.configuration.clone_from(&configuration);
     spec.timeout = Duration::from_millis(args.timeout_ms);
     spec.memory_limit = args.memory_limit_mib << 20;
+    let compilers = match args.tier.unwrap_or(default_tier) {
+        TierArg::Baseline => Compilers::Baseline,
+        TierArg::Optimized => Compilers::Optimized,
+    };
     let host = PluginHost::new(HostConfig {
         max_instances: 16,
+        compilers,
         ..HostConfig::default()
     })
     .context("start the plugin engine")?;
@@ -313,7 +330,7 @@ async fn call_once(p: &Prepared) -> anyhow::Result<Value> {
 }
 
 async fn run_once(args: Offline) -> anyhow::Result<()> {
-    let prepared = prepare(&args).await?;
+    let prepared = prepare(&args, TierArg::Baseline).await?;
     let answer = call_once(&prepared).await.context("call the plugin")?;
     println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(())
@@ -323,6 +340,8 @@ async fn run_once(args: Offline) -> anyhow::Result<()> {
 struct BenchReport {
     plugin: String,
     digest: String,
+    /// `baseline` (Winch) or `optimized` (Cranelift).
+    tier: &'static str,
     calls: usize,
     calls_per_sec: f64,
     p50_us: f64,
@@ -331,7 +350,7 @@ struct BenchReport {
 }
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let prepared = prepare(&args.offline).await?;
+    let prepared = prepare(&args.offline, TierArg::Optimized).await?;
     // Warm the instance pool and the caches.
     for _ in 0..(args.calls / 10).clamp(1, 1000) {
         call_once(&prepared).await.context("warm up")?;
@@ -348,6 +367,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let report = BenchReport {
         plugin: prepared.plugin.name().to_owned(),
         digest: prepared.plugin.digest().to_owned(),
+        tier: prepared.plugin.tier().as_str(),
         calls: args.calls,
         calls_per_sec: (args.calls as f64 / elapsed.as_secs_f64()).round(),
         p50_us: (p.p50_ms * 1000.0 * 10.0).round() / 10.0,
@@ -356,9 +376,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     };
     crate::bench::print_report(args.json, &report, || {
         format!(
-            "plugin {} ({}): {} calls: {:.0} calls/s, per call p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+            "plugin {} ({}, {} code): {} calls: {:.0} calls/s, per call p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
             report.plugin,
             report.digest,
+            report.tier,
             report.calls,
             report.calls_per_sec,
             report.p50_us,

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use serde_json::json;
 use trellis_plugin_host::{
-    AdmissionRequest, GroupVersionKind, GroupVersionResource, HostConfig, LoadErrorReason,
-    Operation, PluginErrorKind, PluginHost, PluginKind, PluginSpec, UserInfo,
+    AdmissionRequest, Compilers, GroupVersionKind, GroupVersionResource, HostConfig,
+    LoadErrorReason, Operation, PluginErrorKind, PluginHost, PluginKind, PluginSpec, Tier,
+    UserInfo,
 };
 use trellis_tests::plugin_wasm;
 
@@ -69,7 +70,22 @@ fn request(mode: &str) -> AdmissionRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_call_is_named_and_the_plugin_keeps_serving() -> Result<()> {
-    let host = host()?;
+    bad_calls(Compilers::Optimized, Tier::Optimized).await
+}
+
+/// The same limits hold in Winch's code, which serves a new module until Cranelift's
+/// is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_call_is_named_and_the_plugin_keeps_serving_on_baseline_code() -> Result<()> {
+    bad_calls(Compilers::Baseline, Tier::Baseline).await
+}
+
+async fn bad_calls(compilers: Compilers, tier: Tier) -> Result<()> {
+    let host = PluginHost::new(HostConfig {
+        max_instances: 20,
+        compilers,
+        ..HostConfig::default()
+    })?;
     let plugin = host
         .load(
             spec(PluginKind::Validating, json!({})),
@@ -77,6 +93,7 @@ async fn a_bad_call_is_named_and_the_plugin_keeps_serving() -> Result<()> {
             None,
         )
         .await?;
+    ensure!(plugin.tier() == tier, "{:?}", plugin.tier());
     ensure!(plugin.digest().starts_with("sha256:") && plugin.digest().len() == 71);
 
     let denied = plugin.admit(&host, &request("deny")).await?;
@@ -293,6 +310,15 @@ async fn compiled_components_are_cached_by_digest() -> Result<()> {
             None,
         )
         .await?;
+    // A module never seen serves Winch's code at once; Cranelift's follows in the
+    // background, and that is what the cache keeps.
+    ensure!(plugin.tier() == Tier::Baseline, "{:?}", plugin.tier());
+    ensure!(plugin.admit(&first, &request("allow")).await?.allowed);
+    tokio::time::timeout(Duration::from_secs(120), plugin.optimized())
+        .await
+        .map_err(|_| anyhow::anyhow!("no optimized code after 120 s"))?;
+    ensure!(!plugin.admit(&first, &request("deny")).await?.allowed);
+    ensure!(plugin.admit(&first, &request("loop")).await.is_err());
     let hex = plugin.digest().trim_start_matches("sha256:").to_owned();
     let cached: Vec<_> = std::fs::read_dir(dir.path())?
         .filter_map(|e| e.ok())
@@ -312,6 +338,7 @@ async fn compiled_components_are_cached_by_digest() -> Result<()> {
             None,
         )
         .await?;
+    ensure!(again.tier() == Tier::Optimized, "{:?}", again.tier());
     ensure!(again.admit(&second, &request("allow")).await?.allowed);
     // Replaced, not truncated in place: the running hosts map the file (as the server
     // writes it: whole, under a temporary name, then renamed).
@@ -375,5 +402,66 @@ async fn a_reloaded_plugin_keeps_counting_where_the_old_version_left_off() -> Re
         )
         .await?;
     ensure!(mutating.metrics.calls.load(Relaxed) == 0);
+    Ok(())
+}
+
+/// A cluster reader with two ConfigMaps, for the fixture's `read` mode.
+#[derive(Debug)]
+struct TwoConfigMaps;
+
+#[async_trait::async_trait]
+impl trellis_plugin_host::ClusterReader for TwoConfigMaps {
+    async fn get(
+        &self,
+        _resource: &GroupVersionResource,
+        _namespace: Option<&str>,
+        name: &str,
+    ) -> std::result::Result<Option<String>, String> {
+        Ok((name == "cm-b").then(|| json!({"metadata": {"name": "cm-b"}}).to_string()))
+    }
+
+    async fn list(
+        &self,
+        _resource: &GroupVersionResource,
+        _namespace: Option<&str>,
+        _label_selector: &str,
+    ) -> std::result::Result<Vec<String>, String> {
+        Ok(vec![
+            json!({"metadata": {"name": "cm-a2"}}).to_string(),
+            json!({"metadata": {"name": "cm-a1"}}).to_string(),
+        ])
+    }
+}
+
+/// Host imports answer the same to both tiers' code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_tiers_read_the_cluster_through_the_host() -> Result<()> {
+    for compilers in [Compilers::Baseline, Compilers::Optimized] {
+        let host = PluginHost::new(HostConfig {
+            max_instances: 20,
+            compilers,
+            ..HostConfig::default()
+        })?;
+        let plugin = host
+            .load(
+                spec(
+                    PluginKind::Validating,
+                    json!({"selector": "team=a", "get": "cm-b"}),
+                ),
+                wasm("misbehave")?,
+                Some(Arc::new(TwoConfigMaps)),
+            )
+            .await?;
+        // The server hands each call the plugin's configuration.
+        let mut read = request("read");
+        read.configuration = json!({"selector": "team=a", "get": "cm-b"}).to_string();
+        let answer = plugin.admit(&host, &read).await?;
+        let message = answer.status.map(|s| s.message).unwrap_or_default();
+        ensure!(
+            !answer.allowed && message == "misbehave read [cm-a1,cm-a2]; cm-b exists: true",
+            "{compilers:?}: allowed {}, {message:?}",
+            answer.allowed
+        );
+    }
     Ok(())
 }

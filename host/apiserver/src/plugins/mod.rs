@@ -27,7 +27,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
-use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind};
+use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind, Tier};
 use trellis_store::{ListRequest, Store};
 
 pub use glue::{PluginAdmission, PluginInitializers, StoreReader};
@@ -97,8 +97,8 @@ struct Tracked {
     /// Changes when the declaration does (uid + generation, or file times and sizes).
     fingerprint: String,
     serving: Option<Arc<Bound>>,
-    /// Counters last written to the object's status.
-    reported: Option<[u64; 4]>,
+    /// Counters and tier last written to the object's status.
+    reported: Option<([u64; 4], Tier)>,
 }
 
 impl PluginManager {
@@ -413,19 +413,24 @@ impl PluginManager {
     }
 }
 
-fn counters(plugin: &Plugin) -> [u64; 4] {
+/// What the periodic status refresh reports: the counters and the code's tier.
+fn counters(plugin: &Plugin) -> ([u64; 4], Tier) {
     use std::sync::atomic::Ordering::Relaxed;
     let m = &plugin.metrics;
-    [
-        m.calls.load(Relaxed),
-        m.denials.load(Relaxed),
-        m.errors.load(Relaxed),
-        m.timeouts.load(Relaxed),
-    ]
+    (
+        [
+            m.calls.load(Relaxed),
+            m.denials.load(Relaxed),
+            m.errors.load(Relaxed),
+            m.timeouts.load(Relaxed),
+        ],
+        plugin.tier(),
+    )
 }
 
 fn set_counters(status: &mut serde_json::Map<String, Value>, plugin: &Plugin) {
-    let [calls, denials, errors, timeouts] = counters(plugin);
+    let ([calls, denials, errors, timeouts], tier) = counters(plugin);
+    status.insert("tier".into(), tier.as_str().into());
     status.insert("calls".into(), calls.into());
     status.insert("denials".into(), denials.into());
     status.insert("errors".into(), errors.into());

@@ -308,6 +308,7 @@ pub fn crd() -> Value {
         "properties": {
             "conditions": {"type": "array", "items": condition},
             "digest": {"type": "string"},
+            "tier": {"type": "string", "enum": ["baseline", "optimized"]},
             "observedGeneration": {"type": "integer"},
             "calls": {"type": "integer"},
             "denials": {"type": "integer"},
@@ -340,6 +341,7 @@ pub fn crd() -> Value {
                     {"name": "Failure-Policy", "type": "string", "jsonPath": ".spec.failurePolicy"},
                     {"name": "Loaded", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Loaded\")].status"},
                     {"name": "Digest", "type": "string", "priority": 1, "jsonPath": ".status.digest"},
+                    {"name": "Tier", "type": "string", "priority": 1, "jsonPath": ".status.tier"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
                 "schema": {"openAPIV3Schema": {

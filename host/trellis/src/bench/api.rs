@@ -1208,7 +1208,10 @@ async fn install_plugin(
     if status != StatusCode::CREATED {
         bail!("install plugin {name}: {status}: {}", status_message(&body));
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Measured on the code a plugin serves for good: a module's first load serves
+    // Winch's code until Cranelift's is ready (the status's `tier`, refreshed every
+    // 10 s).
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let (_, body) = exchange(
             target,
@@ -1220,9 +1223,11 @@ async fn install_plugin(
         let obj: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         let cond = &obj["status"]["conditions"][0];
         match cond["status"].as_str() {
-            Some("True") => return Ok(()),
+            Some("True") if obj["status"]["tier"] == "optimized" => return Ok(()),
             Some("False") => bail!("load plugin {name}: {}", cond["message"]),
-            _ if Instant::now() > deadline => bail!("load plugin {name}: no status within 60 s"),
+            _ if Instant::now() > deadline => {
+                bail!("load plugin {name}: not serving optimized code within 120 s")
+            }
             _ => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
