@@ -187,12 +187,24 @@ impl PluginHost {
         Ok(host)
     }
 
-    /// The code to serve `wasm` with now: optimized from the cache, else the baseline
+    /// The code to serve `wasm` with now: `current` (the running version's compiled
+    /// module, when it is the same module) unless it is baseline code and the optimized
+    /// code is in the cache by now; else optimized from the cache, else the baseline
     /// tier's (when there is one and it compiles the module), else optimized.
     /// Blocking: milliseconds from the cache or Winch, up to seconds from Cranelift.
-    pub(crate) fn compile(&self, wasm: &[u8]) -> Result<(Component, &Compiler), LoadError> {
+    pub(crate) fn compile(
+        &self,
+        wasm: &[u8],
+        current: Option<(Component, Tier)>,
+    ) -> Result<(Component, &Compiler), LoadError> {
+        if let Some((component, Tier::Optimized)) = current {
+            return Ok((component, &self.optimized));
+        }
         if let Some(component) = self.cached(wasm) {
             return Ok((component, &self.optimized));
+        }
+        if let Some((component, tier)) = current {
+            return Ok((component, self.compiler(tier)));
         }
         if let Some(baseline) = &self.baseline {
             match Component::new(&baseline.engine, wasm) {
@@ -208,11 +220,11 @@ impl PluginHost {
         Ok((self.compile_optimized(wasm)?, &self.optimized))
     }
 
-    /// The engine that runs code of `tier`.
-    pub(crate) fn engine(&self, tier: Tier) -> &Engine {
+    /// The compiler (engine and linker) of code of `tier`.
+    pub(crate) fn compiler(&self, tier: Tier) -> &Compiler {
         match (tier, &self.baseline) {
-            (Tier::Baseline, Some(baseline)) => &baseline.engine,
-            _ => &self.optimized.engine,
+            (Tier::Baseline, Some(baseline)) => baseline,
+            _ => &self.optimized,
         }
     }
 

@@ -303,6 +303,9 @@ struct Instance {
 struct Code {
     pre: Pre,
     tier: Tier,
+    /// Kept so that a new version of the plugin with the same module (a configuration
+    /// change) links it again instead of compiling.
+    component: Component,
 }
 
 impl Code {
@@ -334,6 +337,7 @@ impl Code {
         Ok(Self {
             pre,
             tier: compiler.tier,
+            component: component.clone(),
         })
     }
 }
@@ -372,7 +376,7 @@ impl PluginHost {
         wasm: Arc<Vec<u8>>,
         cluster: Option<Arc<dyn ClusterReader>>,
     ) -> Result<Arc<Plugin>, LoadError> {
-        self.load_counting(spec, wasm, cluster, None).await
+        self.load_counting(spec, wasm, cluster, None, None).await
     }
 
     /// Loads a new version of `previous`, as [`PluginHost::load`] does. The new
@@ -387,22 +391,30 @@ impl PluginHost {
         cluster: Option<Arc<dyn ClusterReader>>,
     ) -> Result<Arc<Plugin>, LoadError> {
         let metrics = (previous.spec.kind == spec.kind).then(|| previous.metrics.clone());
-        self.load_counting(spec, wasm, cluster, metrics).await
+        self.load_counting(spec, wasm, cluster, metrics, Some(previous))
+            .await
     }
 
-    /// Compiles off the async runtime, then loads; counts into `metrics` when given.
+    /// Compiles off the async runtime (or takes `previous`'s compiled module when it
+    /// is the same), then loads; counts into `metrics` when given.
     async fn load_counting(
         self: &Arc<Self>,
         spec: PluginSpec,
         wasm: Arc<Vec<u8>>,
         cluster: Option<Arc<dyn ClusterReader>>,
         metrics: Option<Arc<PluginMetrics>>,
+        previous: Option<&Plugin>,
     ) -> Result<Arc<Plugin>, LoadError> {
+        let digest = digest_of(&wasm);
+        let current = previous.filter(|p| p.digest == digest).map(|p| {
+            let code = p.code.read().unwrap_or_else(|e| e.into_inner());
+            (code.component.clone(), code.tier)
+        });
         let host = self.clone();
         let bytes = wasm.clone();
         let kind = spec.kind;
         let code = tokio::task::spawn_blocking(move || {
-            let (component, compiler) = host.compile(&bytes)?;
+            let (component, compiler) = host.compile(&bytes, current)?;
             Code::link(compiler, kind, &component)
         })
         .await
@@ -412,7 +424,7 @@ impl PluginHost {
         })??;
         let tier = code.tier;
         let plugin = self
-            .load_code(spec, code, &digest_of(&wasm), cluster, metrics)
+            .load_code(spec, code, &digest, cluster, metrics)
             .await?;
         if tier == Tier::Baseline {
             self.queue_tier_up(&plugin, wasm);
@@ -740,7 +752,7 @@ impl Plugin {
             deadline: Instant::now() + self.spec.timeout,
         };
         let code = self.code.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut store = Store::new(host.engine(code.tier), state);
+        let mut store = Store::new(&host.compiler(code.tier).engine, state);
         store.limiter(|state| &mut state.limits);
         store.epoch_deadline_callback(|ctx| {
             if Instant::now() >= ctx.data().deadline {
