@@ -26,6 +26,7 @@ use trellis_api::{ApiError, UserInfo};
 use trellis_store::Store;
 
 use crate::object::{Object, metadata, metadata_mut};
+use crate::watch_cache::WatchCache;
 
 /// What an admission step or initializer is told about a request.
 #[derive(Clone, Debug)]
@@ -65,9 +66,10 @@ pub trait Admission: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
-    /// Called once as the server starts, with the store the step may read (as
-    /// Kubernetes hands its admission plugins their informers and clients).
-    fn init(&self, _store: &Arc<dyn Store>) {}
+    /// Called once as the server starts, with the store the step may read and the
+    /// watch cache (as Kubernetes hands its admission plugins their clients and
+    /// informers).
+    fn init(&self, _store: &Arc<dyn Store>, _cache: &Arc<WatchCache>) {}
 
     /// Called after a write through the API succeeded: `verb` (`create`, `update`,
     /// `patch`, `delete`, `deletecollection`) of `resource` in `namespace`.
@@ -117,10 +119,10 @@ impl Chains {
         }
     }
 
-    /// Hands every step the store; see [`Admission::init`].
-    pub fn init(&self, store: &Arc<dyn Store>) {
+    /// Hands every step the store and the cache; see [`Admission::init`].
+    pub fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
         for step in &self.admission {
-            step.init(store);
+            step.init(store, cache);
         }
     }
 

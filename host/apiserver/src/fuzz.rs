@@ -83,9 +83,12 @@ fn request_decoding_never_panics_and_refuses_with_4xx() {
                 Ok(mut obj) => {
                     let res = &resources[pick];
                     let _ = object::check_type(&mut obj, res);
-                    if let Err(e) =
-                        typed::default_and_validate_with(res, &mut obj, None, rng.random())
-                    {
+                    let unknown = [
+                        typed::UnknownFields::Ignore,
+                        typed::UnknownFields::Warn,
+                        typed::UnknownFields::Strict,
+                    ][rng.random_range(0..3)];
+                    if let Err(e) = typed::default_and_validate_with(res, &mut obj, None, unknown) {
                         assert!(
                             client_error(e.code),
                             "typed decode answered {}: {}",

@@ -379,7 +379,7 @@ pub async fn prepare_create(
     let attrs = admission_attributes(req, "CREATE", &name);
     state.chains.mutate(&attrs, obj, None).await?;
     check_unknown_fields(state, req, obj)?;
-    typed::default_and_validate_with(res, obj, None, req.strict_fields())?;
+    typed::default_and_validate_with(res, obj, None, unknown_fields(req))?;
     if let Some(schema) = state.schema_for(res) {
         crate::crd::validate(&schema, res, obj)?;
     }
@@ -535,24 +535,32 @@ fn admission_attributes<'a>(
     }
 }
 
-/// Fields the object's type does not have: with `fieldValidation=Warn` (the default)
-/// each becomes a warning; with `Strict` a custom resource is refused (built-in kinds
-/// are refused by their typed decode).
-fn check_unknown_fields(state: &AppState, req: &ApiRequest, obj: &Object) -> ApiResult<()> {
-    let schema = state.schema_for(&req.resource);
+/// What the request's `fieldValidation` does with fields a built-in kind's type does
+/// not have, as its typed decode finds them.
+fn unknown_fields(req: &ApiRequest) -> typed::UnknownFields {
     if req.strict_fields() {
-        let unknown = schema
-            .map(|s| crate::crd::unknown_fields(&s, obj))
-            .unwrap_or_default();
+        typed::UnknownFields::Strict
+    } else if req.warn_fields() {
+        typed::UnknownFields::Warn
+    } else {
+        typed::UnknownFields::Ignore
+    }
+}
+
+/// Fields a custom resource's schema does not have: with `fieldValidation=Warn` (the
+/// default) each becomes a warning; with `Strict` the write is refused. Built-in kinds
+/// are checked by their typed decode (see [`unknown_fields`]).
+fn check_unknown_fields(state: &AppState, req: &ApiRequest, obj: &Object) -> ApiResult<()> {
+    let Some(schema) = state.schema_for(&req.resource) else {
+        return Ok(());
+    };
+    if req.strict_fields() {
+        let unknown = crate::crd::unknown_fields(&schema, obj);
         if !unknown.is_empty() {
             return Err(typed::strict_decoding_error(&unknown).into());
         }
     } else if req.warn_fields() {
-        let unknown = match schema {
-            Some(s) => crate::crd::unknown_fields(&s, obj),
-            None => typed::unknown_fields_of(&req.resource, obj),
-        };
-        for f in unknown {
+        for f in crate::crd::unknown_fields(&schema, obj) {
             crate::warnings::add(format!("unknown field {f:?}"));
         }
     }
@@ -653,7 +661,7 @@ pub(crate) async fn prepare_update(
     let attrs = admission_attributes(req, "UPDATE", name);
     state.chains.mutate(&attrs, new, Some(old)).await?;
     check_unknown_fields(state, req, new)?;
-    typed::default_and_validate_with(res, new, Some(old), req.strict_fields())?;
+    typed::default_and_validate_with(res, new, Some(old), unknown_fields(req))?;
     if let Some(schema) = state.schema_for(res) {
         crate::crd::validate(&schema, res, new)?;
     }

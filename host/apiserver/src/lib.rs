@@ -10,7 +10,8 @@
 //! - [`rbac`]: RBAC authorization and the bootstrap roles; [`node_authz`]: what
 //!   a node's credentials may reach.
 //! - [`admission`]: the admission and initializer chains; [`limit_ranger`] and
-//!   [`quota`]: the built-in LimitRanger and ResourceQuota steps; [`plugins`]: the
+//!   [`quota`]: the built-in LimitRanger and ResourceQuota steps, which read through
+//!   [`lister`] (the watch cache, fenced by this server's writes); [`plugins`]: the
 //!   WASM plugins in the chains (Plugin objects, the plugins directory, hot reload).
 //! - [`metrics`]: `/metrics`; [`audit`]: the audit log.
 //! - [`request`]: what a request asks for (resource, verb, query, formats).
@@ -42,6 +43,7 @@ mod fuzz;
 pub mod handlers;
 pub mod kubeconfig;
 pub mod limit_ranger;
+pub mod lister;
 pub mod managed_fields;
 pub mod merge_keys;
 pub mod metrics;

@@ -9,24 +9,37 @@
 //! bounds. A refusal is 403 Forbidden with Kubernetes' wording, every violation
 //! listed: `pods "web" is forbidden: maximum cpu usage per Container is 500m, but
 //! limit is 1`.
+//!
+//! The LimitRanges are read through a [`Lister`]: from the watch cache, or from the
+//! store while the cache has not yet seen a LimitRange written through this server.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use trellis_api::ApiError;
 use trellis_api::quantity::Quantity;
+use trellis_api::registry::ResourceInfo;
 use trellis_api::status::StatusCause;
-use trellis_store::{ListRequest, Store};
+use trellis_store::Store;
 
 use crate::admission::{Admission, Attributes};
+use crate::lister::Lister;
 use crate::object::Object;
-use crate::watch_cache::decode_stored;
+use crate::watch_cache::WatchCache;
 
 /// The LimitRanger admission step.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LimitRanger {
-    store: OnceLock<Arc<dyn Store>>,
+    ranges: Lister,
+}
+
+impl Default for LimitRanger {
+    fn default() -> Self {
+        Self {
+            ranges: Lister::new("", "limitranges"),
+        }
+    }
 }
 
 /// Requests and limits by resource name, as a container or a pod states them.
@@ -205,7 +218,7 @@ fn check(item: &Value, scope: &str, r: &Resources, errors: &mut Vec<String>) {
     }
 }
 
-fn items_of_type<'a>(ranges: &'a [Object], kind: &'a str) -> impl Iterator<Item = &'a Value> {
+fn items_of_type<'a>(ranges: &'a [Arc<Object>], kind: &'a str) -> impl Iterator<Item = &'a Value> {
     ranges
         .iter()
         .filter_map(|r| r.get("spec")?.get("limits")?.as_array())
@@ -214,21 +227,11 @@ fn items_of_type<'a>(ranges: &'a [Object], kind: &'a str) -> impl Iterator<Item 
 }
 
 impl LimitRanger {
-    async fn ranges(&self, namespace: &str) -> Result<Vec<Object>, ApiError> {
-        let Some(store) = self.store.get() else {
-            return Ok(Vec::new());
-        };
-        let page = store
-            .list(ListRequest::prefix(format!(
-                "/registry/core/limitranges/{namespace}/"
-            )))
+    async fn ranges(&self, namespace: &str) -> Result<Vec<Arc<Object>>, ApiError> {
+        self.ranges
+            .list(namespace)
             .await
-            .map_err(|e| ApiError::internal(format!("reading limit ranges: {e}")))?;
-        Ok(page
-            .kvs
-            .iter()
-            .filter_map(|kv| decode_stored(&kv.value, kv.mod_revision))
-            .collect())
+            .map_err(|e| ApiError::internal(format!("reading limit ranges: {e}")))
     }
 }
 
@@ -245,8 +248,14 @@ impl Admission for LimitRanger {
         "LimitRanger"
     }
 
-    fn init(&self, store: &Arc<dyn Store>) {
-        let _ = self.store.set(store.clone());
+    fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
+        self.ranges.init(store, cache);
+    }
+
+    async fn written(&self, resource: &ResourceInfo, _verb: &str, _namespace: Option<&str>) {
+        if self.ranges.lists(resource) {
+            self.ranges.written().await;
+        }
     }
 
     async fn mutate(

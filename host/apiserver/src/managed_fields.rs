@@ -859,16 +859,28 @@ pub fn record_update(
         _ => old.and_then(decode).unwrap_or_default(),
     };
     let old_value = old.map(without_managed_fields).unwrap_or(Value::Null);
-    let new_value = without_managed_fields(new);
+    // The new object is read in place rather than copied without its managedFields
+    // (a copy of every object written was measurable): they are dropped here and
+    // written again by `encode` below.
+    if let Some(Value::Object(meta)) = new.get_mut("metadata") {
+        meta.remove("managedFields");
+    }
+    let new_value = Value::Object(std::mem::take(new));
     let mut old_fields = fields_of(&old_value, schema, true);
     let mut new_fields = fields_of(&new_value, schema, true);
     strip(&mut old_fields, scope);
     strip(&mut new_fields, scope);
     let mut changed = new_fields.difference(&old_fields);
-    for path in new_fields.leaves() {
-        if value_at(&old_value, &path) != value_at(&new_value, &path) {
-            changed.insert(&path);
+    // On a create every field is new, and `changed` holds them all already.
+    if old.is_some() {
+        for path in new_fields.leaves() {
+            if value_at(&old_value, &path) != value_at(&new_value, &path) {
+                changed.insert(&path);
+            }
         }
+    }
+    if let Value::Object(map) = new_value {
+        *new = map;
     }
     let removed = old_fields.difference(&new_fields);
     let me = Entry {

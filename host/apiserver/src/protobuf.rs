@@ -627,8 +627,13 @@ mod tests {
             else {
                 continue;
             };
-            crate::typed::default_and_validate_with(res, &mut obj, None, true)
-                .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+            crate::typed::default_and_validate_with(
+                res,
+                &mut obj,
+                None,
+                crate::typed::UnknownFields::Strict,
+            )
+            .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
             checked += 1;
         }
         assert!(checked >= 9, "only {checked} fixtures");

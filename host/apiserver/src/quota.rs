@@ -20,6 +20,11 @@
 //!
 //! The lock is the server's own: API servers sharing a store each serialize their own
 //! creates, and their compare-and-swap writes keep `status.used` consistent.
+//!
+//! Which quotas a namespace has is read through a [`Lister`] (the watch cache, or the
+//! store while the cache has not yet seen a quota written through this server), so a
+//! namespace without quotas costs no store read and no lock. Once there is one, the
+//! charge reads the quotas and writes their usage on the store, as above.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,8 +40,9 @@ use trellis_api::registry::ResourceInfo;
 use trellis_store::{ListRequest, Revision, Store};
 
 use crate::admission::{Admission, Attributes};
+use crate::lister::Lister;
 use crate::object::{Object, meta_str, remove_meta};
-use crate::watch_cache::decode_stored;
+use crate::watch_cache::{WatchCache, decode_stored};
 
 /// How long a charged create may take to appear in the store before its charge is
 /// dropped from recounts: longer than a create waits for its initializers.
@@ -54,12 +60,24 @@ struct Reservation {
 }
 
 /// The ResourceQuota admission step.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ResourceQuota {
     store: OnceLock<Arc<dyn Store>>,
+    /// Whether a namespace has quotas at all; the charge itself reads the store.
+    quotas: Lister,
     /// Per namespace: the lock that serializes its charges and recounts, and the
     /// reservations it holds.
     namespaces: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Vec<Reservation>>>>>,
+}
+
+impl Default for ResourceQuota {
+    fn default() -> Self {
+        Self {
+            store: OnceLock::new(),
+            quotas: Lister::new("", "resourcequotas"),
+            namespaces: Mutex::default(),
+        }
+    }
 }
 
 fn quotas_prefix(namespace: &str) -> String {
@@ -314,11 +332,19 @@ impl ResourceQuota {
         }
     }
 
+    /// Whether `namespace` has no quota.
+    async fn unlimited(&self, namespace: &str) -> Result<bool, ApiError> {
+        self.quotas.is_empty(namespace).await.map_err(store_failed)
+    }
+
     /// Recounts every quota of `namespace` from the store and writes their status.
     pub async fn recount(&self, namespace: &str) -> Result<(), ApiError> {
         let Some(store) = self.store() else {
             return Ok(());
         };
+        if self.unlimited(namespace).await? {
+            return Ok(());
+        }
         let lock = self.namespace_lock(namespace);
         let mut reservations = lock.lock().await;
         for _ in 0..4 {
@@ -343,7 +369,16 @@ impl ResourceQuota {
         let Some(store) = self.store() else {
             return Ok(());
         };
-        let lock = self.namespace_lock(namespace);
+        // Only namespaces that were charged hold reservations.
+        let Some(lock) = self
+            .namespaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(namespace)
+            .cloned()
+        else {
+            return Ok(());
+        };
         let mut reservations = lock.lock().await;
         let mut kept = Vec::with_capacity(reservations.len());
         for r in reservations.drain(..) {
@@ -367,6 +402,10 @@ impl ResourceQuota {
         let Some(store) = self.store() else {
             return Ok(());
         };
+        // Most namespaces have no quota: they cost a read of the cache and no lock.
+        if self.unlimited(namespace).await? {
+            return Ok(());
+        }
         let usage = usage_of(&attrs.resource.group, &attrs.resource.plural, obj);
         let refuse = |reason: String| {
             ApiError::admission_forbidden(
@@ -376,10 +415,6 @@ impl ResourceQuota {
                 &reason,
             )
         };
-        // Most namespaces have no quota: they cost one list and no lock.
-        if Self::quotas(store.as_ref(), namespace).await?.is_empty() {
-            return Ok(());
-        }
         let lock = self.namespace_lock(namespace);
         let mut reservations = lock.lock().await;
         // A create that will fail as AlreadyExists is not charged.
@@ -496,8 +531,9 @@ impl Admission for ResourceQuota {
         "ResourceQuota"
     }
 
-    fn init(&self, store: &Arc<dyn Store>) {
+    fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
         let _ = self.store.set(store.clone());
+        self.quotas.init(store, cache);
     }
 
     async fn validate(
@@ -516,7 +552,11 @@ impl Admission for ResourceQuota {
         let Some(namespace) = namespace else {
             return;
         };
-        let is_quota = resource.group.is_empty() && resource.plural == "resourcequotas";
+        let is_quota = self.quotas.lists(resource);
+        if is_quota {
+            // Before the recount below, which must find a quota just created.
+            self.quotas.written().await;
+        }
         // Creates were charged already: their reservations end now that they are
         // stored. Everything else may change what is used.
         let done = if verb == "create" && !is_quota {

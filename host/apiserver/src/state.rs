@@ -65,7 +65,7 @@ impl AppState {
         signer: crate::sa_token::TokenSigner,
         server_address: String,
     ) -> Arc<Self> {
-        chains.init(&store);
+        chains.init(&store, &cache);
         Arc::new(Self {
             store,
             cache,

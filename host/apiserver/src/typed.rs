@@ -17,7 +17,8 @@ use crate::object::{Object, metadata};
 const KEPT_METADATA: &[&str] = &["initializers"];
 
 fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Object) -> Result<Object, ApiError> {
-    let typed: T = serde_json::from_value(Value::Object(obj.clone()))
+    // Read from the map in place: a copy of the object per write was measurable.
+    let typed = <T as serde::Deserialize>::deserialize(obj)
         .map_err(|e| ApiError::bad_request(format!("error decoding the object: {e}")))?;
     match serde_json::to_value(&typed) {
         Ok(Value::Object(m)) => Ok(m),
@@ -60,26 +61,34 @@ fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, Ap
 /// Paths of fields present in `original` but dropped by the typed decode.
 pub fn unknown_fields(original: &Value, decoded: &Value, path: &str, out: &mut Vec<String>) {
     match (original, decoded) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in a {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
-                match b.get(k) {
-                    None if !v.is_null() => out.push(p),
-                    None => {}
-                    Some(d) => unknown_fields(v, d, &p, out),
-                }
-            }
-        }
+        (Value::Object(a), Value::Object(b)) => unknown_fields_of_map(a, b, path, out),
         (Value::Array(a), Value::Array(b)) => {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
                 unknown_fields(x, y, &format!("{path}[{i}]"), out);
             }
         }
         _ => {}
+    }
+}
+
+/// [`unknown_fields`] of two maps.
+fn unknown_fields_of_map(
+    original: &Map<String, Value>,
+    decoded: &Map<String, Value>,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    for (k, v) in original {
+        let p = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        match decoded.get(k) {
+            None if !v.is_null() => out.push(p),
+            None => {}
+            Some(d) => unknown_fields(v, d, &p, out),
+        }
     }
 }
 
@@ -95,12 +104,7 @@ pub fn strict_decoding_error(unknown: &[String]) -> ApiError {
 
 fn dropped_fields(obj: &Object, decoded: &Object) -> Vec<String> {
     let mut unknown = Vec::new();
-    unknown_fields(
-        &Value::Object(obj.clone()),
-        &Value::Object(decoded.clone()),
-        "",
-        &mut unknown,
-    );
+    unknown_fields_of_map(obj, decoded, "", &mut unknown);
     unknown.retain(|f| {
         !KEPT_METADATA
             .iter()
@@ -109,41 +113,49 @@ fn dropped_fields(obj: &Object, decoded: &Object) -> Vec<String> {
     unknown
 }
 
-/// The fields of a built-in object that its type does not have (what a write drops),
-/// as paths like `spec.colour`; none for kinds without a typed struct or objects that
-/// do not decode.
-pub fn unknown_fields_of(res: &ResourceInfo, obj: &Object) -> Vec<String> {
-    match typed_roundtrip(res, obj) {
-        Some(Ok(decoded)) => dropped_fields(obj, &decoded),
-        _ => Vec::new(),
-    }
+/// What a write does with the fields of a built-in object its type does not have (the
+/// `fieldValidation` query parameter): drop them silently, drop them with a warning
+/// each (Kubernetes' default), or refuse the write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnknownFields {
+    Ignore,
+    Warn,
+    Strict,
 }
 
 /// Applies defaults and validation to a built-in object about to be stored. `old` is
-/// the stored object for an update. `strict` refuses unknown fields.
+/// the stored object for an update. Unknown fields are dropped silently.
 pub fn default_and_validate(
     res: &ResourceInfo,
     obj: &mut Object,
     old: Option<&Object>,
 ) -> Result<(), ApiError> {
-    default_and_validate_with(res, obj, old, false)
+    default_and_validate_with(res, obj, old, UnknownFields::Ignore)
 }
 
 pub fn default_and_validate_with(
     res: &ResourceInfo,
     obj: &mut Object,
     old: Option<&Object>,
-    strict: bool,
+    unknown: UnknownFields,
 ) -> Result<(), ApiError> {
     if res.group.is_empty() && res.plural == "secrets" {
         fold_string_data(obj)?;
     }
     if let Some(decoded) = typed_roundtrip(res, obj) {
         let mut decoded = decoded?;
-        if strict {
-            let unknown = dropped_fields(obj, &decoded);
-            if !unknown.is_empty() {
-                return Err(strict_decoding_error(&unknown));
+        match unknown {
+            UnknownFields::Ignore => {}
+            UnknownFields::Warn => {
+                for f in dropped_fields(obj, &decoded) {
+                    crate::warnings::add(format!("unknown field {f:?}"));
+                }
+            }
+            UnknownFields::Strict => {
+                let unknown = dropped_fields(obj, &decoded);
+                if !unknown.is_empty() {
+                    return Err(strict_decoding_error(&unknown));
+                }
             }
         }
         if let Some(meta) = metadata(obj) {
@@ -291,28 +303,28 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
     }
 }
 
-fn str_field<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |cur, p| cur.get(p))
+fn str_field<'a>(obj: &'a Object, path: &[&str]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    rest.iter().try_fold(obj.get(*first)?, |cur, p| cur.get(p))
 }
 
 fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<(), ApiError> {
     let mut causes = Vec::new();
-    let value = Value::Object(obj.clone());
     match (res.group.as_str(), res.plural.as_str()) {
-        ("", "pods") => validate_pod_spec(str_field(&value, &["spec"]), "spec", &mut causes),
+        ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
         ("apps", "deployments") | ("apps", "replicasets") => {
             validate_pod_spec(
-                str_field(&value, &["spec", "template", "spec"]),
+                str_field(obj, &["spec", "template", "spec"]),
                 "spec.template.spec",
                 &mut causes,
             );
-            match str_field(&value, &["spec", "selector"]) {
+            match str_field(obj, &["spec", "selector"]) {
                 None | Some(Value::Null) => causes.push(StatusCause::required("spec.selector")),
                 Some(sel) => {
                     let parsed = serde_json::from_value(sel.clone())
                         .ok()
                         .and_then(|s| trellis_api::selector::LabelSelector::from_k8s(&s).ok());
-                    let labels = str_field(&value, &["spec", "template", "metadata"])
+                    let labels = str_field(obj, &["spec", "template", "metadata"])
                         .cloned()
                         .map(|m| json!({"metadata": m}));
                     match parsed {
@@ -324,7 +336,7 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
                         Some(s) if !labels.as_ref().is_some_and(|l| s.matches_object(l)) => causes
                             .push(StatusCause::invalid(
                                 "spec.template.metadata.labels",
-                                &str_field(&value, &["spec", "template", "metadata", "labels"])
+                                &str_field(obj, &["spec", "template", "metadata", "labels"])
                                     .map(Value::to_string)
                                     .unwrap_or_default(),
                                 "`selector` does not match template `labels`",
@@ -469,7 +481,9 @@ mod tests {
             extra["metadata"]["initializers"]["pending"][0]["name"], "x",
             "initializers survive"
         );
-        let e = default_and_validate_with(&res("configmaps"), &mut strict, None, true).unwrap_err();
+        let e =
+            default_and_validate_with(&res("configmaps"), &mut strict, None, UnknownFields::Strict)
+                .unwrap_err();
         assert!(
             e.message.contains("unknown field \"bogus\""),
             "{}",

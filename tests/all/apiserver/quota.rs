@@ -1,6 +1,7 @@
 //! LimitRanger and ResourceQuota admission, driven by kubectl: defaults and bounds from
-//! LimitRanges, quota refusals in Kubernetes' words, `status.used` kept current, and
-//! concurrent creates held to the quota.
+//! LimitRanges, quota refusals in Kubernetes' words, `status.used` kept current,
+//! concurrent creates held to the quota; and, over HTTPS, ranges and quotas applying
+//! to the request right after their own create.
 
 use std::time::Duration;
 
@@ -275,5 +276,107 @@ async fn concurrent_creates_never_pass_the_quota() -> Result<()> {
         .await
         .context("read the quota's status")?;
     ensure!(hard.contains("count/deployments.apps"), "{hard}");
+    cluster.stop().await
+}
+
+/// LimitRanger and ResourceQuota read which ranges and quotas exist from the watch
+/// cache, which follows the store by an event's delivery: a range or quota whose
+/// create was acknowledged must still apply to the very next request. Requests here
+/// go back to back over HTTPS (kubectl's start-up would give the cache time to catch
+/// up), in fresh namespaces, several times over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_and_quotas_apply_to_the_next_request() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let json = "application/json";
+    let pod = |name: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.25"}]}})
+        .to_string()
+    };
+    for round in 0..10 {
+        let ns = format!("next-{round}");
+        let created = cluster
+            .request(
+                "POST",
+                "/api/v1/namespaces",
+                json,
+                &serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+                    .to_string(),
+            )
+            .await?;
+        ensure!(created.status == 201, "namespace {ns}: {}", created.status);
+
+        let range = cluster
+            .request(
+                "POST",
+                &format!("/api/v1/namespaces/{ns}/limitranges"),
+                json,
+                &serde_json::json!({"apiVersion": "v1", "kind": "LimitRange",
+                    "metadata": {"name": "defaults"},
+                    "spec": {"limits": [{"type": "Container", "default": {"cpu": "300m"}}]}})
+                .to_string(),
+            )
+            .await?;
+        ensure!(range.status == 201, "limit range in {ns}: {}", range.status);
+        let first = cluster
+            .request(
+                "POST",
+                &format!("/api/v1/namespaces/{ns}/pods"),
+                json,
+                &pod("first"),
+            )
+            .await?;
+        ensure!(first.status == 201, "first pod in {ns}: {}", first.status);
+        let resources = &first.json()?["spec"]["containers"][0]["resources"];
+        ensure!(
+            resources["limits"]["cpu"] == "300m" && resources["requests"]["cpu"] == "300m",
+            "round {round}: the new LimitRange's defaults are missing: {resources}"
+        );
+
+        let quota = cluster
+            .request(
+                "POST",
+                &format!("/api/v1/namespaces/{ns}/resourcequotas"),
+                json,
+                &serde_json::json!({"apiVersion": "v1", "kind": "ResourceQuota",
+                    "metadata": {"name": "one-more"}, "spec": {"hard": {"pods": "2"}}})
+                .to_string(),
+            )
+            .await?;
+        ensure!(quota.status == 201, "quota in {ns}: {}", quota.status);
+        let second = cluster
+            .request(
+                "POST",
+                &format!("/api/v1/namespaces/{ns}/pods"),
+                json,
+                &pod("second"),
+            )
+            .await?;
+        ensure!(
+            second.status == 201,
+            "second pod in {ns}: {}",
+            second.status
+        );
+        let third = cluster
+            .request(
+                "POST",
+                &format!("/api/v1/namespaces/{ns}/pods"),
+                json,
+                &pod("third"),
+            )
+            .await?;
+        let message = third.json()?["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        ensure!(
+            third.status == 403
+                && message.contains(
+                    "exceeded quota: one-more, requested: pods=1, used: pods=2, limited: pods=2"
+                ),
+            "round {round}: the third pod got {}: {message}",
+            third.status
+        );
+    }
     cluster.stop().await
 }

@@ -1,0 +1,215 @@
+//! Listers: the built-in admission steps' reads of one resource in a namespace (the
+//! LimitRanges a pod is held to, the ResourceQuotas a create is charged to), served
+//! from the watch cache's current state rather than a store list per request.
+//!
+//! The cache follows the store by the time an event takes to arrive, and a write
+//! acknowledged to a client must apply to every request that client sends next (a
+//! quota created just before pods limits them). So each write of the lister's
+//! resource through this server raises a fence to the store's revision after that
+//! write ([`Lister::written`], run before the write's response is sent), and a read
+//! comes from the cache only once the cache has seen the fence; until then it lists
+//! the store, as every read did before. Reads between a write and its
+//! acknowledgement may see either state, as any concurrent read may.
+//!
+//! Only this server's writes raise the fence: the embedded store is opened by one
+//! server. Writes that bypass the API (namespace cleanup, quota status) either make
+//! creates fail anyway (a terminating namespace) or change nothing a lister's reader
+//! decides on without reading the store again (quota charges read the quotas from the
+//! store under the namespace's lock).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use trellis_api::registry::ResourceInfo;
+use trellis_store::{ListRequest, Revision, Store};
+
+use crate::object::Object;
+use crate::watch_cache::{WatchCache, decode_stored};
+
+/// Reads of one namespaced resource for an admission step.
+#[derive(Debug)]
+pub struct Lister {
+    group: &'static str,
+    plural: &'static str,
+    store: OnceLock<Arc<dyn Store>>,
+    cache: OnceLock<Arc<WatchCache>>,
+    /// The store's revision after the last write of the resource through this server;
+    /// the cache serves reads once it has seen this revision.
+    fence: AtomicU64,
+}
+
+/// The fence when the store could not tell its revision: every read lists the store.
+const STORE_ONLY: Revision = Revision::MAX;
+
+impl Lister {
+    /// A lister of `plural` in `group` (`""` for the core group).
+    pub const fn new(group: &'static str, plural: &'static str) -> Self {
+        Self {
+            group,
+            plural,
+            store: OnceLock::new(),
+            cache: OnceLock::new(),
+            fence: AtomicU64::new(0),
+        }
+    }
+
+    /// Hands the lister the store and the cache; see [`crate::admission::Admission::init`].
+    pub fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
+        let _ = self.store.set(store.clone());
+        let _ = self.cache.set(cache.clone());
+    }
+
+    /// Whether `resource` is the one this lister reads.
+    pub fn lists(&self, resource: &ResourceInfo) -> bool {
+        resource.group == self.group && resource.plural == self.plural
+    }
+
+    fn prefix(&self, namespace: &str) -> String {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            self.group
+        };
+        format!("/registry/{group}/{}/{namespace}/", self.plural)
+    }
+
+    /// Records that a write of the resource through this server succeeded: reads go to
+    /// the store until the cache has seen it.
+    pub async fn written(&self) {
+        let Some(store) = self.store.get() else {
+            return;
+        };
+        // The write was acknowledged before this runs, so the store's revision now is
+        // at least the write's.
+        let revision = match store.current_revision().await {
+            Ok(revision) => revision,
+            Err(e) => {
+                tracing::warn!(resource = self.plural, error = %e, "cannot read the store's revision; admission reads go to the store");
+                STORE_ONLY
+            }
+        };
+        self.fence.fetch_max(revision, Ordering::AcqRel);
+    }
+
+    /// The objects of the resource in `namespace`, in key order.
+    pub async fn list(&self, namespace: &str) -> trellis_store::Result<Vec<Arc<Object>>> {
+        let prefix = self.prefix(namespace);
+        if let Some(cache) = self.cache.get() {
+            // The snapshot's own revision is held to the fence: a fence raised while
+            // it was read sends the read to the store.
+            let listed = cache.list(&prefix);
+            if listed.revision >= self.fence.load(Ordering::Acquire) {
+                return Ok(listed.objects);
+            }
+        }
+        let Some(store) = self.store.get() else {
+            return Ok(Vec::new());
+        };
+        let page = store.list(ListRequest::prefix(prefix)).await?;
+        Ok(page
+            .kvs
+            .iter()
+            .filter_map(|kv| decode_stored(&kv.value, kv.mod_revision).map(Arc::new))
+            .collect())
+    }
+
+    /// Whether the resource has no object in `namespace`, as [`Lister::list`] reads it.
+    pub async fn is_empty(&self, namespace: &str) -> trellis_store::Result<bool> {
+        Ok(self.list(namespace).await?.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use serde_json::json;
+    use trellis_store::{RedbConfig, RedbStore};
+
+    use super::*;
+
+    fn quota(name: &str) -> Bytes {
+        Bytes::from(
+            json!({"apiVersion": "v1", "kind": "ResourceQuota",
+                   "metadata": {"name": name, "namespace": "a"},
+                   "spec": {"hard": {"pods": "1"}}})
+            .to_string(),
+        )
+    }
+
+    fn open() -> (tempfile::TempDir, Arc<dyn Store>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(RedbStore::open(RedbConfig::new(dir.path().join("s.redb"))).unwrap());
+        (dir, store)
+    }
+
+    fn names(objects: &[Arc<Object>]) -> Vec<String> {
+        objects
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_write_through_the_server_is_read_even_before_the_cache_has_it() {
+        let (_dir, store) = open();
+        // A cache whose feed has stopped: it never sees a write after its start.
+        let cache = WatchCache::start(store.clone(), 16, 16, std::future::ready(()))
+            .await
+            .unwrap();
+        // Lets the feeder task meet its (already finished) shutdown.
+        tokio::task::yield_now().await;
+        let lister = Lister::new("", "resourcequotas");
+        lister.init(&store, &cache);
+        let kv = store
+            .create("/registry/core/resourcequotas/a/q", quota("q"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(cache.revision() < kv.mod_revision, "the cache did not stop");
+        // Not written through the server: only the cache is read, and it lags.
+        assert!(lister.is_empty("a").await.unwrap());
+        lister.written().await;
+        assert!(!lister.is_empty("a").await.unwrap());
+        assert_eq!(names(&lister.list("a").await.unwrap()), ["q"]);
+        assert!(lister.list("b").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn reads_follow_the_store_through_the_cache() {
+        let (_dir, store) = open();
+        let cache = WatchCache::start(store.clone(), 16, 16, std::future::pending())
+            .await
+            .unwrap();
+        let lister = Lister::new("", "resourcequotas");
+        lister.init(&store, &cache);
+        let kv = store
+            .create("/registry/core/resourcequotas/a/q", quota("q"))
+            .await
+            .unwrap();
+        lister.written().await;
+        assert!(
+            cache
+                .wait_for(kv.mod_revision, Duration::from_secs(5))
+                .await
+        );
+        assert_eq!(names(&lister.list("a").await.unwrap()), ["q"]);
+        // Removed behind the server's back: the cache still answers (and will follow).
+        let gone = store
+            .delete("/registry/core/resourcequotas/a/q", None)
+            .await
+            .unwrap();
+        assert!(cache.wait_for(gone.revision, Duration::from_secs(5)).await);
+        assert!(lister.is_empty("a").await.unwrap());
+        assert!(
+            lister.lists(
+                &trellis_api::registry::builtins()
+                    .into_iter()
+                    .find(|r| r.plural == "resourcequotas")
+                    .unwrap()
+            )
+        );
+    }
+}
