@@ -37,17 +37,77 @@ pub struct CachedEvent {
     pub object: Arc<Object>,
     /// The object before the change, if it existed.
     pub prev: Option<Arc<Object>>,
-    /// `object` as JSON, encoded by the first client watch that sends it and shared by
-    /// the rest: with many watchers, encoding once per change rather than once per
-    /// watcher is most of the cost of a delivery.
-    encoded: OnceLock<Bytes>,
+    /// The event lines announcing this change, one per [`EventType`], each encoded by
+    /// the first client watch that sends it and shared by the rest: with many
+    /// watchers, encoding once per change rather than once per watcher is most of the
+    /// cost of a delivery, and sharing the line spares a copy per delivery as well.
+    lines: [OnceLock<Bytes>; 3],
 }
 
+/// The type of an event line about a change, as a client watch's selectors see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    const ALL: [EventType; 3] = [EventType::Added, EventType::Modified, EventType::Deleted];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// The bytes of a watch event line before its object: `{"type":"ADDED","object":`.
+pub fn line_head(line: &mut Vec<u8>, kind: &str) {
+    line.extend_from_slice(br#"{"type":""#);
+    line.extend_from_slice(kind.as_bytes());
+    line.extend_from_slice(br#"","object":"#);
+}
+
+/// The bytes of a watch event line after its object.
+pub const LINE_TAIL: &[u8] = b"}\n";
+
 impl CachedEvent {
-    /// `object` as JSON.
-    pub fn encoded(&self) -> &Bytes {
-        self.encoded
-            .get_or_init(|| Bytes::from(serde_json::to_vec(&*self.object).unwrap_or_default()))
+    /// The watch event line `{"type":…,"object":…}` and a newline, announcing this
+    /// change as `kind`.
+    pub fn line(&self, kind: EventType) -> Bytes {
+        self.lines[kind as usize]
+            .get_or_init(|| self.encode_line(kind))
+            .clone()
+    }
+
+    fn encode_line(&self, kind: EventType) -> Bytes {
+        let mut line = Vec::new();
+        line_head(&mut line, kind.as_str());
+        // Another type's line already holds the object's JSON: copy it rather than
+        // encode the object again.
+        let encoded = EventType::ALL.iter().find_map(|&other| {
+            let other_line = self.lines[other as usize].get()?;
+            let start = br#"{"type":"","object":"#.len() + other.as_str().len();
+            other_line.get(start..other_line.len().checked_sub(LINE_TAIL.len())?)
+        });
+        match encoded {
+            Some(object) => line.extend_from_slice(object),
+            None => {
+                let head = line.len();
+                line.reserve(1024);
+                if serde_json::to_writer(&mut line, &*self.object).is_err() {
+                    // Not reachable for a JSON object (its keys are strings); an empty
+                    // object keeps the stream well-formed all the same.
+                    line.truncate(head);
+                    line.extend_from_slice(b"{}");
+                }
+            }
+        }
+        line.extend_from_slice(LINE_TAIL);
+        Bytes::from(line)
     }
 }
 
@@ -84,7 +144,7 @@ pub fn convert(event: &Event) -> Option<CachedEvent> {
         kind: event.kind,
         object: Arc::new(object),
         prev,
-        encoded: OnceLock::new(),
+        lines: Default::default(),
     })
 }
 

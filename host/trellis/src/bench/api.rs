@@ -109,6 +109,11 @@ pub struct ApiArgs {
     #[arg(long, conflicts_with = "kubeconfig")]
     server_process: bool,
 
+    /// With `--server-process`, run this program's `server` instead of this one's:
+    /// another build of the server measured by the same client, for an A/B comparison.
+    #[arg(long, value_name = "PROGRAM", requires = "server_process")]
+    server_exe: Option<PathBuf>,
+
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
@@ -162,15 +167,29 @@ struct Report {
     clients: usize,
     ops: usize,
     ops_per_sec: f64,
+    /// Request latency; for `watch`, an event's acknowledgement → its arrival at the
+    /// last watcher.
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// `watch` only: every delivery, acknowledgement → arrival at that watcher.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    delivery: Option<Delivery>,
     /// Failed requests. Always 0 in a printed report: the first failure ends the run
     /// with an error instead, so that a figure never hides failures.
     errors: usize,
     /// With `--server-process`: the server's memory after the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     server_memory: Option<process::Memory>,
+}
+
+/// Per-delivery latency of a watch run: one sample per watcher and event.
+#[derive(Debug, Serialize)]
+struct Delivery {
+    deliveries: usize,
+    delivery_p50_ms: f64,
+    delivery_p99_ms: f64,
+    delivery_max_ms: f64,
 }
 
 /// How long the server settles after the run before its memory is read: long enough
@@ -185,7 +204,8 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             measure(&target, &args).await?
         }
         None if args.server_process => {
-            let mut server = process::ChildServer::start(args.http2).await?;
+            let mut server =
+                process::ChildServer::start(args.server_exe.as_deref(), args.http2).await?;
             let measured = measure(&server.target, &args).await;
             tokio::time::sleep(SETTLE).await;
             let memory = server.memory();
@@ -219,9 +239,19 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
                 m.rss_mib, m.peak_rss_mib
             )
         });
+        let (what, delivery) = match &report.delivery {
+            Some(d) => (
+                " to the last watcher",
+                format!(
+                    "; per delivery ({}) p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+                    d.deliveries, d.delivery_p50_ms, d.delivery_p99_ms, d.delivery_max_ms
+                ),
+            ),
+            None => ("", String::new()),
+        };
         format!(
             "api {} {}: {} clients, {} requests: {:.0} requests/s, \
-             latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms{memory}",
+             latency{what} p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms{delivery}{memory}",
             report.verb,
             report.kind,
             report.clients,
@@ -301,6 +331,7 @@ async fn measure_requests(target: &Target, args: &ApiArgs, reads: bool) -> anyho
         p50_ms: percentiles.p50_ms,
         p99_ms: percentiles.p99_ms,
         max_ms: percentiles.max_ms,
+        delivery: None,
         errors: 0,
         server_memory: None,
     })
@@ -665,6 +696,29 @@ async fn connect(
     tls: Arc<rustls::ClientConfig>,
     http2: bool,
 ) -> anyhow::Result<Connection> {
+    let (connection, driver) = handshake(addr, name, tls, http2).await?;
+    // The connection task ends when its sender is dropped or the server closes it.
+    tokio::spawn(async move {
+        if let Err(e) = driver.await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+    });
+    Ok(connection)
+}
+
+/// The future that does a connection's reads and writes; it must be polled for any
+/// request on the connection to make progress.
+type Driver = std::pin::Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+
+/// Opens a connection and hands back its [`Driver`] unspawned, so that a caller can
+/// poll it in the same task that reads the responses: a response's bytes are then
+/// seen in the poll that reads them from the socket, not after another task's wake-up.
+async fn handshake(
+    addr: &str,
+    name: ServerName<'static>,
+    tls: Arc<rustls::ClientConfig>,
+    http2: bool,
+) -> anyhow::Result<(Connection, Driver)> {
     let tcp = TcpStream::connect(addr)
         .await
         .context("open a TCP connection")?;
@@ -674,25 +728,14 @@ async fn connect(
         .await
         .context("complete the TLS handshake")?;
     let io = TokioIo::new(stream);
-    // The connection task ends when its sender is dropped or the server closes it.
     if http2 {
         let (sender, connection) = http2::handshake(TokioExecutor::new(), io)
             .await
             .context("start HTTP/2")?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
-            }
-        });
-        Ok(Connection::Http2(sender))
+        Ok((Connection::Http2(sender), Box::pin(connection)))
     } else {
         let (sender, connection) = http1::handshake(io).await.context("start HTTP/1.1")?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "HTTP/1.1 connection ended with an error");
-            }
-        });
-        Ok(Connection::Http1(sender))
+        Ok((Connection::Http1(sender), Box::pin(connection)))
     }
 }
 
@@ -1093,6 +1136,7 @@ pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
         value_size: 0,
         rate: 1,
         server_process: false,
+        server_exe: None,
         http2: false,
         json: false,
     };

@@ -2,9 +2,9 @@
 //! that its memory is its own and can be read from `/proc`, and its CPU time is not
 //! mixed with the clients'.
 //!
-//! The child is this same binary running `trellis server` on a temporary data
-//! directory and a free loopback port; the clients use the admin token from its token
-//! file, as the in-process mode does. It is killed when the run ends: its data
+//! The child is this same binary (or the one `--server-exe` names) running `trellis
+//! server` on a temporary data directory and a free loopback port; the clients use the
+//! admin token from its token file, as the in-process mode does. It is killed when the run ends: its data
 //! directory is thrown away, so there is nothing to flush.
 
 use std::path::{Path, PathBuf};
@@ -43,13 +43,17 @@ pub(super) struct ChildServer {
 }
 
 impl ChildServer {
-    pub async fn start(http2: bool) -> anyhow::Result<Self> {
+    /// Starts `exe server`, or this program's when `exe` is `None`.
+    pub async fn start(exe: Option<&Path>, http2: bool) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("trellis-bench-")
             .tempdir()
             .context("create a temporary data directory")?;
         let addr = free_loopback_addr()?;
-        let exe = std::env::current_exe().context("find this program's path")?;
+        let exe = match exe {
+            Some(exe) => exe.to_path_buf(),
+            None => std::env::current_exe().context("find this program's path")?,
+        };
         let log = dir.path().join("server.log");
         let log_file = std::fs::File::create(&log)
             .with_context(|| format!("create the server log {}", log.display()))?;

@@ -4,16 +4,21 @@
 //! `--clients` watchers each open their own TLS connection and watch the collection
 //! from its current resourceVersion, as informers do after their list. One more
 //! connection then creates `--ops` objects, one at a time at `--rate`, and records when
-//! each create is acknowledged. An event's latency is the time from that
-//! acknowledgement to the event's arrival at the *last* watcher; arrivals before the
-//! acknowledgement (the server may publish before it answers) count as zero.
+//! each create is acknowledged. Two latencies are reported, both from that
+//! acknowledgement: an event's arrival at the *last* watcher (`p50_ms`…, one sample
+//! per event), and every delivery, its arrival at each watcher (`delivery_p50_ms`…,
+//! one sample per watcher and event). Arrivals before the acknowledgement (the server
+//! may publish before it answers) count as zero.
+//!
+//! A watcher's task polls its own connection as well as the response body, so over
+//! HTTP/1.1 the arrival time is taken in the poll that reads the bytes from the socket
+//! (hyper's HTTP/2 client reads in a task of its own), and a line is matched to its
+//! event by searching for the object's name, not by decoding it.
 //!
 //! Each watcher checks that it sees this run's objects once each, in creation order;
 //! a missing, repeated or reordered event, a non-200 answer or a stream that ends
 //! early fails the run and names the watcher.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -26,8 +31,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
-    ApiArgs, CALL_TIMEOUT, NAMESPACE, ObjectBody, Report, Target, build_request, call, connect,
-    exchange, status_message,
+    ApiArgs, CALL_TIMEOUT, Delivery, Driver, NAMESPACE, ObjectBody, Report, Target, build_request,
+    call, connect, exchange, handshake, status_message,
 };
 use crate::bench::{Percentiles, run_id};
 
@@ -35,29 +40,6 @@ use crate::bench::{Percentiles, run_id};
 /// acknowledged. Healthy delivery takes milliseconds; this only keeps a watcher that
 /// never catches up from hanging the run.
 const DELIVERY_GRACE: Duration = Duration::from_secs(30);
-
-/// The latest arrival of each event at any watcher, in nanoseconds after the run's
-/// start.
-struct Arrivals {
-    last: Box<[AtomicU64]>,
-}
-
-impl Arrivals {
-    fn new(events: usize) -> Self {
-        Self {
-            last: (0..events).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    fn record(&self, event: usize, at: Duration) {
-        let nanos = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX);
-        self.last[event].fetch_max(nanos, Ordering::Relaxed);
-    }
-
-    fn latest(&self, event: usize) -> Duration {
-        Duration::from_nanos(self.last[event].load(Ordering::Relaxed))
-    }
-}
 
 pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
     let events = args.ops;
@@ -67,7 +49,6 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
     let path = format!("{collection}?watch=1&resourceVersion={revision}");
 
     let start = Instant::now();
-    let arrivals = Arc::new(Arrivals::new(events));
     let (ready_tx, mut ready_rx) = mpsc::channel::<()>(args.clients);
     let mut watchers = JoinSet::new();
     for watcher in 0..args.clients {
@@ -76,7 +57,6 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
             path: path.clone(),
             prefix: Bytes::from(prefix.clone().into_bytes()),
             events,
-            arrivals: arrivals.clone(),
             start,
         };
         let (addr, name, tls, http2) = (
@@ -88,8 +68,8 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
         let (base, authorization) = (target.base.clone(), target.authorization.clone());
         let ready = ready_tx.clone();
         watchers.spawn(async move {
-            let mut connection =
-                tokio::time::timeout(CALL_TIMEOUT, connect(&addr, name, tls, http2))
+            let (mut connection, mut driver) =
+                tokio::time::timeout(CALL_TIMEOUT, handshake(&addr, name, tls, http2))
                     .await
                     .unwrap_or_else(|_| bail!("no connection within {CALL_TIMEOUT:?}"))
                     .with_context(|| format!("connect watcher {watcher} to {addr}"))?;
@@ -101,14 +81,18 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
                 &watch.path,
                 Bytes::new(),
             )?;
-            let response = match tokio::time::timeout(CALL_TIMEOUT, connection.send(request)).await
-            {
-                Ok(sent) => sent.with_context(|| format!("start watcher {watcher}"))?,
+            let sent = driven(&mut driver, connection.send(request));
+            let response = match tokio::time::timeout(CALL_TIMEOUT, sent).await {
+                Ok(sent) => sent
+                    .and_then(|sent| Ok(sent?))
+                    .with_context(|| format!("start watcher {watcher}"))?,
                 Err(_) => bail!("watcher {watcher}: no answer within {CALL_TIMEOUT:?}"),
             };
             if response.status() != StatusCode::OK {
                 let status = response.status();
-                let body = response.into_body().collect().await?.to_bytes();
+                let body = driven(&mut driver, response.into_body().collect())
+                    .await??
+                    .to_bytes();
                 bail!(
                     "watcher {watcher}: the server answered {status}: {}",
                     status_message(&body)
@@ -116,7 +100,7 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
             }
             // The server subscribes before it answers, so from here on no event is lost.
             let _ = ready.send(()).await;
-            watch.follow(response.into_body()).await
+            watch.follow(response.into_body(), driver).await
         });
     }
     drop(ready_tx);
@@ -139,9 +123,10 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
     let acks = create_paced(target, &collection, &prefix, args, start).await?;
     let writes = writing.elapsed();
 
+    let mut arrivals = Vec::with_capacity(args.clients);
     let delivered = tokio::time::timeout(DELIVERY_GRACE, async {
         while let Some(joined) = watchers.join_next().await {
-            joined.context("join a watcher")??;
+            arrivals.push(joined.context("join a watcher")??);
         }
         anyhow::Ok(())
     })
@@ -155,12 +140,9 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
         ),
     }
 
-    let mut latencies: Vec<Duration> = acks
-        .iter()
-        .enumerate()
-        .map(|(event, ack)| arrivals.latest(event).saturating_sub(*ack))
-        .collect();
-    let percentiles = Percentiles::of(&mut latencies);
+    let (mut last, mut deliveries) = latencies(&acks, &arrivals);
+    let percentiles = Percentiles::of(&mut last);
+    let delivery = Percentiles::of(&mut deliveries);
     Ok(Report {
         kind: args.kind.plural(),
         verb: "watch",
@@ -170,9 +152,45 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
         p50_ms: percentiles.p50_ms,
         p99_ms: percentiles.p99_ms,
         max_ms: percentiles.max_ms,
+        delivery: Some(Delivery {
+            deliveries: deliveries.len(),
+            delivery_p50_ms: delivery.p50_ms,
+            delivery_p99_ms: delivery.p99_ms,
+            delivery_max_ms: delivery.max_ms,
+        }),
         errors: 0,
         server_memory: None,
     })
+}
+
+/// From each event's acknowledgement (`acks`, after the run's start) and its arrival
+/// at each watcher (`arrivals[watcher][event]`, after the same start): each event's
+/// latency to its last watcher, and every delivery's latency.
+fn latencies(acks: &[Duration], arrivals: &[Vec<Duration>]) -> (Vec<Duration>, Vec<Duration>) {
+    let mut last = vec![Duration::ZERO; acks.len()];
+    let mut deliveries = Vec::with_capacity(acks.len() * arrivals.len());
+    for watcher in arrivals {
+        for ((ack, at), last) in acks.iter().zip(watcher).zip(&mut last) {
+            let latency = at.saturating_sub(*ack);
+            *last = (*last).max(latency);
+            deliveries.push(latency);
+        }
+    }
+    (last, deliveries)
+}
+
+/// Runs `work` while polling the connection's `driver`, which is polled first so that
+/// what it reads is ready for `work` in the same poll. A connection that ends first is
+/// an error.
+async fn driven<T>(driver: &mut Driver, work: impl Future<Output = T>) -> anyhow::Result<T> {
+    tokio::select! {
+        biased;
+        ended = driver => match ended {
+            Ok(()) => bail!("the server closed the connection"),
+            Err(e) => Err(e).context("the connection failed"),
+        },
+        done = work => Ok(done),
+    }
 }
 
 /// The collection's resourceVersion: watches start after it, so they see every create
@@ -250,18 +268,26 @@ struct Watch {
     /// This run's name prefix; lines without it are other objects' events.
     prefix: Bytes,
     events: usize,
-    arrivals: Arc<Arrivals>,
     start: Instant,
 }
 
 impl Watch {
-    /// Reads event lines until this run's last object has been seen.
-    async fn follow(self, mut body: hyper::body::Incoming) -> anyhow::Result<()> {
+    /// Reads event lines until this run's last object has been seen; returns when
+    /// each event arrived, after the run's start.
+    async fn follow(
+        self,
+        mut body: hyper::body::Incoming,
+        mut driver: Driver,
+    ) -> anyhow::Result<Vec<Duration>> {
         let watcher = self.watcher;
+        let mut arrivals = Vec::with_capacity(self.events);
         let mut pending: Vec<u8> = Vec::new();
         let mut next = 0;
         while next < self.events {
-            let Some(frame) = body.frame().await else {
+            let frame = driven(&mut driver, body.frame())
+                .await
+                .with_context(|| format!("watcher {watcher}: read the stream"))?;
+            let Some(frame) = frame else {
                 bail!(
                     "watcher {watcher}: the stream ended after {next} of {} events",
                     self.events
@@ -283,12 +309,12 @@ impl Watch {
                 if event != next {
                     bail!("watcher {watcher}: saw event {event} when {next} was due");
                 }
-                self.arrivals.record(event, at);
+                arrivals.push(at);
                 next += 1;
             }
             pending.drain(..consumed);
         }
-        Ok(())
+        Ok(arrivals)
     }
 
     /// The number in this run's object name on `line`, if the line is about one.
@@ -330,7 +356,6 @@ mod tests {
             path: String::new(),
             prefix: Bytes::from_static(b"bench-1-"),
             events,
-            arrivals: Arc::new(Arrivals::new(events)),
             start: Instant::now(),
         }
     }
@@ -351,11 +376,13 @@ mod tests {
     }
 
     #[test]
-    fn arrivals_keep_the_latest() {
-        let a = Arrivals::new(2);
-        a.record(1, Duration::from_millis(5));
-        a.record(1, Duration::from_millis(3));
-        assert_eq!(a.latest(1), Duration::from_millis(5));
-        assert_eq!(a.latest(0), Duration::ZERO);
+    fn each_event_counts_its_last_watcher_and_every_delivery() {
+        let ms = Duration::from_millis;
+        let acks = [ms(10), ms(20)];
+        // Watcher 1 saw event 0 before its acknowledgement: that delivery counts as 0.
+        let arrivals = vec![vec![ms(12), ms(29)], vec![ms(9), ms(23)]];
+        let (last, deliveries) = latencies(&acks, &arrivals);
+        assert_eq!(last, [ms(2), ms(9)]);
+        assert_eq!(deliveries, [ms(2), ms(9), ms(0), ms(3)]);
     }
 }
