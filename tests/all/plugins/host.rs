@@ -18,8 +18,13 @@ fn wasm(name: &str) -> Result<Arc<Vec<u8>>> {
 }
 
 fn host() -> Result<Arc<PluginHost>> {
+    host_with(Compilers::Tiered)
+}
+
+fn host_with(compilers: Compilers) -> Result<Arc<PluginHost>> {
     PluginHost::new(HostConfig {
         max_instances: 200,
+        compilers,
         ..HostConfig::default()
     })
 }
@@ -91,11 +96,7 @@ fn failed<T: std::fmt::Debug>(
 }
 
 async fn bad_calls(compilers: Compilers, tier: Tier) -> Result<()> {
-    let host = PluginHost::new(HostConfig {
-        max_instances: 20,
-        compilers,
-        ..HostConfig::default()
-    })?;
+    let host = host_with(compilers)?;
     let plugin = host
         .load(
             spec(PluginKind::Validating, json!({})),
@@ -447,11 +448,7 @@ impl trellis_plugin_host::ClusterReader for TwoConfigMaps {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_tiers_read_the_cluster_through_the_host() -> Result<()> {
     for compilers in [Compilers::Baseline, Compilers::Optimized] {
-        let host = PluginHost::new(HostConfig {
-            max_instances: 20,
-            compilers,
-            ..HostConfig::default()
-        })?;
+        let host = host_with(compilers)?;
         let plugin = host
             .load(
                 spec(
