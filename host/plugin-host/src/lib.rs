@@ -1,10 +1,12 @@
-//! The WASM plugin host: one wasmtime [`Engine`](wasmtime::Engine) for every plugin,
-//! components compiled once and cached on disk by content digest, an
+//! The WASM plugin host: wasmtime [`Engine`](wasmtime::Engine)s shared by every
+//! plugin (Cranelift, and Winch while a new module's optimized code compiles: see [`Compilers`]),
+//! optimized components cached on disk by content digest, an
 //! [`InstancePre`](wasmtime::component::InstancePre) per plugin, pooled instances,
 //! and a deadline and a memory cap on every call.
 //!
-//! - [`PluginHost`] owns the engine, the linker (WASI with nothing granted, plus the
-//!   contract's `log` and `cluster` imports) and the epoch ticker thread.
+//! - [`PluginHost`] owns the engines, their linkers (WASI with nothing granted, plus
+//!   the contract's `log` and `cluster` imports), the background compiler thread and
+//!   the epoch ticker thread.
 //! - [`Plugin`] is one loaded plugin: [`Plugin::admit`] and [`Plugin::initialize`] call
 //!   it; failures come back as [`PluginError`], whose message names the plugin, its
 //!   kind and the digest serving.
