@@ -1,6 +1,6 @@
 //! The WASM plugin host: wasmtime [`Engine`](wasmtime::Engine)s shared by every
-//! plugin (Cranelift, and Winch while a new module's optimized code compiles: see [`Compilers`]),
-//! optimized components cached on disk by content digest, an
+//! plugin (Cranelift, and Winch while a new module's optimized code compiles: see
+//! [`Compilers`]), optimized components cached on disk by content digest, an
 //! [`InstancePre`](wasmtime::component::InstancePre) per plugin, pooled instances,
 //! and a deadline and a memory cap on every call.
 //!
