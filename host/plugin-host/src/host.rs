@@ -104,6 +104,7 @@ impl Compiler {
 /// A plugin serving baseline code, waiting for its optimized code.
 struct TierUp {
     plugin: Weak<Plugin>,
+    digest: String,
     wasm: Arc<Vec<u8>>,
 }
 
@@ -195,12 +196,14 @@ impl PluginHost {
     pub(crate) fn compile(
         &self,
         wasm: &[u8],
+        digest: &str,
         current: Option<(Component, Tier)>,
     ) -> Result<(Component, &Compiler), LoadError> {
         if let Some((component, Tier::Optimized)) = current {
             return Ok((component, &self.optimized));
         }
-        if let Some(component) = self.cached(wasm) {
+        let path = self.cache_path(digest);
+        if let Some(component) = path.as_deref().and_then(|p| self.cached_at(p)) {
             return Ok((component, &self.optimized));
         }
         if let Some((component, tier)) = current {
@@ -217,7 +220,10 @@ impl PluginHost {
                 Err(e) => return Err(compile_error(e)),
             }
         }
-        Ok((self.compile_optimized(wasm)?, &self.optimized))
+        Ok((
+            self.compile_optimized(wasm, path.as_deref())?,
+            &self.optimized,
+        ))
     }
 
     /// The compiler (engine and linker) of code of `tier`.
@@ -228,21 +234,17 @@ impl PluginHost {
         }
     }
 
-    /// Where the optimized code of `wasm` is cached, if there is a cache.
-    fn cache_path(&self, wasm: &[u8]) -> Option<PathBuf> {
+    /// Where the optimized code of the module `digest` names is cached, if there is
+    /// a cache.
+    fn cache_path(&self, digest: &str) -> Option<PathBuf> {
         let dir = self.config.cache_dir.as_ref()?;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         self.optimized
             .engine
             .precompile_compatibility_hash()
             .hash(&mut hasher);
-        let digest = digest_of(wasm);
         let hex = digest.trim_start_matches("sha256:");
         Some(dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish())))
-    }
-
-    fn cached(&self, wasm: &[u8]) -> Option<Component> {
-        self.cached_at(&self.cache_path(wasm)?)
     }
 
     fn cached_at(&self, path: &Path) -> Option<Component> {
@@ -258,19 +260,20 @@ impl PluginHost {
         }
     }
 
-    /// Cranelift's code for `wasm`, from the cache or compiled (and then cached).
-    fn compile_optimized(&self, wasm: &[u8]) -> Result<Component, LoadError> {
+    /// Cranelift's code for `wasm`, from the cache at `path` or compiled (and then
+    /// cached there).
+    fn compile_optimized(&self, wasm: &[u8], path: Option<&Path>) -> Result<Component, LoadError> {
         let engine = &self.optimized.engine;
-        let Some(path) = self.cache_path(wasm) else {
+        let Some(path) = path else {
             return Component::new(engine, wasm).map_err(compile_error);
         };
         // Another load of the same module may have compiled it meanwhile.
-        if let Some(component) = self.cached_at(&path) {
+        if let Some(component) = self.cached_at(path) {
             return Ok(component);
         }
         let compiled = engine.precompile_component(wasm).map_err(compile_error)?;
-        match write_whole(&path, &compiled) {
-            Ok(()) => deserialize_cached(engine, &path).map_err(compile_error),
+        match write_whole(path, &compiled) {
+            Ok(()) => deserialize_cached(engine, path).map_err(compile_error),
             Err(e) => {
                 // The cache only saves time: a full or read-only disk must not stop a
                 // load.
@@ -285,6 +288,7 @@ impl PluginHost {
     pub(crate) fn queue_tier_up(&self, plugin: &Arc<Plugin>, wasm: Arc<Vec<u8>>) {
         let job = TierUp {
             plugin: Arc::downgrade(plugin),
+            digest: plugin.digest().to_owned(),
             wasm,
         };
         if let Ok(tx) = self.tier_up.lock()
@@ -301,10 +305,11 @@ impl PluginHost {
             return;
         }
         let started = Instant::now();
-        let component = match self.compile_optimized(&job.wasm) {
+        let path = self.cache_path(&job.digest);
+        let component = match self.compile_optimized(&job.wasm, path.as_deref()) {
             Ok(component) => component,
             Err(e) => {
-                tracing::warn!(digest = %digest_of(&job.wasm), error = %e.message, "optimizing a plugin failed; it keeps its baseline code");
+                tracing::warn!(digest = %job.digest, error = %e.message, "optimizing a plugin failed; it keeps its baseline code");
                 return;
             }
         };

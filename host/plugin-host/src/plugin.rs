@@ -413,8 +413,9 @@ impl PluginHost {
         let host = self.clone();
         let bytes = wasm.clone();
         let kind = spec.kind;
+        let for_compile = digest.clone();
         let code = tokio::task::spawn_blocking(move || {
-            let (component, compiler) = host.compile(&bytes, current)?;
+            let (component, compiler) = host.compile(&bytes, &for_compile, current)?;
             Code::link(compiler, kind, &component)
         })
         .await
