@@ -205,6 +205,8 @@ struct Prepared {
     host: Arc<PluginHost>,
     plugin: Arc<trellis_plugin_host::Plugin>,
     call: Call,
+    /// Compiling, linking and starting the plugin (no compiled-code cache offline).
+    load: Duration,
 }
 
 enum Call {
@@ -241,11 +243,13 @@ async fn prepare(args: &Offline, default_tier: TierArg) -> anyhow::Result<Prepar
         ..HostConfig::default()
     })
     .context("start the plugin engine")?;
+    let started = Instant::now();
     let plugin = host
         .load(spec, Arc::new(bytes), None)
         .await
         .map_err(|e| anyhow::anyhow!("{} ({})", e.message, e.reason.as_str()))
         .with_context(|| format!("load {}", args.module.display()))?;
+    let load = started.elapsed();
     let review = as_review(input);
     let call = match kind {
         PluginKind::Mutating | PluginKind::Validating => Call::Admit(Box::new(
@@ -278,7 +282,12 @@ async fn prepare(args: &Offline, default_tier: TierArg) -> anyhow::Result<Prepar
             }))
         }
     };
-    Ok(Prepared { host, plugin, call })
+    Ok(Prepared {
+        host,
+        plugin,
+        call,
+        load,
+    })
 }
 
 /// An AdmissionReview for any input: a review stays one, a bare request is wrapped,
@@ -342,6 +351,8 @@ struct BenchReport {
     digest: String,
     /// `baseline` (Winch) or `optimized` (Cranelift).
     tier: &'static str,
+    /// Compiling (on all cores), linking and starting the plugin, in milliseconds.
+    load_ms: f64,
     calls: usize,
     calls_per_sec: f64,
     p50_us: f64,
@@ -368,6 +379,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         plugin: prepared.plugin.name().to_owned(),
         digest: prepared.plugin.digest().to_owned(),
         tier: prepared.plugin.tier().as_str(),
+        load_ms: (prepared.load.as_secs_f64() * 1000.0 * 10.0).round() / 10.0,
         calls: args.calls,
         calls_per_sec: (args.calls as f64 / elapsed.as_secs_f64()).round(),
         p50_us: (p.p50_ms * 1000.0 * 10.0).round() / 10.0,
@@ -376,10 +388,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     };
     crate::bench::print_report(args.json, &report, || {
         format!(
-            "plugin {} ({}, {} code): {} calls: {:.0} calls/s, per call p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+            "plugin {} ({}, {} code, loaded in {:.1} ms): {} calls: {:.0} calls/s, per call p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
             report.plugin,
             report.digest,
             report.tier,
+            report.load_ms,
             report.calls,
             report.calls_per_sec,
             report.p50_us,
