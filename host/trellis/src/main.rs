@@ -22,6 +22,10 @@ mod bench;
 mod plugin;
 mod up;
 
+/// mimalloc rather than the system's malloc: see `mimalloc` in the workspace manifest.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use anyhow::Context as _;
