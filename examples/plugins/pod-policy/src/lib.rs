@@ -41,7 +41,7 @@ impl Validate for PodPolicy {
     }
 
     fn validate(&self, req: &Request) -> Result<Verdict, Status> {
-        if req.kind.kind != "Pod" || req.object().is_none() {
+        if req.kind.kind != "Pod" || req.object_json().is_none() {
             return Ok(Verdict::allow());
         }
         let pod: Pod = req.object_as()?;
