@@ -95,26 +95,30 @@ impl PluginAdmission {
         }
     }
 
+    /// Runs the plugins of `kind` on `obj`; returns the object as the mutating
+    /// plugins' patches left it, `None` when none patched it.
     async fn run(
         &self,
         kind: PluginKind,
         attrs: &Attributes<'_>,
-        obj: &mut Object,
+        obj: &Object,
         old: Option<&Object>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Option<Object>, ApiError> {
         let active = self.manager.active();
         let chosen: Vec<&Arc<Bound>> = active.plugins.iter().filter(|b| b.kind() == kind).collect();
         if chosen.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let host = self.manager.host().await.map_err(ApiError::internal)?;
         let deleting = attrs.operation == "DELETE";
         let mut request: Option<AdmissionRequest> = None;
+        let mut patched: Option<Object> = None;
         for bound in chosen {
+            let current = patched.as_ref().unwrap_or(obj);
             let (object, previous) = if deleting {
-                (None, Some(&*obj))
+                (None, Some(current))
             } else {
-                (Some(&*obj), old)
+                (Some(current), old)
             };
             if !self.selects(bound, attrs, object, previous).await {
                 continue;
@@ -136,9 +140,10 @@ impl PluginAdmission {
                 return Err(denial(bound, answer.status.as_ref()));
             }
             if let Some(patch) = &answer.patch {
-                match apply_patch(obj, patch) {
-                    Ok(()) => {
+                match apply_patch(current, patch) {
+                    Ok(next) => {
                         // Later plugins see the patched object.
+                        patched = Some(next);
                         request = None;
                     }
                     Err(why) => {
@@ -147,7 +152,7 @@ impl PluginAdmission {
                 }
             }
         }
-        Ok(())
+        Ok(patched)
     }
 }
 
@@ -163,7 +168,10 @@ impl Admission for PluginAdmission {
         obj: &mut Object,
         old: Option<&Object>,
     ) -> Result<(), ApiError> {
-        self.run(PluginKind::Mutating, attrs, obj, old).await
+        if let Some(patched) = self.run(PluginKind::Mutating, attrs, obj, old).await? {
+            *obj = patched;
+        }
+        Ok(())
     }
 
     async fn validate(
@@ -172,21 +180,10 @@ impl Admission for PluginAdmission {
         obj: &Object,
         old: Option<&Object>,
     ) -> Result<(), ApiError> {
-        let any = self
-            .manager
-            .active()
-            .plugins
-            .iter()
-            .any(|b| b.kind() == PluginKind::Validating);
-        if !any {
-            // Most requests: spare them the copy below.
-            return Ok(());
-        }
-        // Validating plugins cannot patch (the host refuses their patches), so this
-        // copy is only read.
-        let mut copy = obj.clone();
-        self.run(PluginKind::Validating, attrs, &mut copy, old)
+        // Validating plugins cannot patch (the host refuses their patches).
+        self.run(PluginKind::Validating, attrs, obj, old)
             .await
+            .map(drop)
     }
 }
 
@@ -247,7 +244,7 @@ fn reason_of(reason: &str) -> Reason {
 
 /// Applies an RFC 6902 patch from a mutating plugin. The object's identity (apiVersion,
 /// kind, name, namespace, uid) is not the plugin's to change.
-fn apply_patch(obj: &mut Object, patch: &str) -> Result<(), String> {
+fn apply_patch(obj: &Object, patch: &str) -> Result<Object, String> {
     let ops: json_patch::Patch =
         serde_json::from_str(patch).map_err(|e| format!("an invalid JSON Patch: {e}"))?;
     let mut value = Value::Object(obj.clone());
@@ -256,22 +253,26 @@ fn apply_patch(obj: &mut Object, patch: &str) -> Result<(), String> {
         return Err("an invalid JSON Patch: the result is not an object".into());
     };
     for path in [
-        "/apiVersion",
-        "/kind",
-        "/metadata/name",
-        "/metadata/namespace",
-        "/metadata/uid",
+        &["apiVersion"][..],
+        &["kind"],
+        &["metadata", "name"],
+        &["metadata", "namespace"],
+        &["metadata", "uid"],
     ] {
-        let before = Value::Object(obj.clone());
-        let after = Value::Object(patched.clone());
-        if before.pointer(path) != after.pointer(path) {
+        if field(obj, path) != field(&patched, path) {
             return Err(format!(
-                "a JSON Patch that changes {path}, which plugins may not change"
+                "a JSON Patch that changes /{}, which plugins may not change",
+                path.join("/")
             ));
         }
     }
-    *obj = patched;
-    Ok(())
+    Ok(patched)
+}
+
+/// The value at `path` (field names from the root) of `obj`.
+fn field<'a>(obj: &'a Object, path: &[&str]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    rest.iter().try_fold(obj.get(*first)?, |v, k| v.get(*k))
 }
 
 fn build_request(
@@ -478,4 +479,66 @@ fn resource(state: &AppState, gvr: &GroupVersionResource) -> Result<ResourceInfo
 /// An object as the JSON text a plugin receives.
 fn to_json(obj: &Object) -> String {
     serde_json::to_string(obj).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod() -> Object {
+        let Value::Object(obj) = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "prod", "uid": "u-1"},
+            "spec": {"containers": [{"name": "app", "image": "nginx"}]},
+        }) else {
+            unreachable!()
+        };
+        obj
+    }
+
+    #[test]
+    fn a_patch_changes_the_object_it_is_given() {
+        let before = pod();
+        let after = apply_patch(
+            &before,
+            r#"[{"op":"add","path":"/metadata/labels","value":{"team":"a"}}]"#,
+        )
+        .unwrap();
+        assert_eq!(after["metadata"]["labels"], json!({"team": "a"}));
+        assert!(
+            before["metadata"].get("labels").is_none(),
+            "input untouched"
+        );
+    }
+
+    #[test]
+    fn a_patch_may_not_change_identity() {
+        for (path, value) in [
+            ("/kind", json!("Secret")),
+            ("/metadata/name", json!("other")),
+            ("/metadata/namespace", json!("dev")),
+            ("/metadata/uid", json!("u-2")),
+        ] {
+            let patch = json!([{"op": "replace", "path": path, "value": value}]).to_string();
+            let err = apply_patch(&pod(), &patch).unwrap_err();
+            assert_eq!(
+                err,
+                format!("a JSON Patch that changes {path}, which plugins may not change")
+            );
+        }
+        let err = apply_patch(&pod(), r#"[{"op":"remove","path":"/apiVersion"}]"#).unwrap_err();
+        assert!(err.contains("/apiVersion"), "{err}");
+    }
+
+    #[test]
+    fn bad_patches_are_named() {
+        let err = apply_patch(&pod(), "not json").unwrap_err();
+        assert!(err.starts_with("an invalid JSON Patch: "), "{err}");
+        let err = apply_patch(&pod(), r#"[{"op":"remove","path":"/nope"}]"#).unwrap_err();
+        assert!(err.starts_with("an invalid JSON Patch: "), "{err}");
+        let err = apply_patch(&pod(), r#"[{"op":"replace","path":"","value":[1]}]"#).unwrap_err();
+        assert_eq!(err, "an invalid JSON Patch: the result is not an object");
+    }
 }
