@@ -289,8 +289,14 @@ async fn remaining_items(state: &AppState, req: &ApiRequest, token: &str) -> Opt
 /// Checks that a namespaced object may be created in `ns`.
 async fn check_namespace(state: &AppState, ns: &str) -> ApiResult<()> {
     let namespaces = state.resource("", "v1", "namespaces")?;
-    match read(state, &namespaces, None, ns).await {
-        Ok((obj, _)) => {
+    let found = match state.namespaces.cached(&namespaces.key(None, ns)) {
+        Some(obj) => Ok(obj),
+        None => read(state, &namespaces, None, ns)
+            .await
+            .map(|(obj, _)| Arc::new(obj)),
+    };
+    match found {
+        Ok(obj) => {
             let terminating = meta_str(&obj, "deletionTimestamp").is_some()
                 || obj
                     .get("status")
@@ -376,6 +382,11 @@ pub async fn prepare_create(
     remove_meta(obj, "resourceVersion");
     remove_meta(obj, "deletionTimestamp");
     remove_meta(obj, "deletionGracePeriodSeconds");
+    if res.namespaced {
+        // First, as Kubernetes' NamespaceLifecycle: nothing is admitted (or charged to
+        // a quota) in a namespace that is missing or going away.
+        check_namespace(state, req.namespace.as_deref().unwrap_or_default()).await?;
+    }
     let attrs = admission_attributes(req, "CREATE", &name);
     state.chains.mutate(&attrs, obj, None).await?;
     check_unknown_fields(state, req, obj)?;
@@ -401,9 +412,6 @@ pub async fn prepare_create(
         {
             list.push(crate::crd::CLEANUP_FINALIZER.into());
         }
-    }
-    if res.namespaced {
-        check_namespace(state, req.namespace.as_deref().unwrap_or_default()).await?;
     }
     if state.schema_for(res).is_some()
         && crate::crd::terminating(state.store.as_ref(), &res.qualified()).await
@@ -976,6 +984,9 @@ pub async fn after_write(state: &AppState, req: &ApiRequest) {
         return;
     }
     let namespace = req.namespace.as_deref();
+    if state.namespaces.lists(&req.resource) {
+        state.namespaces.written().await;
+    }
     state
         .chains
         .written(&req.resource, req.verb, namespace)

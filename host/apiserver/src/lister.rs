@@ -1,6 +1,6 @@
-//! Listers: the built-in admission steps' reads of one resource in a namespace (the
-//! LimitRanges a pod is held to, the ResourceQuotas a create is charged to), served
-//! from the watch cache's current state rather than a store list per request.
+//! Listers: the built-in admission steps' reads of one resource (the LimitRanges a pod
+//! is held to, the ResourceQuotas a create is charged to, the namespace a create goes
+//! into), served from the watch cache's current state rather than the store.
 //!
 //! The cache follows the store by the time an event takes to arrive, and a write
 //! acknowledged to a client must apply to every request that client sends next (a
@@ -111,6 +111,18 @@ impl Lister {
             .iter()
             .filter_map(|kv| decode_stored(&kv.value, kv.mod_revision).map(Arc::new))
             .collect())
+    }
+
+    /// The object at `key` when the cache has it and has seen the fence; `None`
+    /// sends the caller to the store. A miss is not an answer: the object may be newer
+    /// than the cache in a store other servers write to.
+    pub fn cached(&self, key: &str) -> Option<Arc<Object>> {
+        let cache = self.cache.get()?;
+        // Read the revision first: the object read after it is at least that new.
+        if cache.revision() < self.fence.load(Ordering::Acquire) {
+            return None;
+        }
+        cache.get(key)
     }
 
     /// Whether the resource has no object in `namespace`, as [`Lister::list`] reads it.

@@ -40,6 +40,8 @@ pub struct AppState {
     pub tokens: TokenFile,
     /// Admission steps and initializers, in order.
     pub chains: Chains,
+    /// Namespaces as creates check them (exists, not terminating).
+    pub namespaces: crate::lister::Lister,
     pub metrics: crate::metrics::Metrics,
     /// Signs and checks ServiceAccount tokens.
     pub signer: crate::sa_token::TokenSigner,
@@ -66,11 +68,14 @@ impl AppState {
         server_address: String,
     ) -> Arc<Self> {
         chains.init(&store, &cache);
+        let namespaces = crate::lister::Lister::new("", "namespaces");
+        namespaces.init(&store, &cache);
         Arc::new(Self {
             store,
             cache,
             tokens,
             chains,
+            namespaces,
             metrics: crate::metrics::Metrics::default(),
             signer,
             audit,

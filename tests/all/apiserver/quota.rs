@@ -279,9 +279,10 @@ async fn concurrent_creates_never_pass_the_quota() -> Result<()> {
     cluster.stop().await
 }
 
-/// LimitRanger and ResourceQuota read which ranges and quotas exist from the watch
-/// cache, which follows the store by an event's delivery: a range or quota whose
-/// create was acknowledged must still apply to the very next request. Requests here
+/// LimitRanger and ResourceQuota read which ranges and quotas exist, and creates
+/// check their namespace, from the watch cache, which follows the store by an event's
+/// delivery: a namespace, range or quota whose create (or a namespace whose delete)
+/// was acknowledged must still apply to the very next request. Requests here
 /// go back to back over HTTPS (kubectl's start-up would give the cache time to catch
 /// up), in fresh namespaces, several times over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,6 +377,30 @@ async fn ranges_and_quotas_apply_to_the_next_request() -> Result<()> {
                 ),
             "round {round}: the third pod got {}: {message}",
             third.status
+        );
+
+        // A namespace being deleted takes no new objects, from the next request on.
+        let deleted = cluster
+            .request("DELETE", &format!("/api/v1/namespaces/{ns}"), json, "")
+            .await?;
+        ensure!(deleted.status == 200, "delete {ns}: {}", deleted.status);
+        let late = cluster
+            .request(
+                "POST",
+                &format!("/api/v1/namespaces/{ns}/pods"),
+                json,
+                &pod("late"),
+            )
+            .await?;
+        let message = late.json()?["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        ensure!(
+            (late.status == 403 && message.contains("because it is being terminated"))
+                || late.status == 404,
+            "round {round}: a pod in the deleted namespace got {}: {message}",
+            late.status
         );
     }
     cluster.stop().await
