@@ -4,7 +4,7 @@
 //! `status` and `scale` subresources when the version declares them. A deleted CRD
 //! takes its objects with it ([`continue_deletion`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
@@ -363,14 +363,22 @@ fn objects_prefix(name: &str) -> Option<String> {
 }
 
 /// Deletes the objects under `prefix`: those with finalizers are marked for deletion,
-/// the others removed. Returns whether none remain.
+/// the others removed. Returns whether none remain; adds the namespaces it removed
+/// objects from to `emptied`.
 async fn delete_objects(
     store: &dyn trellis_store::Store,
     prefix: &str,
+    emptied: &mut BTreeSet<String>,
 ) -> trellis_store::Result<bool> {
     use trellis_store::{Error, ListRequest};
     let page = store.list(ListRequest::prefix(prefix)).await?;
     let mut remaining = false;
+    let mut removed_from = |key: &str| {
+        // `<prefix><namespace>/<name>` for namespaced objects, `<prefix><name>` else.
+        if let Some((namespace, _)) = key.strip_prefix(prefix).and_then(|k| k.split_once('/')) {
+            emptied.insert(namespace.to_owned());
+        }
+    };
     for kv in &page.kvs {
         let Some(mut obj) = crate::watch_cache::decode_stored(&kv.value, kv.mod_revision) else {
             continue;
@@ -381,7 +389,8 @@ async fn delete_objects(
             .is_some_and(|f| !f.is_empty());
         if !finalizers {
             match store.delete(&kv.key, Some(kv.mod_revision)).await {
-                Ok(_) | Err(Error::NotFound { .. }) => {}
+                Ok(_) => removed_from(&kv.key),
+                Err(Error::NotFound { .. }) => {}
                 Err(Error::Conflict { .. }) => remaining = true,
                 Err(e) => return Err(e),
             }
@@ -412,11 +421,13 @@ async fn delete_objects(
 /// Moves the deletion of CRD `name` on: once it is marked for deletion, its objects
 /// are deleted, and when none remain its cleanup finalizer goes (and with the last
 /// finalizer, the CRD). With `deleted` (the CRD was just deleted), a CRD already gone
-/// has its objects deleted too. Returns whether the CRD or its objects changed.
+/// has its objects deleted too. Returns whether the CRD or its objects changed, and adds
+/// the namespaces objects were removed from to `emptied`.
 pub async fn continue_deletion(
     store: &dyn trellis_store::Store,
     name: &str,
     deleted: bool,
+    emptied: &mut BTreeSet<String>,
 ) -> trellis_store::Result<bool> {
     let Some(prefix) = objects_prefix(name) else {
         return Ok(false);
@@ -424,7 +435,7 @@ pub async fn continue_deletion(
     let key = format!("{CRD_PREFIX}{name}");
     let Some(kv) = store.get(&key).await? else {
         if deleted {
-            delete_objects(store, &prefix).await?;
+            delete_objects(store, &prefix, emptied).await?;
         }
         return Ok(deleted);
     };
@@ -434,7 +445,7 @@ pub async fn continue_deletion(
     if crate::object::meta_str(&crd, "deletionTimestamp").is_none() {
         return Ok(false);
     }
-    if !delete_objects(store, &prefix).await? {
+    if !delete_objects(store, &prefix, emptied).await? {
         return Ok(true);
     }
     let meta = crate::object::metadata_mut(&mut crd);

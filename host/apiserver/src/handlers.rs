@@ -1013,9 +1013,27 @@ pub async fn after_write(state: &AppState, req: &ApiRequest) {
     };
     let mut refresh = is_crd(res);
     for name in crds {
-        match crate::crd::continue_deletion(state.store.as_ref(), &name, is_crd(res)).await {
+        let mut emptied = std::collections::BTreeSet::new();
+        match crate::crd::continue_deletion(state.store.as_ref(), &name, is_crd(res), &mut emptied)
+            .await
+        {
             Ok(changed) => refresh |= changed,
             Err(e) => tracing::warn!(crd = %name, error = %e, "deleting a CRD's objects failed"),
+        }
+        // The objects went without requests of their own: tell the admission steps
+        // (quotas counting them) as their deletes would have. The registry still
+        // serves the resource until the refresh below.
+        let served = state
+            .resources()
+            .into_iter()
+            .find(|r| format!("{}.{}", r.plural, r.group) == name);
+        if let Some(resource) = served {
+            for namespace in &emptied {
+                state
+                    .chains
+                    .written(&resource, "delete", Some(namespace))
+                    .await;
+            }
         }
     }
     if refresh && let Err(e) = state.refresh_custom_resources().await {

@@ -405,3 +405,52 @@ async fn ranges_and_quotas_apply_to_the_next_request() -> Result<()> {
     }
     cluster.stop().await
 }
+
+/// A quota counts custom resources (`count/<plural>.<group>`), and gives the room back
+/// when their CRD is deleted and takes them along, not only when each is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_counts_custom_resources_until_their_crd_goes() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.example.com}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: gadgets, singular: gadget, kind: Gadget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+"#;
+    cluster.kubectl_ok_stdin(&["apply", "-f", "-"], crd).await?;
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "quota",
+            "gadgets",
+            "--hard=count/gadgets.example.com=2",
+        ])
+        .await?;
+    let gadget = |name: &str| {
+        format!("apiVersion: example.com/v1\nkind: Gadget\nmetadata: {{name: {name}}}\n")
+    };
+    for name in ["a", "b"] {
+        cluster
+            .kubectl_ok_stdin(&["create", "-f", "-"], &gadget(name))
+            .await?;
+    }
+    let path = "{.status.used.count/gadgets\\.example\\.com}";
+    wait_for(&cluster, &["quota", "gadgets"], path, "2").await?;
+    let refused = cluster
+        .kubectl_err_stdin(&["create", "-f", "-"], &gadget("c"))
+        .await?;
+    ensure!(refused.contains("exceeded quota: gadgets"), "{refused}");
+
+    cluster
+        .kubectl_ok(&["delete", "crd", "gadgets.example.com"])
+        .await?;
+    wait_for(&cluster, &["quota", "gadgets"], path, "0").await?;
+    cluster.stop().await
+}
