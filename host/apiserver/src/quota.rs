@@ -5,7 +5,15 @@
 //! `configmaps`, `secrets`, `services`, `resourcequotas`, the pods' compute resources
 //! (`requests.cpu`, `requests.memory`, `limits.cpu`, `limits.memory`, and `cpu` and
 //! `memory` as requests; any other `requests.X`/`limits.X` the containers name), and
-//! `count/<resource>[.<group>]` for every resource. Quota scopes are not served.
+//! `count/<resource>[.<group>]` for every resource.
+//!
+//! Scopes (`spec.scopes` and `spec.scopeSelector`, all of which must match) narrow a
+//! quota to the pods they select, as in Kubernetes: `Terminating` and `NotTerminating`
+//! (`activeDeadlineSeconds` set or not), `BestEffort` and `NotBestEffort` (no container
+//! requests or limits, or some), `PriorityClass` (`In`, `NotIn`, `Exists`,
+//! `DoesNotExist` on the pod's `priorityClassName`) and `CrossNamespacePodAffinity`
+//! (affinity terms naming other namespaces). A scoped quota counts and charges pods
+//! only.
 //!
 //! - A create is charged as Kubernetes charges it: under the namespace's lock, the
 //!   new object's usage is added to each matching quota's `status.used` with a
@@ -56,6 +64,8 @@ pub type Usage = BTreeMap<String, Quantity>;
 struct Reservation {
     key: String,
     usage: Usage,
+    /// The quotas (by name) whose scopes selected the object.
+    quotas: Vec<String>,
     expires: Instant,
 }
 
@@ -155,6 +165,115 @@ fn pod_compute(pod: &Object) -> Usage {
         }
     }
     total
+}
+
+/// Whether `quota`'s scopes select `obj`, an object of `group`/`plural`: a quota
+/// without scopes selects every object; a scoped one selects pods only, those that
+/// match each of its scopes.
+fn selects(quota: &Object, group: &str, plural: &str, obj: &Object) -> bool {
+    let spec = quota.get("spec");
+    let scopes: Vec<&str> = spec
+        .and_then(|s| s.get("scopes"))
+        .and_then(Value::as_array)
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let expressions: Vec<&Value> = spec
+        .and_then(|s| s.pointer("/scopeSelector/matchExpressions"))
+        .and_then(Value::as_array)
+        .map(|l| l.iter().collect())
+        .unwrap_or_default();
+    if scopes.is_empty() && expressions.is_empty() {
+        return true;
+    }
+    if !group.is_empty() || plural != "pods" {
+        return false;
+    }
+    scopes
+        .iter()
+        .all(|scope| pod_in_scope(obj, scope, "Exists", &[]))
+        && expressions.iter().all(|e| {
+            let values: Vec<&str> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|l| l.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            pod_in_scope(
+                obj,
+                e.get("scopeName")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                e.get("operator")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                &values,
+            )
+        })
+}
+
+/// Whether `pod` is in `scope` (with `operator` and `values` for the scopes that take
+/// them; `Exists` for a scope named in `spec.scopes`). Unknown scopes select nothing.
+fn pod_in_scope(pod: &Object, scope: &str, operator: &str, values: &[&str]) -> bool {
+    let spec = pod.get("spec");
+    let matches = |holds: bool| match operator {
+        "Exists" => holds,
+        "DoesNotExist" => !holds,
+        _ => false,
+    };
+    let terminating = spec
+        .and_then(|s| s.get("activeDeadlineSeconds"))
+        .and_then(Value::as_i64)
+        .is_some_and(|d| d >= 0);
+    match scope {
+        "Terminating" => matches(terminating),
+        "NotTerminating" => matches(!terminating),
+        "BestEffort" => matches(pod_compute(pod).is_empty()),
+        "NotBestEffort" => matches(!pod_compute(pod).is_empty()),
+        "CrossNamespacePodAffinity" => matches(cross_namespace_affinity(pod)),
+        "PriorityClass" => {
+            let class = spec
+                .and_then(|s| s.get("priorityClassName"))
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty());
+            match operator {
+                "In" => class.is_some_and(|c| values.contains(&c)),
+                "NotIn" => class.is_none_or(|c| !values.contains(&c)),
+                "Exists" => class.is_some(),
+                "DoesNotExist" => class.is_none(),
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Whether a pod's (anti-)affinity terms reach into other namespaces: a term with
+/// `namespaces` or a `namespaceSelector`.
+fn cross_namespace_affinity(pod: &Object) -> bool {
+    let Some(affinity) = pod.get("spec").and_then(|s| s.get("affinity")) else {
+        return false;
+    };
+    ["podAffinity", "podAntiAffinity"].iter().any(|kind| {
+        let Some(rules) = affinity.get(*kind) else {
+            return false;
+        };
+        let required = rules
+            .get("requiredDuringSchedulingIgnoredDuringExecution")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten();
+        let preferred = rules
+            .get("preferredDuringSchedulingIgnoredDuringExecution")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|w| w.get("podAffinityTerm"));
+        required.chain(preferred).any(|term| {
+            term.get("namespaces")
+                .and_then(Value::as_array)
+                .is_some_and(|n| !n.is_empty())
+                || term.get("namespaceSelector").is_some_and(|s| !s.is_null())
+        })
+    })
 }
 
 /// What one object of `group`/`plural` counts for in its namespace's quotas.
@@ -258,14 +377,17 @@ impl ResourceQuota {
             .collect())
     }
 
-    /// The usage of `resources` in `namespace`, counted from the store, plus the
-    /// reservations of creates not yet stored (expired ones are dropped).
+    /// The usage of `quota`'s resources in `namespace`, counted from the store (the
+    /// objects its scopes select), plus the reservations of creates not yet stored
+    /// (expired ones are dropped).
     async fn count(
         store: &dyn Store,
         namespace: &str,
-        names: &[String],
+        quota: &Object,
         reservations: &mut Vec<Reservation>,
     ) -> Result<Usage, ApiError> {
+        let names: Vec<String> = amounts(quota, ("spec", "hard")).into_keys().collect();
+        let quota_name = meta_str(quota, "name").unwrap_or_default();
         let mut resources: Vec<String> = names.iter().filter_map(|n| counted_resource(n)).collect();
         resources.sort();
         resources.dedup();
@@ -283,6 +405,9 @@ impl ResourceQuota {
                 let Some(obj) = decode_stored(&kv.value, kv.mod_revision) else {
                     continue;
                 };
+                if !selects(quota, group, plural, &obj) {
+                    continue;
+                }
                 for (k, v) in usage_of(group, plural, &obj) {
                     if let Some(total) = used.get_mut(&k) {
                         *total = total.saturating_add(v);
@@ -292,7 +417,10 @@ impl ResourceQuota {
         }
         let now = Instant::now();
         reservations.retain(|r| r.expires > now && !stored_keys.contains(&r.key));
-        for r in reservations.iter() {
+        for r in reservations
+            .iter()
+            .filter(|r| r.quotas.iter().any(|q| q == quota_name))
+        {
             for (k, v) in &r.usage {
                 if let Some(total) = used.get_mut(k) {
                     *total = total.saturating_add(*v);
@@ -352,9 +480,8 @@ impl ResourceQuota {
             let mut all_written = true;
             for (quota, rev) in quotas {
                 let hard = amounts(&quota, ("spec", "hard"));
-                let names: Vec<String> = hard.keys().cloned().collect();
                 let used =
-                    Self::count(store.as_ref(), namespace, &names, &mut reservations).await?;
+                    Self::count(store.as_ref(), namespace, &quota, &mut reservations).await?;
                 all_written &= Self::write_status(store.as_ref(), quota, rev, &hard, &used).await?;
             }
             if all_written {
@@ -428,16 +555,20 @@ impl ResourceQuota {
                 return Ok(());
             }
             let mut charged = Vec::new();
+            let mut selected = Vec::new();
             for (quota, rev) in &quotas {
+                if !selects(quota, &attrs.resource.group, &attrs.resource.plural, obj) {
+                    continue;
+                }
                 let quota_name = meta_str(quota, "name").unwrap_or_default().to_owned();
+                selected.push(quota_name.clone());
                 let hard = amounts(quota, ("spec", "hard"));
                 let status_current = amounts(quota, ("status", "hard")) == hard
                     && quota.get("status").and_then(|s| s.get("used")).is_some();
                 let mut used = if status_current {
                     amounts(quota, ("status", "used"))
                 } else {
-                    let names: Vec<String> = hard.keys().cloned().collect();
-                    Self::count(store.as_ref(), namespace, &names, &mut reservations).await?
+                    Self::count(store.as_ref(), namespace, quota, &mut reservations).await?
                 };
                 // Compute quotas need pods to say what they use.
                 if attrs.resource.group.is_empty() && attrs.resource.plural == "pods" {
@@ -510,6 +641,7 @@ impl ResourceQuota {
                 reservations.push(Reservation {
                     key,
                     usage,
+                    quotas: selected,
                     expires: Instant::now() + RESERVATION_TTL,
                 });
                 return Ok(());
@@ -580,6 +712,85 @@ mod tests {
 
     fn obj(v: Value) -> Object {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn scopes_select_pods_as_kubernetes_does() {
+        let quota = |spec: Value| obj(json!({"metadata": {"name": "q"}, "spec": spec}));
+        let pod = |spec: Value| obj(json!({"metadata": {"name": "p"}, "spec": spec}));
+        let best_effort = pod(json!({"containers": [{"name": "a"}]}));
+        let sized = pod(json!({"containers": [{"name": "a",
+            "resources": {"requests": {"cpu": "100m"}}}]}));
+        let deadline = pod(
+            json!({"activeDeadlineSeconds": 30, "priorityClassName": "high",
+            "containers": [{"name": "a"}]}),
+        );
+        let reaching = pod(
+            json!({"containers": [{"name": "a"}], "affinity": {"podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "zone", "namespaces": ["other"]}]}}}),
+        );
+        let cm = obj(json!({"metadata": {"name": "c"}}));
+
+        let unscoped = quota(json!({"hard": {"pods": "1"}}));
+        assert!(selects(&unscoped, "", "pods", &sized));
+        assert!(selects(&unscoped, "", "configmaps", &cm));
+
+        let scoped = |scopes: &[&str]| quota(json!({"scopes": scopes}));
+        let be = scoped(&["BestEffort"]);
+        assert!(selects(&be, "", "pods", &best_effort));
+        assert!(!selects(&be, "", "pods", &sized));
+        assert!(
+            !selects(&be, "", "configmaps", &cm),
+            "scoped quotas count pods only"
+        );
+        assert!(selects(&scoped(&["NotBestEffort"]), "", "pods", &sized));
+        assert!(selects(&scoped(&["Terminating"]), "", "pods", &deadline));
+        assert!(!selects(&scoped(&["Terminating"]), "", "pods", &sized));
+        assert!(selects(&scoped(&["NotTerminating"]), "", "pods", &sized));
+        assert!(selects(
+            &scoped(&["CrossNamespacePodAffinity"]),
+            "",
+            "pods",
+            &reaching
+        ));
+        assert!(!selects(
+            &scoped(&["CrossNamespacePodAffinity"]),
+            "",
+            "pods",
+            &sized
+        ));
+        // Every scope must match.
+        assert!(selects(
+            &scoped(&["Terminating", "BestEffort"]),
+            "",
+            "pods",
+            &deadline
+        ));
+        assert!(!selects(
+            &scoped(&["Terminating", "NotBestEffort"]),
+            "",
+            "pods",
+            &deadline
+        ));
+
+        let priority = |operator: &str, values: &[&str]| {
+            quota(json!({"scopeSelector": {"matchExpressions": [
+                {"scopeName": "PriorityClass", "operator": operator, "values": values}]}}))
+        };
+        assert!(selects(&priority("In", &["high"]), "", "pods", &deadline));
+        assert!(!selects(&priority("In", &["low"]), "", "pods", &deadline));
+        assert!(!selects(&priority("In", &["high"]), "", "pods", &sized));
+        assert!(selects(&priority("NotIn", &["high"]), "", "pods", &sized));
+        assert!(!selects(
+            &priority("NotIn", &["high"]),
+            "",
+            "pods",
+            &deadline
+        ));
+        assert!(selects(&priority("Exists", &[]), "", "pods", &deadline));
+        assert!(selects(&priority("DoesNotExist", &[]), "", "pods", &sized));
+        assert!(!selects(&priority("Bogus", &[]), "", "pods", &sized));
     }
 
     #[test]

@@ -454,3 +454,104 @@ spec:
     wait_for(&cluster, &["quota", "gadgets"], path, "0").await?;
     cluster.stop().await
 }
+
+/// Scoped quotas (`kubectl create quota --scopes`, `scopeSelector`) charge only the
+/// pods their scopes select, and count only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoped_quotas_charge_the_pods_they_select() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster
+        .kubectl_ok(&[
+            "create",
+            "quota",
+            "best-effort",
+            "--hard=pods=1",
+            "--scopes=BestEffort",
+        ])
+        .await?;
+    let high = r#"apiVersion: v1
+kind: ResourceQuota
+metadata: {name: high-priority}
+spec:
+  hard: {pods: "1"}
+  scopeSelector:
+    matchExpressions:
+    - {scopeName: PriorityClass, operator: In, values: [high]}
+"#;
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], high)
+        .await?;
+    wait_for(
+        &cluster,
+        &["quota", "best-effort"],
+        "{.status.used.pods}",
+        "0",
+    )
+    .await?;
+    wait_for(
+        &cluster,
+        &["quota", "high-priority"],
+        "{.status.used.pods}",
+        "0",
+    )
+    .await?;
+
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &pod("free-1", "{}"))
+        .await?;
+    let second = cluster
+        .kubectl_err_stdin(&["create", "-f", "-"], &pod("free-2", "{}"))
+        .await?;
+    ensure!(
+        second.contains(
+            "exceeded quota: best-effort, requested: pods=1, used: pods=1, limited: pods=1"
+        ),
+        "{second}"
+    );
+    // Pods with requests are outside BestEffort, and without a priority class outside
+    // the other: neither quota holds them back.
+    let sized = "{requests: {cpu: 100m}}";
+    for name in ["sized-1", "sized-2"] {
+        cluster
+            .kubectl_ok_stdin(&["create", "-f", "-"], &pod(name, sized))
+            .await?;
+    }
+    let prioritized =
+        |name: &str| pod(name, sized).replace("spec:\n", "spec:\n  priorityClassName: high\n");
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &prioritized("high-1"))
+        .await?;
+    let refused = cluster
+        .kubectl_err_stdin(&["create", "-f", "-"], &prioritized("high-2"))
+        .await?;
+    ensure!(
+        refused.contains("exceeded quota: high-priority"),
+        "{refused}"
+    );
+
+    // Recounts (after a delete) count the selected pods only.
+    cluster.kubectl_ok(&["delete", "pod", "sized-1"]).await?;
+    wait_for(
+        &cluster,
+        &["quota", "best-effort"],
+        "{.status.used.pods}",
+        "1",
+    )
+    .await?;
+    wait_for(
+        &cluster,
+        &["quota", "high-priority"],
+        "{.status.used.pods}",
+        "1",
+    )
+    .await?;
+    cluster.kubectl_ok(&["delete", "pod", "free-1"]).await?;
+    wait_for(
+        &cluster,
+        &["quota", "best-effort"],
+        "{.status.used.pods}",
+        "0",
+    )
+    .await?;
+    cluster.stop().await
+}
