@@ -341,6 +341,17 @@ async fn apply_reorders_and_removes_containers_and_clears_the_old_strategy() -> 
         cluster.kubectl_ok_stdin(&apply, ROLLING).await?,
         "deployment.apps/web created\n"
     );
+    // A container the file never had, added by someone else: a patch without
+    // `$setElementOrder` puts it before the containers it is not ordered against.
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "deploy",
+            "web",
+            "-p",
+            r#"{"spec":{"template":{"spec":{"containers":[{"name":"injected","image":"busybox"}]}}}}"#,
+        ])
+        .await?;
     assert_eq!(
         cluster.kubectl_ok_stdin(&apply, RECREATE).await?,
         "deployment.apps/web configured\n"
@@ -362,18 +373,33 @@ async fn apply_reorders_and_removes_containers_and_clears_the_old_strategy() -> 
             )
         })
         .collect();
+    // Had kubectl replaced the list, `injected` would be gone; it keeps its place.
     assert_eq!(
         containers,
-        [("proxy", "envoy:1.31"), ("web", "nginx:1.27")],
+        [
+            ("injected", "busybox"),
+            ("proxy", "envoy:1.31"),
+            ("web", "nginx:1.27")
+        ],
         "{stored}"
     );
     assert_eq!(stored["spec"]["strategy"], json!({"type": "Recreate"}));
     assert!(!stored.to_string().contains("$setElementOrder"), "{stored}");
 
-    // The same apply again has nothing to change.
+    // The same apply again: while `injected` is there kubectl sends the order again,
+    // which changes nothing.
     assert_eq!(
         cluster.kubectl_ok_stdin(&apply, RECREATE).await?,
-        "deployment.apps/web unchanged\n"
+        "deployment.apps/web configured\n"
+    );
+    let again = parse_json(
+        &cluster
+            .kubectl_ok(&["get", "deploy", "web", "-o", "json"])
+            .await?,
+    )?;
+    assert_eq!(
+        again["metadata"]["resourceVersion"], stored["metadata"]["resourceVersion"],
+        "{again}"
     );
 
     // A directive the server does not know is the client's error, naming the field.
