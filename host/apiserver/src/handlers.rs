@@ -802,9 +802,10 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
                     )
                 })?;
             }
-            PatchType::Merge | PatchType::StrategicMerge | PatchType::Apply => {
-                crate::patch::merge(&mut doc, &patch_doc, kind == PatchType::StrategicMerge);
+            PatchType::StrategicMerge => {
+                crate::patch::strategic_merge(&mut doc, &patch_doc).map_err(ApiError::from)?;
             }
+            PatchType::Merge | PatchType::Apply => crate::patch::merge(&mut doc, &patch_doc),
         }
         let Value::Object(mut new) = doc else {
             return Err(ApiError::bad_request("the patched object is not an object").into());

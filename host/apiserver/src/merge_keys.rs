@@ -5,7 +5,8 @@
 //!
 //! - [`crate::openapi`] adds the strategic merge columns to the schemas of
 //!   `/openapi/v2`, from which kubectl computes `apply`'s patch.
-//! - [`crate::patch`] merges the lists of strategic merge patches by the merge keys.
+//! - [`crate::patch`] merges the lists of strategic merge patches by their strategies
+//!   and merge keys.
 //! - [`crate::managed_fields`] reads the list types to key the elements of field sets
 //!   for server-side apply.
 //!
@@ -210,14 +211,17 @@ pub const BUILTIN: &[MergeRule] = &[
 /// The rule of list `field` whose parent is at `parent`: the field names from the
 /// object's root, list elements left out (`["spec", "template", "spec"]`). Patches and
 /// field sets do not know the kind they belong to, so a rule's schema is matched by
-/// where the path leads: containers' fields below a container, status types' below
-/// `status`, the Service's `ports` right below `spec`, the rest outside containers.
+/// where the path leads: metadata's fields right below `metadata`, containers' fields
+/// below a container, status types' below `status`, the Service's `ports` right below
+/// `spec`, the rest outside containers.
 pub fn rule_at(parent: &[&str], field: &str) -> Option<&'static MergeRule> {
     let in_container = parent
         .iter()
         .any(|f| matches!(*f, "containers" | "initContainers" | "ephemeralContainers"));
     let fits = |schema: &str| match schema.rsplit('.').next().unwrap_or(schema) {
-        "ObjectMeta" => true,
+        // Object metadata sits at `metadata` of objects and templates alike; Namespace
+        // `spec.finalizers` is not ObjectMeta's.
+        "ObjectMeta" => parent.last() == Some(&"metadata"),
         "Container" | "EphemeralContainer" => in_container,
         "ServiceSpec" => parent == ["spec"],
         s if s.ends_with("Status") => parent.first() == Some(&"status"),

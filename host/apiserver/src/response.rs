@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use trellis_api::ApiError;
 use trellis_api::registry::ResourceInfo;
+use trellis_api::status::{StatusCause, StatusDetails};
 use trellis_store::Error as StoreError;
 
 /// An [`ApiError`] as an HTTP response.
@@ -26,6 +27,23 @@ impl IntoResponse for ErrorResponse {
 }
 
 pub type ApiResult<T = Response> = Result<T, ErrorResponse>;
+
+/// A strategic merge patch that cannot be applied is the client's error: 400, with the
+/// offending field as the cause.
+impl From<crate::patch::Error> for ApiError {
+    fn from(e: crate::patch::Error) -> Self {
+        let cause = StatusCause::new("FieldValueInvalid", e.field(), e.to_string());
+        Self {
+            details: Some(Box::new(StatusDetails {
+                causes: vec![cause],
+                ..StatusDetails::default()
+            })),
+            ..ApiError::bad_request(format!(
+                "the strategic merge patch could not be applied: {e}"
+            ))
+        }
+    }
+}
 
 pub fn json_response(code: StatusCode, body: &Value) -> Response {
     let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());

@@ -72,7 +72,7 @@ pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> Api
             BodyFormat::Patch(_) => {
                 let patch: Value = serde_json::from_slice(&body)
                     .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-                crate::patch::merge(&mut scale, &patch, false);
+                crate::patch::merge(&mut scale, &patch);
             }
             BodyFormat::Unsupported => {
                 return Err(ApiError::unsupported_media_type(

@@ -286,6 +286,139 @@ async fn apply_changes_one_port_and_keeps_the_others() -> Result<()> {
     cluster.stop().await
 }
 
+/// A Deployment with three containers and a rolling update with its parameters.
+const ROLLING: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  selector:
+    matchLabels: {app: web}
+  strategy:
+    type: RollingUpdate
+    rollingUpdate: {maxSurge: 1, maxUnavailable: 0}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.27
+      - name: log
+        image: fluent-bit:3
+      - name: proxy
+        image: envoy:1.31
+"#;
+
+/// [`ROLLING`] edited: `log` removed, `proxy` moved first, `Recreate` instead.
+const RECREATE: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  selector:
+    matchLabels: {app: web}
+  strategy:
+    type: Recreate
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: proxy
+        image: envoy:1.31
+      - name: web
+        image: nginx:1.27
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_reorders_and_removes_containers_and_clears_the_old_strategy() -> Result<()> {
+    // kubectl's patch orders the containers with `$setElementOrder/containers`, removes
+    // one with a `$patch: delete` element and sends `$retainKeys` with the strategy.
+    let cluster = TestCluster::start().await?;
+    let apply = ["apply", "-f", "-"];
+    assert_eq!(
+        cluster.kubectl_ok_stdin(&apply, ROLLING).await?,
+        "deployment.apps/web created\n"
+    );
+    // A container the file never had, added by someone else: a patch without
+    // `$setElementOrder` puts it before the containers it is not ordered against.
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "deploy",
+            "web",
+            "-p",
+            r#"{"spec":{"template":{"spec":{"containers":[{"name":"injected","image":"busybox"}]}}}}"#,
+        ])
+        .await?;
+    assert_eq!(
+        cluster.kubectl_ok_stdin(&apply, RECREATE).await?,
+        "deployment.apps/web configured\n"
+    );
+
+    let stored = parse_json(
+        &cluster
+            .kubectl_ok(&["get", "deploy", "web", "-o", "json"])
+            .await?,
+    )?;
+    let containers: Vec<(&str, &str)> = stored["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .context("containers")?
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default(),
+                c["image"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    // Had kubectl replaced the list, `injected` would be gone; it keeps its place.
+    assert_eq!(
+        containers,
+        [
+            ("injected", "busybox"),
+            ("proxy", "envoy:1.31"),
+            ("web", "nginx:1.27")
+        ],
+        "{stored}"
+    );
+    assert_eq!(stored["spec"]["strategy"], json!({"type": "Recreate"}));
+    assert!(!stored.to_string().contains("$setElementOrder"), "{stored}");
+
+    // The same apply again: while `injected` is there kubectl sends the order again,
+    // which changes nothing.
+    assert_eq!(
+        cluster.kubectl_ok_stdin(&apply, RECREATE).await?,
+        "deployment.apps/web configured\n"
+    );
+    let again = parse_json(
+        &cluster
+            .kubectl_ok(&["get", "deploy", "web", "-o", "json"])
+            .await?,
+    )?;
+    assert_eq!(
+        again["metadata"]["resourceVersion"], stored["metadata"]["resourceVersion"],
+        "{again}"
+    );
+
+    // A directive the server does not know is the client's error, naming the field.
+    let err = cluster
+        .kubectl_err(&[
+            "patch",
+            "deploy",
+            "web",
+            "-p",
+            r#"{"spec":{"strategy":{"$patch":"merge"}}}"#,
+        ])
+        .await?;
+    assert!(
+        err.contains("Error from server (BadRequest)") && err.contains("spec.strategy.$patch"),
+        "{err}"
+    );
+    cluster.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_prints_tables_names_jsonpath_and_yaml() -> Result<()> {
     let cluster = TestCluster::start().await?;
