@@ -3,7 +3,9 @@
 //! the server's `admin.kubeconfig`. Raw requests go through `kubectl get/create/delete
 //! --raw`, so they carry the same client certificate.
 //!
-//! OpenAPI is not served yet, so writes from files pass `--validate=false`.
+//! Writes from files go through kubectl's own validation against the server's OpenAPI,
+//! as a user's would; tests of the server's refusals pass `--validate=false` so that
+//! the server, not kubectl, is what refuses.
 
 use std::time::Duration;
 
@@ -160,7 +162,7 @@ async fn create_from_stdin_defaults_the_deployment_and_encodes_secret_string_dat
     let cluster = TestCluster::start().await?;
 
     let out = cluster
-        .kubectl_ok_stdin(&["create", "--validate=false", "-f", "-"], WEB_APP)
+        .kubectl_ok_stdin(&["create", "-f", "-"], WEB_APP)
         .await?;
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
@@ -229,7 +231,7 @@ async fn create_from_stdin_defaults_the_deployment_and_encodes_secret_string_dat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_creates_then_reports_unchanged_then_configured() -> Result<()> {
     let cluster = TestCluster::start().await?;
-    let apply = ["apply", "--validate=false", "-f", "-"];
+    let apply = ["apply", "-f", "-"];
     let v1 = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\ndata:\n  a: \"1\"\n";
     let v2 = v1.replace("\"1\"", "\"2\"");
 
@@ -424,7 +426,7 @@ async fn get_prints_tables_names_jsonpath_and_yaml() -> Result<()> {
     let cluster = TestCluster::start().await?;
     let objects = format!("{PODS}---\n{WEB_APP}");
     cluster
-        .kubectl_ok_stdin(&["create", "--validate=false", "-f", "-"], &objects)
+        .kubectl_ok_stdin(&["create", "-f", "-"], &objects)
         .await?;
 
     let pods = cluster.kubectl_ok(&["get", "pods"]).await?;
@@ -484,7 +486,7 @@ async fn label_and_field_selectors_filter_config_maps() -> Result<()> {
     let cluster = TestCluster::start().await?;
     cluster
         .kubectl_ok_stdin(
-            &["create", "--validate=false", "-f", "-"],
+            &["create", "-f", "-"],
             &config_maps(&["cm-a", "cm-b", "cm-c"]),
         )
         .await?;
@@ -547,10 +549,7 @@ async fn label_and_field_selectors_filter_config_maps() -> Result<()> {
 async fn replace_with_a_stale_resource_version_is_a_conflict() -> Result<()> {
     let cluster = TestCluster::start().await?;
     cluster
-        .kubectl_ok_stdin(
-            &["create", "--validate=false", "-f", "-"],
-            &config_maps(&["settings"]),
-        )
+        .kubectl_ok_stdin(&["create", "-f", "-"], &config_maps(&["settings"]))
         .await?;
     let mut stale = parse_json(
         &cluster
@@ -666,10 +665,7 @@ async fn creating_in_a_missing_namespace_is_not_found() -> Result<()> {
 async fn deleted_config_map_is_not_found() -> Result<()> {
     let cluster = TestCluster::start().await?;
     cluster
-        .kubectl_ok_stdin(
-            &["create", "--validate=false", "-f", "-"],
-            &config_maps(&["gone"]),
-        )
+        .kubectl_ok_stdin(&["create", "-f", "-"], &config_maps(&["gone"]))
         .await?;
 
     assert_eq!(
@@ -689,7 +685,7 @@ async fn object_with_a_finalizer_is_only_marked_until_the_finalizer_is_removed()
     let cluster = TestCluster::start().await?;
     let held = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: held\n  finalizers: [example.com/hold]\n";
     cluster
-        .kubectl_ok_stdin(&["create", "--validate=false", "-f", "-"], held)
+        .kubectl_ok_stdin(&["create", "-f", "-"], held)
         .await?;
 
     // Without --wait=false kubectl would wait for the object to go.
@@ -740,7 +736,7 @@ async fn deleting_a_namespace_terminates_it_then_removes_it_and_its_objects() ->
     let objects = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: doomed\n---\n\
                    apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: inside\n  namespace: doomed\n";
     cluster
-        .kubectl_ok_stdin(&["create", "--validate=false", "-f", "-"], objects)
+        .kubectl_ok_stdin(&["create", "-f", "-"], objects)
         .await?;
 
     // The raw response is the namespace as the delete left it.
@@ -815,10 +811,7 @@ async fn read_until(
 async fn get_with_watch_prints_objects_created_and_changed_while_it_runs() -> Result<()> {
     let cluster = TestCluster::start().await?;
     cluster
-        .kubectl_ok_stdin(
-            &["create", "--validate=false", "-f", "-"],
-            &config_maps(&["seed"]),
-        )
+        .kubectl_ok_stdin(&["create", "-f", "-"], &config_maps(&["seed"]))
         .await?;
 
     let mut watch = cluster
@@ -839,7 +832,7 @@ async fn get_with_watch_prints_objects_created_and_changed_while_it_runs() -> Re
 
     let fresh = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fresh\n";
     cluster
-        .kubectl_ok_stdin(&["create", "--validate=false", "-f", "-"], fresh)
+        .kubectl_ok_stdin(&["create", "-f", "-"], fresh)
         .await?;
     cluster
         .kubectl_ok(&["label", "cm", "fresh", "stage=two"])
@@ -879,10 +872,7 @@ async fn chunked_list_returns_every_config_map() -> Result<()> {
         "page-1", "page-2", "page-3", "page-4", "page-5", "page-6", "page-7",
     ];
     cluster
-        .kubectl_ok_stdin(
-            &["create", "--validate=false", "-f", "-"],
-            &config_maps(&names),
-        )
+        .kubectl_ok_stdin(&["create", "-f", "-"], &config_maps(&names))
         .await?;
 
     // -v=6 logs each request, so the pages kubectl asked for can be counted.
@@ -909,10 +899,7 @@ async fn raw_list_pages_follow_the_continue_token() -> Result<()> {
         "page-1", "page-2", "page-3", "page-4", "page-5", "page-6", "page-7",
     ];
     cluster
-        .kubectl_ok_stdin(
-            &["create", "--validate=false", "-f", "-"],
-            &config_maps(&names),
-        )
+        .kubectl_ok_stdin(&["create", "-f", "-"], &config_maps(&names))
         .await?;
     let path = "/api/v1/namespaces/default/configmaps?limit=2";
 
@@ -960,7 +947,7 @@ async fn raw_watch_from_a_resource_version_returns_the_later_events() -> Result<
     let created = parse_json(
         &cluster
             .kubectl_ok_stdin(
-                &["create", "--validate=false", "-f", "-", "-o", "json"],
+                &["create", "-f", "-", "-o", "json"],
                 &config_maps(&["first"]),
             )
             .await?,
@@ -970,10 +957,7 @@ async fn raw_watch_from_a_resource_version_returns_the_later_events() -> Result<
         .and_then(|rv| rv.parse().ok())
         .context("the created object has no resourceVersion")?;
     cluster
-        .kubectl_ok_stdin(
-            &["create", "--validate=false", "-f", "-"],
-            &config_maps(&["second"]),
-        )
+        .kubectl_ok_stdin(&["create", "-f", "-"], &config_maps(&["second"]))
         .await?;
     cluster.kubectl_ok(&["label", "cm", "first", "x=y"]).await?;
     cluster.kubectl_ok(&["delete", "cm", "second"]).await?;
@@ -1023,7 +1007,7 @@ async fn status_changes_only_through_the_status_subresource_and_only_spec_bumps_
 -> Result<()> {
     let cluster = TestCluster::start().await?;
     cluster
-        .kubectl_ok_stdin(&["create", "--validate=false", "-f", "-"], WEB_APP)
+        .kubectl_ok_stdin(&["create", "-f", "-"], WEB_APP)
         .await?;
     let fields = [
         "get",
@@ -1106,7 +1090,7 @@ async fn patch_that_changes_nothing_reports_no_change_and_keeps_the_resource_ver
 {
     let cluster = TestCluster::start().await?;
     cluster
-        .kubectl_ok_stdin(&["create", "--validate=false", "-f", "-"], WEB_APP)
+        .kubectl_ok_stdin(&["create", "-f", "-"], WEB_APP)
         .await?;
     let rv = |kind: &'static str, name: &'static str| {
         let cluster = &cluster;
