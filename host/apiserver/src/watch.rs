@@ -400,12 +400,9 @@ impl Lines {
 
     /// The line of one change as the client's selectors see it, if they see it.
     fn change(&self, event: &CachedEvent, chunk: &mut Chunk) {
-        let was = event
-            .prev
-            .as_deref()
-            .is_some_and(|p| self.filter.matches(p));
+        let was = event.prev().is_some_and(|p| self.filter.matches(p));
         let kind = match event.kind {
-            EventKind::Put => match (was, self.filter.matches(&event.object)) {
+            EventKind::Put => match (was, self.filter.matches(event.object())) {
                 (false, true) => EventType::Added,
                 (true, true) => EventType::Modified,
                 (true, false) => EventType::Deleted,
@@ -415,7 +412,7 @@ impl Lines {
             EventKind::Delete => return,
         };
         chunk.push(if self.wants_table {
-            self.encode(kind.as_str(), (*event.object).clone())
+            self.encode(kind.as_str(), (**event.object()).clone())
         } else {
             event.line(kind)
         });

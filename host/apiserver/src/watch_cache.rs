@@ -26,17 +26,20 @@ use trellis_store::{Event, EventKind, ListRequest, Revision, Store};
 
 use crate::object::{Object, set_meta};
 
-/// One change, decoded once for every client watch.
+/// One change, decoded at most once for every client watch: when a watch first needs
+/// it, so that changes nobody watches (most writes of a resource without watchers) cost
+/// no decode, and the ring holds their stored bytes rather than decoded objects.
 #[derive(Debug)]
 pub struct CachedEvent {
     pub revision: Revision,
     pub key: String,
     pub kind: EventKind,
-    /// The object after the change; for a delete, its last state (resourceVersion set
-    /// to the deleting revision, as Kubernetes reports it).
-    pub object: Arc<Object>,
-    /// The object before the change, if it existed.
-    pub prev: Option<Arc<Object>>,
+    /// The stored value of the object after the change; for a delete, its last state.
+    value: Bytes,
+    /// The stored value before the change and its revision, if the object existed.
+    prev_value: Option<(Bytes, Revision)>,
+    object: OnceLock<Arc<Object>>,
+    prev: OnceLock<Option<Arc<Object>>>,
     /// The event lines announcing this change, one per [`EventType`], each encoded by
     /// the first client watch that sends it and shared by the rest: with many
     /// watchers, encoding once per change rather than once per watcher is most of the
@@ -75,6 +78,24 @@ pub fn line_head(line: &mut Vec<u8>, kind: &str) {
 pub const LINE_TAIL: &[u8] = b"}\n";
 
 impl CachedEvent {
+    /// The object after the change; for a delete, its last state (resourceVersion set
+    /// to the deleting revision, as Kubernetes reports it).
+    pub fn object(&self) -> &Arc<Object> {
+        // Checked to be a JSON object when the event was taken in.
+        self.object
+            .get_or_init(|| Arc::new(decode_stored(&self.value, self.revision).unwrap_or_default()))
+    }
+
+    /// The object before the change, if it existed.
+    pub fn prev(&self) -> Option<&Arc<Object>> {
+        self.prev
+            .get_or_init(|| {
+                let (value, revision) = self.prev_value.as_ref()?;
+                decode_stored(value, *revision).map(Arc::new)
+            })
+            .as_ref()
+    }
+
     /// The watch event line `{"type":…,"object":…}` and a newline, announcing this
     /// change as `kind`.
     pub fn line(&self, kind: EventType) -> Bytes {
@@ -98,7 +119,7 @@ impl CachedEvent {
             None => {
                 let head = line.len();
                 line.reserve(1024);
-                if serde_json::to_writer(&mut line, &*self.object).is_err() {
+                if serde_json::to_writer(&mut line, &**self.object()).is_err() {
                     // Not reachable for a JSON object (its keys are strings); an empty
                     // object keeps the stream well-formed all the same.
                     line.truncate(head);
@@ -118,23 +139,27 @@ pub fn decode_stored(value: &[u8], revision: Revision) -> Option<Object> {
     Some(obj)
 }
 
-/// Converts a store event; `None` for an undecodable value (logged).
+/// Whether a stored value is a JSON object: checked when a change comes in, so that a
+/// later decode cannot fail, without building the object.
+fn is_object(value: &[u8]) -> bool {
+    value.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok()
+}
+
+/// Takes in a store event; `None` for a value that is not a JSON object (logged).
 pub fn convert(event: &Event) -> Option<CachedEvent> {
     let revision = event.revision();
-    let prev = event
+    let prev_value = event
         .prev
         .as_ref()
-        .and_then(|p| decode_stored(&p.value, p.mod_revision))
-        .map(Arc::new);
-    let object = match event.kind {
-        EventKind::Put => decode_stored(&event.kv.value, revision),
-        EventKind::Delete => prev.as_ref().map(|p| {
-            let mut last = (**p).clone();
-            set_meta(&mut last, "resourceVersion", revision.to_string());
-            last
-        }),
+        .filter(|p| is_object(&p.value))
+        .map(|p| (p.value.clone(), p.mod_revision));
+    let value = match event.kind {
+        EventKind::Put => Some(event.kv.value.clone()).filter(|v| is_object(v)),
+        // The last state, reported at the deleting revision.
+        EventKind::Delete => prev_value.as_ref().map(|(v, _)| v.clone()),
     };
-    let Some(object) = object else {
+    let Some(value) = value else {
         warn!(key = %event.kv.key, revision, "skipping a stored value that is not a JSON object");
         return None;
     };
@@ -142,8 +167,10 @@ pub fn convert(event: &Event) -> Option<CachedEvent> {
         revision,
         key: event.kv.key.clone(),
         kind: event.kind,
-        object: Arc::new(object),
-        prev,
+        value,
+        prev_value,
+        object: OnceLock::new(),
+        prev: OnceLock::new(),
         lines: Default::default(),
     })
 }
@@ -572,7 +599,7 @@ mod tests {
         let event = sub.rx.recv().await.unwrap();
         assert_eq!(event.revision, kv.mod_revision);
         let current = cache.get(&format!("{A}one")).unwrap();
-        assert_eq!(*event.object, *current);
+        assert_eq!(**event.object(), *current);
     }
 
     #[tokio::test]
