@@ -987,4 +987,60 @@ mod tests {
             assert_eq!(err.field(), field, "{err}");
         }
     }
+
+    /// Whether any map in `v` still has a directive key.
+    fn has_directive(v: &Value) -> bool {
+        match v {
+            Value::Object(m) => m
+                .iter()
+                .any(|(k, v)| k.starts_with('$') || has_directive(v)),
+            Value::Array(items) => items.iter().any(has_directive),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn odd_directives_are_refused_or_leave_no_trace() {
+        let doc = json!({"metadata": {"name": "x", "finalizers": ["a", "b"]},
+            "spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b"}],
+                     "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}}});
+        let patches = [
+            json!({"spec": {"$setElementOrder/containers": "a"}}),
+            json!({"spec": {"$setElementOrder/containers": [1, null, {"x": 1}]}}),
+            json!({"spec": {"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}, {"name": "zz"}]}}),
+            json!({"spec": {"$setElementOrder/strategy": [{"name": "a"}]}}),
+            json!({"spec": {"$setElementOrder/": []}}),
+            json!({"spec": {"$setElementOrder/containers": [{"name": "a"}], "containers": [{"name": "b"}]}}),
+            json!({"metadata": {"$deleteFromPrimitiveList/finalizers": "a"}}),
+            json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [{"a": 1}, ["b"]]}}),
+            json!({"metadata": {"$deleteFromPrimitiveList/name": ["x"]}}),
+            json!({"spec": {"$deleteFromPrimitiveList/containers": [{"name": "a"}]}}),
+            json!({"spec": {"strategy": {"$retainKeys": "type"}}}),
+            json!({"spec": {"strategy": {"$retainKeys": [1, {"a": 2}], "type": "Recreate"}}}),
+            json!({"spec": {"$retainKeys": []}}),
+            json!({"$retainKeys": ["nothing"]}),
+            json!({"spec": {"$patch": 7}}),
+            json!({"spec": {"$patch": "replace", "$retainKeys": ["x"], "x": {"$patch": "delete"}}}),
+            json!({"spec": {"containers": [{"$patch": "replace"}, {"$patch": "delete"}]}}),
+            json!({"spec": {"containers": [{"$patch": "delete"}]}}),
+            json!({"spec": {"containers": [{"$patch": "merge", "name": "a"}]}}),
+            json!({"spec": {"containers": [{"name": "a", "$setElementOrder/ports": [{"containerPort": 1}], "ports": [{"containerPort": 1, "$patch": "delete"}]}]}}),
+            json!({"$patch": "delete"}),
+            json!({"$patch": "replace", "kind": "X"}),
+            json!({"metadata": {"finalizers": [{"$patch": "replace"}, "c"]}}),
+            json!({"metadata": {"finalizers": [{"$patch": "delete"}]}}),
+            json!({"spec": {"containers": {"$patch": "delete"}}}),
+            json!({"spec": {"$unknown": 1, "containers": [{"name": "c", "$deleteFromPrimitiveList/args": ["x"]}]}}),
+        ];
+        for patch in patches {
+            let mut merged = doc.clone();
+            match strategic_merge(&mut merged, &patch) {
+                Ok(()) => assert!(
+                    !has_directive(&merged),
+                    "{patch} left a directive in {merged}"
+                ),
+                Err(e) => assert!(!e.to_string().is_empty(), "{patch}"),
+            }
+        }
+    }
 }
