@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ResourceTable};
@@ -641,8 +642,16 @@ impl Plugin {
         &self,
         call: impl Future<Output = Result<R, PluginError>>,
     ) -> Result<R, PluginError> {
-        let limit = self.spec.timeout + Duration::from_millis(50);
-        match tokio::time::timeout(limit, call).await {
+        let deadline =
+            tokio::time::Instant::now() + self.spec.timeout + Duration::from_millis(50);
+        let mut call = std::pin::pin!(call);
+        // Most calls compute and return within their first poll: those need no timer
+        // (registering and cancelling one is a lock on the runtime's timer wheel).
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        if let Poll::Ready(result) = first {
+            return result;
+        }
+        match tokio::time::timeout_at(deadline, call).await {
             Ok(result) => result,
             Err(_) => {
                 self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
