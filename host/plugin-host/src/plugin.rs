@@ -642,8 +642,7 @@ impl Plugin {
         &self,
         call: impl Future<Output = Result<R, PluginError>>,
     ) -> Result<R, PluginError> {
-        let deadline =
-            tokio::time::Instant::now() + self.spec.timeout + Duration::from_millis(50);
+        let deadline = tokio::time::Instant::now() + self.spec.timeout + Duration::from_millis(50);
         let mut call = std::pin::pin!(call);
         // Most calls compute and return within their first poll: those need no timer
         // (registering and cancelling one is a lock on the runtime's timer wheel).
