@@ -1,6 +1,7 @@
 //! The engines every plugin shares, their linkers, the compiled-component cache, the
 //! background compiler that moves plugins to optimized code, and the epoch ticker.
 
+use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +47,7 @@ pub enum Compilers {
 }
 
 /// The compiler that produced the code a plugin runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tier {
     /// Winch's code: compiled fast, runs slower.
     Baseline,
@@ -119,6 +120,11 @@ pub struct PluginHost {
     /// Hands plugins serving baseline code to the background compiler thread.
     tier_up: Mutex<Option<mpsc::Sender<TierUp>>>,
     ticker: Option<Ticker>,
+    /// The compiled modules plugins run, by tier and digest: plugins of the same
+    /// module (say one policy configured twice) share one copy of its machine code
+    /// instead of each mapping its own, which keeps the code's footprint in the CPU's
+    /// caches, TLBs and branch predictors that of one module.
+    loaded: Mutex<HashMap<(Tier, String), Weak<Component>>>,
 }
 
 impl std::fmt::Debug for PluginHost {
@@ -183,6 +189,7 @@ impl PluginHost {
                 config,
                 tier_up: Mutex::new(Some(tx)),
                 ticker: Some(ticker),
+                loaded: Mutex::default(),
             }
         });
         Ok(host)
@@ -190,28 +197,40 @@ impl PluginHost {
 
     /// The code to serve `wasm` with now: `current` (the running version's compiled
     /// module, when it is the same module) unless it is baseline code and the optimized
-    /// code is in the cache by now; else optimized from the cache, else the baseline
-    /// tier's (when there is one and it compiles the module), else optimized.
-    /// Blocking: milliseconds from the cache or Winch, up to seconds from Cranelift.
+    /// code is loaded or cached by now; else optimized code another plugin runs or from
+    /// the cache, else the baseline tier's (when there is one and it compiles the
+    /// module), else optimized. Blocking: milliseconds from the cache or Winch, up to
+    /// seconds from Cranelift.
     pub(crate) fn compile(
         &self,
         wasm: &[u8],
         digest: &str,
-        current: Option<(Component, Tier)>,
-    ) -> Result<(Component, &Compiler), LoadError> {
+        current: Option<(Arc<Component>, Tier)>,
+    ) -> Result<(Arc<Component>, &Compiler), LoadError> {
         if let Some((component, Tier::Optimized)) = current {
+            return Ok((component, &self.optimized));
+        }
+        if let Some(component) = self.in_use(Tier::Optimized, digest) {
             return Ok((component, &self.optimized));
         }
         let path = self.cache_path(digest);
         if let Some(component) = path.as_deref().and_then(|p| self.cached_at(p)) {
-            return Ok((component, &self.optimized));
+            return Ok((
+                self.share(Tier::Optimized, digest, component),
+                &self.optimized,
+            ));
         }
         if let Some((component, tier)) = current {
             return Ok((component, self.compiler(tier)));
         }
         if let Some(baseline) = &self.baseline {
+            if let Some(component) = self.in_use(Tier::Baseline, digest) {
+                return Ok((component, baseline));
+            }
             match Component::new(&baseline.engine, wasm) {
-                Ok(component) => return Ok((component, baseline)),
+                Ok(component) => {
+                    return Ok((self.share(Tier::Baseline, digest, component), baseline));
+                }
                 // Winch lacks a few proposals (tail calls, exceptions, GC);
                 // Cranelift gets the last word on whether the module is valid.
                 Err(e) if self.config.compilers == Compilers::Tiered => {
@@ -221,9 +240,33 @@ impl PluginHost {
             }
         }
         Ok((
-            self.compile_optimized(wasm, path.as_deref())?,
+            self.compile_optimized(wasm, digest, path.as_deref())?,
             &self.optimized,
         ))
+    }
+
+    /// How many compiled modules the loaded plugins run between them (a module
+    /// counts once however many plugins run it, and once per tier while it moves).
+    pub fn modules_loaded(&self) -> usize {
+        let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.values().filter(|c| c.strong_count() > 0).count()
+    }
+
+    /// The compiled module of `digest` at `tier`, if a plugin runs it.
+    fn in_use(&self, tier: Tier, digest: &str) -> Option<Arc<Component>> {
+        let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.get(&(tier, digest.to_owned()))?.upgrade()
+    }
+
+    /// Records `component` as the module of `digest` at `tier`, for the next plugin
+    /// of the same module. Two loads compiling the same module at once each keep
+    /// their own copy; the later one is shared from then on.
+    fn share(&self, tier: Tier, digest: &str, component: Component) -> Arc<Component> {
+        let component = Arc::new(component);
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.retain(|_, c| c.strong_count() > 0);
+        loaded.insert((tier, digest.to_owned()), Arc::downgrade(&component));
+        component
     }
 
     /// The compiler (engine and linker) of code of `tier`.
@@ -260,27 +303,38 @@ impl PluginHost {
         }
     }
 
-    /// Cranelift's code for `wasm`, from the cache at `path` or compiled (and then
-    /// cached there).
-    fn compile_optimized(&self, wasm: &[u8], path: Option<&Path>) -> Result<Component, LoadError> {
-        let engine = &self.optimized.engine;
-        let Some(path) = path else {
-            return Component::new(engine, wasm).map_err(compile_error);
-        };
-        // Another load of the same module may have compiled it meanwhile.
-        if let Some(component) = self.cached_at(path) {
+    /// Cranelift's code for `wasm`: another plugin's, from the cache at `path`, or
+    /// compiled (and then cached there).
+    fn compile_optimized(
+        &self,
+        wasm: &[u8],
+        digest: &str,
+        path: Option<&Path>,
+    ) -> Result<Arc<Component>, LoadError> {
+        if let Some(component) = self.in_use(Tier::Optimized, digest) {
             return Ok(component);
         }
-        let compiled = engine.precompile_component(wasm).map_err(compile_error)?;
-        match write_whole(path, &compiled) {
-            Ok(()) => deserialize_cached(engine, path).map_err(compile_error),
-            Err(e) => {
-                // The cache only saves time: a full or read-only disk must not stop a
-                // load.
-                tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled plugin");
-                Component::new(engine, wasm).map_err(compile_error)
-            }
-        }
+        let engine = &self.optimized.engine;
+        let component = match path {
+            None => Component::new(engine, wasm).map_err(compile_error)?,
+            // Another load of the same module may have compiled it meanwhile.
+            Some(path) => match self.cached_at(path) {
+                Some(component) => component,
+                None => {
+                    let compiled = engine.precompile_component(wasm).map_err(compile_error)?;
+                    match write_whole(path, &compiled) {
+                        Ok(()) => deserialize_cached(engine, path).map_err(compile_error)?,
+                        Err(e) => {
+                            // The cache only saves time: a full or read-only disk must
+                            // not stop a load.
+                            tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled plugin");
+                            Component::new(engine, wasm).map_err(compile_error)?
+                        }
+                    }
+                }
+            },
+        };
+        Ok(self.share(Tier::Optimized, digest, component))
     }
 
     /// Has the background thread compile `plugin`'s module with Cranelift and move the
@@ -306,7 +360,7 @@ impl PluginHost {
         }
         let started = Instant::now();
         let path = self.cache_path(&job.digest);
-        let component = match self.compile_optimized(&job.wasm, path.as_deref()) {
+        let component = match self.compile_optimized(&job.wasm, &job.digest, path.as_deref()) {
             Ok(component) => component,
             Err(e) => {
                 tracing::warn!(digest = %job.digest, error = %e.message, "optimizing a plugin failed; it keeps its baseline code");

@@ -306,14 +306,14 @@ struct Code {
     tier: Tier,
     /// Kept so that a new version of the plugin with the same module (a configuration
     /// change) links it again instead of compiling.
-    component: Component,
+    component: Arc<Component>,
 }
 
 impl Code {
     fn link(
         compiler: &Compiler,
         kind: PluginKind,
-        component: &Component,
+        component: &Arc<Component>,
     ) -> Result<Self, LoadError> {
         let wrong_world = |e: wasmtime::Error| LoadError {
             reason: LoadErrorReason::WrongWorld,
@@ -536,7 +536,7 @@ impl Plugin {
     pub(crate) fn promote(
         &self,
         compiler: &Compiler,
-        component: &Component,
+        component: &Arc<Component>,
     ) -> Result<(), LoadError> {
         let code = Arc::new(Code::link(compiler, self.spec.kind, component)?);
         let tier = code.tier;

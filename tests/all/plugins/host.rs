@@ -369,6 +369,47 @@ async fn compiled_components_are_cached_by_digest() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_of_one_module_share_its_code() -> Result<()> {
+    let host = host_with(Compilers::Baseline)?;
+    let load = |name: &'static str, kind: PluginKind, module: &'static str| {
+        let host = host.clone();
+        async move {
+            let mut spec = spec(kind, json!({}));
+            spec.name = name.into();
+            anyhow::Ok(host.load(spec, wasm(module)?, None).await?)
+        }
+    };
+    let first = load("first", PluginKind::Validating, "misbehave").await?;
+    let second = load("second", PluginKind::Mutating, "misbehave").await?;
+    ensure!(
+        host.modules_loaded() == 1,
+        "{} modules",
+        host.modules_loaded()
+    );
+    ensure!(!first.admit(&host, &request("deny")).await?.allowed);
+    ensure!(second.admit(&host, &request("allow")).await?.allowed);
+    let other = load("other", PluginKind::Initializer, "stamp").await?;
+    ensure!(
+        host.modules_loaded() == 2,
+        "{} modules",
+        host.modules_loaded()
+    );
+    drop((first, other));
+    ensure!(
+        host.modules_loaded() == 1,
+        "{} modules",
+        host.modules_loaded()
+    );
+    drop(second);
+    ensure!(
+        host.modules_loaded() == 0,
+        "{} modules",
+        host.modules_loaded()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reloaded_plugin_keeps_counting_where_the_old_version_left_off() -> Result<()> {
     use std::sync::atomic::Ordering::Relaxed;
     let host = host()?;
