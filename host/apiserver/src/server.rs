@@ -25,6 +25,9 @@ use crate::state::AppState;
 use crate::watch_cache::WatchCache;
 use crate::{kubeconfig, pki, tls, tokens};
 
+/// Streams one HTTP/2 connection may have open at once: kube-apiserver's default.
+const HTTP2_MAX_STREAMS: u32 = 1000;
+
 /// Settings of the API server.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -256,7 +259,12 @@ pub async fn start(
                     .and_then(|cert| tls::identity_from_cert(cert));
                 let service =
                     hyper_util::service::TowerToHyperService::new(app.layer(Extension(Peer(peer))));
-                let builder = auto::Builder::new(TokioExecutor::new());
+                let mut builder = auto::Builder::new(TokioExecutor::new());
+                // Watches are streams that stay open: a client-go process runs all its
+                // informers over one connection, so allow as many streams on one as
+                // kube-apiserver does (--http2-max-streams-per-connection), not
+                // hyper's 200.
+                builder.http2().max_concurrent_streams(HTTP2_MAX_STREAMS);
                 let connection = builder.serve_connection(TokioIo::new(tls), service);
                 if let Err(e) = watcher.watch(connection).await {
                     debug!(%remote, error = %e, "connection ended with an error");

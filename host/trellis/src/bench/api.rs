@@ -103,6 +103,12 @@ pub struct ApiArgs {
     #[arg(long)]
     http2: bool,
 
+    /// With `--verb watch --http2`, open this many connections and spread the watchers
+    /// over them as streams, as one client-go process runs all its informers over one
+    /// connection. Default: one connection per watcher.
+    #[arg(long, value_name = "N", requires = "http2", value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    connections: Option<usize>,
+
     /// Start the server as a child process rather than in this one, and report its
     /// memory after the run: its resident set size a second after the last request
     /// and the largest it reached.
@@ -165,6 +171,9 @@ struct Report {
     kind: &'static str,
     verb: &'static str,
     clients: usize,
+    /// Connections the clients share, when fewer than the clients (`--connections`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connections: Option<usize>,
     ops: usize,
     ops_per_sec: f64,
     /// Request latency; for `watch`, an event's acknowledgement → its arrival at the
@@ -197,6 +206,9 @@ struct Delivery {
 const SETTLE: Duration = Duration::from_secs(1);
 
 pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
+    if args.connections.is_some() && args.verb != Verb::Watch {
+        bail!("--connections applies to --verb watch only");
+    }
     let report = match &args.kubeconfig {
         Some(path) => {
             let target = Target::from_kubeconfig(path, args.http2)?;
@@ -249,8 +261,11 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             ),
             None => ("", String::new()),
         };
+        let shared = report
+            .connections
+            .map_or(String::new(), |n| format!(" on {n} connections"));
         format!(
-            "api {} {}: {} clients, {} requests: {:.0} requests/s, \
+            "api {} {}: {} clients{shared}, {} requests: {:.0} requests/s, \
              latency{what} p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms{delivery}{memory}",
             report.verb,
             report.kind,
@@ -326,6 +341,7 @@ async fn measure_requests(target: &Target, args: &ApiArgs, reads: bool) -> anyho
         kind: args.kind.plural(),
         verb: args.verb.name(),
         clients: args.clients,
+        connections: None,
         ops: args.ops,
         ops_per_sec: (args.ops as f64 / elapsed.as_secs_f64()).round(),
         p50_ms: percentiles.p50_ms,
@@ -1138,6 +1154,7 @@ pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
         server_process: false,
         server_exe: None,
         http2: false,
+        connections: None,
         json: false,
     };
     let baseline = measure_local(&api_args(args.ops), None, 0)

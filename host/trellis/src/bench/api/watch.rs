@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
-use http_body_util::BodyExt as _;
+use http_body_util::{BodyExt as _, Full};
+use hyper::client::conn::http2;
 use hyper::{Method, StatusCode};
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -31,8 +32,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{
-    ApiArgs, CALL_TIMEOUT, Delivery, Driver, NAMESPACE, ObjectBody, Report, Target, build_request,
-    call, connect, exchange, handshake, status_message,
+    ApiArgs, CALL_TIMEOUT, Connection, Delivery, Driver, NAMESPACE, ObjectBody, Report, Target,
+    build_request, call, connect, exchange, handshake, status_message,
 };
 use crate::bench::{Percentiles, run_id};
 
@@ -47,6 +48,14 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
     let prefix = format!("bench-{}-", run_id());
     let revision = current_revision(target, &collection).await?;
     let path = format!("{collection}?watch=1&resourceVersion={revision}");
+
+    // With `--connections`, the watchers' streams share that many HTTP/2 connections,
+    // each driven by a task of its own (as in client-go); else each watcher has its own
+    // connection and polls it itself.
+    let shared = match args.connections {
+        Some(n) if n < args.clients => Some(open_shared(target, n).await?),
+        _ => None,
+    };
 
     let start = Instant::now();
     let (ready_tx, mut ready_rx) = mpsc::channel::<()>(args.clients);
@@ -67,12 +76,21 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
         );
         let (base, authorization) = (target.base.clone(), target.authorization.clone());
         let ready = ready_tx.clone();
+        let stream_of = shared
+            .as_ref()
+            .map(|senders| senders[watcher % senders.len()].clone());
         watchers.spawn(async move {
-            let (mut connection, mut driver) =
-                tokio::time::timeout(CALL_TIMEOUT, handshake(&addr, name, tls, http2))
-                    .await
-                    .unwrap_or_else(|_| bail!("no connection within {CALL_TIMEOUT:?}"))
-                    .with_context(|| format!("connect watcher {watcher} to {addr}"))?;
+            let (mut connection, mut driver) = match stream_of {
+                Some(sender) => (Connection::Http2(sender), None),
+                None => {
+                    let (connection, driver) =
+                        tokio::time::timeout(CALL_TIMEOUT, handshake(&addr, name, tls, http2))
+                            .await
+                            .unwrap_or_else(|_| bail!("no connection within {CALL_TIMEOUT:?}"))
+                            .with_context(|| format!("connect watcher {watcher} to {addr}"))?;
+                    (connection, Some(driver))
+                }
+            };
             let request = build_request(
                 &base,
                 http2,
@@ -147,6 +165,7 @@ pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<R
         kind: args.kind.plural(),
         verb: "watch",
         clients: args.clients,
+        connections: shared.as_ref().map(Vec::len),
         ops: events,
         ops_per_sec: (events as f64 / writes.as_secs_f64()).round(),
         p50_ms: percentiles.p50_ms,
@@ -179,10 +198,50 @@ fn latencies(acks: &[Duration], arrivals: &[Vec<Duration>]) -> (Vec<Duration>, V
     (last, deliveries)
 }
 
-/// Runs `work` while polling the connection's `driver`, which is polled first so that
-/// what it reads is ready for `work` in the same poll. A connection that ends first is
-/// an error.
-async fn driven<T>(driver: &mut Driver, work: impl Future<Output = T>) -> anyhow::Result<T> {
+/// Opens `n` HTTP/2 connections whose drivers run in tasks of their own; their
+/// senders open streams on them from any task.
+async fn open_shared(
+    target: &Target,
+    n: usize,
+) -> anyhow::Result<Vec<http2::SendRequest<Full<Bytes>>>> {
+    let mut senders = Vec::with_capacity(n);
+    for shared in 0..n {
+        let opened = tokio::time::timeout(
+            CALL_TIMEOUT,
+            handshake(
+                &target.addr,
+                target.server_name.clone(),
+                target.tls.clone(),
+                true,
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| bail!("no connection within {CALL_TIMEOUT:?}"))
+        .with_context(|| format!("open shared connection {shared} to {}", target.addr))?;
+        let (Connection::Http2(sender), driver) = opened else {
+            bail!("shared connection {shared} is not HTTP/2");
+        };
+        tokio::spawn(async move {
+            // Its streams' watchers report a failed connection as a failed stream.
+            if let Err(e) = driver.await {
+                tracing::debug!(shared, error = %e, "a shared connection failed");
+            }
+        });
+        senders.push(sender);
+    }
+    Ok(senders)
+}
+
+/// Runs `work` while polling the connection's `driver` (when the caller drives its
+/// own), which is polled first so that what it reads is ready for `work` in the same
+/// poll. A connection that ends first is an error.
+async fn driven<T>(
+    driver: &mut Option<Driver>,
+    work: impl Future<Output = T>,
+) -> anyhow::Result<T> {
+    let Some(driver) = driver else {
+        return Ok(work.await);
+    };
     tokio::select! {
         biased;
         ended = driver => match ended {
@@ -277,7 +336,7 @@ impl Watch {
     async fn follow(
         self,
         mut body: hyper::body::Incoming,
-        mut driver: Driver,
+        mut driver: Option<Driver>,
     ) -> anyhow::Result<Vec<Duration>> {
         let watcher = self.watcher;
         let mut arrivals = Vec::with_capacity(self.events);
