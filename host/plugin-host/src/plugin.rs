@@ -294,6 +294,8 @@ enum Bindings {
 struct Instance {
     store: Store<PluginState>,
     bindings: Bindings,
+    /// The thread that last ran it: its memory is likely still in that core's cache.
+    thread: std::thread::ThreadId,
     /// The code it runs: an instance of baseline code is not kept once the plugin
     /// has moved to optimized code.
     tier: Tier,
@@ -667,19 +669,29 @@ impl Plugin {
         }
     }
 
-    /// An idle instance, or a new one.
+    /// An idle instance, the one this thread ran last if there is one, or a new one.
+    /// Keeping instances with threads keeps a call's guest memory, stack and store in
+    /// the cache of the core that touched them last, rather than moving them between
+    /// cores call after call.
     async fn take(&self, host: &Arc<PluginHost>) -> Result<Instance, PluginError> {
-        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let here = std::thread::current().id();
+        let idle = self.idle.lock().ok().and_then(|mut idle| {
+            match idle.iter().rposition(|i| i.thread == here) {
+                Some(at) => Some(idle.remove(at)),
+                None => idle.pop(),
+            }
+        });
         match idle {
             Some(instance) => Ok(instance),
             None => self.instantiate(host).await,
         }
     }
 
-    fn give_back(&self, instance: Instance) {
+    fn give_back(&self, mut instance: Instance) {
         if instance.tier != self.tier() {
             return;
         }
+        instance.thread = std::thread::current().id();
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < MAX_IDLE
         {
@@ -786,6 +798,7 @@ impl Plugin {
             Ok(bindings) => Ok(Instance {
                 store,
                 bindings,
+                thread: std::thread::current().id(),
                 tier: code.tier,
             }),
             Err(e) => Err(self.failure(e, &store)),
