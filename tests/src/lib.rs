@@ -497,27 +497,8 @@ impl TestCluster {
         body: &str,
     ) -> anyhow::Result<HttpResponse> {
         use http_body_util::BodyExt as _;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile_certs(&self.ca_pem)? {
-            roots.add(cert).context("add the cluster CA")?;
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .context("TLS versions")?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
         let authority = self.url.trim_start_matches("https://").to_owned();
-        let tcp = tokio::net::TcpStream::connect(&authority)
-            .await
-            .context("connect to the server")?;
-        let name =
-            rustls::pki_types::ServerName::try_from("127.0.0.1").context("the server name")?;
-        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
-            .connect(name, tcp)
-            .await
-            .context("TLS handshake")?;
+        let stream = self.tls_stream(b"http/1.1").await?;
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
@@ -560,6 +541,68 @@ impl TestCluster {
             headers,
             body,
         })
+    }
+}
+
+impl TestCluster {
+    /// A TLS connection to the server that offers only `alpn`.
+    async fn tls_stream(
+        &self,
+        alpn: &[u8],
+    ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile_certs(&self.ca_pem)? {
+            roots.add(cert).context("add the cluster CA")?;
+        }
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![alpn.to_vec()];
+        let authority = self.url.trim_start_matches("https://");
+        let tcp = tokio::net::TcpStream::connect(authority)
+            .await
+            .context("connect to the server")?;
+        let name =
+            rustls::pki_types::ServerName::try_from("127.0.0.1").context("the server name")?;
+        tokio_rustls::TlsConnector::from(Arc::new(tls))
+            .connect(name, tcp)
+            .await
+            .context("TLS handshake")
+    }
+
+    /// An HTTP/2 connection to the server, as client-go opens one, driven by a task of
+    /// its own; requests go out as streams on it ([`TestCluster::http2_request`]).
+    pub async fn http2(
+        &self,
+    ) -> anyhow::Result<hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>>
+    {
+        let stream = self.tls_stream(b"h2").await?;
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .context("HTTP/2 handshake")?;
+        tokio::spawn(connection);
+        Ok(sender)
+    }
+
+    /// A bodiless request as the admin, for [`TestCluster::http2`]'s connection.
+    pub fn http2_request(
+        &self,
+        method: &str,
+        path: &str,
+    ) -> anyhow::Result<hyper::Request<http_body_util::Full<bytes::Bytes>>> {
+        hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header("authorization", format!("Bearer {}", self.admin_token))
+            .body(http_body_util::Full::default())
+            .context("build the request")
     }
 }
 

@@ -1,5 +1,6 @@
-//! What kubectl needs beyond CRUD: OpenAPI v2 in protobuf, `auth can-i` and `auth
-//! whoami`, aggregated discovery, events in `describe`, and `delete --wait`.
+//! What kubectl and client-go need beyond CRUD: OpenAPI v2 in protobuf, `auth can-i`
+//! and `auth whoami`, aggregated discovery, events in `describe`, `delete --wait`, and
+//! hundreds of watches on one HTTP/2 connection.
 
 use std::time::Duration;
 
@@ -413,5 +414,54 @@ async fn delete_waits_until_the_finalizer_is_removed() -> Result<()> {
         gone.contains("NotFound") || gone.contains("not found"),
         "{gone}"
     );
+    cluster.stop().await
+}
+
+/// client-go runs every informer of a process as a stream on one HTTP/2 connection: a
+/// watch past the 200th on a connection must start at once (hyper's default limit
+/// would hold it back until another stream ended), and see changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_http2_connection_carries_hundreds_of_watches() -> Result<()> {
+    use http_body_util::BodyExt as _;
+    const WATCHES: usize = 300;
+    let cluster = TestCluster::start().await?;
+    let connection = cluster.http2().await?;
+    let mut streams = Vec::with_capacity(WATCHES);
+    for n in 1..=WATCHES {
+        let request =
+            cluster.http2_request("GET", "/api/v1/namespaces/default/configmaps?watch=1")?;
+        let response = tokio::time::timeout(
+            Duration::from_secs(10),
+            connection.clone().send_request(request),
+        )
+        .await
+        .with_context(|| format!("watch {n} did not start within 10 s"))?
+        .with_context(|| format!("watch {n}"))?;
+        ensure!(response.status() == 200, "watch {n}: {}", response.status());
+        streams.push(response.into_body());
+    }
+    cluster
+        .kubectl_ok(&["create", "configmap", "seen-by-all", "--from-literal=k=v"])
+        .await?;
+    for (n, mut body) in streams.into_iter().enumerate().rev().take(3) {
+        let mut seen = Vec::new();
+        let found = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame?.into_data() {
+                    seen.extend_from_slice(&data);
+                    if String::from_utf8_lossy(&seen).contains("\"seen-by-all\"") {
+                        return anyhow::Ok(true);
+                    }
+                }
+            }
+            Ok(false)
+        })
+        .await;
+        ensure!(
+            matches!(found, Ok(Ok(true))),
+            "watch {} did not see the create: {found:?}",
+            n + 1
+        );
+    }
     cluster.stop().await
 }
