@@ -1,14 +1,15 @@
 //! `trellis bench api --verb watch`: how long a create takes to reach every watcher
 //! through the API server.
 //!
-//! `--clients` watchers each open their own TLS connection and watch the collection
-//! from its current resourceVersion, as informers do after their list. One more
-//! connection then creates `--ops` objects, one at a time at `--rate`, and records when
-//! each create is acknowledged. Two latencies are reported, both from that
-//! acknowledgement: an event's arrival at the *last* watcher (`p50_ms`…, one sample
-//! per event), and every delivery, its arrival at each watcher (`delivery_p50_ms`…,
-//! one sample per watcher and event). Arrivals before the acknowledgement (the server
-//! may publish before it answers) count as zero.
+//! `--clients` watchers each open their own TLS connection (or, with `--http2
+//! --connections N`, share N connections as HTTP/2 streams, as one client-go process
+//! runs its informers) and watch the collection from its current resourceVersion, as
+//! informers do after their list. One more connection then creates `--ops` objects,
+//! one at a time at `--rate`, and records when each create is acknowledged. Two
+//! latencies are reported, both from that acknowledgement: an event's arrival at the
+//! *last* watcher (`p50_ms`…, one sample per event), and every delivery, its arrival
+//! at each watcher (`delivery_p50_ms`…, one sample per watcher and event). Arrivals
+//! before the acknowledgement (the server may publish before it answers) count as zero.
 //!
 //! A watcher's task polls its own connection as well as the response body, so over
 //! HTTP/1.1 the arrival time is taken in the poll that reads the bytes from the socket
@@ -198,8 +199,8 @@ fn latencies(acks: &[Duration], arrivals: &[Vec<Duration>]) -> (Vec<Duration>, V
     (last, deliveries)
 }
 
-/// Opens `n` HTTP/2 connections whose drivers run in tasks of their own; their
-/// senders open streams on them from any task.
+/// Opens `n` HTTP/2 connections, each driven by a task of its own (a failed one fails
+/// its streams); their senders open streams on them from any task.
 async fn open_shared(
     target: &Target,
     n: usize,
@@ -208,7 +209,7 @@ async fn open_shared(
     for shared in 0..n {
         let opened = tokio::time::timeout(
             CALL_TIMEOUT,
-            handshake(
+            connect(
                 &target.addr,
                 target.server_name.clone(),
                 target.tls.clone(),
@@ -218,15 +219,9 @@ async fn open_shared(
         .await
         .unwrap_or_else(|_| bail!("no connection within {CALL_TIMEOUT:?}"))
         .with_context(|| format!("open shared connection {shared} to {}", target.addr))?;
-        let (Connection::Http2(sender), driver) = opened else {
+        let Connection::Http2(sender) = opened else {
             bail!("shared connection {shared} is not HTTP/2");
         };
-        tokio::spawn(async move {
-            // Its streams' watchers report a failed connection as a failed stream.
-            if let Err(e) = driver.await {
-                tracing::debug!(shared, error = %e, "a shared connection failed");
-            }
-        });
         senders.push(sender);
     }
     Ok(senders)
