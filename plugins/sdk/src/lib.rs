@@ -39,7 +39,8 @@
 //! # Layout
 //! - [`plugin`]: the traits, and the generic code the export macros call.
 //! - [`request`]: [`Request`] and friends; `object_as::<T>()` decodes into any
-//!   `Deserialize` type, e.g. the `k8s-openapi` types re-exported as [`k8s`].
+//!   `Deserialize` type, e.g. the `k8s-openapi` types re-exported as [`k8s`], and
+//!   `spec_as::<T>()` decodes the spec alone.
 //! - [`verdict`]: [`Verdict`] and [`Status`].
 //! - [`patch`]: the RFC 6902 [`Patch`] builder, [`pointer!`], and `Patch::diff`.
 //! - [`log`], [`cluster`]: the host's imports.

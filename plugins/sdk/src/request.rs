@@ -112,6 +112,12 @@ impl Json {
     }
 
     pub(crate) fn decode<T: DeserializeOwned>(&self, what: &str) -> Result<T, Status> {
+        self.decode_as::<T, T>(what)
+    }
+
+    /// Decodes the text as `D`, naming `T` (the type the caller asked for) in the
+    /// error.
+    fn decode_as<D: DeserializeOwned, T>(&self, what: &str) -> Result<D, Status> {
         serde_json::from_str(&self.text).map_err(|e| {
             Status::bad_request(format!(
                 "cannot decode the {what} as {}: {e}",
@@ -171,6 +177,24 @@ impl Request {
                 Status::bad_request(format!("{} request without an object", self.operation))
             })?
             .decode("object")
+    }
+
+    /// The object's `spec` alone, decoded into `T` (e.g.
+    /// `k8s_openapi::api::core::v1::PodSpec`); `Ok(None)` when the object has none.
+    /// The rest of the object (metadata with its managedFields, status) is skipped
+    /// over instead of decoded: a policy that reads only the spec saves that work on
+    /// every call (a tenth of pod-policy's cost in the server). Errors as
+    /// [`object_as`](Self::object_as).
+    pub fn spec_as<T: DeserializeOwned>(&self) -> Result<Option<T>, Status> {
+        #[derive(serde::Deserialize)]
+        #[serde(bound = "T: DeserializeOwned")]
+        struct Spec<T> {
+            spec: Option<T>,
+        }
+        let object = self.object.as_ref().ok_or_else(|| {
+            Status::bad_request(format!("{} request without an object", self.operation))
+        })?;
+        Ok(object.decode_as::<Spec<T>, T>("object's spec")?.spec)
     }
 
     /// The old object decoded into `T`; see [`object_as`](Self::object_as).
@@ -234,6 +258,35 @@ mod tests {
     #[derive(serde::Deserialize, Debug)]
     struct Meta {
         metadata: serde_json::Map<String, Value>,
+    }
+
+    #[test]
+    fn spec_as_decodes_the_spec_alone() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Spec {
+            replicas: u32,
+        }
+        // A metadata that would not decode as anything is never looked at.
+        let ok = request(r#"{"metadata":{"name":7,"x":[{}]},"spec":{"replicas":3}}"#);
+        assert_eq!(ok.spec_as::<Spec>().unwrap().map(|s| s.replicas), Some(3));
+        assert!(
+            request(r#"{"metadata":{}}"#)
+                .spec_as::<Spec>()
+                .unwrap()
+                .is_none()
+        );
+
+        let status = request(r#"{"spec":{"replicas":"three"}}"#)
+            .spec_as::<Spec>()
+            .unwrap_err();
+        assert_eq!((status.code, status.reason.as_str()), (400, "BadRequest"));
+        assert!(
+            status
+                .message
+                .contains("cannot decode the object's spec as Spec: invalid type"),
+            "{}",
+            status.message
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use serde::Deserialize;
 use trellis_plugin::{
     Request, Status, Validate, Verdict,
-    k8s::api::core::v1::{Pod, SecurityContext},
+    k8s::api::core::v1::{PodSpec, SecurityContext},
     log,
 };
 
@@ -44,8 +44,9 @@ impl Validate for PodPolicy {
         if req.kind.kind != "Pod" || req.object_json().is_none() {
             return Ok(Verdict::allow());
         }
-        let pod: Pod = req.object_as()?;
-        let Some(spec) = pod.spec else {
+        // Only the spec matters here: decoding it alone skips the metadata (with its
+        // managedFields) and the status.
+        let Some(spec) = req.spec_as::<PodSpec>()? else {
             return Ok(Verdict::allow());
         };
 
