@@ -171,12 +171,13 @@ impl Request {
     /// The object decoded into `T` (e.g. `k8s_openapi::api::core::v1::Pod`); a
     /// `400 BadRequest` when there is none or it does not decode, so `?` denies.
     pub fn object_as<T: DeserializeOwned>(&self) -> Result<T, Status> {
-        self.object
-            .as_ref()
-            .ok_or_else(|| {
-                Status::bad_request(format!("{} request without an object", self.operation))
-            })?
-            .decode("object")
+        self.object_or_bad_request()?.decode("object")
+    }
+
+    fn object_or_bad_request(&self) -> Result<&Json, Status> {
+        self.object.as_ref().ok_or_else(|| {
+            Status::bad_request(format!("{} request without an object", self.operation))
+        })
     }
 
     /// The object's `spec` alone, decoded into `T` (e.g.
@@ -191,9 +192,7 @@ impl Request {
         struct Spec<T> {
             spec: Option<T>,
         }
-        let object = self.object.as_ref().ok_or_else(|| {
-            Status::bad_request(format!("{} request without an object", self.operation))
-        })?;
+        let object = self.object_or_bad_request()?;
         Ok(object.decode_as::<Spec<T>, T>("object's spec")?.spec)
     }
 
