@@ -834,18 +834,36 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
     .into())
 }
 
-pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
-    let name = req.name()?;
-    let res = &req.resource;
-    let options: Value = if body.is_empty() {
-        Value::Null
+/// The request's `DeleteOptions` body, `null` when there is none.
+fn delete_options(req: &ApiRequest, body: &Bytes) -> ApiResult<Value> {
+    if body.is_empty() {
+        Ok(Value::Null)
     } else if req.body_format == BodyFormat::Protobuf {
         // Typed clients send DeleteOptions in the protobuf envelope.
-        Value::Object(req.decode_body(&body)?)
+        Ok(Value::Object(req.decode_body(body)?))
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
-    };
+        Ok(serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?)
+    }
+}
+
+/// Whether a delete's `DeleteOptions` ask for a dry run: kubectl sends `dryRun` there
+/// rather than in the query.
+pub fn delete_dry_run(req: &ApiRequest, body: &Bytes) -> ApiResult<bool> {
+    match delete_options(req, body)?.get("dryRun") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Array(modes)) if modes.iter().all(|m| m == "All") => Ok(!modes.is_empty()),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "unsupported dryRun value {other} in DeleteOptions: only [\"All\"]"
+        ))
+        .into()),
+    }
+}
+
+pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let options = delete_options(req, &body)?;
+    let name = req.name()?;
+    let res = &req.resource;
     let precondition_rv = options
         .get("preconditions")
         .and_then(|p| p.get("resourceVersion"))
@@ -896,6 +914,11 @@ pub async fn delete_one(
             ))
             .into());
         }
+        // Admission sees a delete as Kubernetes sends it: no object, the stored one as
+        // the old object. A mutating step may refuse it; there is nothing to change.
+        let attrs = admission_attributes(req, "DELETE", name);
+        state.chains.mutate(&attrs, &mut obj.clone(), None).await?;
+        state.chains.validate(&attrs, &obj, None).await?;
         let has_finalizers = metadata(&obj)
             .and_then(|m| m.get("finalizers"))
             .and_then(Value::as_array)

@@ -410,6 +410,10 @@ async fn handle(
         .await
         .map_err(|_| ApiError::too_large(MAX_BODY))?;
     node_authz::check_create(&req, &body)?;
+    let mut req = req;
+    if matches!(verb, "delete" | "deletecollection") && handlers::delete_dry_run(&req, &body)? {
+        req.dry_run = true;
+    }
 
     if verb == "watch" && req.subresource.is_none() {
         return watch::watch(state, req).await;

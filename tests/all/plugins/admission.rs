@@ -147,6 +147,140 @@ async fn validating_plugins_deny_and_fail_by_their_policy() -> Result<()> {
     cluster.stop().await
 }
 
+/// The request a plugin gets names what the server was asked, and deletes (one by
+/// one or by collection) reach plugins with the stored object as the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_see_each_request_as_sent_including_deletes() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let path = plugin_wasm("misbehave")?;
+    let yaml = format!(
+        "apiVersion: trellis.dev/v1
+kind: Plugin
+metadata:
+  name: echo
+spec:
+  kind: validating
+  module:
+    url: file://{}
+  configuration: {{\"mode\": \"allow\"}}
+  failurePolicy: Fail
+  timeoutMs: 1000
+  rules:
+  - operations: [CREATE, DELETE]
+    apiGroups: [\"\"]
+    apiVersions: [v1]
+    resources: [configmaps]
+",
+        path.display()
+    );
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &yaml)
+        .await?;
+    loaded(&cluster, "echo", "True", 1).await?;
+
+    // A create: the object, no old object, who asked.
+    let err = cluster
+        .kubectl_err_stdin(&["create", "-f", "-"], &configmap("echoed", "echo"))
+        .await?;
+    for field in [
+        "uid=set",
+        "operation=CREATE",
+        "kind=/v1/ConfigMap",
+        "resource=/v1/configmaps",
+        "subResource=none",
+        "name=echoed",
+        "namespace=default",
+        "user=admin",
+        "groups=system:masters,system:authenticated",
+        "dryRun=false",
+        "object=echoed",
+        "oldObject=none",
+        r#"configuration={"mode":"allow"}"#,
+    ] {
+        ensure!(err.contains(field), "{field} missing in {err}");
+    }
+
+    // Stored without the plugin's say (UPDATE is not in its rules), then deleted: the
+    // delete carries no object and the stored one as the old object, and is refused.
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &configmap("kept", "allow"))
+        .await?;
+    cluster
+        .kubectl_ok(&[
+            "annotate",
+            "configmap",
+            "kept",
+            "misbehave=echo",
+            "--overwrite",
+        ])
+        .await?;
+    let err = cluster
+        .kubectl_err(&["delete", "configmap", "kept", "--dry-run=server"])
+        .await?;
+    for field in [
+        "operation=DELETE",
+        "name=kept",
+        "dryRun=true",
+        "object=none",
+        "oldObject=kept",
+    ] {
+        ensure!(err.contains(field), "{field} missing in {err}");
+    }
+    let err = cluster
+        .kubectl_err(&["delete", "configmap", "kept"])
+        .await?;
+    ensure!(
+        err.contains("admission plugin \"echo\" denied the request")
+            && err.contains("dryRun=false"),
+        "{err}"
+    );
+    cluster.kubectl_ok(&["get", "configmap", "kept"]).await?;
+
+    // A deletecollection asks about each object: the refused one stays.
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], &configmap("goes", "allow"))
+        .await?;
+    cluster
+        .kubectl_ok(&["label", "configmap", "goes", "kept", "batch=1"])
+        .await?;
+    let out = cluster
+        .kubectl(&["delete", "configmaps", "-l", "batch=1"])
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && stderr.contains("oldObject=kept"),
+        "{stderr}"
+    );
+    cluster.kubectl_ok(&["get", "configmap", "kept"]).await?;
+
+    // Allowed again, the delete goes through.
+    cluster
+        .kubectl_ok(&[
+            "annotate",
+            "configmap",
+            "kept",
+            "misbehave=allow",
+            "--overwrite",
+        ])
+        .await?;
+    // kubectl sends a delete's dryRun in its DeleteOptions body: nothing is deleted.
+    cluster
+        .kubectl_ok(&["delete", "configmap", "kept", "--dry-run=server"])
+        .await?;
+    cluster.kubectl_ok(&["get", "configmap", "kept"]).await?;
+    cluster.kubectl_ok(&["delete", "configmap", "kept"]).await?;
+    ensure!(
+        cluster
+            .kubectl(&["get", "configmap", "kept"])
+            .await?
+            .status
+            .code()
+            != Some(0),
+        "kept must be gone once its plugin allows the delete"
+    );
+    cluster.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutating_plugins_patch_and_bad_patches_are_refused() -> Result<()> {
     let cluster = TestCluster::start().await?;

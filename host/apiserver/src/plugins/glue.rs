@@ -65,7 +65,8 @@ impl PluginAdmission {
         }
         match &parsed.namespace_selector {
             None => true,
-            Some(selector) => self.namespace_matches(selector, attrs, obj).await,
+            // A deleted namespace is selected by its labels as stored.
+            Some(selector) => self.namespace_matches(selector, attrs, obj.or(old)).await,
         }
     }
 
