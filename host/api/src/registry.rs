@@ -2,6 +2,8 @@
 //! scope, verbs, short names, categories and subresources, for discovery, routing,
 //! storage keys and authorization alike. Custom resources add entries at run time.
 
+use std::sync::Arc;
+
 /// The verbs of a full read-write resource, in discovery's order.
 pub const ALL_VERBS: &[&str] = &[
     "create",
@@ -68,6 +70,23 @@ pub struct ResourceInfo {
     pub short_names: Vec<String>,
     pub categories: Vec<String>,
     pub subresources: Vec<Subresource>,
+    /// A custom resource's `additionalPrinterColumns`, for `kubectl get`; `None` for
+    /// built-in kinds (their own columns) and CRDs that declare none (NAME and AGE).
+    pub printer_columns: Option<Arc<[PrinterColumn]>>,
+}
+
+/// A column a CRD declares for `kubectl get` (`additionalPrinterColumns`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrinterColumn {
+    pub name: String,
+    /// `integer`, `number`, `string`, `boolean` or `date`.
+    pub kind: String,
+    pub format: String,
+    pub description: String,
+    /// 0 is shown by default; higher only with `-o wide`.
+    pub priority: i64,
+    /// Where the value is, in kubectl's JSONPath without braces: `.spec.replicas`.
+    pub json_path: String,
 }
 
 impl ResourceInfo {
@@ -147,6 +166,7 @@ fn resource(
         short_names: short_names.iter().map(|s| (*s).to_owned()).collect(),
         categories: categories.iter().map(|s| (*s).to_owned()).collect(),
         subresources: subresources.to_vec(),
+        printer_columns: None,
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 use trellis_api::ApiError;
-use trellis_api::registry::{ALL_VERBS, ResourceInfo, Subresource};
+use trellis_api::registry::{ALL_VERBS, PrinterColumn, ResourceInfo, Subresource};
 use trellis_api::status::StatusCause;
 
 use crate::object::Object;
@@ -53,6 +53,31 @@ fn strs(v: Option<&Value>) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A version's `additionalPrinterColumns`; `None` when it declares none. Columns
+/// without a name or a JSONPath are left out (the CRD's validation names them).
+fn printer_columns(version: &Value) -> Option<Arc<[PrinterColumn]>> {
+    let declared = version.get("additionalPrinterColumns")?.as_array()?;
+    let text = |c: &Value, key: &str| {
+        c.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let columns: Vec<PrinterColumn> = declared
+        .iter()
+        .filter(|c| !text(c, "name").is_empty() && !text(c, "jsonPath").is_empty())
+        .map(|c| PrinterColumn {
+            name: text(c, "name"),
+            kind: text(c, "type"),
+            format: text(c, "format"),
+            description: text(c, "description"),
+            priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
+            json_path: text(c, "jsonPath"),
+        })
+        .collect();
+    (!columns.is_empty()).then(|| columns.into())
 }
 
 /// Reads the served versions of one CRD. Unusable CRDs are skipped with the reason.
@@ -114,6 +139,7 @@ pub fn from_crd(crd: &Object, out: &mut CustomResources) -> Result<(), String> {
             short_names: strs(names.get("shortNames")),
             categories: strs(names.get("categories")),
             subresources,
+            printer_columns: printer_columns(version),
         });
         if let Some(raw) = version.get("schema").and_then(|s| s.get("openAPIV3Schema")) {
             let validator = jsonschema::validator_for(&for_validation(raw))

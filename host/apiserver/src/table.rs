@@ -1,8 +1,9 @@
 //! `meta.k8s.io/v1` Tables: what `kubectl get` prints. Columns per kind as kubectl
-//! shows them; NAME and AGE for everything else.
+//! shows them; for custom resources, NAME and the CRD's `additionalPrinterColumns`;
+//! NAME and AGE for everything else.
 
 use serde_json::{Value, json};
-use trellis_api::registry::ResourceInfo;
+use trellis_api::registry::{PrinterColumn, ResourceInfo};
 use trellis_store::Revision;
 
 use crate::object::{Object, meta_str, metadata};
@@ -209,9 +210,72 @@ fn age(obj: &Object) -> String {
     let Some(created) = meta_str(obj, "creationTimestamp") else {
         return "<unknown>".into();
     };
-    match created.parse::<jiff::Timestamp>() {
+    since(created)
+}
+
+/// How long ago an RFC 3339 timestamp was, as kubectl prints ages.
+fn since(timestamp: &str) -> String {
+    match timestamp.parse::<jiff::Timestamp>() {
         Ok(t) => human_duration(jiff::Timestamp::now().as_second() - t.as_second()),
         Err(_) => "<invalid>".into(),
+    }
+}
+
+/// The value at `path` in kubectl's JSONPath as CRDs' printer columns use it: fields
+/// (`.spec.replicas`), indices (`.spec.ports[0].port`) and equality filters
+/// (`.status.conditions[?(@.type=="Ready")].status`, the first match). `None` when
+/// nothing is there or the path uses more than that.
+fn json_path<'a>(obj: &'a Object, path: &str) -> Option<&'a Value> {
+    let path = path.trim();
+    let path = path
+        .strip_prefix('{')
+        .and_then(|p| p.strip_suffix('}'))
+        .unwrap_or(path);
+    let rest = path.strip_prefix('.').unwrap_or(path);
+    // The first step is a field of the object itself.
+    let end = rest.find(['.', '[']).unwrap_or(rest.len());
+    let mut at = obj.get(&rest[..end])?;
+    let mut rest = rest[end..].strip_prefix('.').unwrap_or(&rest[end..]);
+    while !rest.is_empty() {
+        if let Some(inner) = rest.strip_prefix('[') {
+            let end = inner.find(']')?;
+            let selector = &inner[..end];
+            at = match selector
+                .strip_prefix("?(@.")
+                .and_then(|s| s.strip_suffix(')'))
+            {
+                Some(filter) => {
+                    let (field, value) = filter.split_once("==")?;
+                    let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
+                    at.as_array()?.iter().find(|item| {
+                        item.get(field.trim()).and_then(Value::as_str) == Some(value)
+                    })?
+                }
+                None => at.get(selector.trim().parse::<usize>().ok()?)?,
+            };
+            rest = inner[end + 1..]
+                .strip_prefix('.')
+                .unwrap_or(&inner[end + 1..]);
+        } else {
+            let end = rest.find(['.', '[']).unwrap_or(rest.len());
+            at = at.get(&rest[..end])?;
+            rest = rest[end..].strip_prefix('.').unwrap_or(&rest[end..]);
+        }
+    }
+    Some(at)
+}
+
+/// One printer column's cell: dates as ages, numbers and booleans as themselves, other
+/// values as text; null when the path finds nothing (kubectl prints `<none>`).
+fn printer_cell(column: &PrinterColumn, obj: &Object) -> Value {
+    let Some(value) = json_path(obj, &column.json_path) else {
+        return Value::Null;
+    };
+    match (column.kind.as_str(), value) {
+        ("date", Value::String(t)) => json!(since(t)),
+        (_, Value::String(_) | Value::Number(_) | Value::Bool(_)) => value.clone(),
+        (_, Value::Null) => Value::Null,
+        (_, other) => json!(other.to_string()),
     }
 }
 
@@ -396,15 +460,27 @@ pub fn object_table(
     items: &[Object],
     list: Option<(Revision, Option<String>)>,
 ) -> Value {
-    let column_definitions: Vec<Value> = columns(res)
-        .iter()
-        .map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": 0}))
-        .collect();
+    let printer = res.printer_columns.as_deref();
+    let column_definitions: Vec<Value> = match printer {
+        Some(declared) => std::iter::once(json!({"name": NAME.name, "type": NAME.kind, "format": NAME.format, "description": NAME.description, "priority": 0}))
+            .chain(declared.iter().map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": c.priority})))
+            .collect(),
+        None => columns(res)
+            .iter()
+            .map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": 0}))
+            .collect(),
+    };
     let rows: Vec<Value> = items
         .iter()
         .map(|obj| {
+            let cells = match printer {
+                Some(declared) => std::iter::once(json!(meta_str(obj, "name").unwrap_or_default()))
+                    .chain(declared.iter().map(|c| printer_cell(c, obj)))
+                    .collect(),
+                None => cells(res, obj),
+            };
             json!({
-                "cells": cells(res, obj),
+                "cells": cells,
                 "object": {
                     "kind": "PartialObjectMetadata",
                     "apiVersion": "meta.k8s.io/v1",
@@ -463,5 +539,74 @@ mod tests {
             json!(["web", "1/2", "Running", "3", "<unknown>"])
         );
         assert_eq!(table["metadata"]["resourceVersion"], "7");
+    }
+
+    #[test]
+    fn custom_resources_show_their_printer_columns() {
+        let column = |name: &str, kind: &str, priority: i64, path: &str| PrinterColumn {
+            name: name.into(),
+            kind: kind.into(),
+            format: String::new(),
+            description: String::new(),
+            priority,
+            json_path: path.into(),
+        };
+        let res = ResourceInfo {
+            group: "example.com".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+            printer_columns: Some(
+                vec![
+                    column("Size", "integer", 0, ".spec.size"),
+                    column("Port", "integer", 0, ".spec.ports[1].port"),
+                    column(
+                        "Ready",
+                        "string",
+                        0,
+                        r#".status.conditions[?(@.type=="Ready")].status"#,
+                    ),
+                    column("Tags", "string", 1, ".spec.tags"),
+                    column("Missing", "string", 0, ".spec.nothing"),
+                    column("Age", "date", 0, ".metadata.creationTimestamp"),
+                ]
+                .into(),
+            ),
+            ..trellis_api::registry::builtins().remove(0)
+        };
+        let widget: Object = serde_json::from_value(json!({
+            "metadata": {"name": "w", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"size": 3, "ports": [{"port": 80}, {"port": 443}], "tags": ["a"]},
+            "status": {"conditions": [
+                {"type": "Synced", "status": "False"},
+                {"type": "Ready", "status": "True"}
+            ]}
+        }))
+        .unwrap();
+        let table = object_table(&res, &[widget], None);
+        let names: Vec<&Value> = table["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["name"])
+            .collect();
+        assert_eq!(
+            names,
+            ["Name", "Size", "Port", "Ready", "Tags", "Missing", "Age"]
+        );
+        assert_eq!(table["columnDefinitions"][4]["priority"], 1);
+        let cells = table["rows"][0]["cells"].as_array().unwrap();
+        assert_eq!(
+            cells[..6],
+            [
+                json!("w"),
+                json!(3),
+                json!(443),
+                json!("True"),
+                json!("[\"a\"]"),
+                Value::Null
+            ]
+        );
+        let age = cells[6].as_str().unwrap();
+        assert!(age.ends_with('d') && age.contains('y'), "{age}");
     }
 }

@@ -178,6 +178,35 @@ spec:
         .await?;
     loaded(&cluster, "echo", "True", 1).await?;
 
+    // kubectl prints the columns the Plugin CRD declares.
+    let table = cluster.kubectl_ok(&["get", "plugins"]).await?;
+    let words = |line: &str| {
+        line.split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    ensure!(
+        table.lines().next().map(words).unwrap_or_default()
+            == ["NAME", "KIND", "FAILURE-POLICY", "LOADED", "AGE"],
+        "{table}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("echo "))
+        .map(words)
+        .unwrap_or_default();
+    ensure!(
+        row.len() == 5 && row[..4] == ["echo", "validating", "Fail", "True"],
+        "{table}"
+    );
+    let wide = cluster
+        .kubectl_ok(&["get", "plugins", "-o", "wide"])
+        .await?;
+    ensure!(
+        wide.contains("DIGEST") && wide.contains("TIER") && wide.contains("sha256:"),
+        "{wide}"
+    );
+
     // A create: the object, no old object, who asked.
     let err = cluster
         .kubectl_err_stdin(&["create", "-f", "-"], &configmap("echoed", "echo"))
