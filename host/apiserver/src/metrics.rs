@@ -3,8 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use trellis_store::{
+    Deleted, KeyValue, ListRequest, ListResponse, Result, Revision, Store, WatchStream,
+};
 
 /// Upper bounds of the latency buckets, in seconds (kube-apiserver's range, trimmed).
 const BUCKETS: &[f64] = &[
@@ -52,6 +58,118 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    /// Filled by the [`MeteredStore`] the server's requests go through.
+    pub store: Arc<StoreLatency>,
+}
+
+/// Latency of the store's calls, by operation.
+#[derive(Debug, Default)]
+pub struct StoreLatency {
+    by_operation: Mutex<BTreeMap<&'static str, Histogram>>,
+}
+
+impl StoreLatency {
+    fn observe(&self, operation: &'static str, since: Instant) {
+        let seconds = since.elapsed().as_secs_f64();
+        self.by_operation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(operation)
+            .or_default()
+            .observe(seconds);
+    }
+
+    fn render(&self, out: &mut String) {
+        out.push_str(
+            "# HELP apiserver_storage_request_duration_seconds Store call latency by operation.\n",
+        );
+        out.push_str("# TYPE apiserver_storage_request_duration_seconds histogram\n");
+        let by_operation = self.by_operation.lock().unwrap_or_else(|e| e.into_inner());
+        for (operation, h) in by_operation.iter() {
+            h.render(
+                out,
+                "apiserver_storage_request_duration_seconds",
+                &format!("operation=\"{operation}\""),
+            );
+        }
+    }
+}
+
+/// A store that times every call into [`StoreLatency`] (a watch: until it is open).
+#[derive(Debug)]
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+    latency: Arc<StoreLatency>,
+}
+
+impl MeteredStore {
+    pub fn new(inner: Arc<dyn Store>, latency: Arc<StoreLatency>) -> Self {
+        Self { inner, latency }
+    }
+}
+
+#[async_trait]
+impl Store for MeteredStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        let start = Instant::now();
+        let result = self.inner.get(key).await;
+        self.latency.observe("get", start);
+        result
+    }
+
+    async fn list(&self, request: ListRequest) -> Result<ListResponse> {
+        let start = Instant::now();
+        let result = self.inner.list(request).await;
+        self.latency.observe("list", start);
+        result
+    }
+
+    async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue> {
+        let start = Instant::now();
+        let result = self.inner.create(key, value).await;
+        self.latency.observe("create", start);
+        result
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Option<Revision>,
+    ) -> Result<KeyValue> {
+        let start = Instant::now();
+        let result = self.inner.update(key, value, expected).await;
+        self.latency.observe("update", start);
+        result
+    }
+
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Deleted> {
+        let start = Instant::now();
+        let result = self.inner.delete(key, expected).await;
+        self.latency.observe("delete", start);
+        result
+    }
+
+    async fn watch(&self, prefix: &str, start_at: Revision) -> Result<WatchStream> {
+        let start = Instant::now();
+        let result = self.inner.watch(prefix, start_at).await;
+        self.latency.observe("watch", start);
+        result
+    }
+
+    async fn current_revision(&self) -> Result<Revision> {
+        let start = Instant::now();
+        let result = self.inner.current_revision().await;
+        self.latency.observe("current_revision", start);
+        result
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let start = Instant::now();
+        let result = self.inner.compact(revision).await;
+        self.latency.observe("compact", start);
+        result
+    }
 }
 
 impl Metrics {
@@ -97,6 +215,7 @@ impl Metrics {
         );
         out.push_str("# TYPE apiserver_watch_cache_watchers gauge\n");
         let _ = writeln!(out, "apiserver_watch_cache_watchers {watches}");
+        self.store.render(&mut out);
         out
     }
 }

@@ -67,6 +67,11 @@ impl AppState {
         signer: crate::sa_token::TokenSigner,
         server_address: String,
     ) -> Arc<Self> {
+        let metrics = crate::metrics::Metrics::default();
+        let store: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore::new(
+            store,
+            metrics.store.clone(),
+        ));
         chains.init(&store, &cache);
         let namespaces = crate::lister::Lister::new("", "namespaces");
         namespaces.init(&store, &cache);
@@ -76,7 +81,7 @@ impl AppState {
             tokens,
             chains,
             namespaces,
-            metrics: crate::metrics::Metrics::default(),
+            metrics,
             signer,
             audit,
             registry: RwLock::new(builtins()),

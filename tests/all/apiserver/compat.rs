@@ -465,3 +465,78 @@ async fn one_http2_connection_carries_hundreds_of_watches() -> Result<()> {
     }
     cluster.stop().await
 }
+
+/// The value of the sample `name{labels}` in a Prometheus text exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `/metrics` counts requests by verb, resource and code, times them and the store's
+/// calls, and counts open watches; the health endpoints and `/version` answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_endpoints_answer() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster
+        .kubectl_ok(&["create", "configmap", "counted", "--from-literal=k=v"])
+        .await?;
+    cluster.kubectl_ok(&["get", "configmap", "counted"]).await?;
+    let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    ensure!(
+        metrics.status == 200,
+        "/metrics answered {}",
+        metrics.status
+    );
+    let text = String::from_utf8_lossy(&metrics.body);
+    for (series, at_least) in [
+        (
+            r#"apiserver_request_total{verb="create",resource="configmaps",code="201"}"#,
+            1.0,
+        ),
+        (
+            r#"apiserver_request_total{verb="get",resource="configmaps",code="200"}"#,
+            1.0,
+        ),
+        (
+            r#"apiserver_request_duration_seconds_count{verb="create"}"#,
+            1.0,
+        ),
+        (
+            r#"apiserver_request_duration_seconds_bucket{verb="create",le="+Inf"}"#,
+            1.0,
+        ),
+        (
+            r#"apiserver_storage_request_duration_seconds_count{operation="create"}"#,
+            1.0,
+        ),
+        (
+            r#"apiserver_storage_request_duration_seconds_count{operation="get"}"#,
+            1.0,
+        ),
+        ("apiserver_watch_cache_watchers", 0.0),
+    ] {
+        let value = sample(&text, series).with_context(|| format!("no {series} in\n{text}"))?;
+        ensure!(value >= at_least, "{series} is {value}:\n{text}");
+    }
+    for path in ["/healthz", "/livez", "/readyz"] {
+        let answer = cluster.request("GET", path, "text/plain", "").await?;
+        ensure!(
+            answer.status == 200 && String::from_utf8_lossy(&answer.body).contains("ok"),
+            "{path}: {} {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    let version = cluster
+        .request("GET", "/version", "application/json", "")
+        .await?
+        .json()?;
+    ensure!(
+        version["gitVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with('v'))
+            && version["major"].is_string(),
+        "{version}"
+    );
+    cluster.stop().await
+}
