@@ -129,6 +129,23 @@ async fn validating_plugins_deny_and_fail_by_their_policy() -> Result<()> {
         stderr.contains("timed out after 1000ms; ignored (failurePolicy: Ignore)"),
         "{stderr}"
     );
+    // So do running out of memory and trapping, each named in its warning.
+    for (name, mode, failure) in [
+        ("hoards", "alloc", "exceeded its 64 MiB memory limit"),
+        ("traps", "trap", "trapped"),
+    ] {
+        let out = cluster
+            .admin()
+            .run(&["apply", "-f", "-"], Some(&configmap(name, mode)))
+            .await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(out.status.success(), "{mode}: {stderr}");
+        ensure!(
+            stderr.contains(failure) && stderr.contains("ignored (failurePolicy: Ignore)"),
+            "{mode}: {stderr}"
+        );
+        cluster.kubectl_ok(&["get", "configmap", name]).await?;
+    }
     // Denials are answers, not failures: Ignore does not let them through.
     let err = cluster
         .kubectl_err_stdin(&["apply", "-f", "-"], &configmap("denied", "deny"))
@@ -310,6 +327,77 @@ spec:
     cluster.stop().await
 }
 
+/// Mutating plugins run by `order`, each on the object the ones before it patched, and
+/// an `objectSelector` sees those patches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutating_plugins_run_in_order_and_select_patched_objects() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let labeller = |order: i32| {
+        plugin_yaml(
+            "labeller",
+            "misbehave",
+            "mutating",
+            "Fail",
+            &format!("  order: {order}\n  configuration: {{mode: label}}\n"),
+        )
+    };
+    let echo = plugin_yaml(
+        "echo",
+        "misbehave",
+        "mutating",
+        "Fail",
+        "  order: 2
+  configuration: {mode: echo}
+  objectSelector:
+    matchLabels: {misbehave: was-here}
+",
+    )?;
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &labeller(1)?)
+        .await?;
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &echo)
+        .await?;
+    loaded(&cluster, "labeller", "True", 1).await?;
+    loaded(&cluster, "echo", "True", 1).await?;
+    let plain = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: ordered
+  namespace: default
+data:
+  k: v
+";
+    // labeller (1) labels the object, so echo (2) selects it and refuses.
+    let err = cluster
+        .kubectl_err_stdin(&["create", "-f", "-"], plain)
+        .await?;
+    ensure!(
+        err.contains("admission plugin \"echo\" denied") && err.contains("object=ordered"),
+        "{err}"
+    );
+
+    // labeller after echo: echo sees no label, does not select it, and it is stored.
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &labeller(3)?)
+        .await?;
+    loaded(&cluster, "labeller", "True", 2).await?;
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], plain)
+        .await?;
+    let label = cluster
+        .kubectl_ok(&[
+            "get",
+            "configmap",
+            "ordered",
+            "-o",
+            "jsonpath={.metadata.labels.misbehave}",
+        ])
+        .await?;
+    ensure!(label == "was-here", "label {label:?}");
+    cluster.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutating_plugins_patch_and_bad_patches_are_refused() -> Result<()> {
     let cluster = TestCluster::start().await?;
@@ -356,6 +444,44 @@ spec:
   - name: main
     image: registry.k8s.io/pause:3.10
 ";
+    let err = cluster
+        .kubectl_err_stdin(&["apply", "-f", "-"], pod)
+        .await?;
+    ensure!(
+        err.contains("is invalid") && err.contains("spec.containers[0].name"),
+        "{err}"
+    );
+
+    // Ignore: a bad patch is dropped with a warning and the object stored unpatched;
+    // a valid patch that breaks the object is no plugin failure, so it stays a 422.
+    let ignore = plugin_yaml("mutator", "misbehave", "mutating", "Ignore", "")?;
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &ignore)
+        .await?;
+    loaded(&cluster, "mutator", "True", 2).await?;
+    for (name, mode) in [("bad", "bad-patch"), ("bad2", "invalid-patch")] {
+        let out = cluster
+            .admin()
+            .run(&["apply", "-f", "-"], Some(&configmap(name, mode)))
+            .await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(out.status.success(), "{mode}: {stderr}");
+        ensure!(
+            stderr.contains("returned an invalid JSON Patch")
+                && stderr.contains("ignored (failurePolicy: Ignore)"),
+            "{mode}: {stderr}"
+        );
+        let labels = cluster
+            .kubectl_ok(&[
+                "get",
+                "configmap",
+                name,
+                "-o",
+                "jsonpath={.metadata.labels}",
+            ])
+            .await?;
+        ensure!(labels.is_empty(), "{mode}: stored with labels {labels}");
+    }
     let err = cluster
         .kubectl_err_stdin(&["apply", "-f", "-"], pod)
         .await?;
@@ -548,6 +674,36 @@ rules:
     until_dropped_plugin(&cluster, true).await?;
     let took = started.elapsed();
     ensure!(took < Duration::from_secs(3), "took {took:?}");
+
+    // A changed module: noop allows what misbehave denied, then misbehave is back.
+    let replace = |name: &str, from: &std::path::Path| -> Result<()> {
+        let staged = plugins.path().join(format!(".{name}.tmp"));
+        std::fs::copy(from, &staged)?;
+        std::fs::rename(&staged, plugins.path().join(name))?;
+        Ok(())
+    };
+    replace("dropped.wasm", &plugin_wasm("noop")?)?;
+    until_dropped_plugin(&cluster, false)
+        .await
+        .context("replacing the module with noop")?;
+    replace("dropped.wasm", &plugin_wasm("misbehave")?)?;
+    until_dropped_plugin(&cluster, true)
+        .await
+        .context("putting misbehave back")?;
+
+    // A changed spec: rules that no longer select ConfigMaps, then again.
+    std::fs::write(
+        plugins.path().join("dropped.yaml"),
+        spec.replace("configmaps", "secrets"),
+    )?;
+    until_dropped_plugin(&cluster, false)
+        .await
+        .context("rules for secrets only")?;
+    std::fs::write(plugins.path().join("dropped.yaml"), spec)?;
+    until_dropped_plugin(&cluster, true)
+        .await
+        .context("rules for configmaps again")?;
+
     std::fs::remove_file(plugins.path().join("dropped.yaml"))?;
     until_dropped_plugin(&cluster, false)
         .await
