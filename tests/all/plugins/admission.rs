@@ -155,10 +155,37 @@ async fn validating_plugins_deny_and_fail_by_their_policy() -> Result<()> {
     // The metrics name the plugin.
     let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
     let text = String::from_utf8_lossy(&metrics.body);
+    let value = |series: &str| -> Result<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .with_context(|| format!("no {series} in\n{text}"))
+    };
+    let guard = "{plugin=\"guard\",kind=\"validating\"}";
+    let calls = value(&format!("trellis_plugin_calls_total{guard}"))?;
+    for (series, at_least) in [
+        // Two denials under each policy; a loop under each; memory and trap under each.
+        ("trellis_plugin_denials_total", 2.0),
+        ("trellis_plugin_timeouts_total", 2.0),
+        ("trellis_plugin_errors_total", 6.0),
+    ] {
+        let v = value(&format!("{series}{guard}"))?;
+        ensure!(v >= at_least && v <= calls, "{series} is {v}:\n{text}");
+    }
+    // The alloc calls grew an instance up to its 64 MiB cap, not past it.
+    let peak = value(&format!("trellis_plugin_memory_peak_bytes{guard}"))? / 1024.0 / 1024.0;
     ensure!(
-        text.lines().any(|l| l
-            .starts_with("trellis_plugin_timeouts_total{plugin=\"guard\",kind=\"validating\"} ")
-            && !l.ends_with(" 0")),
+        (60.0..=64.0).contains(&peak),
+        "memory peak {peak} MiB:\n{text}"
+    );
+    // Completed calls (answers, not failures) are timed.
+    let timed = value(&format!(
+        "trellis_plugin_call_duration_seconds_count{guard}"
+    ))?;
+    ensure!(timed >= 3.0, "{timed} timed calls:\n{text}");
+    ensure!(
+        value(
+            "trellis_plugin_call_duration_seconds_bucket{plugin=\"guard\",kind=\"validating\",le=\"+Inf\"}"
+        )? == timed,
         "{text}"
     );
     cluster.stop().await
