@@ -114,6 +114,93 @@ async fn the_rust_examples_police_default_and_initialize() -> Result<()> {
         !stamped.is_empty(),
         "annotate-init did not annotate the ConfigMap"
     );
+
+    // A second copy ordered after it, as the README shows: watchers that ask for
+    // uninitialized objects see each initializer's turn; others see the result only.
+    let late = example_yaml("annotate-init")?
+        .replace("name: annotate-init\n", "name: annotate-init-late\n")
+        .replace(
+            "annotation: trellis.dev/initialized-at",
+            "annotation: example.com/second",
+        )
+        .replace("order: 0", "order: 10");
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &late)
+        .await?;
+    cluster
+        .plugin_loaded("annotate-init-late", "True", 1, Duration::from_secs(600))
+        .await?;
+    let cluster_ref = &cluster;
+    let watch = |uninitialized: bool| async move {
+        let path = format!(
+            "/api/v1/namespaces/default/configmaps?watch=1&timeoutSeconds=4&includeUninitialized={uninitialized}"
+        );
+        cluster_ref
+            .request("GET", &path, "application/json", "")
+            .await
+    };
+    let create = async {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        cluster
+            .kubectl_ok(&["create", "configmap", "ordered", "--from-literal=a=b"])
+            .await
+    };
+    let (with, without, created) = tokio::join!(watch(true), watch(false), create);
+    created?;
+    // Each event about `ordered`: its type, pending initializers and annotation keys.
+    type Seen = (String, Vec<String>, Vec<String>);
+    let events = |body: &[u8]| -> Result<Vec<Seen>> {
+        let mut seen = Vec::new();
+        for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let event: serde_json::Value = serde_json::from_slice(line)?;
+            let meta = &event["object"]["metadata"];
+            if meta["name"] != "ordered" {
+                continue;
+            }
+            let pending = meta["initializers"]["pending"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                .collect();
+            let annotations = meta["annotations"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.clone())
+                .collect();
+            seen.push((
+                event["type"].as_str().unwrap_or_default().to_owned(),
+                pending,
+                annotations,
+            ));
+        }
+        Ok(seen)
+    };
+    let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let (stamp, second) = ("trellis.dev/initialized-at", "example.com/second");
+    let with = events(&with?.body)?;
+    ensure!(
+        with == [
+            (
+                "ADDED".to_owned(),
+                s(&["annotate-init", "annotate-init-late"]),
+                s(&[])
+            ),
+            (
+                "MODIFIED".to_owned(),
+                s(&["annotate-init-late"]),
+                s(&[stamp])
+            ),
+            ("MODIFIED".to_owned(), s(&[]), s(&[second, stamp])),
+        ],
+        "includeUninitialized=true saw {with:?}"
+    );
+    let without = events(&without?.body)?;
+    ensure!(
+        without == [("ADDED".to_owned(), s(&[]), s(&[second, stamp]))],
+        "a plain watch saw {without:?}"
+    );
     cluster.stop().await
 }
 
