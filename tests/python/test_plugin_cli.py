@@ -6,6 +6,7 @@ command builds them first).
 """
 
 import json
+import re
 import subprocess
 import time
 
@@ -25,14 +26,15 @@ def wasm(name: str) -> str:
     return str(path)
 
 
-def plugin(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Runs `trellis plugin ARGS`; with `check`, fails the test on a non-zero exit."""
+def plugin(*args: str, check: bool = True, log: str = "warn") -> subprocess.CompletedProcess:
+    """Runs `trellis plugin ARGS` with `RUST_LOG=log`; with `check`, fails the test on a
+    non-zero exit."""
     done = subprocess.run(
         [str(trellis_binary()), "plugin", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"},
+        env={"RUST_LOG": log, "PATH": "/usr/bin:/bin", "NO_COLOR": "1"},
     )
     if check and done.returncode != 0:
         pytest.fail(f"trellis plugin {' '.join(args)} exited {done.returncode}: {done.stderr}")
@@ -66,6 +68,41 @@ def test_plugin_run_prints_the_answer_and_names_a_failure(tmp_path):
     assert stopped.returncode != 0
     assert "plugin misbehave (validating, v sha256:" in stopped.stderr
     assert "timed out after 200ms" in stopped.stderr
+
+
+def run_misbehave(mode: str, tmp_path, log: str = "warn") -> tuple[dict, str]:
+    """misbehave's answer in `mode`, offline, and the log it wrote (colours removed)."""
+    config = tmp_path / f"{mode}.json"
+    config.write_text(json.dumps({"mode": mode}))
+    done = plugin(
+        "run", wasm("misbehave"), "--kind", "validating", "--config", str(config),
+        "--input", str(POD_POLICY_DATA / "good-pod.json"), log=log,
+    )
+    return json.loads(done.stdout)["response"], re.sub(r"\x1b\[[0-9;]*m", "", done.stderr)
+
+
+def test_wasi_grants_a_plugin_no_files_environment_or_arguments(tmp_path):
+    response, _ = run_misbehave("escape", tmp_path)
+    message = response["status"]["message"]
+    assert "read /etc/hostname: error:" in message, message
+    assert "read_dir /: error:" in message, message
+    assert "env vars: 0; args: 0" in message, message
+
+
+def test_plugin_logs_and_output_reach_the_host_log_tagged(tmp_path):
+    response, log = run_misbehave("log", tmp_path, log="info")
+    assert response["allowed"] is True
+    line = next(l for l in log.splitlines() if "misbehave saw a request" in l)
+    assert "INFO" in line and 'plugin="misbehave"' in line and "name=web" in line, line
+
+    response, log = run_misbehave("print", tmp_path, log="info")
+    assert response["allowed"] is True
+    for stream in ("stdout", "stderr"):
+        line = next(l for l in log.splitlines() if f"misbehave prints to {stream}" in l)
+        assert "plugin=misbehave" in line and f'stream="{stream}"' in line, line
+    # At warn, neither is shown: both are logged at info.
+    _, quiet = run_misbehave("print", tmp_path, log="warn")
+    assert "misbehave prints" not in quiet, quiet
 
 
 def test_plugin_bench_prints_per_call_latency():
