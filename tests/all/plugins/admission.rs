@@ -674,6 +674,72 @@ metadata:
             .code()
             != Some(0)
     );
+
+    // A misbehaving initializer fails the create under Fail, named, storing nothing;
+    // under Ignore the object is stored as it was, without the stamp. A refusal is an
+    // answer, not a failure: it fails the create under either policy.
+    let misbehaving = |name: &str, mode: &str| {
+        format!(
+            "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {name}
+  annotations:
+    stamp-mode: {mode}
+"
+        )
+    };
+    let cases = [
+        ("renamed", "rename", "an object whose metadata.name changed"),
+        ("garbled", "not-json", "an object that is not JSON"),
+        ("trapped", "trap", "trapped"),
+        ("looped", "loop", "timed out after 1000ms"),
+    ];
+    for (name, mode, failure) in cases {
+        let err = cluster
+            .kubectl_err_stdin(&["create", "-f", "-"], &misbehaving(name, mode))
+            .await?;
+        ensure!(
+            err.contains("plugin stamp (initializer, v sha256:") && err.contains(failure),
+            "{mode}: {err}"
+        );
+        let gone = cluster.kubectl(&["get", "configmap", name]).await?;
+        ensure!(gone.status.code() != Some(0), "{mode}: {name} was stored");
+    }
+    let ignore = plugin_yaml(
+        "stamp",
+        "stamp",
+        "initializer",
+        "Ignore",
+        "  configuration:\n    annotation: stamped-by\n",
+    )?;
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &ignore)
+        .await?;
+    loaded(&cluster, "stamp", "True", 2).await?;
+    for (name, mode, _) in cases {
+        cluster
+            .kubectl_ok_stdin(&["create", "-f", "-"], &misbehaving(name, mode))
+            .await
+            .with_context(|| format!("{mode} under Ignore"))?;
+        let annotations = cluster
+            .kubectl_ok(&[
+                "get",
+                "configmap",
+                name,
+                "-o",
+                "jsonpath={.metadata.annotations}",
+            ])
+            .await?;
+        ensure!(
+            !annotations.contains("stamped-by") && annotations.contains(mode),
+            "{mode}: {annotations}"
+        );
+    }
+    let err = cluster
+        .kubectl_err_stdin(&["apply", "-f", "-"], failing)
+        .await?;
+    ensure!(err.contains("the object asked stamp to fail"), "{err}");
     cluster.stop().await
 }
 
