@@ -908,6 +908,85 @@ async fn create(cluster: &TestCluster, name: String, mode: Option<&str>) -> Resu
     })
 }
 
+/// A hundred creates at once through a slow plugin: every one is answered, as the
+/// policy says, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_plugin_under_a_hundred_concurrent_creates() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let module = plugin_wasm("misbehave")?;
+    let install = |policy: &str, sleep_ms: u64, timeout_ms: u64| -> Result<String> {
+        Ok(slow_plugin(
+            policy,
+            &module,
+            &format!("{{\"mode\": \"sleep\", \"sleepMs\": {sleep_ms}}}"),
+        )?
+        .replace("timeoutMs: 30000", &format!("timeoutMs: {timeout_ms}")))
+    };
+    let hundred = |prefix: &'static str| {
+        futures::future::join_all(
+            (0..100).map(|i| create(&cluster, format!("{prefix}-{i:03}"), None)),
+        )
+    };
+    let all =
+        |prefix: &str| -> Vec<String> { (0..100).map(|i| format!("{prefix}-{i:03}")).collect() };
+
+    // 5 ms each within a 10 s deadline: all are served.
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &install("Fail", 5, 10_000)?)
+        .await?;
+    loaded(&cluster, "slow", "True", 1).await?;
+    for created in hundred("quick").await {
+        let created = created?;
+        ensure!(created.status == 201, "{created:?}");
+    }
+    ensure!(stored(&cluster, "quick-").await? == all("quick"));
+
+    // 150 ms each against a 50 ms deadline, Fail: every create is refused, named,
+    // and nothing is stored.
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &install("Fail", 150, 50)?)
+        .await?;
+    loaded(&cluster, "slow", "True", 2).await?;
+    for created in hundred("late").await {
+        let created = created?;
+        ensure!(
+            created.status >= 500 && created.message.contains("timed out after 50ms"),
+            "{created:?}"
+        );
+    }
+    ensure!(stored(&cluster, "late-").await?.is_empty());
+
+    // The same under Ignore: every create is stored, each with a warning.
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &install("Ignore", 150, 50)?)
+        .await?;
+    loaded(&cluster, "slow", "True", 3).await?;
+    for created in hundred("let").await {
+        let created = created?;
+        ensure!(
+            created.status == 201
+                && created
+                    .warnings
+                    .iter()
+                    .any(|w| w.contains("timed out after 50ms")),
+            "{created:?}"
+        );
+    }
+    ensure!(stored(&cluster, "let-").await? == all("let"));
+
+    // And the server answers the next request.
+    let next = cluster
+        .request(
+            "GET",
+            "/api/v1/namespaces/default/configmaps/let-000",
+            "",
+            "",
+        )
+        .await?;
+    ensure!(next.status == 200, "{}", next.status);
+    cluster.stop().await
+}
+
 /// The value of the sample `metric{plugin="slow",kind="validating"}` on `/metrics`.
 async fn slow_metric(cluster: &TestCluster, metric: &str) -> Result<u64> {
     let response = cluster.request("GET", "/metrics", "text/plain", "").await?;
