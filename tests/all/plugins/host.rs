@@ -218,6 +218,28 @@ async fn loads_refuse_the_wrong_world_bad_bytes_and_rejected_configuration() -> 
         err.message
     );
 
+    // A component built against a package version this host does not link is
+    // refused at load, naming the import it lacks (docs/wit.md, "Versioning").
+    let future = wat::parse_str(
+        r#"(component
+            (import "trellis:plugin/log@0.9.0"
+                (instance (export "log" (func (param "message" string))))))"#,
+    )?;
+    let err = host
+        .load(
+            spec(PluginKind::Validating, json!({})),
+            Arc::new(future),
+            None,
+        )
+        .await
+        .unwrap_err();
+    ensure!(err.reason == LoadErrorReason::WrongWorld, "{err:?}");
+    ensure!(
+        err.message.contains("trellis:plugin/log@0.9.0"),
+        "{}",
+        err.message
+    );
+
     // A core module is not a component; garbage is neither.
     let core = wat::parse_str("(module)")?;
     for bytes in [core, b"not wasm at all".to_vec()] {
