@@ -481,6 +481,118 @@ async fn get_prints_tables_names_jsonpath_and_yaml() -> Result<()> {
     cluster.stop().await
 }
 
+/// The other kinds kubectl prints with columns of their own; a Node's come from its
+/// status, written through `nodes/status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_prints_the_columns_of_replicasets_nodes_events_secrets_and_leases() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let objects = "apiVersion: apps/v1
+kind: ReplicaSet
+metadata: {name: rs}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: rs}}
+  template:
+    metadata: {labels: {app: rs}}
+    spec: {containers: [{name: c, image: busybox}]}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: n1
+  labels: {node-role.kubernetes.io/control-plane: \"\"}
+---
+apiVersion: v1
+kind: Event
+metadata: {name: p1.backoff}
+type: Warning
+reason: BackOff
+message: Back-off restarting failed container
+involvedObject: {kind: Pod, name: p1, namespace: default}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: s}
+type: Opaque
+stringData: {a: \"1\", b: \"2\"}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: l}
+spec: {holderIdentity: n1}
+";
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], objects)
+        .await?;
+    let status = r#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"ready"}],"nodeInfo":{"kubeletVersion":"v1.32.0","architecture":"amd64","bootID":"","containerRuntimeVersion":"","kernelVersion":"","kubeProxyVersion":"","machineID":"","operatingSystem":"linux","osImage":"","systemUUID":""}}}"#;
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "node",
+            "n1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            status,
+        ])
+        .await?;
+
+    let rs = cluster.kubectl_ok(&["get", "rs"]).await?;
+    assert_eq!(
+        table(&rs),
+        [
+            vec!["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
+            vec!["rs", "3", "0", "0", table(&rs)[1][4]]
+        ],
+        "{rs}"
+    );
+    let nodes = cluster.kubectl_ok(&["get", "nodes"]).await?;
+    let rows = table(&nodes);
+    assert_eq!(
+        rows[0],
+        ["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
+        "{nodes}"
+    );
+    assert_eq!(
+        [rows[1][0], rows[1][1], rows[1][2], rows[1][4]],
+        ["n1", "Ready", "control-plane", "v1.32.0"],
+        "{nodes}"
+    );
+    let events = cluster.kubectl_ok(&["get", "events"]).await?;
+    let rows = table(&events);
+    assert_eq!(
+        rows[0],
+        ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+        "{events}"
+    );
+    assert_eq!(
+        rows[1][1..],
+        [
+            "Warning",
+            "BackOff",
+            "pod/p1",
+            "Back-off",
+            "restarting",
+            "failed",
+            "container"
+        ],
+        "{events}"
+    );
+    let secrets = cluster.kubectl_ok(&["get", "secrets", "s"]).await?;
+    assert_eq!(
+        table_without_age(&secrets),
+        [vec!["NAME", "TYPE", "DATA"], vec!["s", "Opaque", "2"]],
+        "{secrets}"
+    );
+    let leases = cluster.kubectl_ok(&["get", "leases"]).await?;
+    assert_eq!(
+        table_without_age(&leases),
+        [vec!["NAME", "HOLDER"], vec!["l", "n1"]],
+        "{leases}"
+    );
+    cluster.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn label_and_field_selectors_filter_config_maps() -> Result<()> {
     let cluster = TestCluster::start().await?;
