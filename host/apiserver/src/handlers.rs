@@ -396,8 +396,10 @@ pub async fn prepare_create(
     }
     state.chains.validate(&attrs, obj, None).await?;
     admission::set_pending(obj, &state.chains.pending_for(res));
-    if res.has(Subresource::Status) && res.plural != "namespaces" && res.plural != "pods" {
-        // Status is written through /status only; a create starts without one.
+    // Status is written through /status only; a create starts without one. Nodes
+    // keep theirs, as in Kubernetes: a node agent registers its node with its status.
+    let keeps_status = matches!(res.plural.as_str(), "namespaces" | "pods" | "nodes");
+    if res.has(Subresource::Status) && !keeps_status {
         obj.remove("status");
     }
     if is_crd(res) {

@@ -503,6 +503,13 @@ metadata:
   labels: {node-role.kubernetes.io/control-plane: \"\"}
 ---
 apiVersion: v1
+kind: Node
+metadata: {name: n2}
+status:
+  conditions: [{type: Ready, status: \"True\", reason: KubeletReady, message: ready}]
+  nodeInfo: {kubeletVersion: v1.31.4, architecture: amd64, bootID: \"\", containerRuntimeVersion: \"\", kernelVersion: \"\", kubeProxyVersion: \"\", machineID: \"\", operatingSystem: linux, osImage: \"\", systemUUID: \"\"}
+---
+apiVersion: v1
 kind: Event
 metadata: {name: p1.backoff}
 type: Warning
@@ -556,6 +563,12 @@ spec: {holderIdentity: n1}
     assert_eq!(
         [rows[1][0], rows[1][1], rows[1][2], rows[1][4]],
         ["n1", "Ready", "control-plane", "v1.32.0"],
+        "{nodes}"
+    );
+    // A node registered with its status keeps it.
+    assert_eq!(
+        [rows[2][0], rows[2][1], rows[2][2], rows[2][4]],
+        ["n2", "Ready", "<none>", "v1.31.4"],
         "{nodes}"
     );
     let events = cluster.kubectl_ok(&["get", "events"]).await?;
