@@ -3,9 +3,8 @@
 Every test asserts what Kubernetes' own API server answers. When Trellis answers
 differently the test fails: the server is what gets fixed, not the test.
 
-Not covered: a watch from a compacted resourceVersion (410 Gone). The watch cache
-keeps 2,048 events and the store 5 minutes of history, so it cannot be forced
-without either a long wait or reaching into the server.
+Watches from revisions the server no longer keeps (410 Gone), bookmarks and bad
+input are in test_wire.py.
 """
 
 import json

@@ -25,7 +25,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 use serde_json::{Value, json};
-use tokio::time::{Instant, Interval, MissedTickBehavior, Sleep};
+use tokio::time::{Instant, Sleep};
 use trellis_api::ApiError;
 use trellis_api::registry::ResourceInfo;
 use trellis_api::selector::{FieldSelector, LabelSelector};
@@ -40,6 +40,9 @@ use crate::watch_cache::{self, CachedEvent, EventType, Subscription, TooOld, Wat
 
 /// How often a watch that allows bookmarks gets one.
 const BOOKMARK_EVERY: Duration = Duration::from_secs(30);
+/// How long before its deadline a watch that allows bookmarks gets one, as
+/// kube-apiserver does: the client resumes from it rather than from its last change.
+const BOOKMARK_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
 /// The longest a watch runs when the client names no timeout, as kube-apiserver's
 /// default range.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -118,6 +121,15 @@ pub async fn watch(state: State, req: ApiRequest) -> ApiResult {
         Ok(sub) => Ok(Source::Cache(sub)),
         Err(TooOld) => match state.store.watch(&prefix, after + 1).await {
             Ok(stream) => Ok(Source::Store(stream)),
+            // The client is told of the revision it asked for, not the store's next one.
+            Err(trellis_store::Error::Compacted { compacted, .. }) => Err(store_error(
+                trellis_store::Error::Compacted {
+                    requested: after,
+                    compacted,
+                },
+                &res,
+                "",
+            )),
             Err(e) => Err(store_error(e, &res, "")),
         },
     };
@@ -153,6 +165,18 @@ pub async fn watch(state: State, req: ApiRequest) -> ApiResult {
     Ok(response)
 }
 
+/// When a watch allowing bookmarks gets its next one: `every` from `now`, or
+/// [`BOOKMARK_BEFORE_DEADLINE`] before it ends if that is sooner; `None` once that
+/// moment has passed.
+fn next_bookmark(now: Instant, every: Duration, ends_at: Instant) -> Option<Instant> {
+    let heartbeat = now + every;
+    let at = match ends_at.checked_sub(BOOKMARK_BEFORE_DEADLINE) {
+        Some(before_end) if before_end < heartbeat => before_end,
+        _ => heartbeat,
+    };
+    (at > now).then_some(at)
+}
+
 /// A watch's response body: the list (for a watch without resourceVersion), then the
 /// changes after `after`, as event lines, until the source ends, the deadline passes
 /// or the client goes away (the connection drops the body, and with it the
@@ -168,7 +192,12 @@ struct Events {
     after: Revision,
     /// The revision of the last change sent.
     last: Revision,
-    bookmarks: Option<Interval>,
+    /// How often bookmarks come, when the client allows them.
+    bookmark_every: Option<Duration>,
+    /// When the next bookmark is due; `None` when none is.
+    next_bookmark: Option<Pin<Box<Sleep>>>,
+    /// When the watch ends.
+    ends_at: Instant,
     /// A bookmark to send once the changes queued before it are sent.
     bookmark_due: Option<Revision>,
     /// Events taken from the source, kept to reuse its allocation.
@@ -191,12 +220,11 @@ impl Events {
             Ok(Source::Cache(sub)) => std::mem::take(&mut sub.replay).into(),
             _ => VecDeque::new(),
         };
-        let bookmarks = bookmark_every.map(|every| {
-            let mut bookmarks = tokio::time::interval_at(Instant::now() + every, every);
-            // After a stall, one bookmark rather than a burst of them.
-            bookmarks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            bookmarks
-        });
+        let now = Instant::now();
+        let ends_at = now + timeout;
+        let next_bookmark = bookmark_every
+            .and_then(|every| next_bookmark(now, every, ends_at))
+            .map(|at| Box::pin(tokio::time::sleep_until(at)));
         Self {
             lines,
             cache,
@@ -205,10 +233,12 @@ impl Events {
             replay,
             after,
             last: after,
-            bookmarks,
+            bookmark_every,
+            next_bookmark,
+            ends_at,
             bookmark_due: None,
             received: Vec::new(),
-            deadline: Box::pin(tokio::time::sleep(timeout)),
+            deadline: Box::pin(tokio::time::sleep_until(ends_at)),
             done: false,
         }
     }
@@ -247,9 +277,14 @@ impl Events {
             }
         }
         if self.bookmark_due.is_none()
-            && let Some(bookmarks) = &mut self.bookmarks
-            && bookmarks.poll_tick(cx).is_ready()
+            && let Some(due) = &mut self.next_bookmark
+            && due.as_mut().poll(cx).is_ready()
         {
+            // One bookmark after a stall, not a burst: the next is counted from now.
+            self.next_bookmark = self
+                .bookmark_every
+                .and_then(|every| next_bookmark(Instant::now(), every, self.ends_at))
+                .map(|at| Box::pin(tokio::time::sleep_until(at)));
             // Read before the channel is drained: the cache queues a change for its
             // watches before it advances its revision, so every change up to this one
             // is sent before the bookmark. A store watch's events are only known
@@ -637,6 +672,31 @@ mod tests {
         assert_eq!(
             lines[2]["object"]["metadata"]["resourceVersion"],
             second.to_string()
+        );
+    }
+
+    #[test]
+    fn bookmarks_come_periodically_and_once_just_before_the_end() {
+        let now = Instant::now();
+        let every = Duration::from_secs(30);
+        // A long watch: the period.
+        assert_eq!(
+            next_bookmark(now, every, now + Duration::from_secs(600)),
+            Some(now + every)
+        );
+        // A watch ending within the period: two seconds before its end.
+        assert_eq!(
+            next_bookmark(now, every, now + Duration::from_secs(10)),
+            Some(now + Duration::from_secs(8))
+        );
+        // At that moment, or with under two seconds left: none.
+        assert_eq!(
+            next_bookmark(now, every, now + Duration::from_secs(2)),
+            None
+        );
+        assert_eq!(
+            next_bookmark(now, every, now + Duration::from_millis(500)),
+            None
         );
     }
 
