@@ -23,6 +23,11 @@ pub struct Entry {
     pub latency_ms: f64,
 }
 
+/// The name of the object a request wrote, when its URL does not say (a create), as a
+/// response extension for the audit log.
+#[derive(Clone, Debug)]
+pub struct ObjectName(pub String);
+
 #[derive(Debug)]
 pub struct AuditLog {
     tx: mpsc::Sender<Entry>,

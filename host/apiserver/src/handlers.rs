@@ -445,7 +445,7 @@ pub(crate) async fn create_object(
     }
     let name = object::name(&obj).unwrap_or_default().to_owned();
     if req.dry_run {
-        return Ok(respond(StatusCode::CREATED, &obj, req));
+        return Ok(created(&obj, req, name));
     }
     let stored = object::encode(&obj)?;
     let kv = state
@@ -457,7 +457,16 @@ pub(crate) async fn create_object(
     if !admission::pending(&obj).is_empty() {
         obj = initialize(state, req, &key, &name).await?;
     }
-    Ok(respond(StatusCode::CREATED, &obj, req))
+    Ok(created(&obj, req, name))
+}
+
+/// A 201 for `obj`, carrying its name for the audit log: a create's URL has none.
+fn created(obj: &Object, req: &ApiRequest, name: String) -> Response {
+    let mut response = respond(StatusCode::CREATED, obj, req);
+    response
+        .extensions_mut()
+        .insert(crate::audit::ObjectName(name));
+    response
 }
 
 /// How long a create waits for its object's initializers.

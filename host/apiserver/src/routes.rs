@@ -132,6 +132,11 @@ async fn dispatch(
     .await;
     let code = response.status().as_u16();
     let elapsed = started.elapsed();
+    if info.name.is_empty()
+        && let Some(crate::audit::ObjectName(name)) = response.extensions().get()
+    {
+        info.name.clone_from(name);
+    }
     state
         .metrics
         .record(&info.verb, &info.resource, code, elapsed);
