@@ -69,6 +69,66 @@ async fn a_node_reaches_only_its_node_lease_and_bound_pods() -> Result<()> {
         lease,
     )
     .await?;
+    // Another node's Lease is not its to write or read.
+    let other_lease = lease.replace("\"name\":\"n1\"", "\"name\":\"n2\"");
+    let refused = node
+        .err(
+            &[
+                "create",
+                "--validate=false",
+                "-n",
+                "kube-node-lease",
+                "-f",
+                "-",
+            ],
+            Some(&other_lease),
+        )
+        .await?;
+    ensure!(
+        refused.contains("User \"system:node:n1\" cannot create resource \"leases\""),
+        "{refused}"
+    );
+    // Its own Node's status is its to write; another's is not.
+    let ready = r#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"ready"}]}}"#;
+    node.ok(&[
+        "patch",
+        "node",
+        "n1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        ready,
+    ])
+    .await?;
+    let status = cluster
+        .kubectl_ok(&[
+            "get",
+            "node",
+            "n1",
+            "-o",
+            "jsonpath={.status.conditions[0].status}",
+        ])
+        .await?;
+    ensure!(status == "True", "status {status:?}");
+    cluster.kubectl_ok_stdin(&create, OTHER_NODE).await?;
+    let refused = node
+        .err(
+            &[
+                "patch",
+                "node",
+                "n2",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                ready,
+            ],
+            None,
+        )
+        .await?;
+    ensure!(
+        refused.contains("forbidden") || refused.contains("Forbidden"),
+        "{refused}"
+    );
     ensure!(
         node.err(&["get", "configmaps"], None)
             .await?
