@@ -109,6 +109,16 @@ async fn creates_wait_for_initializers_in_order_and_stay_invisible_until_done() 
         !listed.contains("configmap/slow"),
         "visible before initialization: {listed}"
     );
+    let hidden = cluster.kubectl_err(&["get", "configmap", "slow"]).await?;
+    ensure!(hidden.contains("NotFound"), "{hidden}");
+    let listed_all = cluster
+        .kubectl_ok(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/configmaps?includeUninitialized=true",
+        ])
+        .await?;
+    ensure!(listed_all.contains("\"name\":\"slow\""), "{listed_all}");
     let raw = cluster
         .kubectl_ok(&[
             "get",
