@@ -7,9 +7,8 @@ Requests go through the official Python client where it can express them, else a
 plain HTTPS requests on the client's own connection pool (its admin client
 certificate and the cluster CA).
 
-Every test asserts what Kubernetes' own API server answers. Where Trellis answers
-differently the test is a strict xfail whose reason names the difference: it starts
-to fail (XPASS) when the server is fixed, and the mark goes.
+Every test asserts what Kubernetes' own API server answers; a difference is fixed in
+the server, not the test.
 
 Trellis has no garbage collector: deleting an owner leaves its dependents, so
 cascading deletion (propagationPolicy Background/Foreground) is not tested here.
@@ -26,7 +25,7 @@ from kubernetes.client import ApiException
 
 # What `GET pods/{name}/log` answers until nodes run pods (docs/apiserver.md: "log is
 # a placeholder"; routes.rs).
-LOG_PLACEHOLDER = "logs are served once nodes run pods"
+LOG_PLACEHOLDER = "logs are served once nodes run pods\n"
 
 GADGET_GROUP = "objects.example.com"
 GADGET_VERSION = "v1"
@@ -206,12 +205,6 @@ def test_a_binding_answers_a_success_status(api_client, namespace):
     assert v1.read_namespaced_pod("no-target", namespace).spec.node_name is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis' pods/binding sets only spec.nodeName: Kubernetes also sets the "
-    "PodScheduled=True condition and copies the binding's annotations to the pod "
-    "(BindingREST.setPodHostAndAnnotations)",
-)
 def test_a_binding_marks_the_pod_scheduled_and_copies_its_annotations(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     v1.create_namespaced_pod(namespace, pod("scheduled"))
@@ -223,12 +216,6 @@ def test_a_binding_marks_the_pod_scheduled_and_copies_its_annotations(api_client
     assert conditions.get("PodScheduled") == "True", conditions
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis ignores the Binding's metadata.name: Kubernetes refuses a name that "
-    "differs from the pod's in the URL with 400 BadRequest "
-    '("name in URL does not match name in Binding object")',
-)
 def test_a_binding_named_for_another_pod_is_a_bad_request(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     v1.create_namespaced_pod(namespace, pod("target"))
@@ -251,20 +238,19 @@ def test_a_binding_named_for_another_pod_is_a_bad_request(api_client, namespace)
 # ---- pods/log --------------------------------------------------------------
 
 
-def test_the_log_of_a_pod_is_the_placeholder_until_nodes_run_pods(api_client, namespace):
-    """Trellis' documented placeholder (docs/apiserver.md: "log is a placeholder").
-    kube-apiserver answers a pod no node has taken with 204 No Content."""
+def test_the_log_of_a_pod_is_empty_until_bound_then_the_placeholder(api_client, namespace):
+    """A pod no node has taken has no log (204 No Content, as kube-apiserver answers);
+    a bound one gets Trellis' plain-text placeholder until nodes run pods
+    (docs/apiserver.md)."""
     v1 = client.CoreV1Api(api_client)
     v1.create_namespaced_pod(namespace, pod("logged"))
+    raw = Raw(api_client).request("GET", f"/api/v1/namespaces/{namespace}/pods/logged/log")
+    assert (raw.status, raw.data) == (204, b""), (raw.status, raw.data)
+    bind(v1, namespace, "logged", binding("logged", "node-a"))
     assert v1.read_namespaced_pod_log("logged", namespace) == LOG_PLACEHOLDER
     assert v1.read_namespaced_pod_log("logged", namespace, container="web") == LOG_PLACEHOLDER
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis answers pods/log with its placeholder without reading the pod: "
-    "a missing pod is 200, not Kubernetes' 404 NotFound",
-)
 def test_the_log_of_a_missing_pod_is_not_found(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     with pytest.raises(ApiException) as error:
@@ -273,12 +259,6 @@ def test_the_log_of_a_missing_pod_is_not_found(api_client, namespace):
     assert status["details"]["name"] == "missing"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis answers pods/log without looking at the pod: a container the pod "
-    "does not have is 200, not Kubernetes' 400 BadRequest "
-    '("container nope is not valid for pod ...")',
-)
 def test_the_log_of_a_container_the_pod_does_not_have_is_a_bad_request(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     v1.create_namespaced_pod(namespace, pod("one-container"))
@@ -288,12 +268,6 @@ def test_the_log_of_a_container_the_pod_does_not_have_is_a_bad_request(api_clien
     assert "nope" in status["message"], status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis serves pods/log as a JSON string (application/json, in quotes, "
-    "which `kubectl logs` prints): Kubernetes never answers a log as JSON - text/plain, "
-    "or 204 No Content for a pod no node has taken",
-)
 def test_the_log_of_a_pod_is_not_a_json_document(api_client, namespace):
     client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod("plain"))
     response = Raw(api_client).request("GET", f"/api/v1/namespaces/{namespace}/pods/plain/log")
@@ -521,12 +495,6 @@ def test_a_create_without_name_or_generate_name_is_invalid(api_client, namespace
     assert [m.metadata.uid for m in after] == [m.metadata.uid for m in before]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis words the missing name as 'metadata.name: name or generateName is "
-    "required': Kubernetes prefixes the detail with the error type, "
-    "'metadata.name: Required value: name or generateName is required' (field.Required)",
-)
 def test_a_missing_name_is_described_in_kubernetes_words(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     with pytest.raises(ApiException) as error:
@@ -596,12 +564,6 @@ def test_owner_references_are_stored_and_read_back_intact(api_client, namespace)
     assert by_name == sorted([expected[0], second], key=lambda r: r["name"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis stores ownerReferences unchecked: Kubernetes refuses (422 Invalid, "
-    "metadata.ownerReferences) a reference without a uid and more than one controller "
-    "reference (ValidateOwnerReferences)",
-)
 def test_invalid_owner_references_are_refused(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     without_uid = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="a", uid="")
@@ -675,12 +637,6 @@ def test_an_invalid_dry_run_patch_is_refused_as_the_real_one_would_be(api_client
     assert stored.metadata.resource_version == created.metadata.resource_version
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis' dry-run update skips the resourceVersion check: Kubernetes runs the "
-    "update's precondition against the stored object in a dry run too "
-    "(DryRunnableStorage.GuaranteedUpdate calls tryUpdate), so a stale one is 409 Conflict",
-)
 def test_a_dry_run_update_of_a_stale_version_is_a_conflict(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     created = v1.create_namespaced_config_map(
@@ -694,11 +650,6 @@ def test_a_dry_run_update_of_a_stale_version_is_a_conflict(api_client, namespace
     assert v1.read_namespaced_config_map("stale", namespace).data == {"a": "2"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trellis does not validate ConfigMap data keys: Kubernetes refuses a key that "
-    "is not [-._a-zA-Z0-9]+ with 422 Invalid on data[<key>] (ValidateConfigMap)",
-)
 def test_a_config_map_key_that_is_not_a_valid_key_is_invalid(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="bad-key"), data={"not a key!": "x"})

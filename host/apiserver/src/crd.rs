@@ -250,7 +250,7 @@ pub fn prune(value: &mut Value, schema: &Value, root: bool) {
 pub fn validate(schema: &Schema, res: &ResourceInfo, obj: &mut Object) -> Result<(), ApiError> {
     let mut value = Value::Object(std::mem::take(obj));
     prune(&mut value, &schema.raw, true);
-    let causes: Vec<StatusCause> = schema
+    let mut causes: Vec<StatusCause> = schema
         .validator
         .iter_errors(&value)
         .map(|e| cause_of(&e))
@@ -258,6 +258,7 @@ pub fn validate(schema: &Schema, res: &ResourceInfo, obj: &mut Object) -> Result
     if let Value::Object(m) = value {
         *obj = m;
     }
+    causes.extend(crate::object::validate_owner_references(obj));
     if causes.is_empty() {
         return Ok(());
     }

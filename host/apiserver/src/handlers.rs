@@ -360,7 +360,7 @@ pub async fn prepare_create(
                     "",
                     vec![
                         StatusCause::required("metadata.name")
-                            .with_message("name or generateName is required"),
+                            .with_message("Required value: name or generateName is required"),
                     ],
                 )
                 .into());
@@ -736,6 +736,22 @@ pub(crate) async fn write_update(
             .and_then(Value::as_array)
             .is_none_or(|f| f.is_empty());
     if req.dry_run {
+        // As Kubernetes: a dry run checks the version it would write against, so a
+        // stale one is a conflict here too.
+        match state
+            .store
+            .get(&key)
+            .await
+            .map_err(|e| store_error(e, res, name))?
+        {
+            Some(kv) if kv.mod_revision == expected => {}
+            Some(_) => {
+                return Err(
+                    ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into(),
+                );
+            }
+            None => return Err(ApiError::not_found(&res.group, &res.plural, name).into()),
+        }
         set_meta(&mut new, "resourceVersion", expected.to_string());
         return Ok(new);
     }

@@ -159,6 +159,50 @@ pub fn dns1123_label(name: &str) -> Option<String> {
 }
 
 /// The name checks of a create: a valid name, and a namespace where one belongs.
+/// `metadata.ownerReferences` as Kubernetes checks them: each names its owner's
+/// apiVersion, kind, name and uid, and at most one is the controller.
+pub fn validate_owner_references(obj: &Object) -> Vec<StatusCause> {
+    let mut causes = Vec::new();
+    let Some(refs) = metadata(obj)
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+    else {
+        return causes;
+    };
+    let mut controllers = Vec::new();
+    for (i, reference) in refs.iter().enumerate() {
+        let text = |key: &str| reference.get(key).and_then(Value::as_str).unwrap_or("");
+        for (key, what) in [
+            ("apiVersion", "version"),
+            ("kind", "kind"),
+            ("name", "name"),
+            ("uid", "uid"),
+        ] {
+            if text(key).is_empty() {
+                causes.push(StatusCause::invalid(
+                    format!("metadata.ownerReferences[{i}].{key}"),
+                    "",
+                    &format!("{what} must not be empty"),
+                ));
+            }
+        }
+        if reference.get("controller").and_then(Value::as_bool) == Some(true) {
+            controllers.push(format!("{}/{}", text("kind"), text("name")));
+        }
+    }
+    if controllers.len() > 1 {
+        causes.push(StatusCause::invalid(
+            "metadata.ownerReferences",
+            "",
+            &format!(
+                "Only one reference can have Controller set to true. Found \"true\" in references for {}",
+                controllers.join(" and ")
+            ),
+        ));
+    }
+    causes
+}
+
 pub fn validate_name(res: &ResourceInfo, name: &str) -> Vec<StatusCause> {
     let problem = if res.plural == "namespaces" {
         dns1123_label(name)

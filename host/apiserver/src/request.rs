@@ -51,6 +51,8 @@ pub struct Query {
     pub include_uninitialized: bool,
     pub include_object: Option<String>,
     pub propagation_policy: Option<String>,
+    /// `pods/log`: the container whose log is asked for.
+    pub container: Option<String>,
 }
 
 fn truthy(v: &str) -> bool {
@@ -96,6 +98,7 @@ impl Query {
                 "includeUninitialized" => q.include_uninitialized = truthy(&v),
                 "includeObject" => q.include_object = Some(v),
                 "propagationPolicy" => q.propagation_policy = Some(v),
+                "container" => q.container = Some(v),
                 _ => {}
             }
         }

@@ -12,7 +12,6 @@ use axum::extract::{Extension, State as AxState};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::json;
 use trellis_api::registry::Subresource;
 use trellis_api::{ApiError, UserInfo};
 
@@ -442,10 +441,7 @@ async fn handle(
         ("create", Some(Subresource::Token)) => {
             subresources::token_request(&state, &req, body).await
         }
-        (_, Some(Subresource::Log)) => Ok(json_response(
-            StatusCode::OK,
-            &json!("logs are served once nodes run pods"),
-        )),
+        ("get", Some(Subresource::Log)) => subresources::log(&state, &req).await,
         _ => Err(ApiError::method_not_allowed(format!(
             "{verb} is not supported on {}{}",
             req.resource.qualified(),

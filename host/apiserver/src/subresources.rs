@@ -4,7 +4,8 @@
 //! `kubectl scale` and autoscalers read and write); `pods/binding` assigns a pod to a
 //! node, once, as the scheduler does.
 
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse as _;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use trellis_api::ApiError;
@@ -161,6 +162,15 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
     let name = req.name()?;
     let res = &req.resource;
     let binding = req.decode_body(&body)?;
+    if crate::object::name(&binding) != Some(name) {
+        return Err(
+            ApiError::bad_request("name in URL does not match name in Binding object").into(),
+        );
+    }
+    let annotations = metadata(&binding)
+        .and_then(|m| m.get("annotations"))
+        .and_then(Value::as_object)
+        .cloned();
     let node = binding
         .get("target")
         .and_then(|t| t.get("name"))
@@ -201,6 +211,15 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
             .into());
         }
         pod.entry("spec").or_insert_with(|| json!({}))["nodeName"] = node.clone().into();
+        // As Kubernetes binds: the binding's annotations join the pod's, and the pod is
+        // marked scheduled.
+        if let Some(annotations) = &annotations {
+            let meta = crate::object::metadata_mut(&mut pod);
+            if let Value::Object(own) = meta.entry("annotations").or_insert_with(|| json!({})) {
+                own.extend(annotations.clone());
+            }
+        }
+        set_condition(&mut pod, "PodScheduled", "True");
         crate::object::remove_meta(&mut pod, "resourceVersion");
         if req.dry_run {
             break;
@@ -220,6 +239,89 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
         StatusCode::CREATED,
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     ))
+}
+
+/// Sets the pod's condition `kind` to `status`, its transition time now when it changes.
+fn set_condition(pod: &mut Object, kind: &str, status: &str) {
+    let status_obj = pod.entry("status").or_insert_with(|| json!({}));
+    let Some(status_map) = status_obj.as_object_mut() else {
+        return;
+    };
+    let conditions = status_map.entry("conditions").or_insert_with(|| json!([]));
+    let Some(list) = conditions.as_array_mut() else {
+        return;
+    };
+    let now = crate::object::now_timestamp();
+    match list
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
+    {
+        Some(existing) => {
+            if existing.get("status").and_then(Value::as_str) != Some(status) {
+                existing["status"] = status.into();
+                existing["lastTransitionTime"] = now.into();
+            }
+        }
+        None => list.push(json!({
+            "type": kind,
+            "status": status,
+            "lastProbeTime": null,
+            "lastTransitionTime": now,
+        })),
+    }
+}
+
+/// `GET pods/{name}/log`: checked as Kubernetes checks it (the pod exists, the
+/// container is one of its own or the only one), then, as nodes do not run pods yet,
+/// nothing for a pod no node has taken (204, as kube-apiserver answers) and a line of
+/// plain text saying so for one that has.
+pub async fn log(state: &AppState, req: &ApiRequest) -> ApiResult {
+    let name = req.name()?;
+    let (pod, _) = read(state, &req.resource, req.namespace.as_deref(), name).await?;
+    let spec = pod.get("spec");
+    let names = |list: &str| -> Vec<String> {
+        spec.and_then(|s| s.get(list))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
+            .collect()
+    };
+    let containers = names("containers");
+    match req.query.container.as_deref() {
+        Some(container) => {
+            let known = containers.iter().any(|c| c == container)
+                || names("initContainers").iter().any(|c| c == container)
+                || names("ephemeralContainers").iter().any(|c| c == container);
+            if !known {
+                return Err(ApiError::bad_request(format!(
+                    "container {container} is not valid for pod {name}"
+                ))
+                .into());
+            }
+        }
+        None if containers.len() > 1 => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            ))
+            .into());
+        }
+        None => {}
+    }
+    let scheduled = spec
+        .and_then(|s| s.get("nodeName"))
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    if !scheduled {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain")],
+        "logs are served once nodes run pods\n",
+    )
+        .into_response())
 }
 
 /// `POST serviceaccounts/{name}/token`: a TokenRequest answered with a signed token.

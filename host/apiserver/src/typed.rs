@@ -309,8 +309,13 @@ fn str_field<'a>(obj: &'a Object, path: &[&str]) -> Option<&'a Value> {
 }
 
 fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<(), ApiError> {
-    let mut causes = Vec::new();
+    let mut causes = crate::object::validate_owner_references(obj);
     match (res.group.as_str(), res.plural.as_str()) {
+        ("", "configmaps") => {
+            validate_keys(obj, "data", &mut causes);
+            validate_keys(obj, "binaryData", &mut causes);
+        }
+        ("", "secrets") => validate_keys(obj, "data", &mut causes),
         ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
         ("apps", "deployments") | ("apps", "replicasets") => {
             validate_pod_spec(
@@ -370,6 +375,35 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
     }
     let name = crate::object::name(obj).unwrap_or_default();
     Err(ApiError::invalid(&res.group, &res.kind, name, causes))
+}
+
+/// The keys of a ConfigMap's or Secret's `field`, as Kubernetes checks them: 1-253 of
+/// `[-._a-zA-Z0-9]`, and not `.` or `..`.
+fn validate_keys(obj: &Object, field: &str, causes: &mut Vec<StatusCause>) {
+    let Some(map) = obj.get(field).and_then(Value::as_object) else {
+        return;
+    };
+    for key in map.keys() {
+        let chars_ok = key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        let detail = if key.is_empty() || key.len() > 253 {
+            Some("must be no more than 253 characters and not empty")
+        } else if key == "." || key == ".." {
+            Some("must not be '.' or '..'")
+        } else if !chars_ok {
+            Some(
+                "a valid config key must consist of alphanumeric characters, '-', '_' or '.' \
+                 (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation \
+                 is '[-._a-zA-Z0-9]+')",
+            )
+        } else {
+            None
+        };
+        if let Some(detail) = detail {
+            causes.push(StatusCause::invalid(format!("{field}[{key}]"), key, detail));
+        }
+    }
 }
 
 fn validate_pod_spec(spec: Option<&Value>, path: &str, causes: &mut Vec<StatusCause>) {
