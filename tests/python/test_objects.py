@@ -652,11 +652,23 @@ def test_a_dry_run_update_of_a_stale_version_is_a_conflict(api_client, namespace
 
 def test_a_config_map_key_that_is_not_a_valid_key_is_invalid(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
-    body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="bad-key"), data={"not a key!": "x"})
+    for key in ("not a key!", "..data", "."):
+        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="bad-key"), data={key: "x"})
+        with pytest.raises(ApiException) as error:
+            v1.create_namespaced_config_map(namespace, body, dry_run="All")
+        status = status_of(error.value, 422, "Invalid")
+        assert [c["field"] for c in status["details"]["causes"]] == [f"data[{key}]"], status
+    # A key in both data and binaryData is a duplicate.
+    both = client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="both"), data={"k": "x"}, binary_data={"k": "eA=="}
+    )
     with pytest.raises(ApiException) as error:
-        v1.create_namespaced_config_map(namespace, body, dry_run="All")
+        v1.create_namespaced_config_map(namespace, both, dry_run="All")
     status = status_of(error.value, 422, "Invalid")
-    assert [c["field"] for c in status["details"]["causes"]] == ["data[not a key!]"], status
+    assert [c["field"] for c in status["details"]["causes"]] == ["data[k]"], status
+    # Keys Kubernetes accepts are stored.
+    fine = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="fine-keys"), data={"a.b_c-D9": "x", ".hidden": "y"})
+    assert v1.create_namespaced_config_map(namespace, fine).data == {"a.b_c-D9": "x", ".hidden": "y"}
 
 
 # ---- discovery categories: kubectl get all ------------------------------------------

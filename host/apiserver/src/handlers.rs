@@ -865,7 +865,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
 fn delete_options(req: &ApiRequest, body: &Bytes) -> ApiResult<Value> {
     if body.is_empty() {
         Ok(Value::Null)
-    } else if req.body_format == BodyFormat::Protobuf {
+    } else if matches!(req.body_format, BodyFormat::Protobuf | BodyFormat::Yaml) {
         // Typed clients send DeleteOptions in the protobuf envelope.
         Ok(Value::Object(req.decode_body(body)?))
     } else {
@@ -931,7 +931,7 @@ pub async fn delete_one(
     precondition: Option<Revision>,
 ) -> ApiResult<Deletion> {
     let res = &req.resource;
-    for _ in 0..8 {
+    for attempt in 0..8 {
         let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
         if let Some(p) = precondition
             && p != rev
@@ -943,9 +943,12 @@ pub async fn delete_one(
         }
         // Admission sees a delete as Kubernetes sends it: no object, the stored one as
         // the old object. A mutating step may refuse it; there is nothing to change.
-        let attrs = admission_attributes(req, "DELETE", name);
-        state.chains.mutate(&attrs, &mut obj.clone(), None).await?;
-        state.chains.validate(&attrs, &obj, None).await?;
+        if attempt == 0 {
+            // Once, not again on a retry after a conflicting write.
+            let attrs = admission_attributes(req, "DELETE", name);
+            state.chains.mutate(&attrs, &mut obj.clone(), None).await?;
+            state.chains.validate(&attrs, &obj, None).await?;
+        }
         let has_finalizers = metadata(&obj)
             .and_then(|m| m.get("finalizers"))
             .and_then(Value::as_array)

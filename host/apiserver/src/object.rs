@@ -158,7 +158,6 @@ pub fn dns1123_label(name: &str) -> Option<String> {
     dns1123_subdomain(name)
 }
 
-/// The name checks of a create: a valid name, and a namespace where one belongs.
 /// `metadata.ownerReferences` as Kubernetes checks them: each names its owner's
 /// apiVersion, kind, name and uid, and at most one is the controller.
 pub fn validate_owner_references(obj: &Object) -> Vec<StatusCause> {
@@ -172,12 +171,21 @@ pub fn validate_owner_references(obj: &Object) -> Vec<StatusCause> {
     let mut controllers = Vec::new();
     for (i, reference) in refs.iter().enumerate() {
         let text = |key: &str| reference.get(key).and_then(Value::as_str).unwrap_or("");
-        for (key, what) in [
-            ("apiVersion", "version"),
-            ("kind", "kind"),
-            ("name", "name"),
-            ("uid", "uid"),
-        ] {
+        // `v1` or `group/version`: the version part must be there.
+        let api_version = text("apiVersion");
+        let version = match api_version.split_once('/') {
+            Some((_, version)) if version.contains('/') => "",
+            Some((_, version)) => version,
+            None => api_version,
+        };
+        if version.is_empty() {
+            causes.push(StatusCause::invalid(
+                format!("metadata.ownerReferences[{i}].apiVersion"),
+                api_version,
+                "version must not be empty",
+            ));
+        }
+        for (key, what) in [("kind", "kind"), ("name", "name"), ("uid", "uid")] {
             if text(key).is_empty() {
                 causes.push(StatusCause::invalid(
                     format!("metadata.ownerReferences[{i}].{key}"),
@@ -203,6 +211,7 @@ pub fn validate_owner_references(obj: &Object) -> Vec<StatusCause> {
     causes
 }
 
+/// The name checks of a create: a valid name, and a namespace where one belongs.
 pub fn validate_name(res: &ResourceInfo, name: &str) -> Vec<StatusCause> {
     let problem = if res.plural == "namespaces" {
         dns1123_label(name)

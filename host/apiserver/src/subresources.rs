@@ -215,7 +215,11 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
         // marked scheduled.
         if let Some(annotations) = &annotations {
             let meta = crate::object::metadata_mut(&mut pod);
-            if let Value::Object(own) = meta.entry("annotations").or_insert_with(|| json!({})) {
+            let own = meta.entry("annotations").or_insert_with(|| json!({}));
+            if !own.is_object() {
+                *own = json!({});
+            }
+            if let Value::Object(own) = own {
                 own.extend(annotations.clone());
             }
         }
@@ -230,15 +234,23 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
             .update(&res.key(req.namespace.as_deref(), name), stored, Some(rev))
             .await
         {
-            Ok(_) => break,
+            Ok(_) => return Ok(bound()),
             Err(trellis_store::Error::Conflict { .. }) => continue,
             Err(e) => return Err(ErrorResponse(store_error(e, res, name))),
         }
     }
-    Ok(json_response(
+    if req.dry_run {
+        return Ok(bound());
+    }
+    Err(ApiError::conflict("", "pods", name, ApiError::MODIFIED).into())
+}
+
+/// A binding's answer: a Status of success.
+fn bound() -> axum::response::Response {
+    json_response(
         StatusCode::CREATED,
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-    ))
+    )
 }
 
 /// Sets the pod's condition `kind` to `status`, its transition time now when it changes.

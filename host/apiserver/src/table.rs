@@ -271,10 +271,14 @@ fn printer_cell(column: &PrinterColumn, obj: &Object) -> Value {
     let Some(value) = json_path(obj, &column.json_path) else {
         return Value::Null;
     };
+    // As kube-apiserver: a value of another type than the column's is no value, and a
+    // string column shows any value as text.
     match (column.kind.as_str(), value) {
         ("date", Value::String(t)) => json!(since(t)),
-        (_, Value::String(_) | Value::Number(_) | Value::Bool(_)) => value.clone(),
-        (_, Value::Null) => Value::Null,
+        ("integer", Value::Number(n)) if n.is_i64() || n.is_u64() => value.clone(),
+        ("number", Value::Number(_)) | ("boolean", Value::Bool(_)) => value.clone(),
+        ("integer" | "number" | "boolean" | "date", _) | (_, Value::Null) => Value::Null,
+        (_, Value::String(_)) => value.clone(),
         (_, other) => json!(other.to_string()),
     }
 }

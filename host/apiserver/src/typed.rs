@@ -314,6 +314,18 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
         ("", "configmaps") => {
             validate_keys(obj, "data", &mut causes);
             validate_keys(obj, "binaryData", &mut causes);
+            if let (Some(data), Some(binary)) = (
+                obj.get("data").and_then(Value::as_object),
+                obj.get("binaryData").and_then(Value::as_object),
+            ) {
+                for key in data.keys().filter(|k| binary.contains_key(*k)) {
+                    causes.push(StatusCause::invalid(
+                        format!("data[{key}]"),
+                        key,
+                        "duplicate of key present in binaryData",
+                    ));
+                }
+            }
         }
         ("", "secrets") => validate_keys(obj, "data", &mut causes),
         ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
@@ -391,6 +403,9 @@ fn validate_keys(obj: &Object, field: &str, causes: &mut Vec<StatusCause>) {
             Some("must be no more than 253 characters and not empty")
         } else if key == "." || key == ".." {
             Some("must not be '.' or '..'")
+        } else if key.starts_with("..") {
+            // Reserved by the kubelet's atomic writer for its own files.
+            Some("must not start with '..'")
         } else if !chars_ok {
             Some(
                 "a valid config key must consist of alphanumeric characters, '-', '_' or '.' \

@@ -221,7 +221,10 @@ impl Events {
             _ => VecDeque::new(),
         };
         let now = Instant::now();
-        let ends_at = now + timeout;
+        // A timeoutSeconds beyond any real watch (up to u64::MAX) ends in a year.
+        let ends_at = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         let next_bookmark = bookmark_every
             .and_then(|every| next_bookmark(now, every, ends_at))
             .map(|at| Box::pin(tokio::time::sleep_until(at)));
@@ -673,6 +676,23 @@ mod tests {
             lines[2]["object"]["metadata"]["resourceVersion"],
             second.to_string()
         );
+    }
+
+    #[tokio::test]
+    async fn a_timeout_past_any_clock_is_a_long_watch_not_a_panic() {
+        let f = fixture().await;
+        let after = f.cache.revision();
+        let sub = f.cache.subscribe(A, after).unwrap();
+        let events = Events::new(
+            lines(""),
+            f.cache.clone(),
+            Vec::new(),
+            after,
+            Ok(Source::Cache(sub)),
+            Some(BOOKMARK_EVERY),
+            Duration::from_secs(u64::MAX),
+        );
+        assert!(events.ends_at > Instant::now() + Duration::from_secs(3600));
     }
 
     #[test]

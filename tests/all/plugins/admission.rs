@@ -367,6 +367,7 @@ async fn mutating_plugins_run_in_order_and_select_patched_objects() -> Result<()
             "Fail",
             &format!("  order: {order}\n  configuration: {{mode: label}}\n"),
         )
+        .map(|yaml| yaml.replace("[CREATE, UPDATE]", "[CREATE, UPDATE, DELETE]"))
     };
     let echo = plugin_yaml(
         "echo",
@@ -422,6 +423,17 @@ data:
         ])
         .await?;
     ensure!(label == "was-here", "label {label:?}");
+
+    // A patch for a delete has no object to change: a plugin failure, as in Kubernetes.
+    let err = cluster
+        .kubectl_err(&["delete", "configmap", "ordered"])
+        .await?;
+    ensure!(
+        err.contains("plugin labeller (mutating, v sha256:")
+            && err.contains("a patch for a delete"),
+        "{err}"
+    );
+    cluster.kubectl_ok(&["get", "configmap", "ordered"]).await?;
     cluster.stop().await
 }
 

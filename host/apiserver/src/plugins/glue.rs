@@ -141,6 +141,16 @@ impl PluginAdmission {
                 return Err(denial(bound, answer.status.as_ref()));
             }
             if let Some(patch) = &answer.patch {
+                if deleting {
+                    // As Kubernetes: a delete has no object for a patch to change.
+                    on_failure(
+                        bound,
+                        bound.plugin.error(PluginErrorKind::BadAnswer(
+                            "a patch for a delete, which has no object to change".into(),
+                        )),
+                    )?;
+                    continue;
+                }
                 match apply_patch(current, patch) {
                     Ok(next) => {
                         // Later plugins see the patched object.
