@@ -11,6 +11,8 @@ root; it is not built here.
 """
 
 import base64
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -98,39 +100,84 @@ def _wait_ready(proc: subprocess.Popen, kubeconfig: Path, log_file: Path) -> tup
     )
 
 
-@pytest.fixture(scope="session")
-def trellis():
-    """Starts `trellis server` for the session and stops it at the end."""
-    binary = trellis_binary()
-    data_dir = Path(tempfile.mkdtemp(prefix="trellis-py-"))
+def start_server(data_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Starts `trellis server ARGS` on `data_dir` (with the tokens of TOKENS_CSV), its
+    output appended to `data_dir/server.log`; wait for it with `wait_ready`."""
     tokens = data_dir / "tokens.csv"
-    tokens.write_text(TOKENS_CSV)
-    tokens.chmod(0o600)
-    log_file = data_dir / "server.log"
-    kubeconfig = data_dir / "admin.kubeconfig"
-    with open(log_file, "wb") as log:
-        proc = subprocess.Popen(
-            [str(binary), "server", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"],
+    if not tokens.exists():
+        tokens.write_text(TOKENS_CSV)
+        tokens.chmod(0o600)
+    with open(data_dir / "server.log", "ab") as log:
+        return subprocess.Popen(
+            [str(trellis_binary()), "server", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=env,
         )
+
+
+def wait_ready(proc: subprocess.Popen, data_dir: Path) -> tuple[str, bytes]:
+    """Waits until the server on `data_dir` is ready; returns its URL and CA."""
+    return _wait_ready(proc, data_dir / "admin.kubeconfig", data_dir / "server.log")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not stopped within 5 s."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
     try:
-        url, ca_pem = _wait_ready(proc, kubeconfig, log_file)
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def remove_data_dir(data_dir: Path) -> None:
+    if os.environ.get("TRELLIS_KEEP_DATA"):
+        print(f"trellis data directory kept: {data_dir}")
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_server(prefix: str, *args: str, env: dict | None = None):
+    """A `trellis server ARGS` of a test's own on a fresh data directory; yields an
+    admin `ApiClient` and the directory, and stops and removes both at the end."""
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    proc = start_server(data_dir, *args, env=env)
+    api = None
+    try:
+        wait_ready(proc, data_dir)
+        api = config.new_client_from_config(config_file=str(data_dir / "admin.kubeconfig"))
+        yield api, data_dir
+    finally:
+        if api is not None:
+            api.close()
+        stop_server(proc)
+        remove_data_dir(data_dir)
+
+
+@pytest.fixture(scope="session")
+def trellis():
+    """Starts `trellis server` for the session and stops it at the end."""
+    data_dir = Path(tempfile.mkdtemp(prefix="trellis-py-"))
+    proc = start_server(data_dir)
+    try:
+        url, ca_pem = wait_ready(proc, data_dir)
         ca_file = data_dir / "test-ca.crt"
         ca_file.write_bytes(ca_pem)
-        yield Trellis(url=url, data_dir=data_dir, kubeconfig=kubeconfig, ca_file=ca_file, log_file=log_file)
+        yield Trellis(
+            url=url,
+            data_dir=data_dir,
+            kubeconfig=data_dir / "admin.kubeconfig",
+            ca_file=ca_file,
+            log_file=data_dir / "server.log",
+        )
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if os.environ.get("TRELLIS_KEEP_DATA"):
-            print(f"trellis data directory kept: {data_dir}")
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        stop_server(proc)
+        remove_data_dir(data_dir)
 
 
 @pytest.fixture(scope="session")
@@ -179,3 +226,40 @@ def namespace(api_client, request):
         v1.delete_namespace(name)
     except client.ApiException:
         pass
+
+
+class Raw:
+    """Plain HTTPS requests on an `ApiClient`'s connection pool and credentials, for
+    what the client cannot express (bodies it would not send, headers, streams)."""
+
+    def __init__(self, api_client: client.ApiClient):
+        self.pool = api_client.rest_client.pool_manager
+        self.host = api_client.configuration.host
+
+    def request(self, method, path, body=None, headers=None, **kwargs):
+        return self.pool.request(
+            method, self.host + path, body=body, headers=headers or {}, timeout=30, **kwargs
+        )
+
+    def json(self, method, path, body=None, headers=None):
+        """The status and JSON body of a request."""
+        response = self.request(method, path, body=body, headers=headers)
+        return response.status, json.loads(response.data)
+
+
+def check_status(status: dict, code: int, reason: str) -> dict:
+    """Checks a failure `Status` of `code` and `reason`; returns it."""
+    assert status.get("kind") == "Status", status
+    assert status.get("apiVersion") == "v1", status
+    assert status.get("status") == "Failure", status
+    assert status.get("code") == code, status
+    assert status.get("reason") == reason, status
+    assert status.get("message"), f"a Status without a message: {status}"
+    return status
+
+
+def failure_status(error: client.ApiException, code: int, reason: str) -> dict:
+    """The `Status` in an error's body, checked to be a failure of `code` and `reason`."""
+    assert error.status == code, f"HTTP {error.status}, not {code}: {error.body}"
+    assert error.body, f"HTTP {error.status} without a body"
+    return check_status(json.loads(error.body), code, reason)

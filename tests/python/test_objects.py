@@ -23,6 +23,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from conftest import Raw
+from conftest import failure_status as status_of
+
 # What `GET pods/{name}/log` answers until nodes run pods (docs/apiserver.md: "log is
 # a placeholder"; routes.rs).
 LOG_PLACEHOLDER = "logs are served once nodes run pods\n"
@@ -37,38 +40,6 @@ GENERATED_SUFFIX = r"[bcdfghjklmnpqrstvwxz2456789]{5}"
 
 
 # ---- helpers ---------------------------------------------------------------
-
-
-class Raw:
-    """Plain HTTPS requests on an `ApiClient`'s connection pool and credentials."""
-
-    def __init__(self, api_client: client.ApiClient):
-        self.pool = api_client.rest_client.pool_manager
-        self.host = api_client.configuration.host
-
-    def request(self, method, path, body=None, headers=None, **kwargs):
-        return self.pool.request(
-            method, self.host + path, body=body, headers=headers or {}, timeout=30, **kwargs
-        )
-
-    def json(self, method, path, body=None, headers=None):
-        """The status and JSON body of a request."""
-        response = self.request(method, path, body=body, headers=headers)
-        return response.status, json.loads(response.data)
-
-
-def status_of(error: ApiException, code: int, reason: str) -> dict:
-    """The failure `Status` in an error's body, checked to be of `code` and `reason`."""
-    assert error.status == code, f"HTTP {error.status}, not {code}: {error.body}"
-    assert error.body, f"HTTP {error.status} without a body"
-    status = json.loads(error.body)
-    assert status.get("kind") == "Status", status
-    assert status.get("apiVersion") == "v1", status
-    assert status.get("status") == "Failure", status
-    assert status.get("code") == code, status
-    assert status.get("reason") == reason, status
-    assert status.get("message"), f"a Status without a message: {status}"
-    return status
 
 
 def wait_for(predicate, timeout=5.0, interval=0.05):

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
-from conftest import REPO_ROOT, TOKENS_CSV, _wait_ready, trellis_binary
+from conftest import REPO_ROOT, own_server
 
 MODULE = REPO_ROOT / "plugins" / "target" / "dist" / "pod-policy.wasm"
 
@@ -85,31 +85,9 @@ def https_modules():
 def trusting_server(https_modules):
     """A `trellis server` that trusts the module server's CA; yields an ApiClient."""
     _, ca_file, _ = https_modules
-    data_dir = Path(tempfile.mkdtemp(prefix="trellis-py-https-"))
-    tokens = data_dir / "tokens.csv"
-    tokens.write_text(TOKENS_CSV)
-    tokens.chmod(0o600)
-    log_file = data_dir / "server.log"
-    kubeconfig = data_dir / "admin.kubeconfig"
     env = dict(os.environ, SSL_CERT_FILE=str(ca_file), RUST_LOG="info")
-    with open(log_file, "wb") as log:
-        proc = subprocess.Popen(
-            [str(trellis_binary()), "server", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        )
-    try:
-        _wait_ready(proc, kubeconfig, log_file)
-        api = config.new_client_from_config(config_file=str(kubeconfig))
+    with own_server("trellis-py-https-", env=env) as (api, _):
         yield api
-        api.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def plugin_object(name: str, url: str, sha256: str | None) -> dict:

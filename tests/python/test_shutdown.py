@@ -1,7 +1,6 @@
 """`trellis server` stopping on SIGTERM: it ends open watches cleanly, exits 0, and a
 restart on the same data directory has every acknowledged write."""
 
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -11,28 +10,17 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 
-from conftest import TOKENS_CSV, _wait_ready, trellis_binary
-
-
-def start(data_dir: Path) -> subprocess.Popen:
-    log = open(data_dir / "server.log", "ab")
-    return subprocess.Popen(
-        [str(trellis_binary()), "server", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-    )
+from conftest import remove_data_dir, start_server, stop_server, wait_ready
 
 
 def ready_client(proc: subprocess.Popen, data_dir: Path) -> client.ApiClient:
-    kubeconfig = data_dir / "admin.kubeconfig"
-    _wait_ready(proc, kubeconfig, data_dir / "server.log")
-    return config.new_client_from_config(config_file=str(kubeconfig))
+    wait_ready(proc, data_dir)
+    return config.new_client_from_config(config_file=str(data_dir / "admin.kubeconfig"))
 
 
 def test_sigterm_ends_watches_exits_zero_and_keeps_every_write():
     data_dir = Path(tempfile.mkdtemp(prefix="trellis-py-stop-"))
-    (data_dir / "tokens.csv").write_text(TOKENS_CSV)
-    (data_dir / "tokens.csv").chmod(0o600)
-    proc = start(data_dir)
+    proc = start_server(data_dir)
     try:
         api = ready_client(proc, data_dir)
         v1 = client.CoreV1Api(api)
@@ -76,7 +64,7 @@ def test_sigterm_ends_watches_exits_zero_and_keeps_every_write():
         api.close()
 
         # Everything acknowledged before the signal is there after a restart.
-        proc = start(data_dir)
+        proc = start_server(data_dir)
         api = ready_client(proc, data_dir)
         stored = {
             cm.metadata.name: cm.data["i"]
@@ -86,10 +74,5 @@ def test_sigterm_ends_watches_exits_zero_and_keeps_every_write():
         assert stored == {name: name for name in names}
         api.close()
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        stop_server(proc)
+        remove_data_dir(data_dir)

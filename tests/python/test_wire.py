@@ -14,18 +14,15 @@ a compacted revision is 410 Gone.
 
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client import ApiException
 
-from conftest import TOKENS_CSV, _wait_ready, trellis_binary
+from conftest import Raw, check_status, own_server
+from conftest import failure_status as status_of
 
 MAX_BODY = 3 * 1024 * 1024
 # The ring of recent changes the session's server keeps for watches to resume from:
@@ -41,42 +38,6 @@ def config_map(name, data=None, labels=None, finalizers=None):
         metadata=client.V1ObjectMeta(name=name, labels=labels, finalizers=finalizers),
         data=data,
     )
-
-
-def check_status(status: dict, code: int, reason: str) -> dict:
-    """Checks a failure `Status` of `code` and `reason`; returns it."""
-    assert status.get("kind") == "Status", status
-    assert status.get("apiVersion") == "v1", status
-    assert status.get("status") == "Failure", status
-    assert status.get("code") == code, status
-    assert status.get("reason") == reason, status
-    assert status.get("message"), f"a Status without a message: {status}"
-    return status
-
-
-def status_of(error: ApiException, code: int, reason: str) -> dict:
-    """The `Status` in an error's body, checked to be a failure of `code` and `reason`."""
-    assert error.status == code, f"HTTP {error.status}, not {code}: {error.body}"
-    assert error.body, f"HTTP {error.status} without a body"
-    return check_status(json.loads(error.body), code, reason)
-
-
-class Raw:
-    """Plain HTTPS requests on an `ApiClient`'s connection pool and credentials."""
-
-    def __init__(self, api_client: client.ApiClient):
-        self.pool = api_client.rest_client.pool_manager
-        self.host = api_client.configuration.host
-
-    def request(self, method, path, body=None, headers=None, **kwargs):
-        return self.pool.request(
-            method, self.host + path, body=body, headers=headers or {}, timeout=30, **kwargs
-        )
-
-    def json(self, method, path, body=None, headers=None):
-        """The status and JSON body of a request."""
-        response = self.request(method, path, body=body, headers=headers)
-        return response.status, json.loads(response.data)
 
 
 def raw_json(response) -> dict:
@@ -395,26 +356,9 @@ def compacting():
     """A server of its own that keeps no history: `--history-window 0` compacts the
     store as it starts, and `--watch-cache-events 8` leaves the bootstrap's early
     revisions out of the watch cache. Yields an admin `ApiClient`."""
-    data_dir = Path(tempfile.mkdtemp(prefix="trellis-py-compacting-"))
-    tokens = data_dir / "tokens.csv"
-    tokens.write_text(TOKENS_CSV)
-    tokens.chmod(0o600)
-    log_file = data_dir / "server.log"
-    kubeconfig = data_dir / "admin.kubeconfig"
-    with open(log_file, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                str(trellis_binary()), "server", "--data-dir", str(data_dir),
-                "--listen", "127.0.0.1:0", "--history-window", "0", "--watch-cache-events", "8",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    api = None
-    try:
-        _wait_ready(proc, kubeconfig, log_file)
-        api = config.new_client_from_config(config_file=str(kubeconfig))
+    with own_server(
+        "trellis-py-compacting-", "--history-window", "0", "--watch-cache-events", "8"
+    ) as (api, _):
         v1 = client.CoreV1Api(api)
         # The compactor's first pass runs as the server starts: wait until it has.
         deadline = time.monotonic() + 5
@@ -428,19 +372,6 @@ def compacting():
             assert time.monotonic() < deadline, "the store was not compacted within 5 s"
             time.sleep(0.05)
         yield api
-    finally:
-        if api is not None:
-            api.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if os.environ.get("TRELLIS_KEEP_DATA"):
-            print(f"trellis data directory kept: {data_dir}")
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def test_a_list_at_a_compacted_resource_version_is_expired(compacting):
