@@ -866,7 +866,7 @@ fn delete_options(req: &ApiRequest, body: &Bytes) -> ApiResult<Value> {
     if body.is_empty() {
         Ok(Value::Null)
     } else if matches!(req.body_format, BodyFormat::Protobuf | BodyFormat::Yaml) {
-        // Typed clients send DeleteOptions in the protobuf envelope.
+        // Typed clients send DeleteOptions in the protobuf envelope; others may in YAML.
         Ok(Value::Object(req.decode_body(body)?))
     } else {
         Ok(serde_json::from_slice(body)

@@ -226,7 +226,7 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
         set_condition(&mut pod, "PodScheduled", "True");
         crate::object::remove_meta(&mut pod, "resourceVersion");
         if req.dry_run {
-            break;
+            return Ok(bound());
         }
         let stored = crate::object::encode(&pod)?;
         match state
@@ -238,9 +238,6 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
             Err(trellis_store::Error::Conflict { .. }) => continue,
             Err(e) => return Err(ErrorResponse(store_error(e, res, name))),
         }
-    }
-    if req.dry_run {
-        return Ok(bound());
     }
     Err(ApiError::conflict("", "pods", name, ApiError::MODIFIED).into())
 }
