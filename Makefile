@@ -16,6 +16,7 @@ deps:
 	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v prlimit >/dev/null || missing="$$missing util-linux"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \

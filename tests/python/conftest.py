@@ -228,6 +228,18 @@ def namespace(api_client, request):
         pass
 
 
+def raw_json(response) -> dict:
+    """The JSON body of a call made with `_preload_content=False`."""
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
+def names(items) -> list[str]:
+    return sorted(item.metadata.name for item in items)
+
+
 class Raw:
     """Plain HTTPS requests on an `ApiClient`'s connection pool and credentials, for
     what the client cannot express (bodies it would not send, headers, streams)."""

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client import ApiException
 
-from conftest import ADMIN_TOKEN, BOB_TOKEN
+from conftest import ADMIN_TOKEN, BOB_TOKEN, names, raw_json
 
 CRD_GROUP = "example.com"
 CRD_VERSION = "v1"
@@ -41,18 +41,6 @@ def status_of(error: ApiException) -> dict:
     assert status.get("status") == "Failure", status
     assert status.get("code") == error.status, status
     return status
-
-
-def raw_json(response) -> dict:
-    """The JSON body of a call made with `_preload_content=False`."""
-    try:
-        return json.loads(response.data)
-    finally:
-        response.release_conn()
-
-
-def names(items) -> list[str]:
-    return sorted(item.metadata.name for item in items)
 
 
 def wait_for(predicate, timeout=5.0, interval=0.05):

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client import ApiException
 
-from conftest import Raw, check_status, own_server
+from conftest import Raw, check_status, names, own_server, raw_json
 from conftest import failure_status as status_of
 
 MAX_BODY = 3 * 1024 * 1024
@@ -38,18 +38,6 @@ def config_map(name, data=None, labels=None, finalizers=None):
         metadata=client.V1ObjectMeta(name=name, labels=labels, finalizers=finalizers),
         data=data,
     )
-
-
-def raw_json(response) -> dict:
-    """The JSON body of a call made with `_preload_content=False`."""
-    try:
-        return json.loads(response.data)
-    finally:
-        response.release_conn()
-
-
-def names(items) -> list[str]:
-    return sorted(item.metadata.name for item in items)
 
 
 def raw_names(items: list[dict]) -> list[str]:
