@@ -107,6 +107,8 @@ pub struct TestClusterBuilder {
     chains: Option<trellis_apiserver::admission::Chains>,
     /// The server's `--plugin-dir`.
     plugin_dir: Option<PathBuf>,
+    /// Limits and intervals instead of the defaults.
+    settings: Option<trellis_apiserver::state::Settings>,
 }
 
 impl TestClusterBuilder {
@@ -130,6 +132,12 @@ impl TestClusterBuilder {
     /// Runs the server with this plugins directory.
     pub fn with_plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.plugin_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs the server with these limits and intervals.
+    pub fn with_settings(mut self, settings: trellis_apiserver::state::Settings) -> Self {
+        self.settings = Some(settings);
         self
     }
 
@@ -160,6 +168,9 @@ impl TestClusterBuilder {
             config.chains = chains;
         }
         config.plugin_dir = self.plugin_dir;
+        if let Some(settings) = self.settings {
+            config.settings = settings;
+        }
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, store.clone(), async move {
             // A send or a drop of the sender: either way, stop.
@@ -246,6 +257,11 @@ impl TestCluster {
     }
 
     /// kubectl as the admin, through `admin.kubeconfig` (its client certificate).
+    /// The embedded store's file.
+    pub fn store_path(&self) -> PathBuf {
+        self.dir.path().join("store.redb")
+    }
+
     pub fn admin(&self) -> &Kubectl {
         &self.admin
     }
@@ -276,13 +292,17 @@ impl TestCluster {
     /// A kubectl with a client certificate for `user` in `groups`, issued by the
     /// cluster CA (for identities such as nodes: `system:node:NAME` in `system:nodes`).
     pub fn kubectl_with_cert(&self, user: &str, groups: &[&str]) -> anyhow::Result<Kubectl> {
-        let pki = trellis_apiserver::pki::Pki::load_or_create(&self.data_dir, &[])
+        let pki = trellis_apiserver::server::pki::Pki::load_or_create(&self.data_dir, &[])
             .context("load the cluster CA")?;
         let (cert, key) = pki
             .issue_client_cert(user, groups, 1)
             .context("issue a client certificate")?;
-        let contents =
-            trellis_apiserver::kubeconfig::admin_kubeconfig(&self.url, &self.ca_pem, &cert, &key);
+        let contents = trellis_apiserver::server::kubeconfig::admin_kubeconfig(
+            &self.url,
+            &self.ca_pem,
+            &cert,
+            &key,
+        );
         let kubeconfig = self
             .dir
             .path()
@@ -496,6 +516,20 @@ impl TestCluster {
         content_type: &str,
         body: &str,
     ) -> anyhow::Result<HttpResponse> {
+        self.request_as(Some(&self.admin_token), method, path, content_type, body)
+            .await
+    }
+
+    /// One HTTPS request with `token` as its bearer token, or none, on a connection of
+    /// its own.
+    pub async fn request_as(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &str,
+    ) -> anyhow::Result<HttpResponse> {
         use http_body_util::BodyExt as _;
         let authority = self.url.trim_start_matches("https://").to_owned();
         let stream = self.tls_stream(b"http/1.1").await?;
@@ -508,12 +542,15 @@ impl TestCluster {
             .method(method)
             .uri(path)
             .header("host", authority)
-            .header("authorization", format!("Bearer {}", self.admin_token))
-            .header("content-type", content_type)
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                body.to_owned(),
-            )))
-            .context("build the request")?;
+            .header("content-type", content_type);
+        let request = match token {
+            Some(token) => request.header("authorization", format!("Bearer {token}")),
+            None => request,
+        }
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_owned(),
+        )))
+        .context("build the request")?;
         let response = sender
             .send_request(request)
             .await

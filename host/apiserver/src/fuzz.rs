@@ -10,10 +10,10 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
+use crate::endpoints::request::{self, Query};
+use crate::fieldmanager::patch;
 use crate::object;
-use crate::patch;
-use crate::request::{self, Query};
-use crate::typed;
+use crate::registry::typed;
 
 const SEEDS: &[&str] = &[
     r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"nginx","ports":[{"containerPort":80}]}]}}"#,
@@ -145,8 +145,8 @@ fn request_decoding_never_panics_and_refuses_with_4xx() {
 
 /// Applies `config` to `live` and records it as an update: errors must be 4xx.
 fn fuzz_field_management(live: &object::Object, config: &object::Object, force: bool) {
-    use crate::apply::Applied;
-    use crate::managed_fields::{Schema, Scope, record_update};
+    use crate::fieldmanager::apply::Applied;
+    use crate::fieldmanager::managed_fields::{Schema, Scope, record_update};
     let applied = Applied {
         manager: "fuzz",
         force,

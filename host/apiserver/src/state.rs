@@ -6,15 +6,112 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::warn;
 use trellis_api::ApiError;
 use trellis_api::registry::{ResourceInfo, builtins};
 use trellis_store::{ListRequest, Store};
 
 use crate::admission::Chains;
-use crate::crd::{self, CustomResources, Schema};
-use crate::tokens::TokenFile;
-use crate::watch_cache::WatchCache;
+use crate::authentication::tokens::TokenFile;
+use crate::registry::crd::{self, CustomResources, Schema};
+use crate::storage::watch_cache::WatchCache;
+
+/// The server's limits and intervals: Kubernetes' defaults, each a setting so that
+/// tests can shorten what would otherwise make them wait.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Read-only requests served at once before new ones get 429
+    /// (`--max-requests-inflight`); watches are not counted. 0: no limit.
+    pub max_requests_inflight: usize,
+    /// Mutating requests served at once before new ones get 429
+    /// (`--max-mutating-requests-inflight`). 0: no limit.
+    pub max_mutating_requests_inflight: usize,
+    /// How long a request other than a watch may take before it gets 504
+    /// (`--request-timeout`).
+    pub request_timeout: std::time::Duration,
+    /// How long a connection may take to send a request's headers (Go's
+    /// `ReadHeaderTimeout`), after which it is closed.
+    pub header_read_timeout: std::time::Duration,
+    /// How long a connection may stay open without a request in flight.
+    pub idle_timeout: std::time::Duration,
+    /// The longest ServiceAccount token a TokenRequest is given
+    /// (`--service-account-max-token-expiration`); longer requests are cut to it.
+    pub max_token_expiration: Option<std::time::Duration>,
+    /// How often a watch that asked for bookmarks gets one.
+    pub bookmark_interval: std::time::Duration,
+    /// How long a watcher's buffer may stay full before the watcher is dropped (the
+    /// client relists).
+    pub watcher_blocked_timeout: std::time::Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        use std::time::Duration;
+        Self {
+            max_requests_inflight: 400,
+            max_mutating_requests_inflight: 200,
+            request_timeout: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(32),
+            idle_timeout: Duration::from_secs(90),
+            max_token_expiration: None,
+            bookmark_interval: Duration::from_secs(30),
+            watcher_blocked_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// kube-apiserver's `--max-requests-inflight` and `--max-mutating-requests-inflight`:
+/// requests past them get 429 with `Retry-After` instead of queueing without bound.
+/// Long-running requests (watches) and `system:masters` are not counted, so an
+/// administrator can still reach a server that clients flood.
+#[derive(Debug)]
+pub struct Inflight {
+    readonly: Option<Arc<tokio::sync::Semaphore>>,
+    mutating: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl Inflight {
+    pub fn new(settings: &Settings) -> Self {
+        let limit = |n: usize| (n > 0).then(|| Arc::new(tokio::sync::Semaphore::new(n)));
+        Self {
+            readonly: limit(settings.max_requests_inflight),
+            mutating: limit(settings.max_mutating_requests_inflight),
+        }
+    }
+
+    /// A slot for one request, held until it is dropped; `None` when the request is not
+    /// counted.
+    pub fn admit(
+        &self,
+        user: &trellis_api::UserInfo,
+        mutating: bool,
+        long_running: bool,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+        if long_running || user.in_group(trellis_api::user::groups::MASTERS) {
+            return Ok(None);
+        }
+        let pool = if mutating {
+            &self.mutating
+        } else {
+            &self.readonly
+        };
+        let Some(pool) = pool else {
+            return Ok(None);
+        };
+        pool.clone().try_acquire_owned().map(Some).map_err(|_| {
+            let mut e = ApiError::new(
+                429,
+                trellis_api::status::Reason::TooManyRequests,
+                "Too many requests, please try again later.",
+            );
+            e.details = Some(Box::new(trellis_api::status::StatusDetails {
+                retry_after_seconds: Some(1),
+                ..Default::default()
+            }));
+            e
+        })
+    }
+}
 
 /// The OpenAPI documents, serialized once.
 #[derive(Debug)]
@@ -41,11 +138,14 @@ pub struct AppState {
     /// Admission steps and initializers, in order.
     pub chains: Chains,
     /// Namespaces as creates check them (exists, not terminating).
-    pub namespaces: crate::lister::Lister,
-    pub metrics: crate::metrics::Metrics,
+    pub namespaces: crate::storage::lister::Lister,
+    pub metrics: crate::observability::metrics::Metrics,
     /// Signs and checks ServiceAccount tokens.
-    pub signer: crate::sa_token::TokenSigner,
-    pub audit: Option<crate::audit::AuditLog>,
+    pub signer: crate::authentication::sa_token::TokenSigner,
+    pub audit: Option<crate::observability::audit::AuditLog>,
+    pub settings: Settings,
+    /// Requests in flight, against the limits in `settings`.
+    pub inflight: Inflight,
     registry: RwLock<Vec<ResourceInfo>>,
     /// Custom resources and their schemas, from the stored CRDs.
     custom: RwLock<Arc<CustomResources>>,
@@ -54,26 +154,42 @@ pub struct AppState {
     /// The address clients reach the server at, for discovery.
     pub server_address: String,
     /// The WASM plugins, when the server runs them.
-    pub plugins: std::sync::OnceLock<Arc<crate::plugins::PluginManager>>,
+    pub plugins: std::sync::OnceLock<Arc<crate::admission::plugins::PluginManager>>,
+}
+
+/// What the server's state is made from, as [`crate::server::start`] prepares it.
+#[derive(Debug)]
+pub struct Parts {
+    pub store: Arc<dyn Store>,
+    pub cache: Arc<WatchCache>,
+    pub tokens: TokenFile,
+    pub chains: Chains,
+    pub audit: Option<crate::observability::audit::AuditLog>,
+    pub signer: crate::authentication::sa_token::TokenSigner,
+    /// The address clients reach the server at, for discovery.
+    pub server_address: String,
+    pub settings: Settings,
 }
 
 impl AppState {
-    pub fn new(
-        store: Arc<dyn Store>,
-        cache: Arc<WatchCache>,
-        tokens: TokenFile,
-        chains: Chains,
-        audit: Option<crate::audit::AuditLog>,
-        signer: crate::sa_token::TokenSigner,
-        server_address: String,
-    ) -> Arc<Self> {
-        let metrics = crate::metrics::Metrics::default();
-        let store: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore::new(
+    pub fn new(parts: Parts) -> Arc<Self> {
+        let Parts {
+            store,
+            cache,
+            tokens,
+            chains,
+            audit,
+            signer,
+            server_address,
+            settings,
+        } = parts;
+        let metrics = crate::observability::metrics::Metrics::default();
+        let store: Arc<dyn Store> = Arc::new(crate::storage::metered::MeteredStore::new(
             store,
             metrics.store.clone(),
         ));
         chains.init(&store, &cache);
-        let namespaces = crate::lister::Lister::new("", "namespaces");
+        let namespaces = crate::storage::lister::Lister::new("", "namespaces");
         namespaces.init(&store, &cache);
         Arc::new(Self {
             store,
@@ -84,6 +200,8 @@ impl AppState {
             metrics,
             signer,
             audit,
+            inflight: Inflight::new(&settings),
+            settings,
             registry: RwLock::new(builtins()),
             custom: RwLock::new(Arc::new(CustomResources::default())),
             openapi: RwLock::new(None),
@@ -151,7 +269,8 @@ impl AppState {
             .await?;
         let mut custom = CustomResources::default();
         for kv in &page.kvs {
-            let Some(obj) = crate::watch_cache::decode_stored(&kv.value, kv.mod_revision) else {
+            let Some(obj) = crate::storage::watch_cache::decode_stored(&kv.value, kv.mod_revision)
+            else {
                 continue;
             };
             if let Err(reason) = crd::from_crd(&obj, &mut custom) {
@@ -217,7 +336,7 @@ impl AppState {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let mut catalog = crate::openapi::Catalog::builtin().clone();
+        let mut catalog = crate::endpoints::openapi::Catalog::builtin().clone();
         for r in &custom.resources {
             if let Some(schema) =
                 custom
@@ -228,7 +347,7 @@ impl AppState {
             }
         }
         let documents = catalog.v3_documents(&resources);
-        let index = crate::openapi::v3_index_of(&documents);
+        let index = crate::endpoints::openapi::v3_index_of(&documents);
         let v3 = documents
             .iter()
             .map(|(path, doc)| {
@@ -236,13 +355,13 @@ impl AppState {
                     path.clone(),
                     (
                         serde_json::to_vec(doc).unwrap_or_default(),
-                        crate::openapi::content_hash(doc),
+                        crate::endpoints::openapi::content_hash(doc),
                     ),
                 )
             })
             .collect();
         let v2 = catalog.v2_document(&resources);
-        let v2_protobuf = crate::openapi_proto::encode(&v2).unwrap_or_else(|e| {
+        let v2_protobuf = crate::endpoints::openapi_proto::encode(&v2).unwrap_or_else(|e| {
             warn!(error = %e, "encoding OpenAPI v2 as protobuf failed");
             Vec::new()
         });
@@ -258,7 +377,7 @@ impl AppState {
 
     /// Creates the initial namespaces and the bootstrap RBAC roles if missing.
     pub async fn bootstrap(&self) -> anyhow::Result<()> {
-        for (key, mut obj) in crate::rbac::bootstrap_objects() {
+        for (key, mut obj) in crate::authorization::rbac::bootstrap_objects() {
             obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
             obj["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
             match self.store.create(&key, Bytes::from(obj.to_string())).await {
@@ -290,7 +409,7 @@ impl AppState {
 
     /// Creates (or brings up to date) the CRD serving `plugins.trellis.dev`.
     pub async fn install_plugin_crd(&self) -> anyhow::Result<()> {
-        let mut crd = crate::plugins::spec::crd();
+        let mut crd = crate::admission::plugins::spec::crd();
         let name = crd["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
@@ -328,58 +447,4 @@ impl AppState {
         }
         self.refresh_custom_resources().await
     }
-
-    /// A namespace was marked for deletion: delete everything in it, then the
-    /// namespace itself, in the background.
-    pub fn namespace_deleted(&self, name: &str) {
-        let store = self.store.clone();
-        let resources = self.resources();
-        let name = name.to_owned();
-        tokio::spawn(async move {
-            if let Err(e) = empty_namespace(store.as_ref(), &resources, &name).await {
-                warn!(namespace = %name, error = %e, "namespace cleanup failed");
-            }
-        });
-    }
-}
-
-async fn empty_namespace(
-    store: &dyn Store,
-    resources: &[ResourceInfo],
-    name: &str,
-) -> anyhow::Result<()> {
-    for res in resources.iter().filter(|r| r.namespaced) {
-        let prefix = res.namespace_prefix(Some(name));
-        loop {
-            let page = store
-                .list(ListRequest {
-                    limit: Some(500),
-                    ..ListRequest::prefix(&prefix)
-                })
-                .await?;
-            if page.kvs.is_empty() {
-                break;
-            }
-            for kv in &page.kvs {
-                match store.delete(&kv.key, None).await {
-                    Ok(_) | Err(trellis_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if !page.more {
-                break;
-            }
-        }
-    }
-    let namespaces = resources
-        .iter()
-        .find(|r| r.plural == "namespaces" && r.group.is_empty());
-    if let Some(ns) = namespaces {
-        match store.delete(&ns.key(None, name), None).await {
-            Ok(_) | Err(trellis_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    info!(namespace = %name, "namespace deleted");
-    Ok(())
 }

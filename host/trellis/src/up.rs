@@ -88,8 +88,7 @@ impl std::str::FromStr for StoreSpec {
 
 pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let spec: StoreSpec = args.store.parse()?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("create the data directory {}", args.data_dir.display()))?;
+    trellis_apiserver::server::private_data_dir(&args.data_dir)?;
     let (store, redb): (Arc<dyn Store>, Option<Arc<RedbStore>>) = match spec {
         StoreSpec::Redb => {
             let path = args.data_dir.join("store.redb");

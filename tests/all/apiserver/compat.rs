@@ -90,7 +90,8 @@ async fn openapi_v2_protobuf_decodes_and_kubectl_validates_a_list_with_it() -> R
         "{content_type}"
     );
     let document = DynamicMessage::decode(
-        trellis_apiserver::openapi_proto::document_descriptor().map_err(anyhow::Error::msg)?,
+        trellis_apiserver::endpoints::openapi_proto::document_descriptor()
+            .map_err(anyhow::Error::msg)?,
         body.as_slice(),
     )?;
     ensure!(field(&document, "swagger")?.as_str() == Some("2.0"));
@@ -490,19 +491,19 @@ async fn metrics_and_health_endpoints_answer() -> Result<()> {
     let text = String::from_utf8_lossy(&metrics.body);
     for (series, at_least) in [
         (
-            r#"apiserver_request_total{verb="create",resource="configmaps",code="201"}"#,
+            r#"apiserver_request_total{verb="create",group="",version="v1",resource="configmaps",subresource="",scope="namespace",code="201"}"#,
             1.0,
         ),
         (
-            r#"apiserver_request_total{verb="get",resource="configmaps",code="200"}"#,
+            r#"apiserver_request_total{verb="get",group="",version="v1",resource="configmaps",subresource="",scope="resource",code="200"}"#,
             1.0,
         ),
         (
-            r#"apiserver_request_duration_seconds_count{verb="create"}"#,
+            r#"apiserver_request_duration_seconds_count{verb="create",group="",version="v1",resource="configmaps",subresource="",scope="namespace"}"#,
             1.0,
         ),
         (
-            r#"apiserver_request_duration_seconds_bucket{verb="create",le="+Inf"}"#,
+            r#"apiserver_request_duration_seconds_bucket{le="+Inf",verb="create",group="",version="v1",resource="configmaps",subresource="",scope="namespace"}"#,
             1.0,
         ),
         (

@@ -68,7 +68,7 @@ impl Initializer for Refuse {
 fn chains(initializers: Vec<Arc<dyn Initializer>>) -> Chains {
     Chains {
         initializers,
-        ..Chains::builtin()
+        ..trellis_apiserver::admission::builtin()
     }
 }
 

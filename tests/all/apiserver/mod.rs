@@ -2,6 +2,7 @@
 
 mod apply;
 mod compat;
+mod hardening;
 mod initializers;
 mod kubectl;
 mod kubectl_1_20;

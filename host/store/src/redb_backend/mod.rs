@@ -123,6 +123,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Creates `dir` (and its parents) as the owner's alone, 0700, when it is missing.
+fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
 impl RedbStore {
     /// Opens (or creates) the store file and starts its committer thread.
     pub fn open(config: RedbConfig) -> Result<Self> {
@@ -132,7 +141,7 @@ impl RedbStore {
             source,
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| open_err(e.into()))?;
+            private_dir(dir).map_err(|e| open_err(e.into()))?;
         }
         // redb validates its header and checksums; a foreign or damaged file must be an
         // error that names the file, so a panic deep in a decoder is caught here too.
@@ -144,6 +153,13 @@ impl RedbStore {
         })
         .map_err(|_| open_err("the file is not a readable redb database".into()))?
         .map_err(|e| open_err(e.into()))?;
+        // The store holds Secrets: readable by its owner alone.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| open_err(e.into()))?;
+        }
         let (revision, compacted) = init_tables(&db, &path)?;
 
         let shared = Arc::new(Shared {

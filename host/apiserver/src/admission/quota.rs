@@ -1,0 +1,839 @@
+//! ResourceQuota: built-in admission that keeps a namespace within its quotas, and
+//! the accounting that keeps each quota's `status.hard` and `status.used` current.
+//!
+//! What is counted, per namespace: `pods` (those not `Succeeded` or `Failed`),
+//! `configmaps`, `secrets`, `services`, `resourcequotas`, the pods' compute resources
+//! (`requests.cpu`, `requests.memory`, `limits.cpu`, `limits.memory`, and `cpu` and
+//! `memory` as requests; any other `requests.X`/`limits.X` the containers name), and
+//! `count/<resource>[.<group>]` for every resource.
+//!
+//! Scopes (`spec.scopes` and `spec.scopeSelector`, all of which must match) narrow a
+//! quota to the pods they select, as in Kubernetes: `Terminating` and `NotTerminating`
+//! (`activeDeadlineSeconds` set or not), `BestEffort` and `NotBestEffort` (no container
+//! requests or limits, or some), `PriorityClass` (`In`, `NotIn`, `Exists`,
+//! `DoesNotExist` on the pod's `priorityClassName`) and `CrossNamespacePodAffinity`
+//! (affinity terms naming other namespaces). A scoped quota counts and charges pods
+//! only.
+//!
+//! - A create is charged as Kubernetes charges it: under the namespace's lock, the
+//!   new object's usage is added to each matching quota's `status.used` with a
+//!   compare-and-swap write, and the create is refused with 403 (`exceeded quota: …`)
+//!   when a hard limit would be passed. Creates in one namespace are serialized, so
+//!   concurrent creates never pass a quota.
+//! - After any other write to a counted resource (deletes, finalizers removed, pods
+//!   finishing) and after writes of a quota, its usage is recounted from the store.
+//!   The recount includes creates that were charged and not yet stored; their
+//!   reservations end when the create succeeds, or after [`RESERVATION_TTL`] (a
+//!   create that failed after it was charged).
+//!
+//! The lock is the server's own: API servers sharing a store each serialize their own
+//! creates, and their compare-and-swap writes keep `status.used` consistent.
+//!
+//! Which quotas a namespace has is read through a [`Lister`] (the watch cache, or the
+//! store while the cache has not yet seen a quota written through this server), so a
+//! namespace without quotas costs no store read and no lock. Once there is one, the
+//! charge reads the quotas and writes their usage on the store, as above.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+use trellis_api::ApiError;
+use trellis_api::quantity::Quantity;
+use trellis_api::registry::ResourceInfo;
+use trellis_store::{ListRequest, Revision, Store};
+
+use crate::admission::chain::{Admission, Attributes};
+use crate::object::{Object, meta_str, remove_meta};
+use crate::storage::lister::Lister;
+use crate::storage::watch_cache::{WatchCache, decode_stored};
+
+/// How long a charged create may take to appear in the store before its charge is
+/// dropped from recounts: longer than a create waits for its initializers.
+pub const RESERVATION_TTL: Duration = Duration::from_secs(60);
+
+/// Resource amounts by quota resource name (`pods`, `requests.cpu`, `count/secrets`).
+pub type Usage = BTreeMap<String, Quantity>;
+
+/// A charged create not yet seen in the store.
+#[derive(Debug)]
+struct Reservation {
+    key: String,
+    usage: Usage,
+    /// The quotas (by name) whose scopes selected the object.
+    quotas: Vec<String>,
+    expires: Instant,
+}
+
+/// The ResourceQuota admission step.
+#[derive(Debug)]
+pub struct ResourceQuota {
+    store: OnceLock<Arc<dyn Store>>,
+    /// Whether a namespace has quotas at all; the charge itself reads the store.
+    quotas: Lister,
+    /// Per namespace: the lock that serializes its charges and recounts, and the
+    /// reservations it holds.
+    namespaces: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Vec<Reservation>>>>>,
+}
+
+impl Default for ResourceQuota {
+    fn default() -> Self {
+        Self {
+            store: OnceLock::new(),
+            quotas: Lister::new("", "resourcequotas"),
+            namespaces: Mutex::default(),
+        }
+    }
+}
+
+fn quotas_prefix(namespace: &str) -> String {
+    format!("/registry/core/resourcequotas/{namespace}/")
+}
+
+/// The store prefix of `resource` (`pods`, `deployments.apps`) in `namespace`.
+fn objects_prefix(resource: &str, namespace: &str) -> String {
+    let (plural, group) = resource.split_once('.').unwrap_or((resource, "core"));
+    format!("/registry/{group}/{plural}/{namespace}/")
+}
+
+/// The resources a quota resource name counts objects of.
+fn counted_resource(name: &str) -> Option<String> {
+    if let Some(resource) = name.strip_prefix("count/") {
+        return Some(resource.to_owned());
+    }
+    match name {
+        "pods" | "cpu" | "memory" | "ephemeral-storage" => Some("pods".into()),
+        _ if name.starts_with("requests.") || name.starts_with("limits.") => Some("pods".into()),
+        "configmaps" | "secrets" | "services" | "resourcequotas" => Some(name.to_owned()),
+        _ => None,
+    }
+}
+
+/// A pod's requests and limits by resource: containers summed; init containers run
+/// one at a time, so each resource takes the larger of that sum and the largest init
+/// container. A limit without a request stands for the request, as Kubernetes defaults.
+fn pod_compute(pod: &Object) -> Usage {
+    let spec = pod.get("spec");
+    let list = |key: &str| {
+        spec.and_then(|s| s.get(key))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let container_usage = |c: &Value| {
+        let mut out = Usage::new();
+        let resources = c.get("resources");
+        let amounts = |key: &str| {
+            resources
+                .and_then(|r| r.get(key))
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (requests, limits) = (amounts("requests"), amounts("limits"));
+        for (name, value) in &limits {
+            if let Some(q) = value.as_str().and_then(|v| Quantity::parse(v).ok()) {
+                out.insert(format!("limits.{name}"), q);
+                if !requests.contains_key(name) {
+                    out.insert(format!("requests.{name}"), q);
+                }
+            }
+        }
+        for (name, value) in &requests {
+            if let Some(q) = value.as_str().and_then(|v| Quantity::parse(v).ok()) {
+                out.insert(format!("requests.{name}"), q);
+            }
+        }
+        out
+    };
+    let mut total = Usage::new();
+    for c in list("containers") {
+        for (k, v) in container_usage(&c) {
+            let sum = total.get(&k).copied().unwrap_or_default().saturating_add(v);
+            total.insert(k, sum);
+        }
+    }
+    for c in list("initContainers") {
+        for (k, v) in container_usage(&c) {
+            if total.get(&k).is_none_or(|t| *t < v) {
+                total.insert(k, v);
+            }
+        }
+    }
+    total
+}
+
+/// Whether `quota`'s scopes select `obj`, an object of `group`/`plural`: a quota
+/// without scopes selects every object; a scoped one selects pods only, those that
+/// match each of its scopes.
+fn selects(quota: &Object, group: &str, plural: &str, obj: &Object) -> bool {
+    let spec = quota.get("spec");
+    let scopes: Vec<&str> = spec
+        .and_then(|s| s.get("scopes"))
+        .and_then(Value::as_array)
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let expressions: Vec<&Value> = spec
+        .and_then(|s| s.pointer("/scopeSelector/matchExpressions"))
+        .and_then(Value::as_array)
+        .map(|l| l.iter().collect())
+        .unwrap_or_default();
+    if scopes.is_empty() && expressions.is_empty() {
+        return true;
+    }
+    if !group.is_empty() || plural != "pods" {
+        return false;
+    }
+    scopes
+        .iter()
+        .all(|scope| pod_in_scope(obj, scope, "Exists", &[]))
+        && expressions.iter().all(|e| {
+            let values: Vec<&str> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|l| l.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            pod_in_scope(
+                obj,
+                e.get("scopeName")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                e.get("operator")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                &values,
+            )
+        })
+}
+
+/// Whether `pod` is in `scope` (with `operator` and `values` for the scopes that take
+/// them; `Exists` for a scope named in `spec.scopes`). Unknown scopes select nothing.
+fn pod_in_scope(pod: &Object, scope: &str, operator: &str, values: &[&str]) -> bool {
+    let spec = pod.get("spec");
+    let matches = |holds: bool| match operator {
+        "Exists" => holds,
+        "DoesNotExist" => !holds,
+        _ => false,
+    };
+    let terminating = spec
+        .and_then(|s| s.get("activeDeadlineSeconds"))
+        .and_then(Value::as_i64)
+        .is_some_and(|d| d >= 0);
+    match scope {
+        "Terminating" => matches(terminating),
+        "NotTerminating" => matches(!terminating),
+        "BestEffort" => matches(pod_compute(pod).is_empty()),
+        "NotBestEffort" => matches(!pod_compute(pod).is_empty()),
+        "CrossNamespacePodAffinity" => matches(cross_namespace_affinity(pod)),
+        "PriorityClass" => {
+            let class = spec
+                .and_then(|s| s.get("priorityClassName"))
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty());
+            match operator {
+                "In" => class.is_some_and(|c| values.contains(&c)),
+                "NotIn" => class.is_none_or(|c| !values.contains(&c)),
+                "Exists" => class.is_some(),
+                "DoesNotExist" => class.is_none(),
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Whether a pod's (anti-)affinity terms reach into other namespaces: a term with
+/// `namespaces` or a `namespaceSelector`.
+fn cross_namespace_affinity(pod: &Object) -> bool {
+    let Some(affinity) = pod.get("spec").and_then(|s| s.get("affinity")) else {
+        return false;
+    };
+    ["podAffinity", "podAntiAffinity"].iter().any(|kind| {
+        let Some(rules) = affinity.get(*kind) else {
+            return false;
+        };
+        let required = rules
+            .get("requiredDuringSchedulingIgnoredDuringExecution")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten();
+        let preferred = rules
+            .get("preferredDuringSchedulingIgnoredDuringExecution")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|w| w.get("podAffinityTerm"));
+        required.chain(preferred).any(|term| {
+            term.get("namespaces")
+                .and_then(Value::as_array)
+                .is_some_and(|n| !n.is_empty())
+                || term.get("namespaceSelector").is_some_and(|s| !s.is_null())
+        })
+    })
+}
+
+/// What one object of `group`/`plural` counts for in its namespace's quotas.
+pub fn usage_of(group: &str, plural: &str, obj: &Object) -> Usage {
+    let mut usage = Usage::new();
+    let one = Quantity::from_units(1);
+    let qualified = if group.is_empty() {
+        plural.to_owned()
+    } else {
+        format!("{plural}.{group}")
+    };
+    usage.insert(format!("count/{qualified}"), one);
+    if !group.is_empty() {
+        return usage;
+    }
+    match plural {
+        "pods" => {
+            let phase = obj
+                .get("status")
+                .and_then(|s| s.get("phase"))
+                .and_then(Value::as_str);
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                return usage;
+            }
+            usage.insert("pods".into(), one);
+            for (k, v) in pod_compute(obj) {
+                if let Some(bare) = k.strip_prefix("requests.") {
+                    usage.insert(bare.to_owned(), v);
+                }
+                usage.insert(k, v);
+            }
+        }
+        "configmaps" | "secrets" | "services" | "resourcequotas" => {
+            usage.insert(plural.to_owned(), one);
+        }
+        _ => {}
+    }
+    usage
+}
+
+/// `a=1,b=2`, sorted, as Kubernetes prints resource lists in quota messages.
+fn pretty(list: &Usage) -> String {
+    list.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads `hard` or `used` of a quota into quantities; bad entries are skipped (the
+/// validation of ResourceQuota refuses them on write).
+fn amounts(obj: &Object, (outer, inner): (&str, &str)) -> Usage {
+    obj.get(outer)
+        .and_then(|o| o.get(inner))
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), Quantity::parse(v.as_str()?).ok()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn to_json(list: &Usage) -> Value {
+    Value::Object(
+        list.iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+fn store_failed(e: trellis_store::Error) -> ApiError {
+    ApiError::internal(format!("reading or writing resource quotas: {e}"))
+}
+
+impl ResourceQuota {
+    fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.store.get()
+    }
+
+    fn namespace_lock(&self, namespace: &str) -> Arc<tokio::sync::Mutex<Vec<Reservation>>> {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(namespace.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    async fn quotas(
+        store: &dyn Store,
+        namespace: &str,
+    ) -> Result<Vec<(Object, Revision)>, ApiError> {
+        let page = store
+            .list(ListRequest::prefix(quotas_prefix(namespace)))
+            .await
+            .map_err(store_failed)?;
+        Ok(page
+            .kvs
+            .iter()
+            .filter_map(|kv| Some((decode_stored(&kv.value, kv.mod_revision)?, kv.mod_revision)))
+            .collect())
+    }
+
+    /// The usage of `quota`'s resources in `namespace`, counted from the store (the
+    /// objects its scopes select), plus the reservations of creates not yet stored
+    /// (expired ones are dropped).
+    async fn count(
+        store: &dyn Store,
+        namespace: &str,
+        quota: &Object,
+        reservations: &mut Vec<Reservation>,
+    ) -> Result<Usage, ApiError> {
+        let names: Vec<String> = amounts(quota, ("spec", "hard")).into_keys().collect();
+        let quota_name = meta_str(quota, "name").unwrap_or_default();
+        let mut resources: Vec<String> = names.iter().filter_map(|n| counted_resource(n)).collect();
+        resources.sort();
+        resources.dedup();
+        let mut used: Usage = names.iter().map(|n| (n.clone(), Quantity::ZERO)).collect();
+        let mut stored_keys = std::collections::HashSet::new();
+        for resource in &resources {
+            let prefix = objects_prefix(resource, namespace);
+            let page = store
+                .list(ListRequest::prefix(&prefix))
+                .await
+                .map_err(store_failed)?;
+            let (plural, group) = resource.split_once('.').unwrap_or((resource.as_str(), ""));
+            for kv in &page.kvs {
+                stored_keys.insert(kv.key.clone());
+                let Some(obj) = decode_stored(&kv.value, kv.mod_revision) else {
+                    continue;
+                };
+                if !selects(quota, group, plural, &obj) {
+                    continue;
+                }
+                for (k, v) in usage_of(group, plural, &obj) {
+                    if let Some(total) = used.get_mut(&k) {
+                        *total = total.saturating_add(v);
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        reservations.retain(|r| r.expires > now && !stored_keys.contains(&r.key));
+        for r in reservations
+            .iter()
+            .filter(|r| r.quotas.iter().any(|q| q == quota_name))
+        {
+            for (k, v) in &r.usage {
+                if let Some(total) = used.get_mut(k) {
+                    *total = total.saturating_add(*v);
+                }
+            }
+        }
+        Ok(used)
+    }
+
+    /// Writes `status` of a quota when it differs; a conflict is left to the next
+    /// recount (someone else wrote it meanwhile).
+    async fn write_status(
+        store: &dyn Store,
+        mut quota: Object,
+        rev: Revision,
+        hard: &Usage,
+        used: &Usage,
+    ) -> Result<bool, ApiError> {
+        let status = json!({"hard": to_json(hard), "used": to_json(used)});
+        if quota.get("status") == Some(&status) {
+            return Ok(true);
+        }
+        quota.insert("status".into(), status);
+        remove_meta(&mut quota, "resourceVersion");
+        let key = format!(
+            "{}{}",
+            quotas_prefix(meta_str(&quota, "namespace").unwrap_or_default()),
+            meta_str(&quota, "name").unwrap_or_default()
+        );
+        let body = Bytes::from(serde_json::to_vec(&quota).unwrap_or_default());
+        match store.update(&key, body, Some(rev)).await {
+            Ok(_) => Ok(true),
+            Err(trellis_store::Error::Conflict { .. } | trellis_store::Error::NotFound { .. }) => {
+                Ok(false)
+            }
+            Err(e) => Err(store_failed(e)),
+        }
+    }
+
+    /// Whether `namespace` has no quota.
+    async fn unlimited(&self, namespace: &str) -> Result<bool, ApiError> {
+        self.quotas.is_empty(namespace).await.map_err(store_failed)
+    }
+
+    /// Recounts every quota of `namespace` from the store and writes their status.
+    pub async fn recount(&self, namespace: &str) -> Result<(), ApiError> {
+        let Some(store) = self.store() else {
+            return Ok(());
+        };
+        if self.unlimited(namespace).await? {
+            return Ok(());
+        }
+        let lock = self.namespace_lock(namespace);
+        let mut reservations = lock.lock().await;
+        for _ in 0..4 {
+            let quotas = Self::quotas(store.as_ref(), namespace).await?;
+            let mut all_written = true;
+            for (quota, rev) in quotas {
+                let hard = amounts(&quota, ("spec", "hard"));
+                let used =
+                    Self::count(store.as_ref(), namespace, &quota, &mut reservations).await?;
+                all_written &= Self::write_status(store.as_ref(), quota, rev, &hard, &used).await?;
+            }
+            if all_written {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the reservations of `namespace` whose objects are now stored.
+    async fn settle(&self, namespace: &str) -> Result<(), ApiError> {
+        let Some(store) = self.store() else {
+            return Ok(());
+        };
+        // Only namespaces that were charged hold reservations.
+        let Some(lock) = self
+            .namespaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(namespace)
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let mut reservations = lock.lock().await;
+        let mut kept = Vec::with_capacity(reservations.len());
+        for r in reservations.drain(..) {
+            if r.expires > Instant::now()
+                && store.get(&r.key).await.map_err(store_failed)?.is_none()
+            {
+                kept.push(r);
+            }
+        }
+        *reservations = kept;
+        Ok(())
+    }
+
+    /// Charges a create of `obj` to the quotas of `namespace`, or refuses it.
+    async fn charge(
+        &self,
+        attrs: &Attributes<'_>,
+        namespace: &str,
+        obj: &Object,
+    ) -> Result<(), ApiError> {
+        let Some(store) = self.store() else {
+            return Ok(());
+        };
+        // Most namespaces have no quota: they cost a read of the cache and no lock.
+        if self.unlimited(namespace).await? {
+            return Ok(());
+        }
+        let usage = usage_of(&attrs.resource.group, &attrs.resource.plural, obj);
+        let refuse = |reason: String| {
+            ApiError::admission_forbidden(
+                &attrs.resource.group,
+                &attrs.resource.plural,
+                attrs.name,
+                &reason,
+            )
+        };
+        let lock = self.namespace_lock(namespace);
+        let mut reservations = lock.lock().await;
+        // A create that will fail as AlreadyExists is not charged.
+        let key = attrs.resource.key(Some(namespace), attrs.name);
+        if store.get(&key).await.map_err(store_failed)?.is_some() {
+            return Ok(());
+        }
+        for _ in 0..8 {
+            let quotas = Self::quotas(store.as_ref(), namespace).await?;
+            if quotas.is_empty() {
+                return Ok(());
+            }
+            let mut charged = Vec::new();
+            let mut selected = Vec::new();
+            for (quota, rev) in &quotas {
+                if !selects(quota, &attrs.resource.group, &attrs.resource.plural, obj) {
+                    continue;
+                }
+                let quota_name = meta_str(quota, "name").unwrap_or_default().to_owned();
+                selected.push(quota_name.clone());
+                let hard = amounts(quota, ("spec", "hard"));
+                let status_current = amounts(quota, ("status", "hard")) == hard
+                    && quota.get("status").and_then(|s| s.get("used")).is_some();
+                let mut used = if status_current {
+                    amounts(quota, ("status", "used"))
+                } else {
+                    Self::count(store.as_ref(), namespace, quota, &mut reservations).await?
+                };
+                // Compute quotas need pods to say what they use.
+                if attrs.resource.group.is_empty() && attrs.resource.plural == "pods" {
+                    let compute = |k: &str| {
+                        matches!(k, "cpu" | "memory")
+                            || k.strip_prefix("requests.")
+                                .or_else(|| k.strip_prefix("limits."))
+                                .is_some_and(|r| matches!(r, "cpu" | "memory"))
+                    };
+                    let missing: Vec<&str> = hard
+                        .keys()
+                        .filter(|k| compute(k) && !usage.contains_key(*k))
+                        .map(String::as_str)
+                        .collect();
+                    if !missing.is_empty() && usage.contains_key("pods") {
+                        return Err(refuse(format!(
+                            "failed quota: {quota_name}: must specify {}",
+                            missing.join(",")
+                        )));
+                    }
+                }
+                let mut exceeded = Vec::new();
+                for (name, limit) in &hard {
+                    let Some(delta) = usage.get(name) else {
+                        continue;
+                    };
+                    let current = used.get(name).copied().unwrap_or_default();
+                    if current.saturating_add(*delta) > *limit {
+                        exceeded.push(name.clone());
+                    }
+                    used.insert(name.clone(), current.saturating_add(*delta));
+                }
+                if !exceeded.is_empty() {
+                    let mask = |list: &Usage| -> Usage {
+                        exceeded
+                            .iter()
+                            .map(|k| (k.clone(), list.get(k).copied().unwrap_or_default()))
+                            .collect()
+                    };
+                    let before: Usage = exceeded
+                        .iter()
+                        .map(|k| {
+                            let after = used.get(k).copied().unwrap_or_default();
+                            let delta = usage.get(k).copied().unwrap_or_default();
+                            (k.clone(), after.saturating_sub(delta))
+                        })
+                        .collect();
+                    return Err(refuse(format!(
+                        "exceeded quota: {quota_name}, requested: {}, used: {}, limited: {}",
+                        pretty(&mask(&usage)),
+                        pretty(&before),
+                        pretty(&mask(&hard)),
+                    )));
+                }
+                if hard.keys().any(|k| usage.contains_key(k)) || !status_current {
+                    charged.push((quota.clone(), *rev, hard, used));
+                }
+            }
+            if attrs.dry_run {
+                return Ok(());
+            }
+            let mut all_written = true;
+            for (quota, rev, hard, used) in charged {
+                if !Self::write_status(store.as_ref(), quota, rev, &hard, &used).await? {
+                    all_written = false;
+                    break;
+                }
+            }
+            if all_written {
+                reservations.push(Reservation {
+                    key,
+                    usage,
+                    quotas: selected,
+                    expires: Instant::now() + RESERVATION_TTL,
+                });
+                return Ok(());
+            }
+            // Another server (or a status write) changed a quota: charge again.
+        }
+        Err(ApiError::conflict(
+            "",
+            "resourcequotas",
+            namespace,
+            "too many concurrent changes to the namespace's quotas; try again",
+        ))
+    }
+}
+
+#[async_trait]
+impl Admission for ResourceQuota {
+    fn name(&self) -> &str {
+        crate::admission::chain::RESOURCE_QUOTA
+    }
+
+    fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
+        let _ = self.store.set(store.clone());
+        self.quotas.init(store, cache);
+    }
+
+    async fn validate(
+        &self,
+        attrs: &Attributes<'_>,
+        obj: &Object,
+        _old: Option<&Object>,
+    ) -> Result<(), ApiError> {
+        match (attrs.operation, attrs.namespace, attrs.subresource) {
+            ("CREATE", Some(namespace), None) => self.charge(attrs, namespace, obj).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn written(&self, resource: &ResourceInfo, verb: &str, namespace: Option<&str>) {
+        let Some(namespace) = namespace else {
+            return;
+        };
+        let is_quota = self.quotas.lists(resource);
+        if is_quota {
+            // Before the recount below, which must find a quota just created.
+            self.quotas.written().await;
+        }
+        // Creates were charged already: their reservations end now that they are
+        // stored. Everything else may change what is used.
+        let done = if verb == "create" && !is_quota {
+            self.settle(namespace).await
+        } else {
+            self.recount(namespace).await
+        };
+        if let Err(e) = done {
+            tracing::warn!(namespace, error = %e.message, "recounting resource quotas failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> Quantity {
+        Quantity::parse(s).unwrap()
+    }
+
+    fn obj(v: Value) -> Object {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn scopes_select_pods_as_kubernetes_does() {
+        let quota = |spec: Value| obj(json!({"metadata": {"name": "q"}, "spec": spec}));
+        let pod = |spec: Value| obj(json!({"metadata": {"name": "p"}, "spec": spec}));
+        let best_effort = pod(json!({"containers": [{"name": "a"}]}));
+        let sized = pod(json!({"containers": [{"name": "a",
+            "resources": {"requests": {"cpu": "100m"}}}]}));
+        let deadline = pod(
+            json!({"activeDeadlineSeconds": 30, "priorityClassName": "high",
+            "containers": [{"name": "a"}]}),
+        );
+        let reaching = pod(
+            json!({"containers": [{"name": "a"}], "affinity": {"podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "zone", "namespaces": ["other"]}]}}}),
+        );
+        let cm = obj(json!({"metadata": {"name": "c"}}));
+
+        let unscoped = quota(json!({"hard": {"pods": "1"}}));
+        assert!(selects(&unscoped, "", "pods", &sized));
+        assert!(selects(&unscoped, "", "configmaps", &cm));
+
+        let scoped = |scopes: &[&str]| quota(json!({"scopes": scopes}));
+        let be = scoped(&["BestEffort"]);
+        assert!(selects(&be, "", "pods", &best_effort));
+        assert!(!selects(&be, "", "pods", &sized));
+        assert!(
+            !selects(&be, "", "configmaps", &cm),
+            "scoped quotas count pods only"
+        );
+        assert!(selects(&scoped(&["NotBestEffort"]), "", "pods", &sized));
+        assert!(selects(&scoped(&["Terminating"]), "", "pods", &deadline));
+        assert!(!selects(&scoped(&["Terminating"]), "", "pods", &sized));
+        assert!(selects(&scoped(&["NotTerminating"]), "", "pods", &sized));
+        assert!(selects(
+            &scoped(&["CrossNamespacePodAffinity"]),
+            "",
+            "pods",
+            &reaching
+        ));
+        assert!(!selects(
+            &scoped(&["CrossNamespacePodAffinity"]),
+            "",
+            "pods",
+            &sized
+        ));
+        // Every scope must match.
+        assert!(selects(
+            &scoped(&["Terminating", "BestEffort"]),
+            "",
+            "pods",
+            &deadline
+        ));
+        assert!(!selects(
+            &scoped(&["Terminating", "NotBestEffort"]),
+            "",
+            "pods",
+            &deadline
+        ));
+
+        let priority = |operator: &str, values: &[&str]| {
+            quota(json!({"scopeSelector": {"matchExpressions": [
+                {"scopeName": "PriorityClass", "operator": operator, "values": values}]}}))
+        };
+        assert!(selects(&priority("In", &["high"]), "", "pods", &deadline));
+        assert!(!selects(&priority("In", &["low"]), "", "pods", &deadline));
+        assert!(!selects(&priority("In", &["high"]), "", "pods", &sized));
+        assert!(selects(&priority("NotIn", &["high"]), "", "pods", &sized));
+        assert!(!selects(
+            &priority("NotIn", &["high"]),
+            "",
+            "pods",
+            &deadline
+        ));
+        assert!(selects(&priority("Exists", &[]), "", "pods", &deadline));
+        assert!(selects(&priority("DoesNotExist", &[]), "", "pods", &sized));
+        assert!(!selects(&priority("Bogus", &[]), "", "pods", &sized));
+    }
+
+    #[test]
+    fn a_pod_counts_its_containers_and_its_largest_init_container() {
+        let pod = obj(json!({"spec": {
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "500m"}}},
+                {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "128Mi"}}},
+            ],
+            "initContainers": [
+                {"name": "i", "resources": {"requests": {"cpu": "2"}}},
+            ],
+        }}));
+        let usage = usage_of("", "pods", &pod);
+        assert_eq!(usage["pods"], q("1"));
+        assert_eq!(usage["count/pods"], q("1"));
+        // b's limits stand for its requests; the init container's 2 cpu wins.
+        assert_eq!(usage["requests.cpu"], q("2"));
+        assert_eq!(usage["cpu"], q("2"));
+        assert_eq!(usage["limits.cpu"], q("1500m"));
+        assert_eq!(usage["requests.memory"], q("192Mi"));
+        assert_eq!(usage["limits.memory"], q("128Mi"));
+        let done = obj(json!({"spec": {"containers": []}, "status": {"phase": "Succeeded"}}));
+        assert!(!usage_of("", "pods", &done).contains_key("pods"));
+    }
+
+    #[test]
+    fn counted_resources_map_to_store_prefixes() {
+        assert_eq!(counted_resource("requests.cpu").as_deref(), Some("pods"));
+        assert_eq!(
+            counted_resource("count/deployments.apps").as_deref(),
+            Some("deployments.apps")
+        );
+        assert_eq!(counted_resource("secrets").as_deref(), Some("secrets"));
+        assert_eq!(counted_resource("persistentvolumeclaims"), None);
+        assert_eq!(
+            objects_prefix("deployments.apps", "ns"),
+            "/registry/apps/deployments/ns/"
+        );
+        assert_eq!(objects_prefix("pods", "ns"), "/registry/core/pods/ns/");
+        let mut usage = Usage::new();
+        usage.insert("requests.cpu".into(), q("500m"));
+        usage.insert("pods".into(), q("1"));
+        assert_eq!(pretty(&usage), "pods=1,requests.cpu=500m");
+    }
+}

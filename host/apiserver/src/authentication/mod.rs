@@ -1,0 +1,68 @@
+//! Who is asking: client certificates (verified by TLS), bearer tokens from the token
+//! file, and ServiceAccount tokens.
+//!
+//! # Layout
+//! - [`tokens`]: the static token file and the admin's token.
+//! - [`sa_token`]: ServiceAccount tokens: signing and checking.
+
+pub mod sa_token;
+pub mod tokens;
+
+use axum::http::{HeaderMap, header};
+use trellis_api::{ApiError, UserInfo};
+
+use crate::state::AppState;
+
+/// The identity a connection's verified client certificate proves, if any.
+#[derive(Clone, Debug, Default)]
+pub struct Peer(pub Option<UserInfo>);
+
+/// Who is asking: a verified client certificate, else a bearer token; anonymous
+/// requests are refused.
+pub async fn authenticate(
+    state: &AppState,
+    peer: &Peer,
+    headers: &HeaderMap,
+) -> Result<UserInfo, ApiError> {
+    // As kube-apiserver's union of authenticators: a verified client certificate
+    // first, then a bearer token (a ServiceAccount token, or one of tokens.csv).
+    if let Some(user) = &peer.0 {
+        return Ok(user.clone());
+    }
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(ApiError::unauthorized)?;
+    let token = auth
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or_else(ApiError::unauthorized)?;
+    if sa_token::looks_like_jwt(token) {
+        return service_account(state, token)
+            .await
+            .ok_or_else(ApiError::unauthorized);
+    }
+    state
+        .tokens
+        .lookup(token)
+        .cloned()
+        .ok_or_else(ApiError::unauthorized)
+}
+
+/// The ServiceAccount a token names, if it is valid and the account still exists
+/// with the uid the token was issued for.
+async fn service_account(state: &AppState, token: &str) -> Option<UserInfo> {
+    let claims = state
+        .signer
+        .verify(token, jiff::Timestamp::now().as_second())?;
+    let accounts = state.resource("", "v1", "serviceaccounts").ok()?;
+    let kv = state
+        .store
+        .get(&accounts.key(Some(&claims.namespace), &claims.name))
+        .await
+        .ok()??;
+    let account = crate::storage::watch_cache::decode_stored(&kv.value, kv.mod_revision)?;
+    (crate::object::meta_str(&account, "uid") == Some(claims.uid.as_str()))
+        .then(|| sa_token::user_of(&claims))
+}

@@ -1,0 +1,460 @@
+//! Authorization: RBAC with Kubernetes' semantics, and the bootstrap roles.
+//!
+//! A request is allowed if any rule of a role bound to the user allows it:
+//! ClusterRoleBindings grant their ClusterRole everywhere, RoleBindings grant their
+//! Role or ClusterRole in their own namespace. Members of `system:masters` are allowed
+//! everything without a lookup, as in Kubernetes. Role aggregation is not served.
+//!
+//! Bindings and roles are read from the store on each check of a user outside
+//! `system:masters`; the informer-backed cache that removes those reads belongs to the
+//! controller runtime.
+
+use serde_json::{Value, json};
+use trellis_api::user::groups;
+use trellis_api::{ApiError, UserInfo};
+use trellis_store::{ListRequest, Store};
+
+use crate::object::Object;
+use crate::storage::watch_cache::decode_stored;
+
+/// What is being asked, in RBAC's terms.
+#[derive(Clone, Debug)]
+pub struct Attributes<'a> {
+    pub verb: &'a str,
+    pub group: &'a str,
+    /// The resource, with `/subresource` when there is one.
+    pub resource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+fn contains(list: Option<&Value>, want: &str) -> bool {
+    list.and_then(Value::as_array).is_some_and(|l| {
+        l.iter()
+            .filter_map(Value::as_str)
+            .any(|v| v == "*" || v == want)
+    })
+}
+
+/// Whether a rule's `resources` cover `resource` (`res` or `res/sub`): `*`, the exact
+/// name, `res/*` for every subresource of `res`, or `*/sub` for `sub` of everything.
+fn resource_matches(rule: &Value, resource: &str) -> bool {
+    let Some(list) = rule.get("resources").and_then(Value::as_array) else {
+        return false;
+    };
+    let sub = resource.split_once('/');
+    list.iter().filter_map(Value::as_str).any(|entry| {
+        entry == "*"
+            || entry == resource
+            || sub.is_some_and(|(res, sub)| {
+                entry == format!("{res}/*") || entry == format!("*/{sub}")
+            })
+    })
+}
+
+/// Whether one PolicyRule allows the request.
+pub fn rule_allows(rule: &Value, a: &Attributes<'_>) -> bool {
+    let names = rule.get("resourceNames").and_then(Value::as_array);
+    let name_ok = names.is_none_or(|n| n.is_empty())
+        || (!a.name.is_empty() && contains(rule.get("resourceNames"), a.name));
+    contains(rule.get("verbs"), a.verb)
+        && contains(rule.get("apiGroups"), a.group)
+        && resource_matches(rule, a.resource)
+        && name_ok
+}
+
+/// Whether a binding's subjects include the user.
+pub fn subject_matches(subject: &Value, user: &UserInfo, binding_namespace: &str) -> bool {
+    let name = subject.get("name").and_then(Value::as_str).unwrap_or("");
+    match subject.get("kind").and_then(Value::as_str) {
+        Some("User") => name == user.name,
+        Some("Group") => user.in_group(name),
+        Some("ServiceAccount") => {
+            let ns = subject
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or(binding_namespace);
+            user.name == format!("system:serviceaccount:{ns}:{name}")
+        }
+        _ => false,
+    }
+}
+
+async fn list(store: &dyn Store, prefix: &str) -> Result<Vec<Object>, ApiError> {
+    let page = store
+        .list(ListRequest::prefix(prefix))
+        .await
+        .map_err(|e| ApiError::internal(format!("read RBAC objects: {e}")))?;
+    Ok(page
+        .kvs
+        .iter()
+        .filter_map(|kv| decode_stored(&kv.value, kv.mod_revision))
+        .collect())
+}
+
+async fn get(store: &dyn Store, key: &str) -> Result<Option<Object>, ApiError> {
+    let kv = store
+        .get(key)
+        .await
+        .map_err(|e| ApiError::internal(format!("read RBAC objects: {e}")))?;
+    Ok(kv.and_then(|kv| decode_stored(&kv.value, kv.mod_revision)))
+}
+
+const RBAC: &str = "/registry/rbac.authorization.k8s.io/";
+
+async fn role_rules(
+    store: &dyn Store,
+    role_ref: &Value,
+    namespace: &str,
+) -> Result<Vec<Value>, ApiError> {
+    let name = role_ref.get("name").and_then(Value::as_str).unwrap_or("");
+    let key = match role_ref.get("kind").and_then(Value::as_str) {
+        Some("ClusterRole") => format!("{RBAC}clusterroles/{name}"),
+        Some("Role") if !namespace.is_empty() => format!("{RBAC}roles/{namespace}/{name}"),
+        _ => return Ok(Vec::new()),
+    };
+    Ok(get(store, &key)
+        .await?
+        .and_then(|role| role.get("rules").and_then(Value::as_array).cloned())
+        .unwrap_or_default())
+}
+
+/// Allows the request or explains the refusal.
+pub async fn authorize(
+    store: &dyn Store,
+    user: &UserInfo,
+    a: &Attributes<'_>,
+) -> Result<(), ApiError> {
+    if user.in_group(groups::MASTERS)
+        || any_rule(store, user, a.namespace, |rule| rule_allows(rule, a)).await?
+    {
+        return Ok(());
+    }
+    Err(ApiError::forbidden(
+        &user.name,
+        a.verb,
+        a.group,
+        a.resource,
+        a.namespace,
+        a.name,
+    ))
+}
+
+/// Allows a request for a non-resource URL (`/metrics`, `/api`, `/openapi/v2`) when a
+/// ClusterRole bound to the user has a `nonResourceURLs` rule for it, or explains the
+/// refusal as kube-apiserver does.
+pub async fn authorize_non_resource(
+    store: &dyn Store,
+    user: &UserInfo,
+    verb: &str,
+    path: &str,
+) -> Result<(), ApiError> {
+    // Only cluster-wide bindings grant non-resource URLs.
+    if user.in_group(groups::MASTERS)
+        || any_rule(store, user, "", |rule| {
+            non_resource_rule_allows(rule, verb, path)
+        })
+        .await?
+    {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        403,
+        trellis_api::status::Reason::Forbidden,
+        format!(
+            "forbidden: User \"{}\" cannot {verb} path \"{path}\"",
+            user.name
+        ),
+    ))
+}
+
+/// Whether a rule of a role bound to `user` (cluster-wide, or in `namespace`) passes
+/// `allows`.
+async fn any_rule(
+    store: &dyn Store,
+    user: &UserInfo,
+    namespace: &str,
+    allows: impl Fn(&Value) -> bool,
+) -> Result<bool, ApiError> {
+    let mut bindings: Vec<(Object, String)> = list(store, &format!("{RBAC}clusterrolebindings/"))
+        .await?
+        .into_iter()
+        .map(|b| (b, String::new()))
+        .collect();
+    if !namespace.is_empty() {
+        bindings.extend(
+            list(store, &format!("{RBAC}rolebindings/{namespace}/"))
+                .await?
+                .into_iter()
+                .map(|b| (b, namespace.to_owned())),
+        );
+    }
+    for (binding, namespace) in bindings {
+        let bound = binding
+            .get("subjects")
+            .and_then(Value::as_array)
+            .is_some_and(|s| s.iter().any(|s| subject_matches(s, user, &namespace)));
+        let Some(role_ref) = binding.get("roleRef").filter(|_| bound) else {
+            continue;
+        };
+        if role_rules(store, role_ref, &namespace)
+            .await?
+            .iter()
+            .any(&allows)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Every rule granted to `user` in `namespace` (cluster-wide grants included), as
+/// SelfSubjectRulesReviews list them. Unlike [`authorize`], `system:masters` gets no
+/// shortcut here: its rules are those of the roles bound to it (`cluster-admin`).
+pub async fn rules_for(
+    store: &dyn Store,
+    user: &UserInfo,
+    namespace: &str,
+) -> Result<Vec<Value>, ApiError> {
+    let mut bindings: Vec<(Object, String)> = list(store, &format!("{RBAC}clusterrolebindings/"))
+        .await?
+        .into_iter()
+        .map(|b| (b, String::new()))
+        .collect();
+    if !namespace.is_empty() {
+        bindings.extend(
+            list(store, &format!("{RBAC}rolebindings/{namespace}/"))
+                .await?
+                .into_iter()
+                .map(|b| (b, namespace.to_owned())),
+        );
+    }
+    let mut rules = Vec::new();
+    for (binding, binding_namespace) in bindings {
+        let bound = binding
+            .get("subjects")
+            .and_then(Value::as_array)
+            .is_some_and(|s| {
+                s.iter()
+                    .any(|s| subject_matches(s, user, &binding_namespace))
+            });
+        if let (true, Some(role_ref)) = (bound, binding.get("roleRef")) {
+            rules.extend(role_rules(store, role_ref, &binding_namespace).await?);
+        }
+    }
+    Ok(rules)
+}
+
+/// Whether one rule allows `verb` on a non-resource URL (`/healthz`, `/api/*`).
+pub fn non_resource_rule_allows(rule: &Value, verb: &str, path: &str) -> bool {
+    let urls = rule.get("nonResourceURLs").and_then(Value::as_array);
+    contains(rule.get("verbs"), verb)
+        && urls.is_some_and(|urls| {
+            urls.iter().filter_map(Value::as_str).any(|u| {
+                u == "*" || u == path || u.strip_suffix('*').is_some_and(|p| path.starts_with(p))
+            })
+        })
+}
+
+/// The roles and bindings every cluster starts with.
+pub fn bootstrap_objects() -> Vec<(String, Value)> {
+    let cluster_role = |name: &str, rules: Value| {
+        (
+            format!("{RBAC}clusterroles/{name}"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                   "rules": rules}),
+        )
+    };
+    let binding = |name: &str, role: &str, subject: Value| {
+        (
+            format!("{RBAC}clusterrolebindings/{name}"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                   "subjects": [subject]}),
+        )
+    };
+    let read = json!(["get", "list", "watch"]);
+    let group = |name: &str| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": name});
+    let user =
+        |name: &str| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": name});
+    vec![
+        cluster_role(
+            "cluster-admin",
+            json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
+        ),
+        binding("cluster-admin", "cluster-admin", group(groups::MASTERS)),
+        // What every authenticated user may ask about itself, as Kubernetes'
+        // `system:basic-user`: `kubectl auth can-i` and `kubectl auth whoami`.
+        cluster_role(
+            "system:basic-user",
+            json!([
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}
+            ]),
+        ),
+        binding(
+            "system:basic-user",
+            "system:basic-user",
+            group(groups::AUTHENTICATED),
+        ),
+        // Discovery and OpenAPI for every authenticated user, health and version for
+        // everyone, `/metrics` for monitoring: Kubernetes' non-resource roles.
+        cluster_role(
+            "system:discovery",
+            json!([{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/swagger-2.0.0.pb-v1", "/version", "/version/"], "verbs": ["get"]}]),
+        ),
+        binding(
+            "system:discovery",
+            "system:discovery",
+            group(groups::AUTHENTICATED),
+        ),
+        cluster_role(
+            "system:public-info-viewer",
+            json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+        ),
+        binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            group(groups::AUTHENTICATED),
+        ),
+        cluster_role(
+            "system:monitoring",
+            json!([{"nonResourceURLs": ["/healthz", "/healthz/*", "/livez", "/livez/*", "/metrics", "/metrics/slis", "/readyz", "/readyz/*"], "verbs": ["get"]}]),
+        ),
+        binding(
+            "system:monitoring",
+            "system:monitoring",
+            group("system:monitoring"),
+        ),
+        cluster_role(
+            "view",
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "limitranges", "namespaces", "resourcequotas", "resourcequotas/status", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": read}]),
+        ),
+        cluster_role(
+            "edit",
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]}]),
+        ),
+        cluster_role(
+            "system:kube-scheduler",
+            json!([
+                {"apiGroups": [""], "resources": ["pods", "nodes", "namespaces"], "verbs": read},
+                {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+            ]),
+        ),
+        binding(
+            "system:kube-scheduler",
+            "system:kube-scheduler",
+            user("system:kube-scheduler"),
+        ),
+        cluster_role(
+            "system:kube-controller-manager",
+            json!([
+                {"apiGroups": ["", "apps"], "resources": ["*"], "verbs": ["*"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+            ]),
+        ),
+        binding(
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            user("system:kube-controller-manager"),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs<'a>(
+        verb: &'a str,
+        group: &'a str,
+        resource: &'a str,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> Attributes<'a> {
+        Attributes {
+            verb,
+            group,
+            resource,
+            namespace,
+            name,
+        }
+    }
+
+    #[test]
+    fn rules_match_verbs_groups_resources_and_names() {
+        let rule =
+            json!({"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]});
+        assert!(rule_allows(
+            &rule,
+            &attrs("get", "", "pods", "default", "p")
+        ));
+        assert!(rule_allows(
+            &rule,
+            &attrs("get", "", "pods/log", "default", "p")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("delete", "", "pods", "default", "p")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("get", "apps", "pods", "default", "p")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &attrs("get", "", "pods/status", "default", "p")
+        ));
+        let named =
+            json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"], "resourceNames": ["a"]});
+        assert!(rule_allows(
+            &named,
+            &attrs("update", "apps", "deployments", "x", "a")
+        ));
+        assert!(!rule_allows(
+            &named,
+            &attrs("update", "apps", "deployments", "x", "b")
+        ));
+        assert!(!rule_allows(
+            &named,
+            &attrs("list", "apps", "deployments", "x", "")
+        ));
+    }
+
+    #[test]
+    fn subjects_match_users_groups_and_service_accounts() {
+        let bob = UserInfo::new("bob", ["dev"]);
+        assert!(subject_matches(
+            &json!({"kind": "User", "name": "bob"}),
+            &bob,
+            ""
+        ));
+        assert!(subject_matches(
+            &json!({"kind": "Group", "name": "dev"}),
+            &bob,
+            ""
+        ));
+        assert!(!subject_matches(
+            &json!({"kind": "Group", "name": "ops"}),
+            &bob,
+            ""
+        ));
+        let sa = UserInfo::new("system:serviceaccount:team:builder", Vec::<String>::new());
+        assert!(subject_matches(
+            &json!({"kind": "ServiceAccount", "name": "builder"}),
+            &sa,
+            "team"
+        ));
+        assert!(!subject_matches(
+            &json!({"kind": "ServiceAccount", "name": "builder"}),
+            &sa,
+            "other"
+        ));
+    }
+}

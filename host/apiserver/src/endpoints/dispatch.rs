@@ -1,0 +1,494 @@
+//! The request chain: health and version endpoints, then for everything else
+//! authentication → authorization → discovery or a resource handler.
+//!
+//! Resource paths are parsed by hand rather than by a route table, because which
+//! segment is a name and which a resource depends on the registry (which grows with
+//! custom resources): `/api/v1/namespaces/x/pods` is a namespaced collection while
+//! `/api/v1/namespaces/x/status` is a subresource of namespace `x`.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Extension, State as AxState};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use trellis_api::ApiError;
+use trellis_api::registry::Subresource;
+
+use crate::authentication::Peer;
+use crate::authorization::reviews;
+use crate::endpoints::discovery;
+use crate::endpoints::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
+use crate::endpoints::response::{ErrorResponse, json_response};
+use crate::endpoints::watch;
+use crate::observability::metrics::RequestLabels;
+use crate::registry::subresources;
+use crate::registry::{self, State};
+
+pub fn router(state: State) -> Router {
+    Router::new()
+        .route("/healthz", get(ok))
+        .route("/livez", get(ok))
+        .route("/readyz", get(ok))
+        .route(
+            "/version",
+            get(|| async { json_response(StatusCode::OK, &discovery::version()) }),
+        )
+        .fallback(dispatch)
+        .with_state(state)
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+async fn dispatch(
+    AxState(state): AxState<State>,
+    peer: Option<Extension<Peer>>,
+    request: axum::extract::Request,
+) -> Response {
+    let peer = peer.map(|Extension(p)| p).unwrap_or_default();
+    let (method, uri) = (request.method().clone(), request.uri().clone());
+    let started = tokio::time::Instant::now();
+    let long_running = request::is_long_running(&uri);
+    let mutating = mutating_method(&method);
+    let info = Arc::new(Mutex::new(RequestInfo::default()));
+    let work = {
+        let (state, info) = (state.clone(), info.clone());
+        crate::warnings::collect(async move {
+            handle(state, peer, request, &info, long_running)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        })
+    };
+    // A write runs to its end in a task of its own: what follows its commit
+    // (initializers, quota settlement, lister fences) must not stop because the client
+    // went away or the request timed out.
+    let work: Pin<Box<dyn Future<Output = Response> + Send>> = if mutating {
+        let task = tokio::spawn(work);
+        Box::pin(async move {
+            task.await.unwrap_or_else(|e| {
+                ErrorResponse(ApiError::internal(format!(
+                    "the request's task failed: {e}"
+                )))
+                .into_response()
+            })
+        })
+    } else {
+        Box::pin(work)
+    };
+    let response = if long_running {
+        work.await
+    } else {
+        match tokio::time::timeout(state.settings.request_timeout, work).await {
+            Ok(response) => response,
+            Err(_) => ErrorResponse(ApiError::timeout(format!(
+                "the request did not complete within {}s",
+                state.settings.request_timeout.as_secs_f64()
+            )))
+            .into_response(),
+        }
+    };
+    let code = response.status().as_u16();
+    let elapsed = started.elapsed();
+    let mut info = std::mem::take(&mut *lock(&info));
+    if info.name.is_empty()
+        && let Some(crate::observability::audit::ObjectName(name)) = response.extensions().get()
+    {
+        info.name.clone_from(name);
+    }
+    state.metrics.record(&info.labels, code, elapsed);
+    if let Some(audit) = &state.audit {
+        audit.record(crate::observability::audit::Entry {
+            user: info.user,
+            verb: info.verb,
+            resource: info.resource,
+            namespace: info.namespace,
+            name: info.name,
+            code,
+            latency_ms: elapsed.as_secs_f64() * 1e3,
+        });
+    }
+    response
+}
+
+fn lock(info: &Mutex<RequestInfo>) -> std::sync::MutexGuard<'_, RequestInfo> {
+    info.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the metrics and the audit log record of a request, filled in as it is parsed.
+#[derive(Debug, Default)]
+struct RequestInfo {
+    /// What `/metrics` counts the request as: bounded label values only.
+    labels: RequestLabels,
+    user: String,
+    verb: String,
+    resource: String,
+    namespace: String,
+    name: String,
+}
+
+/// `/openapi/v2` and `/openapi/v3[/…]`, for any authenticated user (as Kubernetes'
+/// `system:discovery`). JSON, and v2 also as protobuf (what kubectl asks first);
+/// `/swagger-2.0.0.pb-v1` is the v2 protobuf under its old name, kubectl 1.20's
+/// fallback. A client that accepts neither gets 406.
+fn openapi(
+    state: &State,
+    rest: &[&str],
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Response, ErrorResponse> {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    // The first media type of the Accept list the server has, JSON when none is named.
+    let chosen = if accept.is_empty() {
+        Some("application/json")
+    } else {
+        accept
+            .split(',')
+            .find_map(|a| match a.split(';').next().unwrap_or("").trim() {
+                "application/json" | "application/*" | "*/*" => Some("application/json"),
+                crate::endpoints::openapi_proto::CONTENT_TYPE
+                | crate::endpoints::openapi_proto::ACCEPT_DEPRECATED
+                    if rest == ["v2"] =>
+                {
+                    Some(crate::endpoints::openapi_proto::CONTENT_TYPE)
+                }
+                _ => None,
+            })
+    };
+    let Some(chosen) = chosen else {
+        return Err(ApiError::not_acceptable(format!(
+            "the server was unable to respond with a content type that the client supports ({accept}); it serves application/json"
+        ))
+        .into());
+    };
+    let docs = state.openapi();
+    let json = |body: Vec<u8>| {
+        let mut r = (StatusCode::OK, body).into_response();
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    match rest {
+        ["v2"] if chosen == crate::endpoints::openapi_proto::CONTENT_TYPE => {
+            Ok(openapi_v2_protobuf(&docs))
+        }
+        ["v2"] => Ok(json(docs.v2.clone())),
+        ["v3"] => Ok(json(docs.index.clone())),
+        ["v3", path @ ..] => {
+            let path = path.join("/");
+            let (body, hash) = docs.v3.get(&path).ok_or_else(not_found)?;
+            let asked = query.and_then(|q| request::form_pairs(q).remove("hash"));
+            match asked {
+                Some(h) if &h != hash => {
+                    let mut r = StatusCode::MOVED_PERMANENTLY.into_response();
+                    if let Ok(v) =
+                        header::HeaderValue::from_str(&format!("/openapi/v3/{path}?hash={hash}"))
+                    {
+                        r.headers_mut().insert(header::LOCATION, v);
+                    }
+                    Ok(r)
+                }
+                _ => {
+                    let mut r = json(body.clone());
+                    if let Ok(v) = header::HeaderValue::from_str(&format!("\"{hash}\"")) {
+                        r.headers_mut().insert(header::ETAG, v);
+                    }
+                    r.headers_mut()
+                        .insert(header::VARY, header::HeaderValue::from_static("Accept"));
+                    Ok(r)
+                }
+            }
+        }
+        _ => Err(not_found().into()),
+    }
+}
+
+fn openapi_v2_protobuf(docs: &crate::state::OpenApiDocs) -> Response {
+    let mut r = (StatusCode::OK, docs.v2_protobuf.clone()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(crate::endpoints::openapi_proto::CONTENT_TYPE),
+    );
+    r
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(
+        404,
+        trellis_api::status::Reason::NotFound,
+        "the server could not find the requested resource",
+    )
+}
+
+async fn handle(
+    state: State,
+    peer: Peer,
+    request: axum::extract::Request,
+    info: &Mutex<RequestInfo>,
+    long_running: bool,
+) -> Result<Response, ErrorResponse> {
+    let (parts, body) = request.into_parts();
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
+    {
+        let mut info = lock(info);
+        info.verb = method.as_str().to_lowercase();
+        info.resource = uri.path().to_owned();
+        info.labels = RequestLabels::non_resource(method.as_str());
+    }
+    let mut user = crate::authentication::authenticate(&state, &peer, &headers).await?;
+    // Kubernetes puts every authenticated user in this group too.
+    if !user.in_group(trellis_api::user::groups::AUTHENTICATED) {
+        user.groups
+            .push(trellis_api::user::groups::AUTHENTICATED.to_owned());
+    }
+    lock(info).user = user.name.clone();
+    let _admitted = state
+        .inflight
+        .admit(&user, mutating_method(&method), long_running)
+        .inspect_err(|_| state.metrics.rejected(&lock(info).labels))?;
+    let segments: Vec<&str> = uri
+        .path()
+        .trim_end_matches('/')
+        .split('/')
+        .skip(1)
+        .collect();
+    let names_resource = matches!(
+        segments.as_slice(),
+        ["api", "v1", _, ..] | ["apis", _, _, _, ..]
+    );
+    if !names_resource {
+        crate::authorization::authorize_non_resource(&state, &user, &method, uri.path()).await?;
+    }
+    if uri.path() == "/metrics" {
+        let mut text = state.metrics.render(state.cache.watcher_count());
+        if let Some(plugins) = state.plugins.get() {
+            plugins.render_metrics(&mut text);
+        }
+        return Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            text,
+        )
+            .into_response());
+    }
+    if let ["api" | "apis"] = segments.as_slice()
+        && let Some(r) = discovery::aggregated_response(&state, segments[0] == "api", &headers)
+    {
+        return Ok(r);
+    }
+    let (group, version, rest) = match segments.as_slice() {
+        ["api"] => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &discovery::core_versions(&state),
+            ));
+        }
+        ["apis"] => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &discovery::group_list(&state),
+            ));
+        }
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", group] => {
+            return discovery::group(&state, group)
+                .map(|g| json_response(StatusCode::OK, &g))
+                .ok_or_else(|| not_found().into());
+        }
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        ["openapi", rest @ ..] => return openapi(&state, rest, uri.query(), &headers),
+        ["swagger-2.0.0.pb-v1"] => return Ok(openapi_v2_protobuf(&state.openapi())),
+        _ => return Err(not_found().into()),
+    };
+    if !state.serves(group, version) {
+        return Err(not_found().into());
+    }
+    if rest.is_empty() {
+        return Ok(json_response(
+            StatusCode::OK,
+            &discovery::resource_list(&state, group, version),
+        ));
+    }
+
+    // namespaces/{ns}/{plural}… is a namespaced request when {plural} is a namespaced
+    // resource of this group-version; otherwise it addresses the namespace itself.
+    let namespaced_target = |plural: &str| {
+        state
+            .resource(group, version, plural)
+            .ok()
+            .filter(|r| r.namespaced)
+    };
+    let (namespace, plural, name, sub) = match rest {
+        ["namespaces", ns, plural, tail @ ..] if namespaced_target(plural).is_some() => (
+            Some(*ns),
+            *plural,
+            tail.first().copied(),
+            tail.get(1).copied(),
+        ),
+        [plural, tail @ ..] => (None, *plural, tail.first().copied(), tail.get(1).copied()),
+        [] => return Err(not_found().into()),
+    };
+    if rest.len() > 5 {
+        return Err(not_found().into());
+    }
+    let resource = state.resource(group, version, plural)?;
+    if resource.namespaced != namespace.is_some()
+        && !(resource.namespaced && namespace.is_none() && name.is_none())
+    {
+        return Err(not_found().into());
+    }
+    let subresource = match sub {
+        None => None,
+        Some(s) => match Subresource::parse(s).filter(|r| resource.has(*r)) {
+            Some(r) => Some(r),
+            None => return Err(not_found().into()),
+        },
+    };
+    let query = Query::parse(uri.query())?;
+    let verb = request::verb(&method, name.is_some(), query.watch).ok_or_else(|| {
+        ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        )
+    })?;
+    if subresource.is_none() && !resource.allows(verb) {
+        return Err(ApiError::method_not_allowed(format!(
+            "{verb} is not supported on {}",
+            resource.qualified()
+        ))
+        .into());
+    }
+    let (content_type, body_format) = request::body_format(&headers);
+    let req = ApiRequest {
+        dry_run: query.dry_run,
+        include_uninitialized: query.include_uninitialized,
+        resource,
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+        subresource,
+        verb,
+        query,
+        user,
+        content_type,
+        user_agent: headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        body_format,
+        wants_table: request::wants_table(&headers),
+    };
+    {
+        let mut info = lock(info);
+        info.labels = RequestLabels {
+            verb: req.verb.to_owned(),
+            group: req.resource.group.clone(),
+            version: req.resource.version.clone(),
+            resource: req.resource.plural.clone(),
+            subresource: req
+                .subresource
+                .map(|s| s.name().to_owned())
+                .unwrap_or_default(),
+            scope: if req.name.is_some() {
+                "resource"
+            } else if req.namespace.is_some() {
+                "namespace"
+            } else {
+                "cluster"
+            }
+            .to_owned(),
+        };
+        info.verb = req.verb.to_owned();
+        info.resource = match req.subresource {
+            Some(sub) => format!("{}/{}", req.resource.qualified(), sub.name()),
+            None => req.resource.qualified(),
+        };
+        info.namespace = req.namespace.clone().unwrap_or_default();
+        info.name = req.name.clone().unwrap_or_default();
+    }
+    crate::authorization::authorize(&state, &req).await?;
+    if matches!(method, Method::POST | Method::PUT | Method::PATCH)
+        && req.body_format == BodyFormat::Unsupported
+    {
+        return Err(
+            ApiError::unsupported_media_type(req.content_type.as_deref().unwrap_or("")).into(),
+        );
+    }
+    // Bounded in time too: a write's task outlives its client, and must not wait for
+    // ever on a body that stopped arriving.
+    let body = tokio::time::timeout(state.settings.request_timeout, read_body(body))
+        .await
+        .map_err(|_| ApiError::timeout("the request body did not arrive in time"))??;
+    crate::authorization::node::check_create(&req, &body)?;
+    let mut req = req;
+    if matches!(verb, "delete" | "deletecollection") && registry::delete_dry_run(&req, &body)? {
+        req.dry_run = true;
+    }
+
+    if verb == "watch" && req.subresource.is_none() {
+        return watch::watch(state, req).await;
+    }
+    let result = match (verb, req.subresource) {
+        ("get", None | Some(Subresource::Status)) => registry::get(&state, &req).await,
+        ("list", None) => registry::list(&state, &req).await,
+        ("create", None) if reviews::answers(&req.resource) => {
+            return reviews::create(&state, &req, body).await;
+        }
+        ("create", None) if req.name.is_none() => registry::create(&state, &req, body).await,
+        ("update", None | Some(Subresource::Status)) => registry::update(&state, &req, body).await,
+        ("patch", None | Some(Subresource::Status)) => registry::patch(&state, &req, body).await,
+        ("delete", None) => registry::delete(&state, &req, body).await,
+        ("deletecollection", None) => registry::delete_collection(&state, &req).await,
+        ("get", Some(Subresource::Scale)) => subresources::get_scale(&state, &req).await,
+        ("update" | "patch", Some(Subresource::Scale)) => {
+            subresources::write_scale(&state, &req, body).await
+        }
+        ("create", Some(Subresource::Binding)) => subresources::bind(&state, &req, body).await,
+        ("create", Some(Subresource::Token)) => {
+            subresources::token_request(&state, &req, body).await
+        }
+        ("get", Some(Subresource::Log)) => subresources::log(&state, &req).await,
+        _ => Err(ApiError::method_not_allowed(format!(
+            "{verb} is not supported on {}{}",
+            req.resource.qualified(),
+            req.subresource
+                .map(|s| format!("/{}", s.name()))
+                .unwrap_or_default()
+        ))
+        .into()),
+    };
+    if result.is_ok()
+        && matches!(
+            verb,
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    {
+        registry::after_write(&state, &req).await;
+    }
+    result
+}
+
+fn mutating_method(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// The request body, whole: 413 past [`MAX_BODY`], 400 when the client stops sending
+/// before the end it announced.
+async fn read_body(body: Body) -> Result<bytes::Bytes, ApiError> {
+    use http_body_util::BodyExt as _;
+    match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(MAX_BODY)),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body could not be read: {}",
+            crate::endpoints::response::error_chain(e.as_ref())
+        ))),
+    }
+}

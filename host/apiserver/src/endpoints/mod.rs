@@ -1,0 +1,23 @@
+//! The HTTP face of the API: the router and dispatch, what a request asks for, the
+//! responses and errors, watch streams, discovery, OpenAPI, protobuf bodies and
+//! `kubectl get` tables.
+//!
+//! # Layout
+//! - [`dispatch`]: the router; authentication → authorization → a handler.
+//! - [`request`]: what a request asks for (resource, verb, query, formats).
+//! - [`response`]: responses, and every error as a Kubernetes `Status`.
+//! - [`watch`]: client watches, served from the watch cache.
+//! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.
+//! - [`openapi`]: the OpenAPI v2 and v3 documents; [`openapi_proto`]: v2 in protobuf.
+//! - [`protobuf`]: protobuf request bodies read into JSON.
+//! - [`table`]: `kubectl get` tables.
+
+pub mod discovery;
+pub mod dispatch;
+pub mod openapi;
+pub mod openapi_proto;
+pub mod protobuf;
+pub mod request;
+pub mod response;
+pub mod table;
+pub mod watch;

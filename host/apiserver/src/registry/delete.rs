@@ -1,0 +1,179 @@
+//! `delete` and `deletecollection`, with finalizers and DeleteOptions.
+
+use axum::http::StatusCode;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use trellis_api::ApiError;
+use trellis_store::Revision;
+
+use super::create::admission_attributes;
+use super::get::list_objects;
+use super::{read, respond};
+use crate::endpoints::request::{ApiRequest, BodyFormat};
+use crate::endpoints::response::{ApiResult, ErrorResponse, json_response, store_error};
+use crate::object::{self, Object, meta_str, metadata, now_timestamp, remove_meta, set_meta};
+use crate::state::AppState;
+
+/// The request's `DeleteOptions` body, `null` when there is none.
+fn delete_options(req: &ApiRequest, body: &Bytes) -> ApiResult<Value> {
+    if body.is_empty() {
+        Ok(Value::Null)
+    } else if matches!(req.body_format, BodyFormat::Protobuf | BodyFormat::Yaml) {
+        // Typed clients send DeleteOptions in the protobuf envelope; others may in YAML.
+        Ok(Value::Object(req.decode_body(body)?))
+    } else {
+        Ok(serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?)
+    }
+}
+
+/// Whether a delete's `DeleteOptions` ask for a dry run: kubectl sends `dryRun` there
+/// rather than in the query.
+pub fn delete_dry_run(req: &ApiRequest, body: &Bytes) -> ApiResult<bool> {
+    match delete_options(req, body)?.get("dryRun") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Array(modes)) if modes.iter().all(|m| m == "All") => Ok(!modes.is_empty()),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "unsupported dryRun value {other} in DeleteOptions: only [\"All\"]"
+        ))
+        .into()),
+    }
+}
+
+pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
+    let options = delete_options(req, &body)?;
+    let name = req.name()?;
+    let res = &req.resource;
+    let precondition_rv = options
+        .get("preconditions")
+        .and_then(|p| p.get("resourceVersion"))
+        .and_then(Value::as_str)
+        .map(|v| {
+            v.parse::<Revision>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))
+        })
+        .transpose()?;
+    let deleted = delete_one(state, req, name, precondition_rv).await?;
+    match deleted {
+        Deletion::Marked(obj) => Ok(respond(StatusCode::OK, &obj, req)),
+        Deletion::Removed(obj) => {
+            let uid = meta_str(&obj, "uid").unwrap_or_default().to_owned();
+            if res.plural == "namespaces" || res.group == "apps" || res.plural == "pods" {
+                Ok(respond(StatusCode::OK, &obj, req))
+            } else {
+                Ok(json_response(
+                    StatusCode::OK,
+                    &trellis_api::status::success(&res.group, &res.plural, name, &uid),
+                ))
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Deletion {
+    /// The object has finalizers (or is a namespace): it is only marked.
+    Marked(Object),
+    Removed(Object),
+}
+
+pub async fn delete_one(
+    state: &AppState,
+    req: &ApiRequest,
+    name: &str,
+    precondition: Option<Revision>,
+) -> ApiResult<Deletion> {
+    let res = &req.resource;
+    for attempt in 0..8 {
+        let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
+        if let Some(p) = precondition
+            && p != rev
+        {
+            return Err(ApiError::conflict(&res.group, &res.plural, name, &format!(
+                "Precondition failed: ResourceVersion in precondition: {p}, ResourceVersion in object meta: {rev}"
+            ))
+            .into());
+        }
+        // Admission sees a delete as Kubernetes sends it: no object, the stored one as
+        // the old object. A mutating step may refuse it; there is nothing to change.
+        if attempt == 0 {
+            // Once, not again on a retry after a conflicting write.
+            let attrs = admission_attributes(req, "DELETE", name);
+            state.chains.mutate(&attrs, &mut obj.clone(), None).await?;
+            state.chains.validate(&attrs, &obj, None).await?;
+        }
+        let has_finalizers = metadata(&obj)
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        let namespace = res.plural == "namespaces";
+        if has_finalizers || namespace {
+            if meta_str(&obj, "deletionTimestamp").is_some() {
+                return Ok(Deletion::Marked(obj));
+            }
+            set_meta(&mut obj, "deletionTimestamp", now_timestamp());
+            set_meta(&mut obj, "deletionGracePeriodSeconds", 0);
+            if namespace {
+                obj.insert("status".into(), json!({"phase": "Terminating"}));
+            }
+            remove_meta(&mut obj, "resourceVersion");
+            if req.dry_run {
+                return Ok(Deletion::Marked(obj));
+            }
+            let stored = object::encode(&obj)?;
+            match state
+                .store
+                .update(&res.key(req.namespace.as_deref(), name), stored, Some(rev))
+                .await
+            {
+                Ok(kv) => {
+                    set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
+                    if namespace {
+                        super::namespace::deletion_started(state, name);
+                    }
+                    return Ok(Deletion::Marked(obj));
+                }
+                Err(trellis_store::Error::Conflict { .. }) if precondition.is_none() => continue,
+                Err(e) => return Err(store_error(e, res, name).into()),
+            }
+        }
+        if req.dry_run {
+            return Ok(Deletion::Removed(obj));
+        }
+        match state
+            .store
+            .delete(&res.key(req.namespace.as_deref(), name), Some(rev))
+            .await
+        {
+            Ok(d) => {
+                set_meta(&mut obj, "resourceVersion", d.revision.to_string());
+                return Ok(Deletion::Removed(obj));
+            }
+            Err(trellis_store::Error::Conflict { .. }) if precondition.is_none() => continue,
+            Err(e) => return Err(store_error(e, res, name).into()),
+        }
+    }
+    Err(ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into())
+}
+
+pub async fn delete_collection(state: &AppState, req: &ApiRequest) -> ApiResult {
+    let (items, _, _) = list_objects(state, req).await?;
+    let mut deleted = Vec::new();
+    for obj in items {
+        let Some(name) = object::name(&obj).map(str::to_owned) else {
+            continue;
+        };
+        match delete_one(state, req, &name, None).await {
+            Ok(Deletion::Removed(o) | Deletion::Marked(o)) => deleted.push(o),
+            Err(ErrorResponse(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let body = json!({
+        "kind": req.resource.list_kind(),
+        "apiVersion": req.resource.api_version(),
+        "metadata": {},
+        "items": deleted,
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}

@@ -1,0 +1,156 @@
+//! The registry: the generic verbs every stored resource shares (one module per
+//! verb), the built-in kinds through their typed decode, custom resources, the
+//! subresources, and namespaces.
+//!
+//! Each verb works on any resource of the registry, built-in or custom: objects are
+//! Kubernetes JSON, the server owns their uid, timestamps, resourceVersion and
+//! generation. Watch is served by [`crate::endpoints::watch`] from the watch cache.
+
+//!
+//! # Layout
+//! - [`get`], [`create`], [`update`] (update and patch), [`apply`] (server-side apply),
+//!   [`delete`] (delete and deletecollection): the verbs; [`guaranteed_update`] is the
+//!   one read-modify-write loop every server-side writer goes through.
+//! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
+//! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
+//! - [`subresources`]: `scale` and `pods/binding`.
+//! - [`namespace`]: namespace deletion.
+
+pub mod apply;
+pub mod crd;
+pub mod create;
+pub mod delete;
+pub mod get;
+pub mod namespace;
+pub mod subresources;
+pub mod typed;
+pub mod update;
+
+pub use apply::apply;
+pub use create::{create, create_object, prepare_create};
+pub use delete::{Deletion, delete, delete_collection, delete_dry_run, delete_one};
+pub use get::{field_value, get, list, list_objects, matches_fields};
+pub use update::{patch, prepare_update, unchanged, update, write_update};
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::Value;
+use trellis_api::ApiError;
+use trellis_api::registry::ResourceInfo;
+use trellis_store::Revision;
+
+use crate::endpoints::request::ApiRequest;
+use crate::endpoints::response::{ApiResult, json_response, store_error};
+use crate::endpoints::table;
+use crate::object::{self, Object};
+use crate::state::AppState;
+use crate::storage::watch_cache::decode_stored;
+
+pub fn respond(code: StatusCode, obj: &Object, req: &ApiRequest) -> Response {
+    if req.wants_table {
+        return json_response(
+            code,
+            &table::object_table(&req.resource, std::slice::from_ref(obj), None),
+        );
+    }
+    json_response(code, &Value::Object(obj.clone()))
+}
+
+/// Reads one object with its resourceVersion, or 404.
+pub async fn read(
+    state: &AppState,
+    res: &ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+) -> ApiResult<(Object, Revision)> {
+    let key = res.key(ns, name);
+    let kv = state
+        .store
+        .get(&key)
+        .await
+        .map_err(|e| store_error(e, res, name))?
+        .ok_or_else(|| ApiError::not_found(&res.group, &res.plural, name))?;
+    let obj = decode_stored(&kv.value, kv.mod_revision)
+        .ok_or_else(|| ApiError::internal(format!("stored object {key} is not a JSON object")))?;
+    Ok((obj, kv.mod_revision))
+}
+
+pub(crate) fn is_crd(res: &ResourceInfo) -> bool {
+    res.group == "apiextensions.k8s.io" && res.plural == "customresourcedefinitions"
+}
+
+/// After a write, tell the admission steps of it. After a write of a CRD, serve what
+/// it defines before answering; a deleted CRD takes its objects with it. A write to a
+/// custom resource may be what a terminating CRD was waiting for (its last object's
+/// finalizers removed).
+pub async fn after_write(state: &AppState, req: &ApiRequest) {
+    if req.dry_run {
+        return;
+    }
+    let namespace = req.namespace.as_deref();
+    if state.namespaces.lists(&req.resource) {
+        state.namespaces.written().await;
+    }
+    state
+        .chains
+        .written(&req.resource, req.verb, namespace)
+        .await;
+    let res = &req.resource;
+    let deleting = matches!(req.verb, "delete" | "deletecollection");
+    let crds: Vec<String> = if is_crd(res) && deleting {
+        match &req.name {
+            Some(name) => vec![name.clone()],
+            None => list_objects(state, req)
+                .await
+                .map(|(items, _, _)| {
+                    items
+                        .iter()
+                        .filter_map(|o| object::name(o).map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    } else if !is_crd(res) && state.schema_for(res).is_some() && req.verb != "create" {
+        vec![format!("{}.{}", res.plural, res.group)]
+    } else {
+        Vec::new()
+    };
+    let mut refresh = is_crd(res);
+    for name in crds {
+        let mut emptied = std::collections::BTreeSet::new();
+        match crate::registry::crd::continue_deletion(
+            state.store.as_ref(),
+            &name,
+            is_crd(res),
+            &mut emptied,
+        )
+        .await
+        {
+            Ok(changed) => refresh |= changed,
+            Err(e) => tracing::warn!(crd = %name, error = %e, "deleting a CRD's objects failed"),
+        }
+        // The objects went without requests of their own: tell the admission steps
+        // (quotas counting them) as their deletes would have. The registry still
+        // serves the resource until the refresh below.
+        let served = state
+            .resources()
+            .into_iter()
+            .find(|r| format!("{}.{}", r.plural, r.group) == name);
+        if let Some(resource) = served {
+            for namespace in &emptied {
+                state
+                    .chains
+                    .written(&resource, "delete", Some(namespace))
+                    .await;
+            }
+        }
+    }
+    if refresh && let Err(e) = state.refresh_custom_resources().await {
+        tracing::warn!(error = %e, "refreshing custom resources failed");
+    }
+}
+
+/// Shared state handle for handlers.
+pub type State = Arc<AppState>;

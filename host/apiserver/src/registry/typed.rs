@@ -1,0 +1,576 @@
+//! Built-in kinds through their `k8s-openapi` types: a decode into the typed struct
+//! checks every field's type and drops unknown fields (refused instead under
+//! `fieldValidation=Strict`); then Kubernetes' defaults and the validation rules users
+//! meet most (required fields, selector/template agreement, immutable fields) apply.
+
+use base64::Engine;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+use trellis_api::ApiError;
+use trellis_api::registry::ResourceInfo;
+use trellis_api::status::StatusCause;
+
+use crate::object::{Object, metadata};
+
+/// Fields outside the typed structs that Trellis keeps on every object.
+const KEPT_METADATA: &[&str] = &["initializers"];
+
+fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Object) -> Result<Object, ApiError> {
+    // Read from the map in place: a copy of the object per write was measurable.
+    let typed = <T as serde::Deserialize>::deserialize(obj)
+        .map_err(|e| ApiError::bad_request(format!("error decoding the object: {e}")))?;
+    match serde_json::to_value(&typed) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) | Err(_) => Err(ApiError::internal("re-encoding a typed object failed")),
+    }
+}
+
+/// Decodes `obj` through its typed struct, if the kind has one; `None` otherwise.
+fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, ApiError>> {
+    use k8s_openapi::api::{apps, coordination, core, rbac};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    Some(match (res.group.as_str(), res.plural.as_str()) {
+        ("", "pods") => roundtrip::<core::v1::Pod>(obj),
+        ("", "nodes") => roundtrip::<core::v1::Node>(obj),
+        ("", "namespaces") => roundtrip::<core::v1::Namespace>(obj),
+        ("", "configmaps") => roundtrip::<core::v1::ConfigMap>(obj),
+        ("", "secrets") => roundtrip::<core::v1::Secret>(obj),
+        ("", "services") => roundtrip::<core::v1::Service>(obj),
+        ("", "endpoints") => roundtrip::<core::v1::Endpoints>(obj),
+        ("", "events") => roundtrip::<core::v1::Event>(obj),
+        ("", "serviceaccounts") => roundtrip::<core::v1::ServiceAccount>(obj),
+        ("", "limitranges") => roundtrip::<core::v1::LimitRange>(obj),
+        ("", "resourcequotas") => roundtrip::<core::v1::ResourceQuota>(obj),
+        ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),
+        ("apps", "replicasets") => roundtrip::<apps::v1::ReplicaSet>(obj),
+        ("coordination.k8s.io", "leases") => roundtrip::<coordination::v1::Lease>(obj),
+        ("rbac.authorization.k8s.io", "roles") => roundtrip::<rbac::v1::Role>(obj),
+        ("rbac.authorization.k8s.io", "clusterroles") => roundtrip::<rbac::v1::ClusterRole>(obj),
+        ("rbac.authorization.k8s.io", "rolebindings") => roundtrip::<rbac::v1::RoleBinding>(obj),
+        ("rbac.authorization.k8s.io", "clusterrolebindings") => {
+            roundtrip::<rbac::v1::ClusterRoleBinding>(obj)
+        }
+        ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            roundtrip::<apiext::CustomResourceDefinition>(obj)
+        }
+        _ => return None,
+    })
+}
+
+/// Paths of fields present in `original` but dropped by the typed decode.
+pub fn unknown_fields(original: &Value, decoded: &Value, path: &str, out: &mut Vec<String>) {
+    match (original, decoded) {
+        (Value::Object(a), Value::Object(b)) => unknown_fields_of_map(a, b, path, out),
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                unknown_fields(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// [`unknown_fields`] of two maps.
+fn unknown_fields_of_map(
+    original: &Map<String, Value>,
+    decoded: &Map<String, Value>,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    for (k, v) in original {
+        let p = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        match decoded.get(k) {
+            None if !v.is_null() => out.push(p),
+            None => {}
+            Some(d) => unknown_fields(v, d, &p, out),
+        }
+    }
+}
+
+/// The fields of `obj` its typed decode (`decoded`) dropped, but for those Trellis keeps.
+/// `fieldValidation=Strict`'s refusal of unknown fields, in Kubernetes' wording.
+pub fn strict_decoding_error(unknown: &[String]) -> ApiError {
+    let list: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field {f:?}"))
+        .collect();
+    ApiError::bad_request(format!("strict decoding error: {}", list.join(", ")))
+}
+
+fn dropped_fields(obj: &Object, decoded: &Object) -> Vec<String> {
+    let mut unknown = Vec::new();
+    unknown_fields_of_map(obj, decoded, "", &mut unknown);
+    unknown.retain(|f| {
+        !KEPT_METADATA
+            .iter()
+            .any(|k| f == &format!("metadata.{k}") || f.starts_with(&format!("metadata.{k}.")))
+    });
+    unknown
+}
+
+/// What a write does with the fields of a built-in object its type does not have (the
+/// `fieldValidation` query parameter): drop them silently, drop them with a warning
+/// each (Kubernetes' default), or refuse the write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnknownFields {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+/// Applies defaults and validation to a built-in object about to be stored. `old` is
+/// the stored object for an update. Unknown fields are dropped silently.
+pub fn default_and_validate(
+    res: &ResourceInfo,
+    obj: &mut Object,
+    old: Option<&Object>,
+) -> Result<(), ApiError> {
+    default_and_validate_with(res, obj, old, UnknownFields::Ignore)
+}
+
+pub fn default_and_validate_with(
+    res: &ResourceInfo,
+    obj: &mut Object,
+    old: Option<&Object>,
+    unknown: UnknownFields,
+) -> Result<(), ApiError> {
+    if res.group.is_empty() && res.plural == "secrets" {
+        fold_string_data(obj)?;
+    }
+    if let Some(decoded) = typed_roundtrip(res, obj) {
+        let mut decoded = decoded?;
+        match unknown {
+            UnknownFields::Ignore => {}
+            UnknownFields::Warn => {
+                for f in dropped_fields(obj, &decoded) {
+                    crate::warnings::add(format!("unknown field {f:?}"));
+                }
+            }
+            UnknownFields::Strict => {
+                let unknown = dropped_fields(obj, &decoded);
+                if !unknown.is_empty() {
+                    return Err(strict_decoding_error(&unknown));
+                }
+            }
+        }
+        if let Some(meta) = metadata(obj) {
+            let kept: Vec<(String, Value)> = KEPT_METADATA
+                .iter()
+                .filter_map(|k| meta.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+                .collect();
+            if let Some(Value::Object(m)) = decoded.get_mut("metadata") {
+                m.extend(kept);
+            }
+        }
+        *obj = decoded;
+    }
+    apply_defaults(res, obj, old.is_none());
+    validate(res, obj, old)
+}
+
+fn fold_string_data(obj: &mut Object) -> Result<(), ApiError> {
+    let Some(string_data) = obj.remove("stringData") else {
+        return Ok(());
+    };
+    let Value::Object(entries) = string_data else {
+        return Err(ApiError::bad_request("stringData must be a map of strings"));
+    };
+    let data = obj
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(data) = data else {
+        return Err(ApiError::bad_request(
+            "data must be a map of base64 strings",
+        ));
+    };
+    for (k, v) in entries {
+        let Value::String(s) = v else {
+            return Err(ApiError::bad_request(format!(
+                "stringData.{k} must be a string"
+            )));
+        };
+        data.insert(
+            k,
+            base64::engine::general_purpose::STANDARD.encode(s).into(),
+        );
+    }
+    Ok(())
+}
+
+fn set_default(map: &mut Map<String, Value>, key: &str, value: Value) {
+    if map.get(key).is_none_or(Value::is_null) {
+        map.insert(key.to_owned(), value);
+    }
+}
+
+fn object_at<'a>(obj: &'a mut Object, key: &str) -> &'a mut Map<String, Value> {
+    let entry = obj.entry(key).or_insert_with(|| Value::Object(Map::new()));
+    if !entry.is_object() {
+        *entry = Value::Object(Map::new());
+    }
+    entry
+        .as_object_mut()
+        .unwrap_or_else(|| unreachable!("made an object above"))
+}
+
+fn default_pod_spec(spec: &mut Map<String, Value>) {
+    set_default(spec, "restartPolicy", json!("Always"));
+    set_default(spec, "terminationGracePeriodSeconds", json!(30));
+    set_default(spec, "dnsPolicy", json!("ClusterFirst"));
+    set_default(spec, "schedulerName", json!("default-scheduler"));
+    set_default(spec, "securityContext", json!({}));
+    set_default(spec, "enableServiceLinks", json!(true));
+    for list in ["containers", "initContainers"] {
+        if let Some(Value::Array(containers)) = spec.get_mut(list) {
+            for c in containers.iter_mut().filter_map(Value::as_object_mut) {
+                if c.contains_key("resources") {
+                    crate::admission::limit_ranger::default_requests_from_limits(c);
+                }
+                let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+                let last = image.rsplit('/').next().unwrap_or("");
+                let pull =
+                    if !last.contains(':') && !image.contains('@') || image.ends_with(":latest") {
+                        "Always"
+                    } else {
+                        "IfNotPresent"
+                    };
+                set_default(c, "imagePullPolicy", json!(pull));
+                set_default(c, "terminationMessagePath", json!("/dev/termination-log"));
+                set_default(c, "terminationMessagePolicy", json!("File"));
+                set_default(c, "resources", json!({}));
+            }
+        }
+    }
+}
+
+fn default_template(obj: &mut Object) {
+    let spec = object_at(obj, "spec");
+    if let Some(Value::Object(template)) = spec.get_mut("template")
+        && let Some(Value::Object(pod_spec)) = template.get_mut("spec")
+    {
+        default_pod_spec(pod_spec);
+    }
+}
+
+fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
+    match (res.group.as_str(), res.plural.as_str()) {
+        ("", "pods") => {
+            default_pod_spec(object_at(obj, "spec"));
+            if create {
+                set_default(object_at(obj, "status"), "phase", json!("Pending"));
+            }
+        }
+        ("", "namespaces") => {
+            // Kubernetes labels every namespace with its own name, for selectors.
+            if let Some(name) = crate::object::name(obj).map(str::to_owned) {
+                let labels = object_at(crate::object::metadata_mut(obj), "labels");
+                labels.insert("kubernetes.io/metadata.name".into(), name.into());
+            }
+            set_default(object_at(obj, "spec"), "finalizers", json!(["kubernetes"]));
+            if create {
+                set_default(object_at(obj, "status"), "phase", json!("Active"));
+            }
+        }
+        ("", "secrets") => set_default(obj, "type", json!("Opaque")),
+        ("", "limitranges") => crate::admission::limit_ranger::default_limit_range(obj),
+        ("", "services") => {
+            let spec = object_at(obj, "spec");
+            set_default(spec, "type", json!("ClusterIP"));
+            set_default(spec, "sessionAffinity", json!("None"));
+        }
+        ("apps", "deployments") => {
+            let spec = object_at(obj, "spec");
+            set_default(spec, "replicas", json!(1));
+            set_default(spec, "revisionHistoryLimit", json!(10));
+            set_default(spec, "progressDeadlineSeconds", json!(600));
+            set_default(
+                spec,
+                "strategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
+            );
+            default_template(obj);
+        }
+        ("apps", "replicasets") => {
+            set_default(object_at(obj, "spec"), "replicas", json!(1));
+            default_template(obj);
+        }
+        _ => {}
+    }
+}
+
+fn str_field<'a>(obj: &'a Object, path: &[&str]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    rest.iter().try_fold(obj.get(*first)?, |cur, p| cur.get(p))
+}
+
+fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<(), ApiError> {
+    let mut causes = crate::object::validate_owner_references(obj);
+    match (res.group.as_str(), res.plural.as_str()) {
+        ("", "configmaps") => {
+            validate_keys(obj, "data", &mut causes);
+            validate_keys(obj, "binaryData", &mut causes);
+            if let (Some(data), Some(binary)) = (
+                obj.get("data").and_then(Value::as_object),
+                obj.get("binaryData").and_then(Value::as_object),
+            ) {
+                for key in data.keys().filter(|k| binary.contains_key(*k)) {
+                    causes.push(StatusCause::invalid(
+                        format!("data[{key}]"),
+                        key,
+                        "duplicate of key present in binaryData",
+                    ));
+                }
+            }
+        }
+        ("", "secrets") => validate_keys(obj, "data", &mut causes),
+        ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
+        ("apps", "deployments") | ("apps", "replicasets") => {
+            validate_pod_spec(
+                str_field(obj, &["spec", "template", "spec"]),
+                "spec.template.spec",
+                &mut causes,
+            );
+            match str_field(obj, &["spec", "selector"]) {
+                None | Some(Value::Null) => causes.push(StatusCause::required("spec.selector")),
+                Some(sel) => {
+                    let parsed = serde_json::from_value(sel.clone())
+                        .ok()
+                        .and_then(|s| trellis_api::selector::LabelSelector::from_k8s(&s).ok());
+                    let labels = str_field(obj, &["spec", "template", "metadata"])
+                        .cloned()
+                        .map(|m| json!({"metadata": m}));
+                    match parsed {
+                        Some(s) if s.is_empty() => causes.push(StatusCause::invalid(
+                            "spec.selector",
+                            &sel.to_string(),
+                            "empty selector is invalid for deployment",
+                        )),
+                        Some(s) if !labels.as_ref().is_some_and(|l| s.matches_object(l)) => causes
+                            .push(StatusCause::invalid(
+                                "spec.template.metadata.labels",
+                                &str_field(obj, &["spec", "template", "metadata", "labels"])
+                                    .map(Value::to_string)
+                                    .unwrap_or_default(),
+                                "`selector` does not match template `labels`",
+                            )),
+                        Some(_) => {}
+                        None => causes.push(StatusCause::invalid(
+                            "spec.selector",
+                            &sel.to_string(),
+                            "invalid label selector",
+                        )),
+                    }
+                    if let Some(old) = old
+                        && old.get("spec").and_then(|s| s.get("selector")) != Some(sel)
+                    {
+                        causes.push(StatusCause::invalid(
+                            "spec.selector",
+                            &sel.to_string(),
+                            "field is immutable",
+                        ));
+                    }
+                }
+            }
+        }
+        ("", plural @ ("limitranges" | "resourcequotas")) => {
+            crate::admission::limit_ranger::validate(plural, obj, &mut causes)
+        }
+        _ => {}
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    let name = crate::object::name(obj).unwrap_or_default();
+    Err(ApiError::invalid(&res.group, &res.kind, name, causes))
+}
+
+/// The keys of a ConfigMap's or Secret's `field`, as Kubernetes checks them: 1-253 of
+/// `[-._a-zA-Z0-9]`, and not `.` or `..`.
+fn validate_keys(obj: &Object, field: &str, causes: &mut Vec<StatusCause>) {
+    let Some(map) = obj.get(field).and_then(Value::as_object) else {
+        return;
+    };
+    for key in map.keys() {
+        let chars_ok = key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        let detail = if key.is_empty() || key.len() > 253 {
+            Some("must be no more than 253 characters and not empty")
+        } else if key == "." || key == ".." {
+            Some("must not be '.' or '..'")
+        } else if key.starts_with("..") {
+            // Reserved by the kubelet's atomic writer for its own files.
+            Some("must not start with '..'")
+        } else if !chars_ok {
+            Some(
+                "a valid config key must consist of alphanumeric characters, '-', '_' or '.' \
+                 (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation \
+                 is '[-._a-zA-Z0-9]+')",
+            )
+        } else {
+            None
+        };
+        if let Some(detail) = detail {
+            causes.push(StatusCause::invalid(format!("{field}[{key}]"), key, detail));
+        }
+    }
+}
+
+fn validate_pod_spec(spec: Option<&Value>, path: &str, causes: &mut Vec<StatusCause>) {
+    let containers = spec
+        .and_then(|s| s.get("containers"))
+        .and_then(Value::as_array);
+    match containers {
+        None => causes.push(StatusCause::required(format!("{path}.containers"))),
+        Some(list) if list.is_empty() => {
+            causes.push(StatusCause::required(format!("{path}.containers")))
+        }
+        Some(list) => {
+            let mut names = std::collections::HashSet::new();
+            for (i, c) in list.iter().enumerate() {
+                let name = c.get("name").and_then(Value::as_str).unwrap_or("");
+                if name.is_empty() {
+                    causes.push(StatusCause::required(format!(
+                        "{path}.containers[{i}].name"
+                    )));
+                } else if !names.insert(name) {
+                    causes.push(StatusCause::new(
+                        "FieldValueDuplicate",
+                        format!("{path}.containers[{i}].name"),
+                        format!("Duplicate value: {name:?}"),
+                    ));
+                }
+                if c.get("image")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(StatusCause::required(format!(
+                        "{path}.containers[{i}].image"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(plural: &str) -> ResourceInfo {
+        trellis_api::registry::builtins()
+            .into_iter()
+            .find(|r| r.plural == plural)
+            .unwrap()
+    }
+
+    fn obj(v: Value) -> Object {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn pods_get_kubernetes_defaults() {
+        let mut pod = obj(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "nginx"}, {"name": "d", "image": "nginx:1.25"}]}}),
+        );
+        default_and_validate(&res("pods"), &mut pod, None).unwrap();
+        assert_eq!(pod["spec"]["restartPolicy"], "Always");
+        assert_eq!(pod["spec"]["schedulerName"], "default-scheduler");
+        assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
+        assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
+        assert_eq!(
+            pod["spec"]["containers"][1]["imagePullPolicy"],
+            "IfNotPresent"
+        );
+        assert_eq!(pod["status"]["phase"], "Pending");
+    }
+
+    #[test]
+    fn pods_without_containers_are_invalid_with_one_cause_per_field() {
+        let mut pod = obj(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": ""}, {"name": "x", "image": "i"}, {"name": "x", "image": "i"}]}}),
+        );
+        let e = default_and_validate(&res("pods"), &mut pod, None).unwrap_err();
+        assert_eq!(e.code, 422);
+        let fields: Vec<String> = e
+            .details
+            .unwrap()
+            .causes
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.containers[0].name",
+                "spec.containers[0].image",
+                "spec.containers[2].name"
+            ]
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_bad_requests_and_unknown_fields_are_dropped_or_refused() {
+        let mut bad = obj(json!({"metadata": {"name": "c"}, "data": {"k": 5}}));
+        let e = default_and_validate(&res("configmaps"), &mut bad, None).unwrap_err();
+        assert_eq!(e.code, 400, "{e:?}");
+        let mut extra = obj(
+            json!({"metadata": {"name": "c", "initializers": {"pending": [{"name": "x"}]}}, "data": {"k": "v"}, "bogus": 1}),
+        );
+        let mut strict = extra.clone();
+        default_and_validate(&res("configmaps"), &mut extra, None).unwrap();
+        assert!(extra.get("bogus").is_none());
+        assert_eq!(
+            extra["metadata"]["initializers"]["pending"][0]["name"], "x",
+            "initializers survive"
+        );
+        let e =
+            default_and_validate_with(&res("configmaps"), &mut strict, None, UnknownFields::Strict)
+                .unwrap_err();
+        assert!(
+            e.message.contains("unknown field \"bogus\""),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn deployments_default_and_check_selector() {
+        let mut d = obj(json!({"metadata": {"name": "web"}, "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}}));
+        default_and_validate(&res("deployments"), &mut d, None).unwrap();
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
+        assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+        let old = d.clone();
+        let mut changed = d.clone();
+        changed["spec"]["selector"] = json!({"matchLabels": {"app": "other"}});
+        changed["spec"]["template"]["metadata"]["labels"] = json!({"app": "other"});
+        let e = default_and_validate(&res("deployments"), &mut changed, Some(&old)).unwrap_err();
+        assert!(e.message.contains("field is immutable"), "{}", e.message);
+        let mut mismatch = old.clone();
+        mismatch["spec"]["template"]["metadata"]["labels"] = json!({"app": "nope"});
+        let e = default_and_validate(&res("deployments"), &mut mismatch, None).unwrap_err();
+        assert!(
+            e.message.contains("does not match template"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn secrets_fold_string_data() {
+        let mut s = obj(json!({"metadata": {"name": "s"}, "stringData": {"user": "admin"}}));
+        default_and_validate(&res("secrets"), &mut s, None).unwrap();
+        assert_eq!(s["data"]["user"], "YWRtaW4=");
+        assert!(s.get("stringData").is_none());
+        assert_eq!(s["type"], "Opaque");
+    }
+}

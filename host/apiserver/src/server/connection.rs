@@ -1,0 +1,140 @@
+//! One client connection, after TLS: HTTP/1.1 or HTTP/2 with the timeouts
+//! kube-apiserver's Go server has, so that a client that connects and sends nothing,
+//! or stops halfway through its headers, cannot hold a file descriptor for ever.
+//!
+//! - Headers must arrive within [`Settings::header_read_timeout`] (HTTP/1.1; hyper
+//!   closes the connection).
+//! - A connection with no request in flight for [`Settings::idle_timeout`] is closed
+//!   gracefully (both protocols). A request is in flight from its headers until its
+//!   response body ends, so a quiet watch is not idle.
+//! - HTTP/2 connections are pinged; a peer that stops answering is dropped.
+//! - Bodies are bounded and timed by the request path ([`crate::endpoints::dispatch`]).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http_body_util::BodyExt as _;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tower::ServiceExt as _;
+use tracing::debug;
+
+use crate::authentication::Peer;
+use crate::state::Settings;
+
+/// Streams one HTTP/2 connection may have open at once: kube-apiserver's default.
+const HTTP2_MAX_STREAMS: u32 = 1000;
+/// The most header bytes a request may send: Go's `DefaultMaxHeaderBytes` (1 MiB).
+/// Past it hyper answers 431 and closes.
+const MAX_HEADER_BYTES: usize = 1 << 20;
+/// How often an HTTP/2 peer is pinged, and how long its answer may take.
+const HTTP2_PING: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(20));
+
+/// Serves one connection until the client closes it, it idles out, or `stop` is set (a
+/// graceful close: requests in flight finish).
+pub async fn serve<I>(
+    io: I,
+    app: Router,
+    peer: Peer,
+    settings: &Settings,
+    mut stop: watch::Receiver<bool>,
+    remote: std::net::SocketAddr,
+) where
+    I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (active, mut idle) = watch::channel(0_usize);
+    let service = tower::service_fn(move |request: axum::http::Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        let guard = InFlight::new(active.clone());
+        let mut request = request.map(Body::new);
+        request.extensions_mut().insert(peer.clone());
+        async move {
+            let response = app.oneshot(request).await?;
+            // In flight until the body is done: the guard lives as long as the body.
+            Ok::<_, std::convert::Infallible>(response.map(move |body| {
+                Body::new(body.map_frame(move |frame| {
+                    let _ = &guard;
+                    frame
+                }))
+            }))
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
+    // Watches are streams that stay open: a client-go process runs all its informers
+    // over one connection, so allow as many streams on one as kube-apiserver does
+    // (--http2-max-streams-per-connection), not hyper's 200.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(HTTP2_MAX_STREAMS)
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .keep_alive_interval(HTTP2_PING.0)
+        .keep_alive_timeout(HTTP2_PING.1);
+    let connection = builder.serve_connection(
+        TokioIo::new(io),
+        hyper_util::service::TowerToHyperService::new(service),
+    );
+    tokio::pin!(connection);
+    let idle_timeout = settings.idle_timeout;
+    let closing = tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(e) = result {
+                debug!(%remote, error = %e, "connection ended with an error");
+            }
+            return;
+        }
+        () = idled_for(&mut idle, idle_timeout) => "idle",
+        _ = stop.wait_for(|s| *s) => "server stopping",
+    };
+    debug!(%remote, reason = closing, "closing the connection");
+    connection.as_mut().graceful_shutdown();
+    if let Err(e) = connection.await {
+        debug!(%remote, error = %e, "connection ended with an error");
+    }
+}
+
+/// Completes once no request has been in flight for `timeout`.
+async fn idled_for(active: &mut watch::Receiver<usize>, timeout: Duration) {
+    loop {
+        if active.wait_for(|n| *n == 0).await.is_err() {
+            return std::future::pending().await;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(timeout) => {
+                if *active.borrow() == 0 {
+                    return;
+                }
+            }
+            changed = active.changed() => {
+                if changed.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+}
+
+/// One request in flight on a connection, until dropped.
+#[derive(Debug)]
+struct InFlight(watch::Sender<usize>);
+
+impl InFlight {
+    fn new(active: watch::Sender<usize>) -> Self {
+        active.send_modify(|n| *n += 1);
+        Self(active)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}

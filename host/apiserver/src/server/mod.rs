@@ -1,0 +1,323 @@
+//! Starting and stopping the API server: credentials on first start, the HTTPS
+//! listener, the watch cache, and a graceful stop.
+
+pub mod connection;
+pub mod kubeconfig;
+pub mod pki;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+use trellis_store::Store;
+
+use crate::admission::Chains;
+use crate::admission::plugins::{
+    PluginAdmission, PluginInitializers, PluginManager, PluginsConfig,
+};
+use crate::authentication::Peer;
+use crate::authentication::tokens;
+use crate::endpoints::dispatch::router;
+use crate::observability::audit::AuditConfig;
+use crate::state::AppState;
+use crate::storage::watch_cache::WatchCache;
+
+/// How long a client may take to finish the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Settings of the API server.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where credentials, the token file and `admin.kubeconfig` live.
+    pub data_dir: PathBuf,
+    /// The address to listen on; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// Extra names or addresses for the serving certificate.
+    pub tls_sans: Vec<String>,
+    /// Events the watch cache keeps for watches that resume.
+    pub watch_cache_events: usize,
+    /// Events a client watch may fall behind before it is ended.
+    pub watch_buffer: usize,
+    /// How long a stop waits for requests in flight.
+    pub shutdown_grace: Duration,
+    /// The admission and initializer chains.
+    pub chains: Chains,
+    /// The audit log; `None` turns it off.
+    pub audit: Option<AuditConfig>,
+    /// Limits, timeouts and intervals.
+    pub settings: crate::state::Settings,
+    /// Runs WASM plugins from Plugin objects (and `plugin_dir`).
+    pub plugins: bool,
+    /// `NAME.yaml` + `NAME.wasm` pairs loaded as plugins, followed while running.
+    pub plugin_dir: Option<PathBuf>,
+}
+
+impl Config {
+    /// [`Config::watch_cache_events`] unless set.
+    pub const DEFAULT_WATCH_CACHE_EVENTS: usize = 2_048;
+
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 6443)),
+            tls_sans: Vec::new(),
+            watch_cache_events: Self::DEFAULT_WATCH_CACHE_EVENTS,
+            watch_buffer: 1_000,
+            shutdown_grace: Duration::from_secs(10),
+            chains: crate::admission::builtin(),
+            audit: None,
+            settings: crate::state::Settings::default(),
+            plugins: true,
+            plugin_dir: None,
+        }
+        .with_audit_in_data_dir()
+    }
+
+    /// Audits to `DATA_DIR/audit.log`, rotated at 100 MiB, five files kept.
+    fn with_audit_in_data_dir(mut self) -> Self {
+        self.audit = Some(AuditConfig {
+            path: self.data_dir.join("audit.log"),
+            max_bytes: 100 << 20,
+            max_files: 5,
+        });
+        self
+    }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// `https://…`, as clients reach it.
+    pub url: String,
+    /// `DATA_DIR/admin.kubeconfig`.
+    pub kubeconfig: PathBuf,
+    /// The admin's bearer token (from `DATA_DIR/tokens.csv`).
+    pub admin_token: String,
+    pub ca_pem: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    /// Stops accepting, lets requests in flight finish (up to the grace period), ends
+    /// watches, and returns once the listener is closed.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        self.task.await.context("join the server task")?
+    }
+
+    /// Waits until the server stops on its own `shutdown` signal.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("join the server task")?
+    }
+}
+
+/// Creates the data directory, or makes an existing one private: it holds the store,
+/// keys, tokens and the audit log, and is its owner's alone (0700).
+pub fn private_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder
+        .create(dir)
+        .with_context(|| format!("create the data directory {}", dir.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("make the data directory {} private", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Starts the server on `store`; it runs until `shutdown` completes or [`Server::stop`].
+pub async fn start(
+    config: Config,
+    store: Arc<dyn Store>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Server> {
+    private_data_dir(&config.data_dir)?;
+    let pki = pki::Pki::load_or_create(&config.data_dir, &config.tls_sans)
+        .context("prepare the cluster CA and certificates")?;
+    let tls_config = tls::server_config(&pki).context("build the TLS configuration")?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listen on {}", config.listen))?;
+    let addr = listener
+        .local_addr()
+        .context("read the listening address")?;
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_owned()
+    } else {
+        addr.ip().to_string()
+    };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let url = format!("https://{host}:{}", addr.port());
+
+    let token_path = config.data_dir.join("tokens.csv");
+    let admin_token = tokens::ensure_admin_token(&token_path).context("prepare the token file")?;
+    // Bearer tokens are credentials, even in a file someone else wrote.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o600))
+            .context("make the token file private")?;
+    }
+    let token_file = tokens::TokenFile::load(&token_path).context("load the token file")?;
+    let kubeconfig_path = config.data_dir.join("admin.kubeconfig");
+    let contents = kubeconfig::admin_kubeconfig(
+        &url,
+        pki.ca_pem(),
+        pki.admin_cert_pem(),
+        pki.admin_key_pem(),
+    );
+    kubeconfig::write_kubeconfig(&kubeconfig_path, &contents).context("write admin.kubeconfig")?;
+
+    let (stop, mut stopped) = watch::channel(false);
+    let stop_signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_signal.send(true);
+    });
+    let cache_stop = {
+        let mut rx = stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let cache = WatchCache::start(
+        store.clone(),
+        config.watch_cache_events,
+        config.watch_buffer,
+        cache_stop,
+    )
+    .await
+    .context("start the watch cache")?;
+    let audit = config
+        .audit
+        .clone()
+        .map(crate::observability::audit::AuditLog::start);
+    let mut chains = config.chains.clone();
+    let plugins = config.plugins.then(|| {
+        let manager = PluginManager::new(
+            PluginsConfig {
+                dir: config.plugin_dir.clone(),
+                cache_dir: config.data_dir.join("plugin-cache"),
+            },
+            store.clone(),
+        );
+        let admission = Arc::new(PluginAdmission::new(manager.clone()));
+        chains.add(admission.clone());
+        chains
+            .initializer_sources
+            .push(Arc::new(PluginInitializers(manager.clone())));
+        (manager, admission)
+    });
+    let state = AppState::new(crate::state::Parts {
+        store,
+        cache,
+        tokens: token_file,
+        chains,
+        audit,
+        signer: crate::authentication::sa_token::TokenSigner::from_pem(pki.sa_key_pem())
+            .context("load the ServiceAccount signing key")?,
+        server_address: addr.to_string(),
+        settings: config.settings.clone(),
+    });
+    state
+        .bootstrap()
+        .await
+        .context("create the initial namespaces")?;
+    if let Some((manager, admission)) = plugins {
+        state
+            .install_plugin_crd()
+            .await
+            .context("install the Plugin resource")?;
+        admission.attach(&state);
+        let _ = state.plugins.set(manager.clone());
+        manager.start(state.clone());
+    }
+    let app = router(state);
+    let acceptor = TlsAcceptor::from(tls_config);
+    let grace = config.shutdown_grace;
+    info!(%url, kubeconfig = %kubeconfig_path.display(), "API server ready");
+
+    let settings = config.settings.clone();
+    let task = tokio::spawn(async move {
+        // Every connection task holds a sender: once all are gone, so are the
+        // connections.
+        let (live, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stopped.wait_for(|s| *s) => break,
+            };
+            let (tcp, remote) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            let live = live.clone();
+            let stop = stopped.clone();
+            let settings = settings.clone();
+            tokio::spawn(async move {
+                let _live = live;
+                let tls =
+                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            debug!(%remote, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                let peer = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|certs| certs.first())
+                    .and_then(|cert| tls::identity_from_cert(cert));
+                connection::serve(tls, app, Peer(peer), &settings, stop, remote).await;
+            });
+        }
+        drop(listener);
+        drop(live);
+        tokio::select! {
+            _ = all_closed.recv() => {}
+            () = tokio::time::sleep(grace) => warn!("stopping with requests still in flight"),
+        }
+        info!("API server stopped");
+        anyhow::Ok(())
+    });
+    Ok(Server {
+        addr,
+        url,
+        kubeconfig: kubeconfig_path,
+        admin_token,
+        ca_pem: pki.ca_pem().to_owned(),
+        stop,
+        task,
+    })
+}

@@ -1,0 +1,175 @@
+//! What a hostile or unlucky client can do to the server, and must not be able to: add
+//! metric series at will, read `/metrics` without a role that grants it, get a token
+//! that outlives the cluster, read the store's file. One server for the module; each
+//! check names the defect it guards against.
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+use trellis_tests::TestCluster;
+
+const VIEWER: &str = "viewer-token-0123456789abcdef";
+const MONITOR: &str = "monitor-token-0123456789abcdef";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_and_unlucky_clients_are_held_to_kubernetes_limits() -> Result<()> {
+    let cluster = TestCluster::builder()
+        .with_token(VIEWER, "viewer", &[])
+        .with_token(MONITOR, "prometheus", &["system:monitoring"])
+        .start()
+        .await?;
+    unauthenticated_random_paths_add_no_metric_series(&cluster)
+        .await
+        .context("metrics from random paths")?;
+    metrics_are_read_only_with_a_role_that_grants_them(&cluster)
+        .await
+        .context("/metrics and RBAC")?;
+    token_requests_are_held_to_kubernetes_lifetimes(&cluster)
+        .await
+        .context("TokenRequest lifetimes")?;
+    the_data_directory_and_the_store_are_private(&cluster).context("file permissions")?;
+    Ok(())
+}
+
+fn request_series(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .collect()
+}
+
+/// Regression: request metrics were keyed by the raw method and path before
+/// authentication, so every random path an anonymous client sent made a new series
+/// (and a quote in it broke the exposition).
+async fn unauthenticated_random_paths_add_no_metric_series(cluster: &TestCluster) -> Result<()> {
+    let before = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    let before = request_series(std::str::from_utf8(&before.body)?).len();
+    for i in 0..100 {
+        let path = format!("/probe-{i}/x%22y/{}", rand::random::<u32>());
+        let answer = cluster
+            .request_as(None, "GET", &path, "text/plain", "")
+            .await?;
+        ensure!(answer.status == 401, "{path}: {}", answer.status);
+    }
+    let after = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    let text = String::from_utf8(after.body)?;
+    let series = request_series(&text);
+    ensure!(
+        !text.contains("probe-"),
+        "a request path became a label:\n{text}"
+    );
+    ensure!(
+        series.len() <= before + 2,
+        "{} series before, {} after:\n{}",
+        before,
+        series.len(),
+        series.join("\n")
+    );
+    ensure!(
+        series.iter().any(|s| s.contains(
+            r#"verb="get",group="",version="",resource="",subresource="",scope="",code="401""#
+        )),
+        "the refused requests are not counted:\n{}",
+        series.join("\n")
+    );
+    Ok(())
+}
+
+/// Regression: any authenticated user could read `/metrics`; as in Kubernetes it takes
+/// a `nonResourceURLs` rule (here the bootstrap `system:monitoring` role).
+async fn metrics_are_read_only_with_a_role_that_grants_them(cluster: &TestCluster) -> Result<()> {
+    let refused = cluster
+        .request_as(Some(VIEWER), "GET", "/metrics", "text/plain", "")
+        .await?;
+    ensure!(refused.status == 403, "viewer got {}", refused.status);
+    let status = refused.json()?;
+    ensure!(
+        status["kind"] == "Status"
+            && status["reason"] == "Forbidden"
+            && status["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("\"viewer\"") && m.contains("/metrics")),
+        "{status}"
+    );
+    let allowed = cluster
+        .request_as(Some(MONITOR), "GET", "/metrics", "text/plain", "")
+        .await?;
+    ensure!(allowed.status == 200, "monitor got {}", allowed.status);
+    // Discovery stays open to every authenticated user (system:discovery).
+    let discovery = cluster
+        .request_as(Some(VIEWER), "GET", "/apis", "application/json", "")
+        .await?;
+    ensure!(
+        discovery.status == 200,
+        "viewer's /apis: {}",
+        discovery.status
+    );
+    Ok(())
+}
+
+/// Regression: `expirationSeconds` of 1e14 gave a token for millions of years, 2^63−1
+/// wrapped around, and 1e30 or 3600.5 silently became an hour.
+async fn token_requests_are_held_to_kubernetes_lifetimes(cluster: &TestCluster) -> Result<()> {
+    cluster
+        .kubectl_ok(&["create", "serviceaccount", "lifetimes"])
+        .await?;
+    let path = "/api/v1/namespaces/default/serviceaccounts/lifetimes/token";
+    let ask = |seconds: &str| {
+        format!(
+            r#"{{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{{"expirationSeconds":{seconds}}}}}"#
+        )
+    };
+    for (seconds, code, reason) in [
+        ("100000000000000", 422, "Invalid"),
+        ("9223372036854775807", 422, "Invalid"),
+        ("599", 422, "Invalid"),
+        ("1e30", 400, "BadRequest"),
+        ("3600.5", 400, "BadRequest"),
+    ] {
+        let answer = cluster
+            .request("POST", path, "application/json", &ask(seconds))
+            .await?;
+        let status: Value = answer.json()?;
+        ensure!(
+            answer.status == code && status["reason"] == reason,
+            "{seconds}: {} {status}",
+            answer.status
+        );
+        if code == 422 {
+            ensure!(
+                status["details"]["causes"][0]["field"] == "spec.expirationSeconds",
+                "{status}"
+            );
+        }
+    }
+    let longest = 1_i64 << 32;
+    let answer = cluster
+        .request("POST", path, "application/json", &ask(&longest.to_string()))
+        .await?;
+    ensure!(answer.status == 201, "2^32 s: {}", answer.status);
+    let granted = answer.json()?;
+    ensure!(granted["spec"]["expirationSeconds"] == longest, "{granted}");
+    let expires = granted["status"]["expirationTimestamp"]
+        .as_str()
+        .context("no expirationTimestamp")?;
+    ensure!(expires.starts_with("2"), "expires {expires}");
+    Ok(())
+}
+
+/// Regression: the store file and the audit log were 0644 in a 0755 directory, and the
+/// store holds Secrets.
+fn the_data_directory_and_the_store_are_private(cluster: &TestCluster) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &std::path::Path| -> Result<u32> {
+        Ok(std::fs::metadata(p)
+            .with_context(|| format!("stat {}", p.display()))?
+            .permissions()
+            .mode()
+            & 0o777)
+    };
+    ensure!(mode(&cluster.data_dir)? == 0o700, "data directory");
+    ensure!(mode(&cluster.store_path())? == 0o600, "store file");
+    for file in ["audit.log", "tokens.csv", "admin.kubeconfig"] {
+        let path = cluster.data_dir.join(file);
+        ensure!(mode(&path)? == 0o600, "{file} is {:o}", mode(&path)?);
+    }
+    Ok(())
+}
