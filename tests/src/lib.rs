@@ -239,11 +239,14 @@ pub fn tool_bin(
     Ok(bin)
 }
 
-/// The kubectl the tests run: `$TRELLIS_KUBECTL`, else `/usr/bin/kubectl`.
+/// The kubectl the tests run: `$TRELLIS_KUBECTL` (`make test` sets it), else what
+/// `tests/tools/kubectl-current.sh` prints: the kubectl on PATH when it is 1.30 or
+/// newer, else an upstream 1.35 it fetches into `~/.cache/trellis` (once per machine),
+/// so that a machine whose only kubectl is Debian's 1.20 still tests a current client.
 fn kubectl_bin() -> PathBuf {
-    std::env::var_os("TRELLIS_KUBECTL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/kubectl"))
+    static BIN: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    tool_bin(&BIN, "TRELLIS_KUBECTL", "kubectl-current.sh")
+        .unwrap_or_else(|e| panic!("no current kubectl (set TRELLIS_KUBECTL): {e:#}"))
 }
 
 impl TestCluster {

@@ -173,3 +173,113 @@ fn the_data_directory_and_the_store_are_private(cluster: &TestCluster) -> Result
     }
     Ok(())
 }
+
+/// Refuses bindings to the node `quarantined`, and labels every Binding it admits.
+#[derive(Debug)]
+struct GuardBindings;
+
+#[async_trait::async_trait]
+impl trellis_apiserver::admission::Admission for GuardBindings {
+    fn name(&self) -> &str {
+        "GuardBindings"
+    }
+
+    async fn mutate(
+        &self,
+        attrs: &trellis_apiserver::admission::Attributes<'_>,
+        obj: &mut trellis_apiserver::object::Object,
+        _old: Option<&trellis_apiserver::object::Object>,
+    ) -> Result<(), trellis_api::ApiError> {
+        if attrs.subresource == Some("binding") {
+            obj.entry("metadata")
+                .or_insert_with(|| serde_json::json!({}))["annotations"]["example.com/admitted"] =
+                "yes".into();
+        }
+        Ok(())
+    }
+
+    async fn validate(
+        &self,
+        attrs: &trellis_apiserver::admission::Attributes<'_>,
+        obj: &trellis_apiserver::object::Object,
+        _old: Option<&trellis_apiserver::object::Object>,
+    ) -> Result<(), trellis_api::ApiError> {
+        if attrs.subresource == Some("binding")
+            && attrs.operation == "CREATE"
+            && obj["target"]["name"] == "quarantined"
+        {
+            return Err(trellis_api::ApiError::new(
+                403,
+                trellis_api::status::Reason::Forbidden,
+                "node quarantined takes no pods",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Regression: `pods/binding` wrote the pod without admission (a plugin could not
+/// refuse or see a binding) and without recording its field manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bindings_are_admitted_and_recorded_in_managed_fields() -> Result<()> {
+    let mut chains = trellis_apiserver::admission::builtin();
+    chains.add(std::sync::Arc::new(GuardBindings));
+    let cluster = TestCluster::builder().with_chains(chains).start().await?;
+    let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},
+        "spec":{"containers":[{"name":"c","image":"busybox"}]}}"#;
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], pod)
+        .await?;
+    let path = "/api/v1/namespaces/default/pods/p/binding";
+    let bind = |node: &str| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Binding","metadata":{{"name":"p"}},"target":{{"kind":"Node","name":"{node}"}}}}"#
+        )
+    };
+    let refused = cluster
+        .request("POST", path, "application/json", &bind("quarantined"))
+        .await?;
+    ensure!(
+        refused.status == 403
+            && refused.json()?["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("quarantined takes no pods")),
+        "{} {}",
+        refused.status,
+        String::from_utf8_lossy(&refused.body)
+    );
+    let bound = cluster
+        .request(
+            "POST",
+            &format!("{path}?fieldManager=my-scheduler"),
+            "application/json",
+            &bind("n1"),
+        )
+        .await?;
+    ensure!(
+        bound.status == 201,
+        "{}",
+        String::from_utf8_lossy(&bound.body)
+    );
+    let pod: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&["get", "pod", "p", "-o", "json", "--show-managed-fields"])
+            .await?,
+    )?;
+    ensure!(pod["spec"]["nodeName"] == "n1", "{pod}");
+    ensure!(
+        pod["metadata"]["annotations"]["example.com/admitted"] == "yes",
+        "the mutated Binding's annotations reach the pod: {pod}"
+    );
+    let entry = pod["metadata"]["managedFields"]
+        .as_array()
+        .and_then(|m| m.iter().find(|e| e["manager"] == "my-scheduler"))
+        .with_context(|| format!("no managedFields entry for the binding: {pod}"))?;
+    ensure!(
+        entry["operation"] == "Update"
+            && entry["subresource"] == "binding"
+            && entry["fieldsV1"]["f:spec"]["f:nodeName"].is_object(),
+        "{entry}"
+    );
+    Ok(())
+}

@@ -603,6 +603,76 @@ spec: {holderIdentity: n1}
         [vec!["NAME", "HOLDER"], vec!["l", "n1"]],
         "{leases}"
     );
+
+    // `-o wide`: the columns of priority 1, in kubectl 1.20 and the current one.
+    let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"wide"},
+        "spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox"}],
+                "readinessGates":[{"conditionType":"example.com/gate"}]}}"#;
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], pod)
+        .await?;
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "pod",
+            "wide",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"podIP":"10.1.2.3","conditions":[{"type":"example.com/gate","status":"True"}]}}"#,
+        ])
+        .await?;
+    let kubectl_1_20 = cluster.kubectl_1_20()?;
+    for (version, pods) in [
+        (
+            "current",
+            cluster.kubectl_ok(&["get", "pods", "-o", "wide"]).await?,
+        ),
+        (
+            "1.20",
+            kubectl_1_20.ok(&["get", "pods", "-o", "wide"]).await?,
+        ),
+    ] {
+        let rows = table(&pods);
+        assert_eq!(
+            rows[0],
+            [
+                "NAME",
+                "READY",
+                "STATUS",
+                "RESTARTS",
+                "AGE",
+                "IP",
+                "NODE",
+                "NOMINATED",
+                "NODE",
+                "READINESS",
+                "GATES"
+            ],
+            "kubectl {version}: {pods}"
+        );
+        assert_eq!(
+            rows[1][5..],
+            ["10.1.2.3", "n1", "<none>", "1/1"],
+            "kubectl {version}: {pods}"
+        );
+    }
+    let rs = cluster.kubectl_ok(&["get", "rs", "-o", "wide"]).await?;
+    let rows = table(&rs);
+    assert_eq!(rows[0][5..], ["CONTAINERS", "IMAGES", "SELECTOR"], "{rs}");
+    assert_eq!(rows[1][5..], ["c", "busybox", "app=rs"], "{rs}");
+    let nodes = cluster.kubectl_ok(&["get", "nodes", "-o", "wide"]).await?;
+    assert_eq!(
+        table(&nodes)[0][5..],
+        [
+            "INTERNAL-IP",
+            "EXTERNAL-IP",
+            "OS-IMAGE",
+            "KERNEL-VERSION",
+            "CONTAINER-RUNTIME"
+        ],
+        "{nodes}"
+    );
     cluster.stop().await
 }
 

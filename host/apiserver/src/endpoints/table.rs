@@ -13,6 +13,8 @@ struct Column {
     kind: &'static str,
     format: &'static str,
     description: &'static str,
+    /// 0: `kubectl get` shows it; 1: only `kubectl get -o wide` does.
+    priority: u8,
 }
 
 const fn col(
@@ -26,6 +28,15 @@ const fn col(
         kind,
         format,
         description,
+        priority: 0,
+    }
+}
+
+/// A column `kubectl get -o wide` adds.
+const fn wide(name: &'static str, description: &'static str) -> Column {
+    Column {
+        priority: 1,
+        ..col(name, "string", "", description)
     }
 }
 
@@ -65,6 +76,16 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
                 "The number of times the containers in this pod have been restarted.",
             ),
             AGE,
+            wide("IP", "IP address allocated to the pod."),
+            wide("Node", "Name of the node this pod runs on."),
+            wide(
+                "Nominated Node",
+                "Name of the node the scheduler nominated for this pod, once it preempted others.",
+            ),
+            wide(
+                "Readiness Gates",
+                "Ready readiness gates of this pod, out of all of them.",
+            ),
         ],
         ("apps", "deployments") => vec![
             NAME,
@@ -82,6 +103,12 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
                 "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
             ),
             AGE,
+            wide("Containers", "Names of each container in the template."),
+            wide(
+                "Images",
+                "Images referenced by each container in the template.",
+            ),
+            wide("Selector", "Label selector for pods."),
         ],
         ("apps", "replicasets") => vec![
             NAME,
@@ -94,6 +121,12 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
                 "The number of ready replicas for this replica set.",
             ),
             AGE,
+            wide("Containers", "Names of each container in the template."),
+            wide(
+                "Images",
+                "Images referenced by each container in the template.",
+            ),
+            wide("Selector", "Label selector for pods."),
         ],
         ("", "namespaces") => vec![
             NAME,
@@ -110,6 +143,14 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
                 "string",
                 "",
                 "Kubelet Version reported by the node.",
+            ),
+            wide("Internal-IP", "The node's internal IP address."),
+            wide("External-IP", "The node's external IP address."),
+            wide("OS-Image", "OS image reported by the node."),
+            wide("Kernel-Version", "Kernel version reported by the node."),
+            wide(
+                "Container-Runtime",
+                "Container runtime and version reported by the node.",
             ),
         ],
         ("", "configmaps") => vec![
@@ -153,7 +194,12 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
                 "Short, machine understandable string",
             ),
             col("Object", "string", "", "The object this event is about"),
+            wide("Subobject", "The part of the object this event is about"),
+            wide("Source", "The component reporting this event"),
             col("Message", "string", "", "A human-readable description"),
+            wide("First Seen", "Time of the first occurrence"),
+            wide("Count", "Number of occurrences"),
+            wide("Name", "Name of the event"),
         ],
         ("coordination.k8s.io", "leases") => {
             vec![
@@ -318,6 +364,133 @@ fn pod_cells(obj: &Object) -> Vec<Value> {
     ]
 }
 
+/// A string field, or `<none>` as kubectl prints a missing one.
+fn or_none(value: Option<&str>) -> Value {
+    json!(value.filter(|v| !v.is_empty()).unwrap_or(NONE))
+}
+
+const NONE: &str = "<none>";
+
+/// The pod's wide columns: IP, node, nominated node, readiness gates.
+fn pod_wide_cells(obj: &Object) -> Vec<Value> {
+    let gates = obj
+        .get("spec")
+        .and_then(|s| s.get("readinessGates"))
+        .and_then(Value::as_array)
+        .filter(|g| !g.is_empty());
+    let gates = gates.map_or_else(
+        || json!(NONE),
+        |gates| {
+            let conditions = obj
+                .get("status")
+                .and_then(|s| s.get("conditions"))
+                .and_then(Value::as_array);
+            let ready = gates
+                .iter()
+                .filter(|g| {
+                    let kind = g.get("conditionType");
+                    conditions.is_some_and(|c| {
+                        c.iter().any(|c| {
+                            c.get("type") == kind && c.get("status") == Some(&json!("True"))
+                        })
+                    })
+                })
+                .count();
+            json!(format!("{ready}/{}", gates.len()))
+        },
+    );
+    vec![
+        or_none(str_at(obj, &["status", "podIP"])),
+        or_none(str_at(obj, &["spec", "nodeName"])),
+        or_none(str_at(obj, &["status", "nominatedNodeName"])),
+        gates,
+    ]
+}
+
+/// A workload's wide columns: its template's container names and images, and its
+/// selector as kubectl prints one.
+fn workload_wide_cells(obj: &Object) -> Vec<Value> {
+    let containers = obj
+        .get("spec")
+        .and_then(|s| s.get("template"))
+        .and_then(|t| t.get("spec"))
+        .and_then(|s| s.get("containers"))
+        .and_then(Value::as_array);
+    let field = |name: &str| {
+        containers
+            .map(|c| {
+                c.iter()
+                    .filter_map(|c| c.get(name).and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
+    };
+    let selector = obj.get("spec").and_then(|s| s.get("selector"));
+    vec![
+        json!(field("name")),
+        json!(field("image")),
+        json!(selector_text(selector)),
+    ]
+}
+
+/// A label selector as `kubectl` prints it: requirements sorted by key, `k=v`, `k in
+/// (a,b)`, `k notin (a)`, `k`, `!k`; `<none>` for none.
+fn selector_text(selector: Option<&Value>) -> String {
+    let Some(selector) = selector else {
+        return NONE.to_owned();
+    };
+    let mut requirements: Vec<(String, String)> = Vec::new();
+    if let Some(labels) = selector.get("matchLabels").and_then(Value::as_object) {
+        for (k, v) in labels {
+            requirements.push((k.clone(), format!("{k}={}", v.as_str().unwrap_or(""))));
+        }
+    }
+    for e in selector
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = e.get("key").and_then(Value::as_str).unwrap_or("");
+        let mut values: Vec<&str> = e
+            .get("values")
+            .and_then(Value::as_array)
+            .map(|v| v.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        values.sort_unstable();
+        let text = match e.get("operator").and_then(Value::as_str) {
+            Some("In") => format!("{key} in ({})", values.join(",")),
+            Some("NotIn") => format!("{key} notin ({})", values.join(",")),
+            Some("Exists") => key.to_owned(),
+            Some("DoesNotExist") => format!("!{key}"),
+            _ => continue,
+        };
+        requirements.push((key.to_owned(), text));
+    }
+    if requirements.is_empty() {
+        return NONE.to_owned();
+    }
+    requirements.sort();
+    requirements
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A node's address of `kind` (`InternalIP`, `ExternalIP`).
+fn node_address(obj: &Object, kind: &str) -> Value {
+    let address = obj
+        .get("status")
+        .and_then(|s| s.get("addresses"))
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().find(|a| a.get("type") == Some(&json!(kind))))
+        .and_then(|a| a.get("address"))
+        .and_then(Value::as_str);
+    or_none(address)
+}
+
 /// A quota's `used/hard` pairs, as kubectl shows them: limits in one column,
 /// everything else in the other.
 fn quota_cells(obj: &Object) -> (String, String) {
@@ -346,7 +519,7 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
     let name = json!(meta_str(obj, "name").unwrap_or_default());
     let age = json!(age(obj));
     match (res.group.as_str(), res.plural.as_str()) {
-        ("", "pods") => [vec![name], pod_cells(obj), vec![age]].concat(),
+        ("", "pods") => [vec![name], pod_cells(obj), vec![age], pod_wide_cells(obj)].concat(),
         ("apps", "deployments") => {
             let want = obj
                 .get("spec")
@@ -363,6 +536,9 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
                 json!(int_at(obj, &["status", "availableReplicas"])),
                 age,
             ]
+            .into_iter()
+            .chain(workload_wide_cells(obj))
+            .collect()
         }
         ("apps", "replicasets") => vec![
             name,
@@ -375,7 +551,10 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
             json!(int_at(obj, &["status", "replicas"])),
             json!(int_at(obj, &["status", "readyReplicas"])),
             age,
-        ],
+        ]
+        .into_iter()
+        .chain(workload_wide_cells(obj))
+        .collect(),
         ("", "namespaces") => vec![
             name,
             json!(str_at(obj, &["status", "phase"]).unwrap_or("Active")),
@@ -408,7 +587,19 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
                 roles.join(",")
             };
             let version = str_at(obj, &["status", "nodeInfo", "kubeletVersion"]).unwrap_or("");
-            vec![name, json!(status), json!(roles), age, json!(version)]
+            let info = |field: &str| or_none(str_at(obj, &["status", "nodeInfo", field]));
+            vec![
+                name,
+                json!(status),
+                json!(roles),
+                age,
+                json!(version),
+                node_address(obj, "InternalIP"),
+                node_address(obj, "ExternalIP"),
+                info("osImage"),
+                info("kernelVersion"),
+                info("containerRuntimeVersion"),
+            ]
         }
         ("", "configmaps") => {
             vec![
@@ -439,12 +630,33 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
                     .to_lowercase(),
                 str_at(obj, &["involvedObject", "name"]).unwrap_or("")
             );
+            let text = |field: &str| json!(obj.get(field).and_then(Value::as_str).unwrap_or(""));
+            let source = [
+                str_at(obj, &["source", "component"])
+                    .or_else(|| obj.get("reportingComponent").and_then(Value::as_str)),
+                str_at(obj, &["source", "host"]),
+            ]
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(", ");
+            let first_seen = obj
+                .get("firstTimestamp")
+                .and_then(Value::as_str)
+                .or_else(|| obj.get("eventTime").and_then(Value::as_str))
+                .map_or_else(|| age.clone(), |t| json!(since(t)));
             vec![
                 age,
-                json!(obj.get("type").and_then(Value::as_str).unwrap_or("")),
-                json!(obj.get("reason").and_then(Value::as_str).unwrap_or("")),
+                text("type"),
+                text("reason"),
                 json!(involved),
-                json!(obj.get("message").and_then(Value::as_str).unwrap_or("")),
+                json!(str_at(obj, &["involvedObject", "fieldPath"]).unwrap_or("")),
+                json!(source),
+                text("message"),
+                first_seen,
+                json!(obj.get("count").and_then(Value::as_i64).unwrap_or(1)),
+                json!(meta_str(obj, "name").unwrap_or_default()),
             ]
         }
         ("coordination.k8s.io", "leases") => {
@@ -471,7 +683,7 @@ pub fn object_table(
             .collect(),
         None => columns(res)
             .iter()
-            .map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": 0}))
+            .map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": c.description, "priority": c.priority}))
             .collect(),
     };
     let rows: Vec<Value> = items

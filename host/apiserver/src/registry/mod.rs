@@ -154,3 +154,44 @@ pub async fn after_write(state: &AppState, req: &ApiRequest) {
 
 /// Shared state handle for handlers.
 pub type State = Arc<AppState>;
+
+/// The one read-modify-write loop: reads `name` of the request's resource, lets
+/// `change` turn the stored object (first argument) into the new one (second), and
+/// writes it back if the stored one is still the one read; on a conflict it reads
+/// again, a bounded number of times (Kubernetes' `GuaranteedUpdate`). A dry run checks
+/// and writes nothing. Returns the object written, with its resourceVersion.
+pub async fn guaranteed_update<F>(
+    state: &AppState,
+    req: &ApiRequest,
+    name: &str,
+    mut change: F,
+) -> ApiResult<Object>
+where
+    F: FnMut(&Object, &mut Object) -> Result<(), ApiError>,
+{
+    let res = &req.resource;
+    let key = res.key(req.namespace.as_deref(), name);
+    for _ in 0..GUARANTEED_UPDATE_TRIES {
+        let (old, revision) = read(state, res, req.namespace.as_deref(), name).await?;
+        let mut new = old.clone();
+        change(&old, &mut new)?;
+        crate::object::remove_meta(&mut new, "resourceVersion");
+        if req.dry_run {
+            crate::object::set_meta(&mut new, "resourceVersion", revision.to_string());
+            return Ok(new);
+        }
+        let stored = crate::object::encode(&new)?;
+        match state.store.update(&key, stored, Some(revision)).await {
+            Ok(kv) => {
+                crate::object::set_meta(&mut new, "resourceVersion", kv.mod_revision.to_string());
+                return Ok(new);
+            }
+            Err(trellis_store::Error::Conflict { .. }) => continue,
+            Err(e) => return Err(store_error(e, res, name).into()),
+        }
+    }
+    Err(ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into())
+}
+
+/// How often [`guaranteed_update`] reads again after a conflicting write.
+const GUARANTEED_UPDATE_TRIES: usize = 8;

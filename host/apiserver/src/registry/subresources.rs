@@ -13,7 +13,7 @@ use trellis_api::selector::LabelSelector;
 use trellis_store::Revision;
 
 use crate::endpoints::request::{ApiRequest, BodyFormat, PatchType};
-use crate::endpoints::response::{ApiResult, ErrorResponse, json_response, store_error};
+use crate::endpoints::response::{ApiResult, json_response, store_error};
 use crate::object::{Object, meta_str, metadata, set_meta};
 use crate::registry::read;
 use crate::state::AppState;
@@ -160,17 +160,12 @@ pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> Api
 /// `POST pods/{name}/binding`: sets `spec.nodeName` of an unbound pod.
 pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
     let name = req.name()?;
-    let res = &req.resource;
     let binding = req.decode_body(&body)?;
     if crate::object::name(&binding) != Some(name) {
         return Err(
             ApiError::bad_request("name in URL does not match name in Binding object").into(),
         );
     }
-    let annotations = metadata(&binding)
-        .and_then(|m| m.get("annotations"))
-        .and_then(Value::as_object)
-        .cloned();
     let node = binding
         .get("target")
         .and_then(|t| t.get("name"))
@@ -185,8 +180,16 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
             )
         })?
         .to_owned();
-    for _ in 0..8 {
-        let (mut pod, rev) = read(state, res, req.namespace.as_deref(), name).await?;
+    // The Binding is what is admitted, as in Kubernetes: a CREATE of pods/binding.
+    let mut binding = binding;
+    let attrs = super::create::admission_attributes(req, "CREATE", name);
+    state.chains.mutate(&attrs, &mut binding, None).await?;
+    state.chains.validate(&attrs, &binding, None).await?;
+    let annotations = metadata(&binding)
+        .and_then(|m| m.get("annotations"))
+        .and_then(Value::as_object)
+        .cloned();
+    super::guaranteed_update(state, req, name, |old, pod| {
         if let Some(current) = pod
             .get("spec")
             .and_then(|s| s.get("nodeName"))
@@ -198,23 +201,21 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
                 "pods",
                 name,
                 &format!("pod {name} is already assigned to node {current:?}"),
-            )
-            .into());
+            ));
         }
-        if meta_str(&pod, "deletionTimestamp").is_some() {
+        if meta_str(pod, "deletionTimestamp").is_some() {
             return Err(ApiError::conflict(
                 "",
                 "pods",
                 name,
                 "pod is being deleted, cannot be assigned to a host",
-            )
-            .into());
+            ));
         }
         pod.entry("spec").or_insert_with(|| json!({}))["nodeName"] = node.clone().into();
         // As Kubernetes binds: the binding's annotations join the pod's, and the pod is
         // marked scheduled.
         if let Some(annotations) = &annotations {
-            let meta = crate::object::metadata_mut(&mut pod);
+            let meta = crate::object::metadata_mut(pod);
             let own = meta.entry("annotations").or_insert_with(|| json!({}));
             if !own.is_object() {
                 *own = json!({});
@@ -223,23 +224,11 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
                 own.extend(annotations.clone());
             }
         }
-        set_condition(&mut pod, "PodScheduled", "True");
-        crate::object::remove_meta(&mut pod, "resourceVersion");
-        if req.dry_run {
-            return Ok(bound());
-        }
-        let stored = crate::object::encode(&pod)?;
-        match state
-            .store
-            .update(&res.key(req.namespace.as_deref(), name), stored, Some(rev))
-            .await
-        {
-            Ok(_) => return Ok(bound()),
-            Err(trellis_store::Error::Conflict { .. }) => continue,
-            Err(e) => return Err(ErrorResponse(store_error(e, res, name))),
-        }
-    }
-    Err(ApiError::conflict("", "pods", name, ApiError::MODIFIED).into())
+        set_condition(pod, "PodScheduled", "True");
+        crate::fieldmanager::apply::record_write(state, req, Some(old), pod)
+    })
+    .await?;
+    Ok(bound())
 }
 
 /// A binding's answer: a Status of success.
