@@ -6,6 +6,9 @@ pub struct UserInfo {
     pub name: String,
     pub uid: String,
     pub groups: Vec<String>,
+    /// Further attributes an authenticator (or an impersonating client) attaches, as
+    /// `user.Info.GetExtra()`; RBAC does not read them, reviews report them.
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl UserInfo {
@@ -17,6 +20,7 @@ impl UserInfo {
             name: name.into(),
             uid: String::new(),
             groups: groups.into_iter().map(Into::into).collect(),
+            extra: std::collections::BTreeMap::new(),
         }
     }
 

@@ -9,12 +9,14 @@ use trellis_tests::TestCluster;
 
 const VIEWER: &str = "viewer-token-0123456789abcdef";
 const MONITOR: &str = "monitor-token-0123456789abcdef";
+const DEPUTY: &str = "deputy-token-0123456789abcdef";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_and_unlucky_clients_are_held_to_kubernetes_limits() -> Result<()> {
     let cluster = TestCluster::builder()
         .with_token(VIEWER, "viewer", &[])
         .with_token(MONITOR, "prometheus", &["system:monitoring"])
+        .with_token(DEPUTY, "deputy", &[])
         .start()
         .await?;
     unauthenticated_random_paths_add_no_metric_series(&cluster)
@@ -280,6 +282,78 @@ async fn bindings_are_admitted_and_recorded_in_managed_fields() -> Result<()> {
             && entry["subresource"] == "binding"
             && entry["fieldsV1"]["f:spec"]["f:nodeName"].is_object(),
         "{entry}"
+    );
+    Ok(())
+}
+
+/// Regression: `Impersonate-*` headers were ignored, so `kubectl --as` ran as the
+/// caller (an admin keeping its privileges) and `kubectl auth can-i --as` answered
+/// for the wrong user.
+async fn impersonation_runs_as_the_impersonated_user_once_authorized(
+    cluster: &TestCluster,
+) -> Result<()> {
+    // The admin drops its privileges by impersonating.
+    let refused = cluster
+        .kubectl_err(&["--as", "viewer", "get", "secrets"])
+        .await?;
+    ensure!(
+        refused.contains("User \"viewer\" cannot list resource \"secrets\""),
+        "{refused}"
+    );
+    let can_i = cluster
+        .kubectl(&["auth", "can-i", "list", "secrets", "--as", "viewer"])
+        .await?;
+    ensure!(
+        String::from_utf8_lossy(&can_i.stdout).trim() == "no",
+        "can-i --as viewer: {}",
+        String::from_utf8_lossy(&can_i.stdout)
+    );
+    let whoami = cluster
+        .kubectl_ok(&[
+            "auth",
+            "whoami",
+            "--as",
+            "bob",
+            "--as-group",
+            "team-a",
+            "-o",
+            "json",
+        ])
+        .await?;
+    let whoami: Value = serde_json::from_str(&whoami)?;
+    ensure!(
+        whoami["status"]["userInfo"]["username"] == "bob"
+            && whoami["status"]["userInfo"]["groups"]
+                == serde_json::json!(["team-a", "system:authenticated"]),
+        "{whoami}"
+    );
+    // Without the impersonate verb, asking to be someone else is refused.
+    let deputy = cluster.kubectl_with_token("deputy", DEPUTY)?;
+    let refused = deputy.err(&["--as", "viewer", "get", "pods"], None).await?;
+    ensure!(
+        refused.contains("User \"deputy\" cannot impersonate resource \"users\""),
+        "{refused}"
+    );
+    // Granted for one user, it works for that user and no other.
+    let grant = r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{"name":"impersonate-viewer"},
+        "rules":[{"apiGroups":[""],"resources":["users"],"verbs":["impersonate"],"resourceNames":["viewer"]}]}
+        {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{"name":"deputy-impersonates-viewer"},
+        "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"impersonate-viewer"},
+        "subjects":[{"kind":"User","apiGroup":"rbac.authorization.k8s.io","name":"deputy"}]}"#;
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], grant)
+        .await?;
+    let as_viewer = deputy
+        .err(&["--as", "viewer", "get", "secrets"], None)
+        .await?;
+    ensure!(
+        as_viewer.contains("User \"viewer\" cannot list"),
+        "deputy as viewer: {as_viewer}"
+    );
+    let as_admin = deputy.err(&["--as", "admin", "get", "pods"], None).await?;
+    ensure!(
+        as_admin.contains("cannot impersonate resource \"users\""),
+        "deputy as admin: {as_admin}"
     );
     Ok(())
 }

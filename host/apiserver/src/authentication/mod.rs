@@ -4,7 +4,10 @@
 //! # Layout
 //! - [`tokens`]: the static token file and the admin's token.
 //! - [`sa_token`]: ServiceAccount tokens: signing and checking.
+//! - [`impersonation`]: `Impersonate-*` headers (`kubectl --as`), authorized by RBAC's
+//!   `impersonate` verb.
 
+pub mod impersonation;
 pub mod sa_token;
 pub mod tokens;
 

@@ -145,6 +145,7 @@ pub fn user_of(claims: &Claims) -> UserInfo {
             format!("system:serviceaccounts:{}", claims.namespace),
             trellis_api::user::groups::AUTHENTICATED.to_owned(),
         ],
+        extra: Default::default(),
     }
 }
 

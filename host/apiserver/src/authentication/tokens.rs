@@ -170,6 +170,7 @@ fn parse_entry(line: &str) -> anyhow::Result<Entry> {
             name: name.clone(),
             uid: uid.clone(),
             groups,
+            extra: Default::default(),
         },
     })
 }
@@ -255,6 +256,7 @@ mod tests {
                 name: "alice".into(),
                 uid: "uid-1".into(),
                 groups: vec!["system:masters".into(), "dev".into()],
+                ..UserInfo::default()
             })
         );
         assert_eq!(
@@ -263,6 +265,7 @@ mod tests {
                 name: "bob".into(),
                 uid: "uid-2".into(),
                 groups: vec![],
+                ..UserInfo::default()
             })
         );
         // Leading whitespace is dropped, trailing kept, as Go's csv does.

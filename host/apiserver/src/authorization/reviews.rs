@@ -61,6 +61,9 @@ fn user_info(user: &UserInfo) -> Value {
     if !user.uid.is_empty() {
         info["uid"] = user.uid.clone().into();
     }
+    if !user.extra.is_empty() {
+        info["extra"] = json!(user.extra);
+    }
     info
 }
 

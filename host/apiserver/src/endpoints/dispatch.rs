@@ -104,6 +104,7 @@ async fn dispatch(
     if let Some(audit) = &state.audit {
         audit.record(crate::observability::audit::Entry {
             user: info.user,
+            impersonated_user: info.impersonated,
             verb: info.verb,
             resource: info.resource,
             namespace: info.namespace,
@@ -125,6 +126,8 @@ struct RequestInfo {
     /// What `/metrics` counts the request as: bounded label values only.
     labels: RequestLabels,
     user: String,
+    /// The user the requester acts as, when it impersonates one.
+    impersonated: Option<String>,
     verb: String,
     resource: String,
     namespace: String,
@@ -251,6 +254,11 @@ async fn handle(
             .push(trellis_api::user::groups::AUTHENTICATED.to_owned());
     }
     lock(info).user = user.name.clone();
+    let requester = user.name.clone();
+    let user = crate::authentication::impersonation::impersonate(&state, user, &headers).await?;
+    if user.name != requester {
+        lock(info).impersonated = Some(user.name.clone());
+    }
     let _admitted = state
         .inflight
         .admit(&user, mutating_method(&method), long_running)

@@ -14,7 +14,10 @@ use tracing::warn;
 /// One request, as the audit log records it.
 #[derive(Debug)]
 pub struct Entry {
+    /// Who sent the request.
     pub user: String,
+    /// Who it acted as, when it impersonated someone (`kubectl --as`).
+    pub impersonated_user: Option<String>,
     pub verb: String,
     pub resource: String,
     pub namespace: String,
@@ -128,10 +131,13 @@ impl Writer {
         let mut text = Vec::new();
         let now = crate::object::now_timestamp();
         for e in batch {
-            let line: Value = json!({
+            let mut line: Value = json!({
                 "time": now, "user": e.user, "verb": e.verb, "resource": e.resource,
                 "namespace": e.namespace, "name": e.name, "code": e.code, "latencyMs": e.latency_ms,
             });
+            if let Some(as_user) = &e.impersonated_user {
+                line["impersonatedUser"] = as_user.clone().into();
+            }
             serde_json::to_writer(&mut text, &line)?;
             text.push(b'\n');
         }
@@ -158,6 +164,7 @@ mod tests {
     fn entry(i: usize) -> Entry {
         Entry {
             user: "admin".into(),
+            impersonated_user: None,
             verb: "get".into(),
             resource: "pods".into(),
             namespace: "default".into(),

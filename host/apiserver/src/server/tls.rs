@@ -80,6 +80,7 @@ pub fn identity_from_cert(der: &[u8]) -> Option<UserInfo> {
         name: name.to_owned(),
         uid: String::new(),
         groups,
+        extra: Default::default(),
     })
 }
 
@@ -170,6 +171,7 @@ mod tests {
                 name: "admin".into(),
                 uid: String::new(),
                 groups: vec!["system:masters".into()],
+                extra: Default::default(),
             })
         );
         assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
