@@ -29,6 +29,9 @@ async fn hostile_and_unlucky_clients_are_held_to_kubernetes_limits() -> Result<(
         .await
         .context("TokenRequest lifetimes")?;
     the_data_directory_and_the_store_are_private(&cluster).context("file permissions")?;
+    impersonation_runs_as_the_impersonated_user_once_authorized(&cluster)
+        .await
+        .context("impersonation")?;
     Ok(())
 }
 
