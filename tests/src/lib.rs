@@ -109,6 +109,8 @@ pub struct TestClusterBuilder {
     plugin_dir: Option<PathBuf>,
     /// Limits and intervals instead of the defaults.
     settings: Option<trellis_apiserver::state::Settings>,
+    /// Events a client watch may fall behind before it is ended.
+    watch_buffer: Option<usize>,
 }
 
 impl TestClusterBuilder {
@@ -141,6 +143,12 @@ impl TestClusterBuilder {
         self
     }
 
+    /// Ends a client watch once it falls this many events behind.
+    pub fn with_watch_buffer(mut self, events: usize) -> Self {
+        self.watch_buffer = Some(events);
+        self
+    }
+
     pub async fn start(self) -> anyhow::Result<TestCluster> {
         let dir = tempfile::tempdir().context("create the cluster's directory")?;
         let data_dir = dir.path().join("data");
@@ -170,6 +178,9 @@ impl TestClusterBuilder {
         config.plugin_dir = self.plugin_dir;
         if let Some(settings) = self.settings {
             config.settings = settings;
+        }
+        if let Some(events) = self.watch_buffer {
+            config.watch_buffer = events;
         }
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, store.clone(), async move {
@@ -585,10 +596,41 @@ impl TestCluster {
 }
 
 impl TestCluster {
+    /// Sends a GET for `path` as the admin over HTTP/1.1 on a connection whose receive
+    /// buffer is as small as the kernel allows, and returns the connection unread: a
+    /// client that has stopped reading.
+    pub async fn unread_request(
+        &self,
+        path: &str,
+    ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stream = self.tls_stream_with(b"http/1.1", Some(1)).await?;
+        let authority = self.url.trim_start_matches("https://");
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {}\r\n\r\n",
+            self.admin_token
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .context("send the request")?;
+        stream.flush().await.context("send the request")?;
+        Ok(stream)
+    }
+
     /// A TLS connection to the server that offers only `alpn`.
     async fn tls_stream(
         &self,
         alpn: &[u8],
+    ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        self.tls_stream_with(alpn, None).await
+    }
+
+    /// [`TestCluster::tls_stream`], with the socket's receive buffer set first.
+    async fn tls_stream_with(
+        &self,
+        alpn: &[u8],
+        recv_buffer: Option<u32>,
     ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in rustls_pemfile_certs(&self.ca_pem)? {
@@ -603,7 +645,15 @@ impl TestCluster {
         .with_no_client_auth();
         tls.alpn_protocols = vec![alpn.to_vec()];
         let authority = self.url.trim_start_matches("https://");
-        let tcp = tokio::net::TcpStream::connect(authority)
+        let address: std::net::SocketAddr = authority.parse().context("the server address")?;
+        let socket = tokio::net::TcpSocket::new_v4().context("a socket")?;
+        if let Some(bytes) = recv_buffer {
+            socket
+                .set_recv_buffer_size(bytes)
+                .context("set the receive buffer")?;
+        }
+        let tcp = socket
+            .connect(address)
             .await
             .context("connect to the server")?;
         let name =

@@ -39,9 +39,11 @@ pub struct Settings {
     pub max_token_expiration: Option<std::time::Duration>,
     /// How often a watch that asked for bookmarks gets one.
     pub bookmark_interval: std::time::Duration,
-    /// How long a watcher's buffer may stay full before the watcher is dropped (the
-    /// client relists).
-    pub watcher_blocked_timeout: std::time::Duration,
+    /// How long a connection's writes may stay blocked, its client not reading, before
+    /// the connection is closed. A watch whose client stops reading is dropped by the
+    /// watch cache once its buffer fills (the client relists); this frees the
+    /// connection behind it.
+    pub stalled_write_timeout: std::time::Duration,
 }
 
 impl Default for Settings {
@@ -55,7 +57,7 @@ impl Default for Settings {
             idle_timeout: Duration::from_secs(90),
             max_token_expiration: None,
             bookmark_interval: Duration::from_secs(30),
-            watcher_blocked_timeout: Duration::from_secs(5),
+            stalled_write_timeout: Duration::from_secs(60),
         }
     }
 }

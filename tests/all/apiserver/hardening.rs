@@ -360,3 +360,91 @@ async fn impersonation_runs_as_the_impersonated_user_once_authorized(
     );
     Ok(())
 }
+
+/// Regression: a watch whose client never reads held its connection, its buffers and
+/// the server's work for ever. It is ended once its buffer fills (counted on
+/// /metrics), and its connection once the writes to it have stalled for the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_that_never_read_are_dropped_and_their_connections_closed() -> Result<()> {
+    use tokio::io::AsyncReadExt as _;
+    const WATCHERS: usize = 4;
+    let settings = trellis_apiserver::state::Settings {
+        stalled_write_timeout: std::time::Duration::from_secs(1),
+        ..Default::default()
+    };
+    let cluster = TestCluster::builder()
+        .with_settings(settings)
+        .with_watch_buffer(4)
+        .start()
+        .await?;
+    let watching = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    // The server's own watches (the plugin manager's) stay open throughout.
+    let before = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    let own = watching(
+        &String::from_utf8_lossy(&before.body),
+        "apiserver_watch_cache_watchers",
+    );
+    let mut streams = Vec::new();
+    for _ in 0..WATCHERS {
+        streams.push(
+            cluster
+                .unread_request("/api/v1/namespaces/default/configmaps?watch=true")
+                .await?,
+        );
+    }
+    // Large objects fill the socket buffers behind each unread watch, then its buffer.
+    let data = "x".repeat(512 * 1024);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut i = 0;
+    loop {
+        let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+        if watching(&text, "apiserver_terminated_watchers_total") >= WATCHERS as f64 {
+            ensure!(
+                watching(&text, "apiserver_watch_cache_watchers") == own,
+                "{text}"
+            );
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the watches were never dropped:\n{text}"
+        );
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("big-{i}")}, "data": {"d": data}})
+        .to_string();
+        let created = cluster
+            .request(
+                "POST",
+                "/api/v1/namespaces/default/configmaps",
+                "application/json",
+                &body,
+            )
+            .await?;
+        ensure!(created.status == 201, "create: {}", created.status);
+        i += 1;
+    }
+    // What is awaited here is the server's own deadline: its writes to the unread
+    // connections stall, and once they have for `stalled_write_timeout` it closes them.
+    // Reading before then would unblock them.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // Each connection ends: reading what the server sent reaches its end.
+    for mut stream in streams {
+        let mut sink = vec![0_u8; 1 << 20];
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                match stream.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .context("the stalled connection was never closed")?;
+    }
+    Ok(())
+}

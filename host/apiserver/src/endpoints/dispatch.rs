@@ -277,7 +277,10 @@ async fn handle(
         crate::authorization::authorize_non_resource(&state, &user, &method, uri.path()).await?;
     }
     if uri.path() == "/metrics" {
-        let mut text = state.metrics.render(state.cache.watcher_count());
+        let mut text = state.metrics.render(
+            state.cache.watcher_count(),
+            state.cache.terminated_watchers(),
+        );
         if let Some(plugins) = state.plugins.get() {
             plugins.render_metrics(&mut text);
         }

@@ -81,11 +81,6 @@ struct CodeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResourceLabel {
-    resource: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: String,
 }
@@ -101,7 +96,7 @@ pub struct Metrics {
     requests: Family<CodeLabels, Counter>,
     latency: Family<RequestLabels, Histogram, fn() -> Histogram>,
     watchers: Gauge,
-    terminated_watchers: Family<ResourceLabel, Counter>,
+    terminated_watchers: Counter,
     rejected: Family<RequestLabels, Counter>,
     /// Filled by the store the server's requests go through
     /// ([`crate::storage::metered::MeteredStore`]).
@@ -133,7 +128,7 @@ impl Default for Metrics {
             "Open watches served by the watch cache",
             watchers.clone(),
         );
-        let terminated_watchers = Family::<ResourceLabel, Counter>::default();
+        let terminated_watchers = Counter::default();
         registry.register(
             "apiserver_terminated_watchers",
             "Watches ended because their client did not read its events in time",
@@ -185,25 +180,20 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a watch the server ended because its client fell behind.
-    pub fn watcher_terminated(&self, resource: &str) {
-        self.terminated_watchers
-            .get_or_create(&ResourceLabel {
-                resource: resource.to_owned(),
-            })
-            .inc();
-    }
-
     /// Counts a request refused because too many were in flight.
     pub fn rejected(&self, labels: &RequestLabels) {
         self.rejected.get_or_create(labels).inc();
     }
 
-    /// The text exposition; `watches` is the number of open watches now.
-    pub fn render(&self, watches: usize) -> String {
+    /// The text exposition; `watches` is the number of open watches now, `terminated`
+    /// how many the watch cache has ended so far because their client stopped reading.
+    pub fn render(&self, watches: usize, terminated: u64) -> String {
         let _one = self.render_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.watchers
             .set(i64::try_from(watches).unwrap_or(i64::MAX));
+        let counted = self.terminated_watchers.get();
+        self.terminated_watchers
+            .inc_by(terminated.saturating_sub(counted));
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)
         {
@@ -262,7 +252,7 @@ mod tests {
             Duration::from_millis(2),
         );
         m.record(&labels("watch", "pods"), 200, Duration::from_secs(600));
-        let text = m.render(3);
+        let text = m.render(3, 0);
         let get =
             r#"verb="get",group="",version="v1",resource="pods",subresource="",scope="namespace""#;
         assert!(
@@ -298,7 +288,7 @@ mod tests {
             let method = format!("M{i}\"}} 1\n");
             m.record(&RequestLabels::non_resource(&method), 401, Duration::ZERO);
         }
-        let text = m.render(0);
+        let text = m.render(0, 0);
         let series = text
             .lines()
             .filter(|l| l.starts_with("apiserver_request_total{"))

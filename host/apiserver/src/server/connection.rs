@@ -8,6 +8,8 @@
 //!   gracefully (both protocols). A request is in flight from its headers until its
 //!   response body ends, so a quiet watch is not idle.
 //! - HTTP/2 connections are pinged; a peer that stops answering is dropped.
+//! - A write that stays blocked for [`Settings::stalled_write_timeout`] (the client
+//!   stopped reading: a watch nobody reads) closes the connection.
 //! - Bodies are bounded and timed by the request path ([`crate::endpoints::dispatch`]).
 
 use std::time::Duration;
@@ -79,7 +81,7 @@ pub async fn serve<I>(
         .keep_alive_interval(HTTP2_PING.0)
         .keep_alive_timeout(HTTP2_PING.1);
     let connection = builder.serve_connection(
-        TokioIo::new(io),
+        TokioIo::new(StallTimeout::new(io, settings.stalled_write_timeout)),
         hyper_util::service::TowerToHyperService::new(service),
     );
     tokio::pin!(connection);
@@ -119,6 +121,105 @@ async fn idled_for(active: &mut watch::Receiver<usize>, timeout: Duration) {
                 }
             }
         }
+    }
+}
+
+/// An I/O stream whose writes fail with `TimedOut` once they have been blocked for
+/// longer than a deadline, so a peer that stops reading cannot hold the connection and
+/// the buffers behind it for ever.
+struct StallTimeout<I> {
+    io: I,
+    limit: Duration,
+    /// Set while writes are blocked: when they started to be.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<I> StallTimeout<I> {
+    fn new(io: I, limit: Duration) -> Self {
+        Self {
+            io,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// After a write returned `Pending`: `Ready(Err)` once the deadline has passed.
+    fn check_stall(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Error> {
+        let limit = self.limit;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            )),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for StallTimeout<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for StallTimeout<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match std::pin::Pin::new(&mut self.io).poll_write(cx, buf) {
+            std::task::Poll::Pending => self.check_stall(cx).map(Err),
+            done => {
+                self.stalled = None;
+                done
+            }
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match std::pin::Pin::new(&mut self.io).poll_flush(cx) {
+            std::task::Poll::Pending => self.check_stall(cx).map(Err),
+            done => {
+                self.stalled = None;
+                done
+            }
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
+            std::task::Poll::Pending => self.check_stall(cx).map(Err),
+            done => {
+                self.stalled = None;
+                done
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 }
 

@@ -209,6 +209,9 @@ pub struct Subscription {
 #[derive(Debug)]
 pub struct WatchCache {
     state: Mutex<State>,
+    /// Client watches ended because their buffer was full (their client stopped
+    /// reading), for `/metrics`.
+    terminated: std::sync::atomic::AtomicU64,
     capacity: usize,
     watcher_buffer: usize,
     revision_changed: tokio::sync::watch::Sender<Revision>,
@@ -302,6 +305,7 @@ impl WatchCache {
             }),
             capacity: capacity.max(1),
             watcher_buffer: watcher_buffer.max(1),
+            terminated: std::sync::atomic::AtomicU64::new(0),
             revision_changed,
         });
         let feeder = cache.clone();
@@ -415,6 +419,7 @@ impl WatchCache {
                     Ok(()) => true,
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         slot.lagged.store(true, Ordering::Release);
+                        self.terminated.fetch_add(1, Ordering::Relaxed);
                         debug!(prefix = %slot.prefix, "dropping a client watch that fell behind");
                         false
                     }
@@ -462,6 +467,11 @@ impl WatchCache {
     /// Ends every client watch: their channels close.
     fn close(&self) {
         lock(&self.state).watchers.clear();
+    }
+
+    /// Client watches ended so far because their client stopped reading.
+    pub fn terminated_watchers(&self) -> u64 {
+        self.terminated.load(Ordering::Relaxed)
     }
 
     pub fn watcher_count(&self) -> usize {
