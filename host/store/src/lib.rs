@@ -163,6 +163,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The revision of the last committed write (1 for an empty store).
     async fn current_revision(&self) -> Result<Revision>;
 
+    /// How many keys `request` would list (`limit` ignored). Backends that can count
+    /// without reading values do; the default lists.
+    async fn count(&self, request: ListRequest) -> Result<u64> {
+        let listed = self
+            .list(ListRequest {
+                limit: None,
+                ..request
+            })
+            .await?;
+        Ok(listed.kvs.len() as u64)
+    }
+
     /// Drops history below `revision`: reads and watches below it fail with
     /// [`Error::Compacted`]; the latest value of every key is kept.
     async fn compact(&self, revision: Revision) -> Result<()>;

@@ -203,6 +203,18 @@ async fn list_pages_show_one_snapshot(s: &dyn Store) -> Result<()> {
     ensure!(latest.kvs[1].value == val("changed") && !latest.more);
     ensure!(latest.revision == s.current_revision().await?);
 
+    // Counts agree with the lists, at the snapshot and now, from any key on.
+    let count = |revision, after: Option<&str>| ListRequest {
+        prefix: "/list/a/".into(),
+        start_after: after.map(str::to_owned),
+        revision,
+        limit: Some(1),
+    };
+    ensure!(s.count(count(Some(snapshot), None)).await? == 10);
+    ensure!(s.count(count(Some(snapshot), Some("/list/a/03"))).await? == 6);
+    ensure!(s.count(count(None, None)).await? == 10);
+    ensure!(s.count(count(None, Some("/list/a/05"))).await? == 5);
+
     // A list before any of these keys existed is empty.
     let before = s
         .list(ListRequest {

@@ -100,7 +100,8 @@ pub async fn watch(state: State, req: ApiRequest) -> ApiResult {
         list_req.query.limit = None;
         list_req.query.continue_token = None;
         list_req.query.resource_version = None;
-        let (items, revision, _) = registry::list_objects(&state, &list_req).await?;
+        let page = registry::list_objects(&state, &list_req).await?;
+        let (items, revision) = (page.items, page.revision);
         let items: Vec<Object> = match &req.name {
             Some(n) => items
                 .into_iter()

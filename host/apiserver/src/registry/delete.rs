@@ -157,7 +157,7 @@ pub async fn delete_one(
 }
 
 pub async fn delete_collection(state: &AppState, req: &ApiRequest) -> ApiResult {
-    let (items, _, _) = list_objects(state, req).await?;
+    let items = list_objects(state, req).await?.items;
     let mut deleted = Vec::new();
     for obj in items {
         let Some(name) = object::name(&obj).map(str::to_owned) else {

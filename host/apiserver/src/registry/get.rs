@@ -37,30 +37,57 @@ fn visible(obj: &Object, req: &ApiRequest) -> bool {
             .is_none_or(|p| p.is_empty())
 }
 
-/// A continue token: the list's revision and the last key returned.
-fn encode_continue(revision: Revision, key: &str) -> String {
-    use base64::Engine;
-    let token = json!({"v": "meta.k8s.io/v1", "rv": revision, "start": key});
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+/// Where a paginated list goes on: the revision all its pages read at, the last key
+/// returned, and, for lists without selectors, how many keys remain after it.
+#[derive(Debug, Default)]
+struct Continue {
+    revision: Revision,
+    start_after: String,
+    /// Counted once, on the first page, and carried down: counting again on every page
+    /// would make a relist of N objects cost O(N²).
+    remaining: Option<u64>,
 }
 
-fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
-    use base64::Engine;
-    let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token)
-        .map_err(|_| bad())?;
-    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
-    let rev = v["rv"].as_u64().ok_or_else(bad)?;
-    let start = v["start"].as_str().ok_or_else(bad)?.to_owned();
-    Ok((rev, start))
+impl Continue {
+    fn encode(&self) -> String {
+        use base64::Engine;
+        let mut token = json!({"rv": self.revision, "start": self.start_after});
+        if let Some(remaining) = self.remaining {
+            token["remaining"] = remaining.into();
+        }
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+    }
+
+    fn decode(token: &str) -> Result<Self, ApiError> {
+        use base64::Engine;
+        let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| bad())?;
+        let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+        Ok(Self {
+            revision: v["rv"].as_u64().ok_or_else(bad)?,
+            start_after: v["start"].as_str().ok_or_else(bad)?.to_owned(),
+            remaining: v["remaining"].as_u64(),
+        })
+    }
+}
+
+/// A list's page: the objects, the revision it read at, and where to go on.
+#[derive(Debug)]
+pub struct Page {
+    pub items: Vec<Object>,
+    pub revision: Revision,
+    /// The continue token, when more objects follow.
+    pub next: Option<String>,
+    /// `remainingItemCount`: how many objects the next pages hold, for lists without
+    /// selectors (with them it is unknown without reading everything), as Kubernetes
+    /// reports it.
+    pub remaining: Option<u64>,
 }
 
 /// The objects of a list request, filtered by its selectors, and the list's metadata.
-pub async fn list_objects(
-    state: &AppState,
-    req: &ApiRequest,
-) -> ApiResult<(Vec<Object>, Revision, Option<String>)> {
+pub async fn list_objects(state: &AppState, req: &ApiRequest) -> ApiResult<Page> {
     let res = &req.resource;
     let prefix = res.namespace_prefix(req.namespace.as_deref());
     let labels = LabelSelector::parse(req.query.label_selector.as_deref().unwrap_or(""))
@@ -70,13 +97,15 @@ pub async fn list_objects(
     check_fields(res, &fields)?;
     let limit = req.query.limit.filter(|l| *l > 0);
 
-    let (mut revision, mut start_after) = match req.query.continue_token.as_deref() {
-        Some(token) if !token.is_empty() => {
-            let (rev, start) = decode_continue(token)?;
-            (Some(rev), Some(start))
-        }
-        _ => (None, None),
+    let continued = match req.query.continue_token.as_deref() {
+        Some(token) if !token.is_empty() => Some(Continue::decode(token)?),
+        _ => None,
     };
+    let (mut revision, mut start_after) = match &continued {
+        Some(c) => (Some(c.revision), Some(c.start_after.clone())),
+        None => (None, None),
+    };
+    let mut keys_read: u64 = 0;
     if revision.is_none() {
         revision = list_revision(state, req).await?;
     }
@@ -97,6 +126,7 @@ pub async fn list_objects(
             .await
             .map_err(|e| store_error(e, res, ""))?;
         revision = Some(page.revision);
+        keys_read += page.kvs.len() as u64;
         let last_key = page.kvs.last().map(|kv| kv.key.clone());
         for kv in page.kvs {
             let Some(obj) = decode_stored(&kv.value, kv.mod_revision) else {
@@ -116,13 +146,44 @@ pub async fn list_objects(
         start_after = last_key;
         if limit.is_some_and(|l| items.len() >= l) {
             read_at = page.revision;
-            next = start_after
-                .as_deref()
-                .map(|k| encode_continue(page.revision, k));
+            next = start_after.clone();
             break;
         }
     }
-    Ok((items, read_at, next))
+    let Some(start_after) = next else {
+        return Ok(Page {
+            items,
+            revision: read_at,
+            next: None,
+            remaining: None,
+        });
+    };
+    let no_selectors = labels.is_empty() && fields.is_empty();
+    let remaining = match continued.and_then(|c| c.remaining) {
+        _ if !no_selectors => None,
+        Some(before) => Some(before.saturating_sub(keys_read)),
+        None => state
+            .store
+            .count(ListRequest {
+                prefix,
+                start_after: Some(start_after.clone()),
+                revision: Some(read_at),
+                limit: None,
+            })
+            .await
+            .ok(),
+    };
+    let token = Continue {
+        revision: read_at,
+        start_after,
+        remaining,
+    };
+    Ok(Page {
+        items,
+        revision: read_at,
+        next: Some(token.encode()),
+        remaining,
+    })
 }
 
 /// The revision a list reads at: latest unless `resourceVersionMatch=Exact`.
@@ -199,7 +260,12 @@ pub fn matches_fields(_res: &ResourceInfo, fields: &FieldSelector, obj: &Object)
 }
 
 pub async fn list(state: &AppState, req: &ApiRequest) -> ApiResult {
-    let (items, revision, next) = list_objects(state, req).await?;
+    let Page {
+        items,
+        revision,
+        next,
+        remaining,
+    } = list_objects(state, req).await?;
     if req.wants_table {
         return Ok(json_response(
             StatusCode::OK,
@@ -208,7 +274,7 @@ pub async fn list(state: &AppState, req: &ApiRequest) -> ApiResult {
     }
     let mut meta = json!({"resourceVersion": revision.to_string()});
     if let Some(token) = next {
-        if let Some(remaining) = remaining_items(state, req, &token).await {
+        if let Some(remaining) = remaining {
             meta["remainingItemCount"] = remaining.into();
         }
         meta["continue"] = token.into();
@@ -220,28 +286,4 @@ pub async fn list(state: &AppState, req: &ApiRequest) -> ApiResult {
         "items": items,
     });
     Ok(json_response(StatusCode::OK, &body))
-}
-
-/// How many objects the next pages hold, as Kubernetes reports it: only for lists
-/// without selectors (with them, the count is unknown without reading everything).
-/// Counted by a read of the rest at the list's revision, so it costs as much as the
-/// remaining pages would.
-async fn remaining_items(state: &AppState, req: &ApiRequest, token: &str) -> Option<u64> {
-    let no_selectors = req.query.label_selector.as_deref().unwrap_or("").is_empty()
-        && req.query.field_selector.as_deref().unwrap_or("").is_empty();
-    if !no_selectors {
-        return None;
-    }
-    let (revision, start_after) = decode_continue(token).ok()?;
-    let rest = state
-        .store
-        .list(ListRequest {
-            prefix: req.resource.namespace_prefix(req.namespace.as_deref()),
-            start_after: Some(start_after),
-            revision: Some(revision),
-            limit: None,
-        })
-        .await
-        .ok()?;
-    Some(rest.kvs.len() as u64)
 }

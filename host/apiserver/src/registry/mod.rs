@@ -104,8 +104,8 @@ pub async fn after_write(state: &AppState, req: &ApiRequest) {
             Some(name) => vec![name.clone()],
             None => list_objects(state, req)
                 .await
-                .map(|(items, _, _)| {
-                    items
+                .map(|page| {
+                    page.items
                         .iter()
                         .filter_map(|o| object::name(o).map(str::to_owned))
                         .collect()

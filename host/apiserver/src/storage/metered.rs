@@ -81,6 +81,13 @@ impl Store for MeteredStore {
         result
     }
 
+    async fn count(&self, request: ListRequest) -> Result<u64> {
+        let start = Instant::now();
+        let result = self.inner.count(request).await;
+        self.latency.observe("count", start);
+        result
+    }
+
     async fn compact(&self, revision: Revision) -> Result<()> {
         let start = Instant::now();
         let result = self.inner.compact(revision).await;

@@ -390,6 +390,66 @@ impl<L: ReadableTable<u64, &'static [u8]>> History<'_, L> {
 }
 
 impl Shared {
+    /// The number of keys [`Shared::list_at`] would return without its limit, read
+    /// from keys and history entries only: no value is read.
+    fn count_at(&self, request: &ListRequest) -> Result<u64> {
+        let err = read_err("count keys");
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        let current = meta
+            .get(META_REVISION)
+            .map_err(|e| err(e.into()))?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        let at = match request.revision {
+            None | Some(0) => current,
+            Some(r) => r.min(current),
+        };
+        let in_range = |key: &str| {
+            key.starts_with(&request.prefix)
+                && request
+                    .start_after
+                    .as_deref()
+                    .is_none_or(|after| key > after)
+        };
+        // Keys written after `at`: whether each existed at `at` (its earliest later
+        // entry's previous revision is not 0).
+        let mut undo: BTreeMap<String, bool> = BTreeMap::new();
+        if at < current {
+            let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
+            for item in log.range(at + 1..).map_err(|e| err(e.into()))? {
+                let (rev, bytes) = item.map_err(|e| err(e.into()))?;
+                let entry =
+                    decode_entry(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
+                if in_range(&entry.key) && !undo.contains_key(&entry.key) {
+                    undo.insert(entry.key, entry.prev_mod != 0);
+                }
+            }
+        }
+        let start = match &request.start_after {
+            Some(after) if after.as_str() >= request.prefix.as_str() => {
+                Bound::Excluded(after.as_str())
+            }
+            _ => Bound::Included(request.prefix.as_str()),
+        };
+        let kv = txn.open_table(KV).map_err(|e| err(e.into()))?;
+        let mut count = undo.values().filter(|existed| **existed).count() as u64;
+        for item in kv
+            .range::<&str>((start, Bound::Unbounded))
+            .map_err(|e| err(e.into()))?
+        {
+            let (key, _) = item.map_err(|e| err(e.into()))?;
+            let key = key.value();
+            if !key.starts_with(&request.prefix) {
+                break;
+            }
+            if !undo.contains_key(key) {
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
     fn list_at(&self, request: &ListRequest) -> Result<ListResponse> {
         let err = read_err("read list");
         let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
@@ -568,7 +628,19 @@ impl Store for RedbStore {
     }
 
     async fn list(&self, request: ListRequest) -> Result<ListResponse> {
-        self.shared.list_at(&request)
+        // A list reads as many values as it asks for: off the async workers, so a large
+        // one cannot stall every other request on the same thread.
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || shared.list_at(&request))
+            .await
+            .map_err(|e| Error::backend("read list", e))?
+    }
+
+    async fn count(&self, request: ListRequest) -> Result<u64> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || shared.count_at(&request))
+            .await
+            .map_err(|e| Error::backend("count keys", e))?
     }
 
     async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue> {

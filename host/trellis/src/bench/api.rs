@@ -97,6 +97,10 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 100, value_name = "CREATES_PER_SEC", value_parser = RangedU64ValueParser::<u32>::new().range(1..))]
     rate: u32,
 
+    /// With `--verb relist`, objects per page (`limit`).
+    #[arg(long, default_value_t = 500, value_name = "N", value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    page_size: usize,
+
     /// Speak HTTP/2 (one stream at a time per connection), as kubectl and client-go
     /// do, instead of HTTP/1.1. HTTP/1.1 is the default because it costs both sides
     /// less CPU, so the figure is the server's rather than the protocol's.
@@ -154,6 +158,10 @@ enum Verb {
     /// objects at `--rate`; latency is a create's acknowledgement to its arrival at the
     /// last watcher, and requests/s the creates'.
     Watch,
+    /// Create `--ops` objects, then list them all in pages of `--page-size`, following
+    /// the continue tokens, as an informer's relist does; requests/s is objects listed
+    /// per second, latency a page's.
+    Relist,
 }
 
 impl Verb {
@@ -162,6 +170,7 @@ impl Verb {
             Verb::Create => "create",
             Verb::Get => "get",
             Verb::Watch => "watch",
+            Verb::Relist => "relist",
         }
     }
 }
@@ -285,7 +294,103 @@ async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
         Verb::Create => measure_requests(target, args, false).await,
         Verb::Get => measure_requests(target, args, true).await,
         Verb::Watch => watch::measure(target, args).await,
+        Verb::Relist => measure_relist(target, args).await,
     }
+}
+
+/// Creates `--ops` objects, then lists them in pages, timing the whole relist and each
+/// page. The pages after the first must cost what the first does: a server that
+/// counts what remains on every page makes a relist quadratic.
+async fn measure_relist(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
+    let connections = connect_all(target, args.clients)
+        .await
+        .context("connect the clients")?;
+    // A namespace of the run's own, so the list holds exactly this run's objects.
+    let namespace = format!("relist-{}", run_id());
+    let mut admin = connect(
+        &target.addr,
+        target.server_name.clone(),
+        target.tls.clone(),
+        target.http2,
+    )
+    .await
+    .context("connect the lister")?;
+    let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
+    let request = build_request(
+        &target.base,
+        target.http2,
+        target.authorization.as_ref(),
+        &Method::POST,
+        "/api/v1/namespaces",
+        Bytes::from(ns.to_string()),
+    )?;
+    call(&mut admin, request, StatusCode::CREATED)
+        .await
+        .context("create the run's namespace")?;
+    let collection = format!("/api/v1/namespaces/{namespace}/{}", args.kind.plural());
+    let setup = Plan::Create {
+        collection: collection.clone(),
+        prefix: "o".into(),
+        body: ObjectBody::new(args.kind, args.value_size),
+    };
+    drive(target, connections, &setup, args.ops)
+        .await
+        .context("create the objects to list")?;
+
+    let started = Instant::now();
+    let mut latencies = Vec::new();
+    let mut listed = 0;
+    let mut token = String::new();
+    loop {
+        let path = format!(
+            "{collection}?limit={}{}",
+            args.page_size,
+            if token.is_empty() {
+                String::new()
+            } else {
+                format!("&continue={token}")
+            }
+        );
+        let request = build_request(
+            &target.base,
+            target.http2,
+            target.authorization.as_ref(),
+            &Method::GET,
+            &path,
+            Bytes::new(),
+        )?;
+        let page_started = Instant::now();
+        let (status, body) = send_and_read(&mut admin, request).await?;
+        latencies.push(page_started.elapsed());
+        if status != StatusCode::OK {
+            bail!("list page: {status}: {}", status_message(&body));
+        }
+        let page: serde_json::Value = serde_json::from_slice(&body).context("decode a page")?;
+        listed += page["items"].as_array().map_or(0, Vec::len);
+        match page["metadata"]["continue"].as_str() {
+            Some(next) if !next.is_empty() => token = next.to_owned(),
+            _ => break,
+        }
+    }
+    let elapsed = started.elapsed();
+    if listed != args.ops {
+        bail!("the relist returned {listed} objects, not {}", args.ops);
+    }
+    let percentiles = Percentiles::of(&mut latencies);
+    Ok(Report {
+        kind: args.kind.plural(),
+        verb: args.verb.name(),
+        clients: 1,
+        connections: None,
+        ops: listed,
+        ops_per_sec: (listed as f64 / elapsed.as_secs_f64()).round(),
+        p50_ms: percentiles.p50_ms,
+        p99_ms: percentiles.p99_ms,
+        max_ms: percentiles.max_ms,
+        delivery: None,
+        errors: 0,
+        server_memory: None,
+    })
 }
 
 /// Creates (or with `reads`, GETs) over `--clients` connections.
@@ -1159,6 +1264,7 @@ pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
         verb: Verb::Create,
         value_size: 0,
         rate: 1,
+        page_size: 500,
         server_process: false,
         server_exe: None,
         http2: false,
