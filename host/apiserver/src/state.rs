@@ -141,9 +141,15 @@ pub struct AppState {
     pub chains: Chains,
     /// Namespaces as creates check them (exists, not terminating).
     pub namespaces: crate::storage::lister::Lister,
+    /// RBAC's roles and bindings as authorization reads them.
+    pub rbac: crate::authorization::rbac::RbacReader,
+    /// ServiceAccounts as token authentication checks them.
+    pub service_accounts: crate::storage::lister::Lister,
     pub metrics: crate::observability::metrics::Metrics,
     /// Signs and checks ServiceAccount tokens.
     pub signer: crate::authentication::sa_token::TokenSigner,
+    /// ServiceAccount tokens checked lately.
+    pub verified_tokens: crate::authentication::sa_token::VerifiedTokens,
     pub audit: Option<crate::observability::audit::AuditLog>,
     pub settings: Settings,
     /// Requests in flight, against the limits in `settings`.
@@ -193,14 +199,21 @@ impl AppState {
         chains.init(&store, &cache);
         let namespaces = crate::storage::lister::Lister::new("", "namespaces");
         namespaces.init(&store, &cache);
+        let rbac = crate::authorization::rbac::RbacReader::default();
+        rbac.init(&store, &cache);
+        let service_accounts = crate::storage::lister::Lister::new("", "serviceaccounts");
+        service_accounts.init(&store, &cache);
         Arc::new(Self {
             store,
             cache,
             tokens,
             chains,
             namespaces,
+            rbac,
+            service_accounts,
             metrics,
             signer,
+            verified_tokens: Default::default(),
             audit,
             inflight: Inflight::new(&settings),
             settings,

@@ -108,7 +108,7 @@ pub async fn impersonate(
             namespace,
             name: object,
         };
-        rbac::authorize(state.store.as_ref(), &requester, &attributes).await?;
+        rbac::authorize(&state.rbac, &requester, &attributes).await?;
     }
 
     let mut impersonated = UserInfo {

@@ -56,16 +56,16 @@ pub async fn authenticate(
 /// The ServiceAccount a token names, if it is valid and the account still exists
 /// with the uid the token was issued for.
 async fn service_account(state: &AppState, token: &str) -> Option<UserInfo> {
-    let claims = state
-        .signer
-        .verify(token, jiff::Timestamp::now().as_second())?;
+    let claims =
+        state
+            .verified_tokens
+            .verify(&state.signer, token, jiff::Timestamp::now().as_second())?;
     let accounts = state.resource("", "v1", "serviceaccounts").ok()?;
-    let kv = state
-        .store
+    let account = state
+        .service_accounts
         .get(&accounts.key(Some(&claims.namespace), &claims.name))
         .await
         .ok()??;
-    let account = crate::storage::watch_cache::decode_stored(&kv.value, kv.mod_revision)?;
     (crate::object::meta_str(&account, "uid") == Some(claims.uid.as_str()))
         .then(|| sa_token::user_of(&claims))
 }

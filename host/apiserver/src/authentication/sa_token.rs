@@ -45,6 +45,44 @@ pub struct Claims {
     pub expires: i64,
 }
 
+/// Tokens whose signature was checked lately, by their SHA-256: verifying an ECDSA
+/// signature costs more than the rest of a GET, and a client sends the same token with
+/// every request. As kube-apiserver's token cache, a success is remembered for a short
+/// while (never past the token's expiry); failures are not remembered.
+#[derive(Debug, Default)]
+pub struct VerifiedTokens {
+    entries: std::sync::Mutex<std::collections::HashMap<[u8; 32], (Claims, i64)>>,
+}
+
+/// How long a verified token is taken on trust, in seconds.
+const VERIFIED_TTL: i64 = 10;
+/// Most tokens remembered; past it the memory starts again empty.
+const VERIFIED_MAX: usize = 10_000;
+
+impl VerifiedTokens {
+    /// The claims of `token` at `now`: remembered, or verified by `signer` and then
+    /// remembered.
+    pub fn verify(&self, signer: &TokenSigner, token: &str, now: i64) -> Option<Claims> {
+        let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+        let mut key = [0_u8; 32];
+        key.copy_from_slice(digest.as_ref());
+        let lock = || self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((claims, until)) = lock().get(&key)
+            && now < *until
+        {
+            return Some(claims.clone());
+        }
+        let claims = signer.verify(token, now)?;
+        let until = (now + VERIFIED_TTL).min(claims.expires);
+        let mut entries = lock();
+        if entries.len() >= VERIFIED_MAX {
+            entries.clear();
+        }
+        entries.insert(key, (claims.clone(), until));
+        Some(claims)
+    }
+}
+
 fn pem_body(pem: &str) -> anyhow::Result<Vec<u8>> {
     let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
     Ok(base64::engine::general_purpose::STANDARD.decode(body)?)

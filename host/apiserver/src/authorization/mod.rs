@@ -31,7 +31,7 @@ pub async fn authorize(state: &AppState, req: &ApiRequest) -> Result<(), ApiErro
         namespace: req.namespace.as_deref().unwrap_or(""),
         name: req.name.as_deref().unwrap_or(""),
     };
-    rbac::authorize(state.store.as_ref(), &req.user, &attributes).await
+    rbac::authorize(&state.rbac, &req.user, &attributes).await
 }
 
 /// Authorization of a request for a non-resource URL (discovery, OpenAPI, `/metrics`)
@@ -43,5 +43,5 @@ pub async fn authorize_non_resource(
     path: &str,
 ) -> Result<(), ApiError> {
     let verb = method.as_str().to_ascii_lowercase();
-    rbac::authorize_non_resource(state.store.as_ref(), user, &verb, path).await
+    rbac::authorize_non_resource(&state.rbac, user, &verb, path).await
 }

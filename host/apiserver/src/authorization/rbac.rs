@@ -5,17 +5,70 @@
 //! Role or ClusterRole in their own namespace. Members of `system:masters` are allowed
 //! everything without a lookup, as in Kubernetes. Role aggregation is not served.
 //!
-//! Bindings and roles are read from the store on each check of a user outside
-//! `system:masters`; the informer-backed cache that removes those reads belongs to the
-//! controller runtime.
+//! Bindings and roles are read through [`RbacReader`]: from the watch cache, as
+//! Kubernetes' authorizer reads its informers, except right after this server wrote one
+//! of them, until the cache has seen that write (a binding a client just created
+//! applies to its next request).
 
 use serde_json::{Value, json};
+use std::sync::Arc;
 use trellis_api::user::groups;
 use trellis_api::{ApiError, UserInfo};
-use trellis_store::{ListRequest, Store};
+
+use trellis_api::registry::ResourceInfo;
+use trellis_store::Store;
 
 use crate::object::Object;
-use crate::storage::watch_cache::decode_stored;
+use crate::storage::lister::Lister;
+use crate::storage::watch_cache::WatchCache;
+
+/// The RBAC objects, read through listers of the watch cache.
+#[derive(Debug)]
+pub struct RbacReader {
+    roles: Lister,
+    role_bindings: Lister,
+    cluster_roles: Lister,
+    cluster_role_bindings: Lister,
+}
+
+impl Default for RbacReader {
+    fn default() -> Self {
+        const GROUP: &str = "rbac.authorization.k8s.io";
+        Self {
+            roles: Lister::new(GROUP, "roles"),
+            role_bindings: Lister::new(GROUP, "rolebindings"),
+            cluster_roles: Lister::new(GROUP, "clusterroles"),
+            cluster_role_bindings: Lister::new(GROUP, "clusterrolebindings"),
+        }
+    }
+}
+
+impl RbacReader {
+    fn listers(&self) -> [&Lister; 4] {
+        [
+            &self.roles,
+            &self.role_bindings,
+            &self.cluster_roles,
+            &self.cluster_role_bindings,
+        ]
+    }
+
+    pub fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
+        for lister in self.listers() {
+            lister.init(store, cache);
+        }
+    }
+
+    /// After a write through this server: reads of that resource wait for the cache to
+    /// see it.
+    pub async fn written(&self, resource: &ResourceInfo) {
+        for lister in self.listers() {
+            if lister.lists(resource) {
+                lister.written().await;
+            }
+        }
+    }
+}
 
 /// What is being asked, in RBAC's terms.
 #[derive(Clone, Debug)]
@@ -81,53 +134,71 @@ pub fn subject_matches(subject: &Value, user: &UserInfo, binding_namespace: &str
     }
 }
 
-async fn list(store: &dyn Store, prefix: &str) -> Result<Vec<Object>, ApiError> {
-    let page = store
-        .list(ListRequest::prefix(prefix))
-        .await
-        .map_err(|e| ApiError::internal(format!("read RBAC objects: {e}")))?;
-    Ok(page
-        .kvs
-        .iter()
-        .filter_map(|kv| decode_stored(&kv.value, kv.mod_revision))
-        .collect())
-}
-
-async fn get(store: &dyn Store, key: &str) -> Result<Option<Object>, ApiError> {
-    let kv = store
-        .get(key)
-        .await
-        .map_err(|e| ApiError::internal(format!("read RBAC objects: {e}")))?;
-    Ok(kv.and_then(|kv| decode_stored(&kv.value, kv.mod_revision)))
+fn read_error(e: trellis_store::Error) -> ApiError {
+    ApiError::internal(format!("read RBAC objects: {e}"))
 }
 
 const RBAC: &str = "/registry/rbac.authorization.k8s.io/";
 
 async fn role_rules(
-    store: &dyn Store,
+    rbac: &RbacReader,
     role_ref: &Value,
     namespace: &str,
 ) -> Result<Vec<Value>, ApiError> {
     let name = role_ref.get("name").and_then(Value::as_str).unwrap_or("");
-    let key = match role_ref.get("kind").and_then(Value::as_str) {
-        Some("ClusterRole") => format!("{RBAC}clusterroles/{name}"),
-        Some("Role") if !namespace.is_empty() => format!("{RBAC}roles/{namespace}/{name}"),
+    let role = match role_ref.get("kind").and_then(Value::as_str) {
+        Some("ClusterRole") => rbac
+            .cluster_roles
+            .get(&format!("{RBAC}clusterroles/{name}"))
+            .await
+            .map_err(read_error)?,
+        Some("Role") if !namespace.is_empty() => rbac
+            .roles
+            .get(&format!("{RBAC}roles/{namespace}/{name}"))
+            .await
+            .map_err(read_error)?,
         _ => return Ok(Vec::new()),
     };
-    Ok(get(store, &key)
-        .await?
+    Ok(role
         .and_then(|role| role.get("rules").and_then(Value::as_array).cloned())
         .unwrap_or_default())
 }
 
+/// The bindings that may grant something in `namespace`: every ClusterRoleBinding,
+/// and the namespace's RoleBindings, each with the namespace it grants in.
+async fn bindings(
+    rbac: &RbacReader,
+    namespace: &str,
+) -> Result<Vec<(Arc<Object>, String)>, ApiError> {
+    let mut bindings: Vec<(Arc<Object>, String)> = rbac
+        .cluster_role_bindings
+        .list_all()
+        .await
+        .map_err(read_error)?
+        .into_iter()
+        .map(|b| (b, String::new()))
+        .collect();
+    if !namespace.is_empty() {
+        bindings.extend(
+            rbac.role_bindings
+                .list(namespace)
+                .await
+                .map_err(read_error)?
+                .into_iter()
+                .map(|b| (b, namespace.to_owned())),
+        );
+    }
+    Ok(bindings)
+}
+
 /// Allows the request or explains the refusal.
 pub async fn authorize(
-    store: &dyn Store,
+    rbac: &RbacReader,
     user: &UserInfo,
     a: &Attributes<'_>,
 ) -> Result<(), ApiError> {
     if user.in_group(groups::MASTERS)
-        || any_rule(store, user, a.namespace, |rule| rule_allows(rule, a)).await?
+        || any_rule(rbac, user, a.namespace, |rule| rule_allows(rule, a)).await?
     {
         return Ok(());
     }
@@ -145,14 +216,14 @@ pub async fn authorize(
 /// ClusterRole bound to the user has a `nonResourceURLs` rule for it, or explains the
 /// refusal as kube-apiserver does.
 pub async fn authorize_non_resource(
-    store: &dyn Store,
+    rbac: &RbacReader,
     user: &UserInfo,
     verb: &str,
     path: &str,
 ) -> Result<(), ApiError> {
     // Only cluster-wide bindings grant non-resource URLs.
     if user.in_group(groups::MASTERS)
-        || any_rule(store, user, "", |rule| {
+        || any_rule(rbac, user, "", |rule| {
             non_resource_rule_allows(rule, verb, path)
         })
         .await?
@@ -172,25 +243,12 @@ pub async fn authorize_non_resource(
 /// Whether a rule of a role bound to `user` (cluster-wide, or in `namespace`) passes
 /// `allows`.
 async fn any_rule(
-    store: &dyn Store,
+    rbac: &RbacReader,
     user: &UserInfo,
     namespace: &str,
     allows: impl Fn(&Value) -> bool,
 ) -> Result<bool, ApiError> {
-    let mut bindings: Vec<(Object, String)> = list(store, &format!("{RBAC}clusterrolebindings/"))
-        .await?
-        .into_iter()
-        .map(|b| (b, String::new()))
-        .collect();
-    if !namespace.is_empty() {
-        bindings.extend(
-            list(store, &format!("{RBAC}rolebindings/{namespace}/"))
-                .await?
-                .into_iter()
-                .map(|b| (b, namespace.to_owned())),
-        );
-    }
-    for (binding, namespace) in bindings {
+    for (binding, namespace) in bindings(rbac, namespace).await? {
         let bound = binding
             .get("subjects")
             .and_then(Value::as_array)
@@ -198,7 +256,7 @@ async fn any_rule(
         let Some(role_ref) = binding.get("roleRef").filter(|_| bound) else {
             continue;
         };
-        if role_rules(store, role_ref, &namespace)
+        if role_rules(rbac, role_ref, &namespace)
             .await?
             .iter()
             .any(&allows)
@@ -213,25 +271,12 @@ async fn any_rule(
 /// SelfSubjectRulesReviews list them. Unlike [`authorize`], `system:masters` gets no
 /// shortcut here: its rules are those of the roles bound to it (`cluster-admin`).
 pub async fn rules_for(
-    store: &dyn Store,
+    rbac: &RbacReader,
     user: &UserInfo,
     namespace: &str,
 ) -> Result<Vec<Value>, ApiError> {
-    let mut bindings: Vec<(Object, String)> = list(store, &format!("{RBAC}clusterrolebindings/"))
-        .await?
-        .into_iter()
-        .map(|b| (b, String::new()))
-        .collect();
-    if !namespace.is_empty() {
-        bindings.extend(
-            list(store, &format!("{RBAC}rolebindings/{namespace}/"))
-                .await?
-                .into_iter()
-                .map(|b| (b, namespace.to_owned())),
-        );
-    }
     let mut rules = Vec::new();
-    for (binding, binding_namespace) in bindings {
+    for (binding, binding_namespace) in bindings(rbac, namespace).await? {
         let bound = binding
             .get("subjects")
             .and_then(Value::as_array)
@@ -240,7 +285,7 @@ pub async fn rules_for(
                     .any(|s| subject_matches(s, user, &binding_namespace))
             });
         if let (true, Some(role_ref)) = (bound, binding.get("roleRef")) {
-            rules.extend(role_rules(store, role_ref, &binding_namespace).await?);
+            rules.extend(role_rules(rbac, role_ref, &binding_namespace).await?);
         }
     }
     Ok(rules)

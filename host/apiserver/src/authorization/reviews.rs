@@ -86,7 +86,7 @@ async fn access(state: &AppState, user: &UserInfo, spec: &Value) -> Result<Value
             name: field(attrs, "name"),
         };
         return Ok(
-            match rbac::authorize(state.store.as_ref(), user, &attributes).await {
+            match rbac::authorize(&state.rbac, user, &attributes).await {
                 Ok(()) => json!({"allowed": true, "reason": "allowed by RBAC"}),
                 Err(e) if e.code == 403 => json!({"allowed": false}),
                 Err(e) => return Err(e),
@@ -96,7 +96,7 @@ async fn access(state: &AppState, user: &UserInfo, spec: &Value) -> Result<Value
     if let Some(attrs) = spec.get("nonResourceAttributes") {
         let (verb, path) = (field(attrs, "verb"), field(attrs, "path"));
         let allowed = user.in_group(trellis_api::user::groups::MASTERS)
-            || rbac::rules_for(state.store.as_ref(), user, "")
+            || rbac::rules_for(&state.rbac, user, "")
                 .await?
                 .iter()
                 .any(|rule| rbac::non_resource_rule_allows(rule, verb, path));
@@ -118,7 +118,7 @@ async fn access(state: &AppState, user: &UserInfo, spec: &Value) -> Result<Value
 /// in `spec.namespace`.
 async fn rules(state: &AppState, user: &UserInfo, spec: &Value) -> Result<Value, ApiError> {
     let namespace = field(spec, "namespace");
-    let granted = rbac::rules_for(state.store.as_ref(), user, namespace).await?;
+    let granted = rbac::rules_for(&state.rbac, user, namespace).await?;
     let list = |rule: &Value, key: &str| rule.get(key).cloned().unwrap_or_else(|| json!([]));
     let mut resource_rules = Vec::new();
     let mut non_resource_rules = Vec::new();

@@ -752,8 +752,20 @@ mod tests {
         assert_eq!(table["columnDefinitions"][1]["name"], "Ready");
         assert_eq!(
             table["rows"][0]["cells"],
-            json!(["web", "1/2", "Running", "3", "<unknown>"])
+            json!([
+                "web",
+                "1/2",
+                "Running",
+                "3",
+                "<unknown>",
+                "<none>",
+                "<none>",
+                "<none>",
+                "<none>"
+            ])
         );
+        assert_eq!(table["columnDefinitions"][5]["name"], "IP");
+        assert_eq!(table["columnDefinitions"][5]["priority"], 1);
         assert_eq!(table["metadata"]["resourceVersion"], "7");
     }
 

@@ -93,6 +93,10 @@ pub async fn after_write(state: &AppState, req: &ApiRequest) {
     if state.namespaces.lists(&req.resource) {
         state.namespaces.written().await;
     }
+    if state.service_accounts.lists(&req.resource) {
+        state.service_accounts.written().await;
+    }
+    state.rbac.written(&req.resource).await;
     state
         .chains
         .written(&req.resource, req.verb, namespace)

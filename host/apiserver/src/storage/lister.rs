@@ -139,7 +139,37 @@ impl Lister {
 
     /// The objects of the resource in `namespace`, in key order.
     pub async fn list(&self, namespace: &str) -> trellis_store::Result<Vec<Arc<Object>>> {
-        let prefix = self.prefix(namespace);
+        self.list_under(self.prefix(namespace)).await
+    }
+
+    /// Every object of the resource (a cluster-scoped one's, or all namespaces'), in
+    /// key order.
+    pub async fn list_all(&self) -> trellis_store::Result<Vec<Arc<Object>>> {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            self.group
+        };
+        self.list_under(format!("/registry/{group}/{}/", self.plural))
+            .await
+    }
+
+    /// The object at `key`: from the cache when it has seen the fence and holds it,
+    /// else from the store.
+    pub async fn get(&self, key: &str) -> trellis_store::Result<Option<Arc<Object>>> {
+        if let Some(found) = self.cached(key) {
+            return Ok(Some(found));
+        }
+        let Some(store) = self.store.get() else {
+            return Ok(None);
+        };
+        Ok(store
+            .get(key)
+            .await?
+            .and_then(|kv| decode_stored(&kv.value, kv.mod_revision).map(Arc::new)))
+    }
+
+    async fn list_under(&self, prefix: String) -> trellis_store::Result<Vec<Arc<Object>>> {
         if let Some(cache) = self.cache.get() {
             // The snapshot's own revision is held to the fence: a fence raised while
             // it was read sends the read to the store.

@@ -229,21 +229,33 @@ const LIST_PAGE: usize = 1000;
 
 /// One object of the current state: the store's value and its revision.
 #[derive(Clone, Debug)]
-struct Stored {
+struct Stored(Arc<StoredObject>);
+
+/// One object of the current state: its stored bytes, and the object decoded from
+/// them the first time a reader asked. Readers that come back for the same objects
+/// (authorization's roles and bindings on every request, admission's quotas) then
+/// decode nothing.
+#[derive(Debug)]
+struct StoredObject {
     value: Bytes,
     revision: Revision,
+    decoded: OnceLock<Option<Arc<Object>>>,
 }
 
 impl Stored {
     fn of(kv: &trellis_store::KeyValue) -> Self {
-        Self {
+        Self(Arc::new(StoredObject {
             value: kv.value.clone(),
             revision: kv.mod_revision,
-        }
+            decoded: OnceLock::new(),
+        }))
     }
 
     fn decode(&self) -> Option<Arc<Object>> {
-        decode_stored(&self.value, self.revision).map(Arc::new)
+        self.0
+            .decoded
+            .get_or_init(|| decode_stored(&self.0.value, self.0.revision).map(Arc::new))
+            .clone()
     }
 }
 

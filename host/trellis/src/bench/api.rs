@@ -97,6 +97,14 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 100, value_name = "CREATES_PER_SEC", value_parser = RangedU64ValueParser::<u32>::new().range(1..))]
     rate: u32,
 
+    /// Measure as this ServiceAccount rather than as the admin: it is created (with
+    /// its namespace), bound to the `edit` ClusterRole in the benchmark's namespace by
+    /// a RoleBinding, and given a token by a TokenRequest. Every request then goes
+    /// through authentication of a ServiceAccount token and RBAC, as a controller's
+    /// would.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    as_serviceaccount: Option<String>,
+
     /// With `--verb relist`, objects per page (`limit`).
     #[arg(long, default_value_t = 500, value_name = "N", value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     page_size: usize,
@@ -290,12 +298,76 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
 }
 
 async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
+    let as_account;
+    let target = match &args.as_serviceaccount {
+        Some(account) => {
+            as_account = service_account_target(target, account)
+                .await
+                .with_context(|| format!("prepare the ServiceAccount {account}"))?;
+            &as_account
+        }
+        None => target,
+    };
     match args.verb {
         Verb::Create => measure_requests(target, args, false).await,
         Verb::Get => measure_requests(target, args, true).await,
         Verb::Watch => watch::measure(target, args).await,
         Verb::Relist => measure_relist(target, args).await,
     }
+}
+
+/// `target` with the token of ServiceAccount `NAMESPACE/NAME`, which `target`'s own
+/// credentials create and bind to `edit` in the benchmark's namespace.
+async fn service_account_target(target: &Target, account: &str) -> anyhow::Result<Target> {
+    let (namespace, name) = account
+        .split_once('/')
+        .context("name the ServiceAccount as NAMESPACE/NAME")?;
+    if target.authorization.is_none() {
+        bail!("--as-serviceaccount needs credentials that are a token, not a client certificate");
+    }
+    let create = |path: String, body: serde_json::Value| async move {
+        let (status, answer) =
+            exchange(target, Method::POST, &path, body.to_string().into_bytes()).await?;
+        if status != StatusCode::CREATED && status != StatusCode::CONFLICT {
+            bail!("POST {path}: {status}: {}", status_message(&answer));
+        }
+        anyhow::Ok(answer)
+    };
+    create(
+        "/api/v1/namespaces".into(),
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+    )
+    .await?;
+    create(
+        format!("/api/v1/namespaces/{namespace}/serviceaccounts"),
+        serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+    )
+    .await?;
+    create(
+        format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings"),
+        serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": format!("bench-{namespace}-{name}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}),
+    )
+    .await?;
+    let answer = create(
+        format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"),
+        serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600}}),
+    )
+    .await?;
+    let answer: serde_json::Value =
+        serde_json::from_slice(&answer).context("decode the TokenRequest")?;
+    let token = answer["status"]["token"]
+        .as_str()
+        .context("the TokenRequest has no token")?;
+    let authorization = HeaderValue::try_from(format!("Bearer {token}"))
+        .context("use the token in an Authorization header")?;
+    Ok(Target {
+        authorization: Some(authorization),
+        ..target.clone()
+    })
 }
 
 /// Creates `--ops` objects, then lists them in pages, timing the whole relist and each
@@ -525,7 +597,7 @@ enum Credentials {
 }
 
 /// Where the clients connect and how.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Target {
     /// `https://host:port`, without a path.
     base: Uri,
@@ -1265,6 +1337,7 @@ pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
         value_size: 0,
         rate: 1,
         page_size: 500,
+        as_serviceaccount: None,
         server_process: false,
         server_exe: None,
         http2: false,
