@@ -317,6 +317,15 @@ impl ApiError {
         )
     }
 
+    /// An object larger than the store takes.
+    pub fn too_large_object(size: usize, limit: usize) -> Self {
+        Self::new(
+            413,
+            Reason::RequestEntityTooLarge,
+            format!("the object is {size} bytes, larger than the store's limit of {limit} bytes"),
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             500,

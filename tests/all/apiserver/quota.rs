@@ -555,3 +555,111 @@ spec:
     .await?;
     cluster.stop().await
 }
+
+/// Refuses ConfigMaps labelled `refuse: "yes"`: a validating step that would run after
+/// ResourceQuota if quota did not run last.
+#[derive(Debug)]
+struct RefuseLabelled;
+
+#[async_trait::async_trait]
+impl trellis_apiserver::admission::Admission for RefuseLabelled {
+    fn name(&self) -> &str {
+        "RefuseLabelled"
+    }
+
+    async fn validate(
+        &self,
+        attrs: &trellis_apiserver::admission::Attributes<'_>,
+        obj: &trellis_apiserver::object::Object,
+        _old: Option<&trellis_apiserver::object::Object>,
+    ) -> Result<(), trellis_api::ApiError> {
+        if attrs.resource.plural == "configmaps" && obj["metadata"]["labels"]["refuse"] == "yes" {
+            return Err(trellis_api::ApiError::new(
+                403,
+                trellis_api::status::Reason::Forbidden,
+                "refused by a later step",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Regression: quota charged a create before later admission steps and the store had
+/// their say, and the charge stayed until its reservation expired: a 2 MiB ConfigMap,
+/// a plugin's refusal, a name taken — each left `status.used` one too high.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_creates_leave_quota_usage_where_it_was() -> Result<()> {
+    let mut chains = trellis_apiserver::admission::builtin();
+    chains.add(std::sync::Arc::new(RefuseLabelled));
+    let cluster = TestCluster::builder().with_chains(chains).start().await?;
+    cluster
+        .kubectl_ok_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: q}\nspec:\n  hard: {configmaps: '5'}\n",
+        )
+        .await?;
+    let used = "{.status.used.configmaps}";
+    wait_for(&cluster, &["resourcequota", "q"], used, "0").await?;
+    let collection = "/api/v1/namespaces/default/configmaps";
+    let configmap = |name: &str, label: &str, bytes: usize| {
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"refuse": label}},
+            "data": {"d": "x".repeat(bytes)}})
+        .to_string()
+    };
+    let created = cluster
+        .request(
+            "POST",
+            collection,
+            "application/json",
+            &configmap("a", "no", 10),
+        )
+        .await?;
+    ensure!(created.status == 201, "{}", created.status);
+    wait_for(&cluster, &["resourcequota", "q"], used, "1").await?;
+
+    // Over Kubernetes' 1 MiB of data: invalid, before quota is asked.
+    let big = cluster
+        .request(
+            "POST",
+            collection,
+            "application/json",
+            &configmap("big", "no", (1 << 20) + 1),
+        )
+        .await?;
+    let status = big.json()?;
+    ensure!(
+        big.status == 422 && status["details"]["causes"][0]["reason"] == "FieldValueTooLong",
+        "{status}"
+    );
+    // Refused by a step that runs before quota.
+    let refused = cluster
+        .request(
+            "POST",
+            collection,
+            "application/json",
+            &configmap("r", "yes", 10),
+        )
+        .await?;
+    ensure!(refused.status == 403, "{}", refused.status);
+    // Charged, then refused by the store: the name is taken.
+    let taken = cluster
+        .request(
+            "POST",
+            collection,
+            "application/json",
+            &configmap("a", "no", 10),
+        )
+        .await?;
+    ensure!(taken.status == 409, "{}", taken.status);
+    let quota: serde_json::Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&["get", "resourcequota", "q", "-o", "json"])
+            .await?,
+    )?;
+    ensure!(
+        quota["status"]["used"]["configmaps"] == "1",
+        "usage after refused creates: {quota}"
+    );
+    Ok(())
+}

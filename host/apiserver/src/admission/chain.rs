@@ -58,6 +58,10 @@ pub trait Admission: Send + Sync + std::fmt::Debug {
     /// Called after a write through the API succeeded: `verb` (`create`, `update`,
     /// `patch`, `delete`, `deletecollection`) of `resource` in `namespace`.
     async fn written(&self, _resource: &ResourceInfo, _verb: &str, _namespace: Option<&str>) {}
+
+    /// Called when a create this step admitted failed afterwards (the store refused
+    /// it, or a later check did): whatever the step accounted for `key` must be undone.
+    async fn aborted(&self, _resource: &ResourceInfo, _key: &str, _namespace: Option<&str>) {}
 }
 
 /// One initializer.
@@ -116,6 +120,13 @@ impl Chains {
     pub async fn written(&self, resource: &ResourceInfo, verb: &str, namespace: Option<&str>) {
         for step in &self.admission {
             step.written(resource, verb, namespace).await;
+        }
+    }
+
+    /// Tells every step that a create it admitted failed; see [`Admission::aborted`].
+    pub async fn aborted(&self, resource: &ResourceInfo, key: &str, namespace: Option<&str>) {
+        for step in &self.admission {
+            step.aborted(resource, key, namespace).await;
         }
     }
 

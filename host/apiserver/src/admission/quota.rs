@@ -491,6 +491,22 @@ impl ResourceQuota {
         Ok(())
     }
 
+    /// A create charged to `namespace` failed after its charge: its reservation ends and
+    /// the quotas are recounted, so that their usage converges at once rather than when
+    /// the reservation expires.
+    async fn abandon(&self, namespace: &str, key: &str) -> Result<(), ApiError> {
+        let lock = self
+            .namespaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(namespace)
+            .cloned();
+        if let Some(lock) = lock {
+            lock.lock().await.retain(|r| r.key != key);
+        }
+        self.recount(namespace).await
+    }
+
     /// Ends the reservations of `namespace` whose objects are now stored.
     async fn settle(&self, namespace: &str) -> Result<(), ApiError> {
         let Some(store) = self.store() else {
@@ -677,6 +693,15 @@ impl Admission for ResourceQuota {
         match (attrs.operation, attrs.namespace, attrs.subresource) {
             ("CREATE", Some(namespace), None) => self.charge(attrs, namespace, obj).await,
             _ => Ok(()),
+        }
+    }
+
+    async fn aborted(&self, _resource: &ResourceInfo, key: &str, namespace: Option<&str>) {
+        let Some(namespace) = namespace else {
+            return;
+        };
+        if let Err(e) = self.abandon(namespace, key).await {
+            tracing::warn!(namespace, error = %e.message, "recounting resource quotas failed");
         }
     }
 

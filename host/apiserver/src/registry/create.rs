@@ -127,6 +127,12 @@ pub async fn prepare_create(
     if let Some(schema) = state.schema_for(res) {
         crate::registry::crd::validate(&schema, res, obj)?;
     }
+    // The store's limit, checked before validating admission charges quota for an
+    // object the store would refuse.
+    let size = object::encode(obj)?.len();
+    if size > MAX_OBJECT_BYTES {
+        return Err(ApiError::too_large_object(size, MAX_OBJECT_BYTES).into());
+    }
     state.chains.validate(&attrs, obj, None).await?;
     admission::set_pending(obj, &state.chains.pending_for(res));
     // Status is written through /status only; a create starts without one. Nodes
@@ -171,25 +177,46 @@ pub async fn create(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
 /// the initializers.
 pub async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) -> ApiResult {
     let key = prepare_create(state, req, &mut obj).await?;
-    if req.body_format != BodyFormat::Patch(PatchType::Apply) {
-        crate::fieldmanager::apply::record_write(state, req, None, &mut obj)?;
-    }
     let name = object::name(&obj).unwrap_or_default().to_owned();
-    if req.dry_run {
-        return Ok(created(&obj, req, name));
+    let stored = async {
+        if req.body_format != BodyFormat::Patch(PatchType::Apply) {
+            crate::fieldmanager::apply::record_write(state, req, None, &mut obj)?;
+        }
+        if req.dry_run {
+            return Ok(None);
+        }
+        let stored = object::encode(&obj)?;
+        state
+            .store
+            .create(&key, stored)
+            .await
+            .map(Some)
+            .map_err(|e| ErrorResponse(store_error(e, &req.resource, &name)))
     }
-    let stored = object::encode(&obj)?;
-    let kv = state
-        .store
-        .create(&key, stored)
-        .await
-        .map_err(|e| store_error(e, &req.resource, &name))?;
+    .await;
+    let kv = match stored {
+        Ok(Some(kv)) => kv,
+        Ok(None) => return Ok(created(&obj, req, name)),
+        Err(e) => {
+            // Admission has accounted for the object (quota charged it): tell it the
+            // create did not happen, so that its usage converges now.
+            state
+                .chains
+                .aborted(&req.resource, &key, req.namespace.as_deref())
+                .await;
+            return Err(e);
+        }
+    };
     set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
     if !admission::pending(&obj).is_empty() {
         obj = initialize(state, req, &key, &name).await?;
     }
     Ok(created(&obj, req, name))
 }
+
+/// The largest object the store takes: its value limit, checked before admission
+/// accounts for the object.
+const MAX_OBJECT_BYTES: usize = trellis_store::DEFAULT_MAX_VALUE_SIZE;
 
 /// A 201 for `obj`, carrying its name for the audit log: a create's URL has none.
 fn created(obj: &Object, req: &ApiRequest, name: String) -> Response {

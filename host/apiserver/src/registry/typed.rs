@@ -303,6 +303,37 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
     }
 }
 
+/// The most data a ConfigMap or Secret holds: Kubernetes' `MaxSecretSize`, 1 MiB.
+const MAX_DATA_BYTES: usize = 1 << 20;
+
+/// The bytes of the values of map `field`; `base64` values count decoded.
+fn data_size(obj: &Object, field: &str, base64: bool) -> usize {
+    use base64::Engine as _;
+    obj.get(field)
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, v)| v.as_str())
+        .map(|v| {
+            if base64 {
+                base64::engine::general_purpose::STANDARD
+                    .decode(v)
+                    .map_or(v.len(), |d| d.len())
+            } else {
+                v.len()
+            }
+        })
+        .sum()
+}
+
+fn too_long(field: &str, size: usize) -> StatusCause {
+    StatusCause::new(
+        "FieldValueTooLong",
+        field,
+        format!("Too long: must have at most {MAX_DATA_BYTES} bytes (has {size})"),
+    )
+}
+
 fn str_field<'a>(obj: &'a Object, path: &[&str]) -> Option<&'a Value> {
     let (first, rest) = path.split_first()?;
     rest.iter().try_fold(obj.get(*first)?, |cur, p| cur.get(p))
@@ -326,8 +357,19 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
                     ));
                 }
             }
+            // As Kubernetes: the values of data and binaryData together.
+            let size = data_size(obj, "data", false) + data_size(obj, "binaryData", true);
+            if size > MAX_DATA_BYTES {
+                causes.push(too_long("", size));
+            }
         }
-        ("", "secrets") => validate_keys(obj, "data", &mut causes),
+        ("", "secrets") => {
+            validate_keys(obj, "data", &mut causes);
+            let size = data_size(obj, "data", true);
+            if size > MAX_DATA_BYTES {
+                causes.push(too_long("data", size));
+            }
+        }
         ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
         ("apps", "deployments") | ("apps", "replicasets") => {
             validate_pod_spec(
