@@ -37,6 +37,9 @@ pub struct Settings {
     /// The longest ServiceAccount token a TokenRequest is given
     /// (`--service-account-max-token-expiration`); longer requests are cut to it.
     pub max_token_expiration: Option<std::time::Duration>,
+    /// How often the namespace controller looks again at a terminating namespace that
+    /// still holds objects (finalizers not yet removed).
+    pub namespace_resync: std::time::Duration,
     /// How often a watch that asked for bookmarks gets one.
     pub bookmark_interval: std::time::Duration,
     /// How long a connection's writes may stay blocked, its client not reading, before
@@ -57,6 +60,7 @@ impl Default for Settings {
             idle_timeout: Duration::from_secs(90),
             max_token_expiration: None,
             bookmark_interval: Duration::from_secs(30),
+            namespace_resync: Duration::from_secs(5),
             stalled_write_timeout: Duration::from_secs(60),
         }
     }
@@ -163,6 +167,8 @@ pub struct AppState {
     pub server_address: String,
     /// The WASM plugins, when the server runs them.
     pub plugins: std::sync::OnceLock<Arc<crate::admission::plugins::PluginManager>>,
+    /// Poked when a namespace is deleted: the namespace controller passes again.
+    pub namespace_deletions: tokio::sync::Notify,
 }
 
 /// What the server's state is made from, as [`crate::server::start`] prepares it.
@@ -222,6 +228,7 @@ impl AppState {
             openapi: RwLock::new(None),
             server_address,
             plugins: std::sync::OnceLock::new(),
+            namespace_deletions: tokio::sync::Notify::new(),
         })
     }
 

@@ -448,3 +448,80 @@ async fn watchers_that_never_read_are_dropped_and_their_connections_closed() -> 
     }
     Ok(())
 }
+
+/// Regression: namespace deletion removed objects with finalizers outright, an update
+/// of the terminating namespace removed it with its objects still stored (and a
+/// namespace re-created under the name got them back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_deletion_waits_for_finalizers_and_leaves_nothing() -> Result<()> {
+    let settings = trellis_apiserver::state::Settings {
+        namespace_resync: std::time::Duration::from_millis(100),
+        ..Default::default()
+    };
+    let cluster = TestCluster::builder()
+        .with_settings(settings)
+        .start()
+        .await?;
+    cluster.kubectl_ok(&["create", "namespace", "held"]).await?;
+    let objects = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kept","namespace":"held","finalizers":["example.com/keep"]}}
+        {"apiVersion":"v1","kind":"Secret","metadata":{"name":"plain","namespace":"held"},"stringData":{"k":"v"}}"#;
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], objects)
+        .await?;
+    cluster
+        .kubectl_ok(&["delete", "namespace", "held", "--wait=false"])
+        .await?;
+    // The plain Secret goes; the ConfigMap is marked and stays, and so does the namespace.
+    cluster
+        .kubectl_ok(&[
+            "wait",
+            "--for=delete",
+            "secret/plain",
+            "-n",
+            "held",
+            "--timeout=20s",
+        ])
+        .await?;
+    let kept: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&["get", "configmap", "kept", "-n", "held", "-o", "json"])
+            .await?,
+    )?;
+    ensure!(kept["metadata"]["deletionTimestamp"].is_string(), "{kept}");
+    // An update of the terminating namespace does not remove it.
+    cluster
+        .kubectl_ok(&["label", "namespace", "held", "touched=yes"])
+        .await?;
+    let ns: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&["get", "namespace", "held", "-o", "json"])
+            .await?,
+    )?;
+    ensure!(
+        ns["status"]["phase"] == "Terminating"
+            && ns["spec"]["finalizers"] == serde_json::json!(["kubernetes"]),
+        "{ns}"
+    );
+    // The finalizer's owner lets go: the ConfigMap goes, then the namespace.
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "configmap",
+            "kept",
+            "-n",
+            "held",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ])
+        .await?;
+    cluster
+        .kubectl_ok(&["wait", "--for=delete", "namespace/held", "--timeout=20s"])
+        .await?;
+    cluster.kubectl_ok(&["create", "namespace", "held"]).await?;
+    let left = cluster
+        .kubectl_ok(&["get", "configmaps,secrets", "-n", "held", "-o", "name"])
+        .await?;
+    ensure!(left.trim().is_empty(), "objects came back: {left}");
+    Ok(())
+}

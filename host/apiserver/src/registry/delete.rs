@@ -109,12 +109,30 @@ pub async fn delete_one(
         let namespace = res.plural == "namespaces";
         if has_finalizers || namespace {
             if meta_str(&obj, "deletionTimestamp").is_some() {
+                if namespace && !req.dry_run {
+                    // Deleted again: the namespace controller takes it up again now.
+                    super::namespace::deletion_started(state);
+                }
                 return Ok(Deletion::Marked(obj));
             }
             set_meta(&mut obj, "deletionTimestamp", now_timestamp());
             set_meta(&mut obj, "deletionGracePeriodSeconds", 0);
             if namespace {
                 obj.insert("status".into(), json!({"phase": "Terminating"}));
+                // Held until the namespace controller has emptied it.
+                let spec = obj.entry("spec").or_insert_with(|| json!({}));
+                if !spec.is_object() {
+                    *spec = json!({});
+                }
+                let finalizers = &mut spec["finalizers"];
+                if !finalizers.is_array() {
+                    *finalizers = json!([]);
+                }
+                if let Value::Array(list) = finalizers
+                    && !list.iter().any(|f| f == super::namespace::FINALIZER)
+                {
+                    list.push(super::namespace::FINALIZER.into());
+                }
             }
             remove_meta(&mut obj, "resourceVersion");
             if req.dry_run {
@@ -129,7 +147,7 @@ pub async fn delete_one(
                 Ok(kv) => {
                     set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
                     if namespace {
-                        super::namespace::deletion_started(state, name);
+                        super::namespace::deletion_started(state);
                     }
                     return Ok(Deletion::Marked(obj));
                 }

@@ -161,11 +161,15 @@ pub async fn write_update(
     let res = &req.resource;
     let name = req.name()?;
     let key = res.key(req.namespace.as_deref(), name);
+    // A terminating namespace goes only through its controller, once it is empty.
     let finalized = meta_str(&new, "deletionTimestamp").is_some()
         && metadata(&new)
             .and_then(|m| m.get("finalizers"))
             .and_then(Value::as_array)
-            .is_none_or(|f| f.is_empty());
+            .is_none_or(|f| f.is_empty())
+        && !(res.plural == "namespaces"
+            && res.group.is_empty()
+            && super::namespace::has_finalizer(&new));
     if req.dry_run {
         // As Kubernetes: a dry run checks the version it would write against, so a
         // stale one is a conflict here too.

@@ -252,6 +252,7 @@ pub async fn start(
         let _ = state.plugins.set(manager.clone());
         manager.start(state.clone());
     }
+    crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
     let app = router(state);
     let acceptor = TlsAcceptor::from(tls_config);
     let grace = config.shutdown_grace;
