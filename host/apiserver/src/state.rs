@@ -161,8 +161,12 @@ pub struct AppState {
     registry: RwLock<Vec<ResourceInfo>>,
     /// Custom resources and their schemas, from the stored CRDs.
     custom: RwLock<Arc<CustomResources>>,
-    /// The OpenAPI documents, built on first request after each registry change.
-    openapi: RwLock<Option<Arc<OpenApiDocs>>>,
+    /// The OpenAPI documents and the registry generation they describe.
+    openapi: RwLock<Option<(u64, Arc<OpenApiDocs>)>>,
+    /// Bumped by every change of the registry.
+    registry_generation: std::sync::atomic::AtomicU64,
+    /// Held while the documents are built: one build at a time, whoever asks.
+    openapi_build: tokio::sync::Mutex<()>,
     /// The address clients reach the server at, for discovery.
     pub server_address: String,
     /// The WASM plugins, when the server runs them.
@@ -226,6 +230,8 @@ impl AppState {
             registry: RwLock::new(builtins()),
             custom: RwLock::new(Arc::new(CustomResources::default())),
             openapi: RwLock::new(None),
+            registry_generation: std::sync::atomic::AtomicU64::new(0),
+            openapi_build: tokio::sync::Mutex::new(()),
             server_address,
             plugins: std::sync::OnceLock::new(),
             namespace_deletions: tokio::sync::Notify::new(),
@@ -312,7 +318,8 @@ impl AppState {
         }
         *self.registry.write().unwrap_or_else(|e| e.into_inner()) = registry;
         *self.custom.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(custom);
-        *self.openapi.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.registry_generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
     }
 
@@ -329,10 +336,13 @@ impl AppState {
                 if let Err(e) = state.refresh_custom_resources().await {
                     warn!(error = %e, "refreshing custom resources failed");
                 }
+                state.openapi().await;
                 while sub.rx.recv().await.is_some() {
                     if let Err(e) = state.refresh_custom_resources().await {
                         warn!(error = %e, "refreshing custom resources failed");
                     }
+                    // Ahead of the first request that needs them.
+                    state.openapi().await;
                 }
                 if !sub.lagged.load(std::sync::atomic::Ordering::Acquire) {
                     // The cache closed: the server is stopping.
@@ -342,58 +352,49 @@ impl AppState {
         });
     }
 
-    /// The OpenAPI documents of what is served now.
-    pub fn openapi(&self) -> Arc<OpenApiDocs> {
-        if let Some(docs) = self
-            .openapi
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
+    /// The OpenAPI documents of what is served now. Built once per registry change,
+    /// by one task off the async workers (CRDs change the documents; building them
+    /// takes tens of milliseconds); concurrent askers wait for that one build. The
+    /// registry follower builds them ahead of the first request after a change.
+    pub async fn openapi(&self) -> Arc<OpenApiDocs> {
+        use std::sync::atomic::Ordering;
+        let current = |state: &Self| {
+            let generation = state.registry_generation.load(Ordering::Acquire);
+            state
+                .openapi
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .filter(|(built, _)| *built == generation)
+                .map(|(_, docs)| docs.clone())
+        };
+        if let Some(docs) = current(self) {
             return docs;
         }
+        let _one = self.openapi_build.lock().await;
+        if let Some(docs) = current(self) {
+            return docs;
+        }
+        let generation = self.registry_generation.load(Ordering::Acquire);
         let resources = self.resources();
         let custom = self
             .custom
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let mut catalog = crate::endpoints::openapi::Catalog::builtin().clone();
-        for r in &custom.resources {
-            if let Some(schema) =
-                custom
-                    .schemas
-                    .get(&(r.group.clone(), r.version.clone(), r.plural.clone()))
-            {
-                catalog.insert_custom_kind(r, schema.raw().clone());
+        self.metrics.openapi_builds.inc();
+        let build = {
+            let (resources, custom) = (resources.clone(), custom.clone());
+            tokio::task::spawn_blocking(move || build_openapi(&resources, &custom))
+        };
+        let docs = match build.await {
+            Ok(docs) => docs,
+            Err(e) => {
+                warn!(error = %e, "building the OpenAPI documents failed; building them here");
+                build_openapi(&resources, &custom)
             }
-        }
-        let documents = catalog.v3_documents(&resources);
-        let index = crate::endpoints::openapi::v3_index_of(&documents);
-        let v3 = documents
-            .iter()
-            .map(|(path, doc)| {
-                (
-                    path.clone(),
-                    (
-                        serde_json::to_vec(doc).unwrap_or_default(),
-                        crate::endpoints::openapi::content_hash(doc),
-                    ),
-                )
-            })
-            .collect();
-        let v2 = catalog.v2_document(&resources);
-        let v2_protobuf = crate::endpoints::openapi_proto::encode(&v2).unwrap_or_else(|e| {
-            warn!(error = %e, "encoding OpenAPI v2 as protobuf failed");
-            Vec::new()
-        });
-        let docs = Arc::new(OpenApiDocs {
-            index: serde_json::to_vec(&index).unwrap_or_default(),
-            v3,
-            v2: serde_json::to_vec(&v2).unwrap_or_default(),
-            v2_protobuf,
-        });
-        *self.openapi.write().unwrap_or_else(|e| e.into_inner()) = Some(docs.clone());
+        };
+        *self.openapi.write().unwrap_or_else(|e| e.into_inner()) = Some((generation, docs.clone()));
         docs
     }
 
@@ -469,4 +470,43 @@ impl AppState {
         }
         self.refresh_custom_resources().await
     }
+}
+
+/// The OpenAPI documents of `resources`, with the schemas of the custom ones.
+fn build_openapi(resources: &[ResourceInfo], custom: &CustomResources) -> Arc<OpenApiDocs> {
+    let mut catalog = crate::endpoints::openapi::Catalog::builtin().clone();
+    for r in &custom.resources {
+        if let Some(schema) =
+            custom
+                .schemas
+                .get(&(r.group.clone(), r.version.clone(), r.plural.clone()))
+        {
+            catalog.insert_custom_kind(r, schema.raw().clone());
+        }
+    }
+    let documents = catalog.v3_documents(resources);
+    let index = crate::endpoints::openapi::v3_index_of(&documents);
+    let v3 = documents
+        .iter()
+        .map(|(path, doc)| {
+            (
+                path.clone(),
+                (
+                    serde_json::to_vec(doc).unwrap_or_default(),
+                    crate::endpoints::openapi::content_hash(doc),
+                ),
+            )
+        })
+        .collect();
+    let v2 = catalog.v2_document(resources);
+    let v2_protobuf = crate::endpoints::openapi_proto::encode(&v2).unwrap_or_else(|e| {
+        warn!(error = %e, "encoding OpenAPI v2 as protobuf failed");
+        Vec::new()
+    });
+    Arc::new(OpenApiDocs {
+        index: serde_json::to_vec(&index).unwrap_or_default(),
+        v3,
+        v2: serde_json::to_vec(&v2).unwrap_or_default(),
+        v2_protobuf,
+    })
 }

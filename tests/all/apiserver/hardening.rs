@@ -525,3 +525,48 @@ async fn namespace_deletion_waits_for_finalizers_and_leaves_nothing() -> Result<
     ensure!(left.trim().is_empty(), "objects came back: {left}");
     Ok(())
 }
+
+/// Regression: the OpenAPI documents were rebuilt on the request path by every request
+/// that found them stale, so a CRD change followed by many clients' discovery built
+/// them once per client, concurrently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_documents_are_built_once_per_change_however_many_ask() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let builds = |text: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("apiserver_openapi_builds_total ")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    let before = builds(&String::from_utf8_lossy(&metrics.body));
+    let crd = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+        "metadata":{"name":"widgets.example.com"},
+        "spec":{"group":"example.com","scope":"Namespaced",
+          "names":{"plural":"widgets","singular":"widget","kind":"Widget"},
+          "versions":[{"name":"v1","served":true,"storage":true,
+            "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}"#;
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], crd)
+        .await?;
+    let asks = (0..20).map(|_| cluster.request("GET", "/openapi/v2", "application/json", ""));
+    for answer in futures::future::join_all(asks).await {
+        let answer = answer?;
+        ensure!(answer.status == 200, "{}", answer.status);
+        ensure!(
+            String::from_utf8_lossy(&answer.body).contains("com.example.v1.Widget"),
+            "the new kind is not in the document"
+        );
+    }
+    let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    let after = builds(&String::from_utf8_lossy(&metrics.body));
+    // The CRD's create, and its Established status: at most one build each.
+    ensure!(
+        after - before <= 2.0,
+        "{before} builds before, {after} after"
+    );
+    Ok(())
+}

@@ -138,7 +138,7 @@ struct RequestInfo {
 /// `system:discovery`). JSON, and v2 also as protobuf (what kubectl asks first);
 /// `/swagger-2.0.0.pb-v1` is the v2 protobuf under its old name, kubectl 1.20's
 /// fallback. A client that accepts neither gets 406.
-fn openapi(
+async fn openapi(
     state: &State,
     rest: &[&str],
     query: Option<&str>,
@@ -171,7 +171,7 @@ fn openapi(
         ))
         .into());
     };
-    let docs = state.openapi();
+    let docs = state.openapi().await;
     let json = |body: Vec<u8>| {
         let mut r = (StatusCode::OK, body).into_response();
         r.headers_mut().insert(
@@ -316,8 +316,8 @@ async fn handle(
                 .ok_or_else(|| not_found().into());
         }
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        ["openapi", rest @ ..] => return openapi(&state, rest, uri.query(), &headers),
-        ["swagger-2.0.0.pb-v1"] => return Ok(openapi_v2_protobuf(&state.openapi())),
+        ["openapi", rest @ ..] => return openapi(&state, rest, uri.query(), &headers).await,
+        ["swagger-2.0.0.pb-v1"] => return Ok(openapi_v2_protobuf(&*state.openapi().await)),
         _ => return Err(not_found().into()),
     };
     if !state.serves(group, version) {

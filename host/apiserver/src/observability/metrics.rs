@@ -98,6 +98,8 @@ pub struct Metrics {
     watchers: Gauge,
     terminated_watchers: Counter,
     rejected: Family<RequestLabels, Counter>,
+    /// OpenAPI documents built (once per registry change).
+    pub openapi_builds: Counter,
     /// Filled by the store the server's requests go through
     /// ([`crate::storage::metered::MeteredStore`]).
     pub store: Arc<StoreLatency>,
@@ -140,6 +142,12 @@ impl Default for Metrics {
             "Requests refused with 429 because too many were in flight",
             rejected.clone(),
         );
+        let openapi_builds = Counter::default();
+        registry.register(
+            "apiserver_openapi_builds",
+            "Times the OpenAPI documents were built: once per change of the served resources",
+            openapi_builds.clone(),
+        );
         let store = Arc::new(StoreLatency::default());
         registry.register(
             "apiserver_storage_request_duration_seconds",
@@ -153,6 +161,7 @@ impl Default for Metrics {
             watchers,
             terminated_watchers,
             rejected,
+            openapi_builds,
             store,
             render_lock: Mutex::new(()),
         }
