@@ -14,6 +14,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use crate::bindings;
 use crate::plugin::{LoadError, LoadErrorReason, Plugin, PluginState};
+use crate::pool::Pool;
 
 #[derive(Clone, Debug)]
 pub struct HostConfig {
@@ -22,7 +23,10 @@ pub struct HostConfig {
     pub cache_dir: Option<PathBuf>,
     /// How often the epoch advances: the granularity of deadlines.
     pub epoch_tick: Duration,
-    /// Instances that may exist at once, over all plugins (pooling allocator slots).
+    /// Instances of optimized code that may exist at once, over all plugins (pooling
+    /// allocator slots). Each plugin keeps at most its share of them idle; a call that
+    /// finds none free takes back another plugin's idle instance or waits for one
+    /// within its deadline.
     pub max_instances: u32,
     /// The largest linear memory any plugin may be given, in bytes (each plugin's
     /// own limit is enforced below it).
@@ -117,6 +121,8 @@ pub struct PluginHost {
     /// ready); `None` unless [`Compilers::Tiered`] or [`Compilers::Baseline`].
     baseline: Option<Compiler>,
     pub(crate) config: HostConfig,
+    /// The pooling allocator's slots, as the plugins share them.
+    pub(crate) pool: Arc<Pool>,
     /// Hands plugins serving baseline code to the background compiler thread.
     tier_up: Mutex<Option<mpsc::Sender<TierUp>>>,
     ticker: Option<Ticker>,
@@ -186,6 +192,7 @@ impl PluginHost {
             Self {
                 optimized,
                 baseline,
+                pool: Pool::new(config.max_instances),
                 config,
                 tier_up: Mutex::new(Some(tx)),
                 ticker: Some(ticker),
@@ -410,9 +417,16 @@ impl TierUpThread {
 }
 
 /// Writes `bytes` whole under a temporary name, then renames it into place: a reader
-/// never sees a partial file.
+/// never sees a partial file. The name is this write's own: two loads of one module
+/// may compile it at once, and one must not truncate the file the other just renamed
+/// into place (and mapped).
 fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = path.with_extension(format!(
+        "tmp{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
     let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);

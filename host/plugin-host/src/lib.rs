@@ -10,6 +10,8 @@
 //! - [`Plugin`] is one loaded plugin: [`Plugin::admit`] and [`Plugin::initialize`] call
 //!   it; failures come back as [`PluginError`], whose message names the plugin, its
 //!   kind and the digest serving.
+//! - `pool` shares the engine's instance slots among the plugins: idle instances
+//!   per plugin, and calls waiting for a free slot within their deadline.
 //!
 //! The contract itself is `wit/plugin.wit`; docs/wit.md describes it.
 
@@ -17,6 +19,7 @@ mod bindings;
 mod host;
 mod metrics;
 mod plugin;
+mod pool;
 pub mod review;
 mod stdio;
 

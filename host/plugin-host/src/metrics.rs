@@ -20,6 +20,9 @@ pub struct PluginMetrics {
     pub denials: AtomicU64,
     pub errors: AtomicU64,
     pub timeouts: AtomicU64,
+    /// Calls that found every instance slot of the host in use and had to wait for
+    /// one: a sign that `max_instances` is too small for the load.
+    pub slot_waits: AtomicU64,
     /// Largest linear memory any instance of the plugin grew to, in bytes.
     pub memory_peak: AtomicU64,
     completed: AtomicU64,
@@ -63,6 +66,11 @@ pub fn render_metrics(out: &mut String, plugins: &[std::sync::Arc<Plugin>]) {
             "Calls stopped at their deadline.",
             3,
         ),
+        (
+            "trellis_plugin_slot_waits_total",
+            "Calls that waited for a free instance slot (every slot of the host in use).",
+            4,
+        ),
     ];
     for (name, help, which) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -72,7 +80,8 @@ pub fn render_metrics(out: &mut String, plugins: &[std::sync::Arc<Plugin>]) {
                 0 => &m.calls,
                 1 => &m.denials,
                 2 => &m.errors,
-                _ => &m.timeouts,
+                3 => &m.timeouts,
+                _ => &m.slot_waits,
             };
             let _ = writeln!(out, "{name}{} {}", labels(p), v.load(Ordering::Relaxed));
         }

@@ -7,18 +7,23 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ResourceTable};
-use wasmtime::{ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap, UpdateDeadline};
+use wasmtime::{
+    PoolConcurrencyLimitError, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap,
+    UpdateDeadline,
+};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::{self, admission, cluster, initializer, log, types};
 use crate::host::{Compiler, PluginHost, Tier, digest_of, first_line};
 use crate::metrics::PluginMetrics;
+use crate::pool::{self, Member, Slot};
 use crate::stdio::LogStream;
 use crate::{AdmissionRequest, AdmissionResponse, InitializeRequest};
 
-/// Idle instances kept per plugin; more concurrent calls instantiate more (~10 µs
-/// each) and drop them afterwards.
-const MAX_IDLE: usize = 32;
+/// How long a load waits for a free instance slot to check its configuration in: no
+/// client waits on it as on a call, and a busy server frees slots within a few calls'
+/// deadlines.
+const LOAD_SLOT_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PluginKind {
@@ -299,6 +304,17 @@ struct Instance {
     /// The code it runs: an instance of baseline code is not kept once the plugin
     /// has moved to optimized code.
     tier: Tier,
+    /// Last, so that it is dropped after the store has given its slots back: then it
+    /// wakes the calls waiting for one.
+    _slot: Slot,
+}
+
+/// Why no new instance was made.
+enum NotMade {
+    /// The pooling allocator has no free slot (component or core instance, memory,
+    /// table or stack): the caller may free one or wait.
+    PoolFull,
+    Failed(PluginError),
 }
 
 /// The code a plugin runs: linked, ready to instantiate in stores of its tier's
@@ -354,7 +370,10 @@ pub struct Plugin {
     code: RwLock<Arc<Code>>,
     /// Tells waiters when the optimized code serves.
     tier: tokio::sync::watch::Sender<Tier>,
+    /// Never more than the plugin's share of the host's slots (see [`crate::pool`]).
     idle: Mutex<Vec<Instance>>,
+    /// Counts the plugin among those sharing the slots while it lives.
+    pool: Member,
     cluster: Option<Arc<dyn ClusterReader>>,
     /// Shared with the versions before and after this one (see [`PluginHost::reload`]).
     pub metrics: Arc<PluginMetrics>,
@@ -455,6 +474,7 @@ impl PluginHost {
             tier: tokio::sync::watch::Sender::new(code.tier),
             code: RwLock::new(Arc::new(code)),
             idle: Mutex::new(Vec::new()),
+            pool: self.pool.join(),
             cluster,
             // The load's own failures are not the serving version's: they count
             // nowhere, and shared counters are taken only once the version is ready.
@@ -465,9 +485,22 @@ impl PluginHost {
             reason: LoadErrorReason::InstantiateFailed,
             message: e.to_string(),
         };
-        let mut instance = plugin.instantiate(self).await.map_err(start_error)?;
+        let wait = plugin.spec.timeout.max(LOAD_SLOT_WAIT);
+        let mut instance = match tokio::time::timeout(wait, plugin.take(self)).await {
+            Ok(taken) => taken.map_err(start_error)?,
+            Err(_) => {
+                return Err(LoadError {
+                    reason: LoadErrorReason::InstantiateFailed,
+                    message: format!(
+                        "{} found no free instance slot within {}s: the host's are all in use",
+                        plugin.label,
+                        wait.as_secs()
+                    ),
+                });
+            }
+        };
         let config = plugin.spec.configuration.clone();
-        instance.arm(plugin.spec.timeout);
+        instance.arm(Instant::now() + plugin.spec.timeout);
         let checked = match &instance.bindings {
             Bindings::Admission(b) => {
                 b.trellis_plugin_admission_handler()
@@ -491,10 +524,11 @@ impl PluginHost {
             Err(e) => return Err(start_error(plugin.failure(e, &instance.store))),
         }
         plugin.give_back(instance);
-        if let Some(metrics) = metrics {
-            plugin.metrics = metrics;
-        }
-        Ok(Arc::new(plugin))
+        // Counting starts with the version serving (or goes on from the one before).
+        plugin.metrics = metrics.unwrap_or_default();
+        let plugin = Arc::new(plugin);
+        self.pool.register(&plugin);
+        Ok(plugin)
     }
 }
 
@@ -562,7 +596,8 @@ impl Plugin {
             .bounded(async {
                 let started = Instant::now();
                 let mut instance = self.take(host).await?;
-                instance.arm(self.spec.timeout);
+                // What waiting for an instance took counts against the deadline.
+                instance.arm(started + self.spec.timeout);
                 let answer = match &instance.bindings {
                     Bindings::Admission(b) => {
                         b.trellis_plugin_admission_handler()
@@ -610,7 +645,8 @@ impl Plugin {
             .bounded(async {
                 let started = Instant::now();
                 let mut instance = self.take(host).await?;
-                instance.arm(self.spec.timeout);
+                // What waiting for an instance took counts against the deadline.
+                instance.arm(started + self.spec.timeout);
                 let answer = match &instance.bindings {
                     Bindings::Initializer(b) => {
                         b.trellis_plugin_initializer_handler()
@@ -673,30 +709,98 @@ impl Plugin {
     /// Keeping instances with threads keeps a call's guest memory, stack and store in
     /// the cache of the core that touched them last, rather than moving them between
     /// cores call after call.
+    ///
+    /// When the host's pool has no free slot, takes back another plugin's idle
+    /// instance, or waits for an instance to be dropped: the caller bounds the wait
+    /// with the call's deadline.
     async fn take(&self, host: &Arc<PluginHost>) -> Result<Instance, PluginError> {
-        let here = std::thread::current().id();
-        let idle = self.idle.lock().ok().and_then(|mut idle| {
-            match idle.iter().rposition(|i| i.thread == here) {
-                Some(at) => Some(idle.remove(at)),
-                None => idle.pop(),
+        if let Some(instance) = self.pop_idle() {
+            return Ok(instance);
+        }
+        let pool = self.pool.pool();
+        let mut waiting = None;
+        loop {
+            let freed = pool.freed();
+            let mut freed = std::pin::pin!(freed);
+            // Registered before trying, so that a slot freed in between wakes us.
+            freed.as_mut().enable();
+            match self.instantiate(host).await {
+                Ok(instance) => return Ok(instance),
+                Err(NotMade::Failed(e)) => return Err(e),
+                Err(NotMade::PoolFull) => {}
             }
-        });
-        match idle {
-            Some(instance) => Ok(instance),
-            None => self.instantiate(host).await,
+            // One of ours, returned meanwhile, or a slot freed from another plugin's
+            // idle instances; else the next instance dropped anywhere.
+            if let Some(instance) = self.pop_idle() {
+                return Ok(instance);
+            }
+            if pool.reclaim() {
+                continue;
+            }
+            if waiting.is_none() {
+                self.metrics.slot_waits.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(plugin = %self.spec.name, "every instance slot is in use; waiting for one");
+                waiting = Some(pool.wait());
+            }
+            let _ = tokio::time::timeout(pool::RECHECK, freed).await;
         }
     }
 
+    /// The idle instance this thread ran last, else the newest.
+    fn pop_idle(&self) -> Option<Instance> {
+        let here = std::thread::current().id();
+        let mut idle = self.idle.lock().ok()?;
+        match idle.iter().rposition(|i| i.thread == here) {
+            Some(at) => Some(idle.remove(at)),
+            None => idle.pop(),
+        }
+    }
+
+    /// How many idle instances hold slots of the host's pool.
+    pub(crate) fn pooled_idle(&self) -> usize {
+        self.idle.lock().map_or(0, |idle| {
+            idle.iter().filter(|i| i.tier == Tier::Optimized).count()
+        })
+    }
+
+    /// Drops the oldest idle instance that holds a slot of the host's pool, for a call
+    /// of another plugin that needs the slot; `false` if there was none (another call
+    /// may have taken it meanwhile).
+    pub(crate) fn release_idle(&self) -> bool {
+        let taken = self.idle.lock().ok().and_then(|mut idle| {
+            let at = idle.iter().position(|i| i.tier == Tier::Optimized)?;
+            Some(idle.remove(at))
+        });
+        // Dropped here, after the lock: dropping a store unmaps its memory.
+        taken.is_some()
+    }
+
+    /// Keeps `instance` idle for the next call, unless it runs code the plugin no
+    /// longer serves, calls wait for its slot, or the plugin keeps its share already.
     fn give_back(&self, mut instance: Instance) {
-        if instance.tier != self.tier() {
+        let pool = self.pool.pool();
+        if instance.tier != self.tier() || (instance.tier == Tier::Optimized && pool.contended()) {
             return;
         }
         instance.thread = std::thread::current().id();
-        if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < MAX_IDLE
-        {
-            idle.push(instance);
-        }
+        let share = pool.idle_share();
+        // Dropped after the lock is released: dropping a store unmaps its memory.
+        let surplus: Vec<Instance> = match self.idle.lock() {
+            Ok(mut idle) if idle.len() < share => {
+                idle.push(instance);
+                Vec::new()
+            }
+            // Full (or over a share that shrank as plugins were loaded): this one is
+            // the warmest, the oldest go.
+            Ok(mut idle) => {
+                let excess = idle.len() + 1 - share;
+                let surplus = idle.drain(..excess).collect();
+                idle.push(instance);
+                surplus
+            }
+            Err(_) => vec![instance],
+        };
+        drop(surplus);
     }
 
     /// Keeps a healthy instance for the next call; a failed one is dropped (a trapped
@@ -742,7 +846,9 @@ impl Plugin {
         self.error(PluginErrorKind::Trapped(why))
     }
 
-    async fn instantiate(&self, host: &Arc<PluginHost>) -> Result<Instance, PluginError> {
+    /// A new instance of the code serving now, in a slot of the host's pool (when the
+    /// code is optimized).
+    async fn instantiate(&self, host: &Arc<PluginHost>) -> Result<Instance, NotMade> {
         let name: Arc<str> = Arc::from(self.spec.name.as_str());
         let mut wasi = WasiCtx::builder();
         // Nothing granted: no files, environment, arguments or network; output goes
@@ -800,16 +906,20 @@ impl Plugin {
                 bindings,
                 thread: std::thread::current().id(),
                 tier: code.tier,
+                _slot: Slot::new(self.pool.pool()),
             }),
-            Err(e) => Err(self.failure(e, &store)),
+            // Not the plugin's failure: it says nothing about the plugin, and a slot
+            // may be free in a moment.
+            Err(e) if e.is::<PoolConcurrencyLimitError>() => Err(NotMade::PoolFull),
+            Err(e) => Err(NotMade::Failed(self.failure(e, &store))),
         }
     }
 }
 
 impl Instance {
-    /// Starts the deadline of one call.
-    fn arm(&mut self, timeout: Duration) {
-        self.store.data_mut().deadline = Instant::now() + timeout;
+    /// Starts one call, which must end by `deadline`.
+    fn arm(&mut self, deadline: Instant) {
+        self.store.data_mut().deadline = deadline;
         self.store.data_mut().limits.denied = false;
         self.store.set_epoch_deadline(1);
     }

@@ -628,6 +628,94 @@ async fn a_bad_update_keeps_the_last_good_version_serving() -> Result<()> {
     cluster.stop().await
 }
 
+/// Regression: one task loaded the plugins one after another, so a module fetched from
+/// a server that never answered held up every other Plugin's load and reload until the
+/// fetch timed out (10 s for a TLS handshake, 120 s for a request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_that_hangs_holds_up_no_other_plugin() -> Result<()> {
+    // Accepts connections, reads nothing, answers nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = silent.local_addr()?.port();
+    let (accepted, mut connections) = tokio::sync::mpsc::unbounded_channel();
+    let server = tokio::spawn(async move {
+        while let Ok((socket, _)) = silent.accept().await {
+            if accepted.send(socket).is_err() {
+                return;
+            }
+        }
+    });
+    let cluster = TestCluster::start().await?;
+    let good = plugin_yaml("stuck", "misbehave", "validating", "Fail", "")?;
+    let file_url = format!("url: file://{}", plugin_wasm("misbehave")?.display());
+    let hanging = good.replace(
+        &file_url,
+        &format!(
+            "url: https://127.0.0.1:{port}/policy.wasm\n    sha256: \"{}\"",
+            "0".repeat(64)
+        ),
+    );
+    ensure!(hanging != good, "{hanging}");
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &hanging)
+        .await?;
+    // The server has connected: the stuck plugin's load is under way, and stays so.
+    let mut held = tokio::time::timeout(Duration::from_secs(10), connections.recv())
+        .await
+        .context("the server never connected to fetch the module")?
+        .context("the silent server stopped")?;
+
+    // Another Plugin, created after it, loads and serves at once: well before the stuck
+    // fetch gives up, 10 s after it connected.
+    let promptly = Duration::from_secs(6);
+    let prompt = plugin_yaml("prompt", "misbehave", "validating", "Fail", "")?;
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &prompt)
+        .await?;
+    cluster
+        .plugin_loaded("prompt", "True", 1, promptly)
+        .await
+        .context("a hanging fetch of another plugin held this one up")?;
+    let err = cluster
+        .kubectl_err_stdin(&["apply", "-f", "-"], &configmap("judged", "deny"))
+        .await?;
+    ensure!(
+        err.contains("admission plugin \"prompt\" denied the request"),
+        "{err}"
+    );
+    let obj: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&["get", "plugin", "stuck", "-o", "json"])
+            .await?,
+    )?;
+    ensure!(
+        obj["status"]["conditions"].is_null(),
+        "the stuck load cannot have reported yet: {obj}"
+    );
+
+    // A newer spec of the stuck plugin supersedes its load: it serves at once, and the
+    // old load was stopped when the new one started (its connection closed, long before
+    // its own timeout would have closed it).
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &good)
+        .await?;
+    cluster.plugin_loaded("stuck", "True", 2, promptly).await?;
+    let closed = tokio::time::timeout(Duration::from_secs(2), async {
+        use tokio::io::AsyncReadExt as _;
+        let mut buf = [0u8; 4096];
+        // The ClientHello, then the end of the stream.
+        loop {
+            match held.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    ensure!(closed.is_ok(), "the superseded fetch is still connected");
+    server.abort();
+    cluster.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initializer_plugins_run_after_persistence() -> Result<()> {
     let cluster = TestCluster::start().await?;

@@ -535,3 +535,123 @@ async fn both_tiers_read_the_cluster_through_the_host() -> Result<()> {
     }
     Ok(())
 }
+
+/// A host whose pooling allocator has `slots` instance slots, optimized code only (the
+/// baseline tier's instances are not pooled).
+fn host_with_slots(slots: u32) -> Result<Arc<PluginHost>> {
+    PluginHost::new(HostConfig {
+        max_instances: slots,
+        compilers: Compilers::Optimized,
+        ..HostConfig::default()
+    })
+}
+
+/// A `sleep` request: the fixture busy-waits `sleep_ms`, yielding at each epoch tick,
+/// so concurrent calls each hold an instance for that long.
+fn sleep_request(sleep_ms: u64) -> AdmissionRequest {
+    let mut req = request("sleep");
+    req.configuration = json!({"sleepMs": sleep_ms}).to_string();
+    req
+}
+
+/// Loads the fixture as validating plugin `name` with deadline `timeout`.
+async fn load_named(
+    host: &Arc<PluginHost>,
+    name: &str,
+    timeout: Duration,
+) -> Result<Arc<trellis_plugin_host::Plugin>> {
+    let mut spec = spec(PluginKind::Validating, json!({}));
+    spec.name = name.into();
+    spec.timeout = timeout;
+    Ok(host.load(spec, wasm("misbehave")?, None).await?)
+}
+
+/// Regression: the engine's instance slots are shared by all plugins, and each plugin
+/// kept up to 32 idle instances; once the slots were taken, a call needing a new
+/// instance failed at once as "trapped: maximum concurrent limit … reached" (a 500
+/// under `failurePolicy: Fail`). Now idle instances are capped at a fair share, a call
+/// that finds the pool full takes other plugins' idle instances or waits for a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_share_a_small_instance_pool_without_failing_calls() -> Result<()> {
+    let host = host_with_slots(4)?;
+    let mut plugins = Vec::new();
+    for i in 0..3 {
+        plugins.push(load_named(&host, &format!("busy-{i}"), Duration::from_secs(10)).await?);
+    }
+    // Two rounds: the second starts with the idle instances the first left behind.
+    for round in 0..2 {
+        let mut calls = tokio::task::JoinSet::new();
+        for plugin in &plugins {
+            for _ in 0..8 {
+                let (host, plugin) = (host.clone(), plugin.clone());
+                calls.spawn(async move { plugin.admit(&host, &sleep_request(20)).await });
+            }
+        }
+        let mut failures = Vec::new();
+        while let Some(joined) = calls.join_next().await {
+            match joined? {
+                Ok(answer) if answer.allowed => {}
+                Ok(answer) => failures.push(format!("denied: {answer:?}")),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        ensure!(
+            failures.is_empty(),
+            "round {round}: {} of 24 calls failed: {failures:#?}",
+            failures.len()
+        );
+    }
+    // The pool was full (the test tested something): calls waited for slots.
+    let waits: u64 = plugins
+        .iter()
+        .map(|p| {
+            p.metrics
+                .slot_waits
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    ensure!(waits > 0, "no call waited for a slot");
+    Ok(())
+}
+
+/// A call that finds every slot in use waits for one, and fails at its own deadline as
+/// a timeout naming the plugin, not as a trap; once a slot is free it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waits_for_a_free_slot_until_its_deadline() -> Result<()> {
+    let host = host_with_slots(1)?;
+    let hog = load_named(&host, "hog", Duration::from_secs(10)).await?;
+    let patient = load_named(&host, "patient", Duration::from_millis(300)).await?;
+    let waiter = load_named(&host, "waiter", Duration::from_secs(10)).await?;
+
+    // The hog holds the only slot for 1.5 s: the patient plugin's 300 ms run out.
+    let holding = {
+        let (host, hog) = (host.clone(), hog.clone());
+        tokio::spawn(async move { hog.admit(&host, &sleep_request(1_500)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let err = failed(patient.admit(&host, &request("allow")).await)?;
+    let took = started.elapsed();
+    ensure!(
+        err.kind == PluginErrorKind::Timeout(Duration::from_millis(300)),
+        "{err}"
+    );
+    ensure!(
+        err.to_string().starts_with("plugin patient (validating"),
+        "{err}"
+    );
+    ensure!(took >= Duration::from_millis(300), "took {took:?}");
+    let m = &patient.metrics;
+    use std::sync::atomic::Ordering::Relaxed;
+    ensure!(
+        m.slot_waits.load(Relaxed) == 1 && m.timeouts.load(Relaxed) == 1,
+        "{} waits, {} timeouts",
+        m.slot_waits.load(Relaxed),
+        m.timeouts.load(Relaxed)
+    );
+    // A deadline long enough sees the slot freed when the hog's call ends.
+    let answer = waiter.admit(&host, &request("allow")).await?;
+    ensure!(answer.allowed);
+    ensure!(holding.await??.allowed);
+    Ok(())
+}

@@ -5,7 +5,10 @@
 //! One task follows both: a changed declaration loads beside the running version and
 //! replaces it only once it compiled, started and accepted its configuration; a
 //! failed load leaves the last good version serving and says why in the Plugin's
-//! status (or the log, for files).
+//! status (or the log, for files). Each load runs in a task of its own, so a module
+//! fetched slowly (an `https://` or `oci://` server that does not answer) delays only
+//! its own plugin; a newer declaration of the same plugin stops the load of the older
+//! one, whose outcome is never used.
 //!
 //! [`PluginAdmission`] runs the loaded mutating and validating plugins in the
 //! admission chain; [`PluginInitializers`] offers the initializer plugins to the
@@ -25,7 +28,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
+use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind, Tier};
 use trellis_store::{ListRequest, Store};
@@ -81,6 +85,10 @@ pub struct PluginManager {
     host: OnceCell<Arc<PluginHost>>,
     active: RwLock<Arc<Active>>,
     store: Arc<dyn Store>,
+    /// Loads compiling and starting their plugin at once: one per core, so that many
+    /// plugins changing together (a server's start) do not share the cores and all
+    /// finish late. Fetches are not counted: one that hangs must not hold up the rest.
+    compiling: Semaphore,
 }
 
 impl std::fmt::Debug for PluginManager {
@@ -99,6 +107,57 @@ struct Tracked {
     serving: Option<Arc<Bound>>,
     /// Counters and tier last written to the object's status.
     reported: Option<([u64; 4], Tier)>,
+    /// The load of the current fingerprint, while it runs.
+    loading: Option<InFlight>,
+}
+
+/// A load running in its own task.
+struct InFlight {
+    /// Matches [`Finished::ticket`] of this load's outcome, and no other's.
+    ticket: u64,
+    abort: AbortHandle,
+}
+
+impl Tracked {
+    /// Stops the load in flight, if any: a newer declaration replaces it, or the
+    /// declaration is gone.
+    fn stop_loading(&mut self) {
+        if let Some(load) = self.loading.take() {
+            load.abort.abort();
+        }
+    }
+}
+
+/// The loads in flight, each in a task of its own.
+#[derive(Default)]
+struct Loads {
+    tasks: JoinSet<Finished>,
+    /// Numbers the loads. A load stopped for a newer one may have finished before it
+    /// could be stopped: its outcome, with an older ticket than the declaration's, is
+    /// dropped rather than let replace the newer version.
+    tickets: u64,
+}
+
+/// A declaration, as one load takes it.
+enum Declared {
+    /// A Plugin object: the `key` it is stored at and its `metadata`, for the status.
+    Object {
+        name: String,
+        key: String,
+        meta: Value,
+        spec: Value,
+    },
+    /// `NAME.yaml` in the plugins directory `dir`.
+    File { entry: dir::Entry, dir: PathBuf },
+}
+
+/// A load's outcome, and what it loaded.
+struct Finished {
+    /// The declaration's key in [`PluginManager::run`]'s map.
+    id: String,
+    ticket: u64,
+    declared: Declared,
+    outcome: Result<Arc<Bound>, (&'static str, String)>,
 }
 
 impl PluginManager {
@@ -108,6 +167,9 @@ impl PluginManager {
             host: OnceCell::new(),
             active: RwLock::new(Arc::new(Active::default())),
             store,
+            compiling: Semaphore::new(
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+            ),
         })
     }
 
@@ -157,6 +219,8 @@ impl PluginManager {
 
     async fn run(self: Arc<Self>, state: Arc<AppState>) {
         let mut tracked: HashMap<String, Tracked> = HashMap::new();
+        // Dropped with this task when the server stops, which stops the loads too.
+        let mut loads = Loads::default();
         let reader: Arc<dyn ClusterReader> = Arc::new(StoreReader::new(&state));
         let mut dir_tick = tokio::time::interval(DIR_POLL);
         let mut status_tick = tokio::time::interval(STATUS_REFRESH);
@@ -167,7 +231,8 @@ impl PluginManager {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            self.sync_objects(&prefix, &mut tracked, &reader).await;
+            self.sync_objects(&prefix, &mut tracked, &mut loads, &reader)
+                .await;
             loop {
                 tokio::select! {
                     event = sub.rx.recv() => {
@@ -176,11 +241,17 @@ impl PluginManager {
                         }
                         // Take whatever else arrived: one relist covers them all.
                         while sub.rx.try_recv().is_ok() {}
-                        self.sync_objects(&prefix, &mut tracked, &reader).await;
+                        self.sync_objects(&prefix, &mut tracked, &mut loads, &reader).await;
                     }
+                    Some(joined) = loads.tasks.join_next() => match joined {
+                        Ok(done) => self.finish(&mut tracked, done).await,
+                        // Stopped for a newer declaration, or for none.
+                        Err(e) if e.is_cancelled() => {}
+                        Err(e) => warn!(error = %e, "a plugin load stopped"),
+                    },
                     _ = dir_tick.tick() => {
                         if let Some(dir) = self.config.dir.clone() {
-                            self.sync_dir(&dir, &mut tracked, &reader).await;
+                            self.sync_dir(&dir, &mut tracked, &mut loads, &reader).await;
                         }
                     }
                     _ = status_tick.tick() => self.refresh_counters(&prefix, &mut tracked).await,
@@ -193,11 +264,12 @@ impl PluginManager {
         }
     }
 
-    /// Loads what changed among the Plugin objects and drops the deleted ones.
+    /// Starts loading what changed among the Plugin objects and drops the deleted ones.
     async fn sync_objects(
-        &self,
+        self: &Arc<Self>,
         prefix: &str,
         tracked: &mut HashMap<String, Tracked>,
+        loads: &mut Loads,
         reader: &Arc<dyn ClusterReader>,
     ) {
         let objects = match list_all(self.store.as_ref(), prefix).await {
@@ -217,39 +289,19 @@ impl PluginManager {
             let id = format!("object/{name}");
             seen.push(id.clone());
             let fingerprint = format!("{}/{}", meta["uid"], meta["generation"]);
-            let entry = tracked.entry(id).or_default();
+            let entry = tracked.entry(id.clone()).or_default();
             if entry.fingerprint == fingerprint {
                 continue;
             }
             entry.fingerprint = fingerprint;
             let spec = obj.get("spec").cloned().unwrap_or_default();
-            let previous = entry.serving.clone();
-            let outcome = self
-                .load(
-                    &name,
-                    &spec,
-                    None,
-                    format!("Plugin {name}"),
-                    previous.as_deref(),
-                    reader,
-                )
-                .await;
-            let (result, serving) = match outcome {
-                Ok(bound) => (Ok(()), Some(bound)),
-                Err(failure) => {
-                    warn!(plugin = %name, reason = failure.0, "{}", failure.1);
-                    (Err(failure), previous)
-                }
+            let declared = Declared::Object {
+                name,
+                key,
+                meta,
+                spec,
             };
-            entry.reported = serving.as_ref().map(|b| counters(&b.plugin));
-            if result.is_ok() {
-                entry.serving.clone_from(&serving);
-                // Serving before the status says so: a client that sees `Loaded` for
-                // this generation gets the new version, even while other changed
-                // Plugins are still loading in this pass.
-                self.publish(tracked);
-            }
-            write_status(self.store.as_ref(), &key, &meta, result, serving.as_deref()).await;
+            self.start_load(loads, id, entry, declared, reader);
         }
         let gone: Vec<String> = tracked
             .keys()
@@ -258,75 +310,149 @@ impl PluginManager {
             .collect();
         if !gone.is_empty() {
             for id in &gone {
-                tracked.remove(id);
+                if let Some(mut entry) = tracked.remove(id) {
+                    entry.stop_loading();
+                }
                 info!(plugin = %id.trim_start_matches("object/"), "plugin removed");
             }
             self.publish(tracked);
         }
     }
 
-    /// Loads what changed in the plugins directory and drops removed files.
+    /// Starts loading what changed in the plugins directory and drops removed files.
     async fn sync_dir(
-        &self,
+        self: &Arc<Self>,
         dir: &Path,
         tracked: &mut HashMap<String, Tracked>,
+        loads: &mut Loads,
         reader: &Arc<dyn ClusterReader>,
     ) {
         let found = dir::scan(dir).await;
-        for entry in &found {
+        let names: Vec<String> = found.iter().map(|e| e.name.clone()).collect();
+        for entry in found {
             let id = format!("file/{}", entry.name);
-            let slot = tracked.entry(id).or_default();
+            let slot = tracked.entry(id.clone()).or_default();
             if slot.fingerprint == entry.fingerprint {
                 continue;
             }
             slot.fingerprint = entry.fingerprint.clone();
-            let origin = format!("file {}", entry.spec_path.display());
-            let previous = slot.serving.clone();
-            let loaded = match dir::read_spec(entry).await {
-                Ok(spec) => {
-                    self.load(
-                        &entry.name,
-                        &spec,
-                        Some(dir),
-                        origin,
-                        previous.as_deref(),
-                        reader,
-                    )
-                    .await
-                }
-                Err(e) => Err(("InvalidSpec", e)),
+            let declared = Declared::File {
+                entry,
+                dir: dir.to_owned(),
             };
-            match loaded {
-                Ok(bound) => {
-                    info!(plugin = %entry.name, digest = %bound.plugin.digest(), "plugin loaded from the plugins directory");
-                    slot.serving = Some(bound);
-                    // At once, not after the other files of this pass have loaded.
-                    self.publish(tracked);
-                }
-                Err((reason, message)) => {
-                    let keeps = slot
-                        .serving
-                        .as_ref()
-                        .map(|b| format!("; {} keeps serving", b.plugin.digest()))
-                        .unwrap_or_default();
-                    warn!(plugin = %entry.name, reason, "{message}{keeps}");
-                }
-            }
+            self.start_load(loads, id, slot, declared, reader);
         }
         let gone: Vec<String> = tracked
             .keys()
             .filter(|id| {
                 id.strip_prefix("file/")
-                    .is_some_and(|n| !found.iter().any(|e| e.name == n))
+                    .is_some_and(|n| !names.iter().any(|name| name == n))
             })
             .cloned()
             .collect();
         if !gone.is_empty() {
             for id in &gone {
-                tracked.remove(id);
+                if let Some(mut entry) = tracked.remove(id) {
+                    entry.stop_loading();
+                }
                 info!(plugin = %id.trim_start_matches("file/"), "plugin file removed");
             }
             self.publish(tracked);
+        }
+    }
+
+    /// Loads `declared` in a task of its own, beside the version `entry` serves,
+    /// stopping the load of an older declaration still in flight.
+    fn start_load(
+        self: &Arc<Self>,
+        loads: &mut Loads,
+        id: String,
+        entry: &mut Tracked,
+        declared: Declared,
+        reader: &Arc<dyn ClusterReader>,
+    ) {
+        entry.stop_loading();
+        loads.tickets += 1;
+        let ticket = loads.tickets;
+        let previous = entry.serving.clone();
+        let manager = self.clone();
+        let reader = reader.clone();
+        let abort = loads.tasks.spawn(async move {
+            let previous = previous.as_deref();
+            let outcome = match &declared {
+                Declared::Object { name, spec, .. } => {
+                    let origin = format!("Plugin {name}");
+                    manager
+                        .load(name, spec, None, origin, previous, &reader)
+                        .await
+                }
+                Declared::File { entry, dir } => match dir::read_spec(entry).await {
+                    Ok(spec) => {
+                        let origin = format!("file {}", entry.spec_path.display());
+                        manager
+                            .load(&entry.name, &spec, Some(dir), origin, previous, &reader)
+                            .await
+                    }
+                    Err(e) => Err(("InvalidSpec", e)),
+                },
+            };
+            Finished {
+                id,
+                ticket,
+                declared,
+                outcome,
+            }
+        });
+        entry.loading = Some(InFlight { ticket, abort });
+    }
+
+    /// Serves what a load produced and reports it (the Plugin's status, or the log for
+    /// a file), unless a newer declaration replaced the one it loaded.
+    async fn finish(&self, tracked: &mut HashMap<String, Tracked>, done: Finished) {
+        let Some(entry) = tracked.get_mut(&done.id) else {
+            // Deleted while it loaded.
+            return;
+        };
+        if entry.loading.as_ref().map(|l| l.ticket) != Some(done.ticket) {
+            // Superseded, and finished before it could be stopped.
+            return;
+        }
+        entry.loading = None;
+        let previous = entry.serving.clone();
+        match done.declared {
+            Declared::Object {
+                name, key, meta, ..
+            } => {
+                let (result, serving) = match done.outcome {
+                    Ok(bound) => (Ok(()), Some(bound)),
+                    Err(failure) => {
+                        warn!(plugin = %name, reason = failure.0, "{}", failure.1);
+                        (Err(failure), previous)
+                    }
+                };
+                entry.reported = serving.as_ref().map(|b| counters(&b.plugin));
+                if result.is_ok() {
+                    entry.serving.clone_from(&serving);
+                    // Serving before the status says so: a client that sees `Loaded`
+                    // for this generation gets the new version.
+                    self.publish(tracked);
+                }
+                write_status(self.store.as_ref(), &key, &meta, result, serving.as_deref()).await;
+            }
+            Declared::File { entry: file, .. } => match done.outcome {
+                Ok(bound) => {
+                    info!(plugin = %file.name, digest = %bound.plugin.digest(), "plugin loaded from the plugins directory");
+                    entry.serving = Some(bound);
+                    self.publish(tracked);
+                }
+                Err((reason, message)) => {
+                    let keeps = previous
+                        .as_ref()
+                        .map(|b| format!("; {} keeps serving", b.plugin.digest()))
+                        .unwrap_or_default();
+                    warn!(plugin = %file.name, reason, "{message}{keeps}");
+                }
+            },
         }
     }
 
@@ -359,6 +485,12 @@ impl PluginManager {
         let host = self.host().await.map_err(|e| ("EngineFailed", e))?;
         let cluster = parsed.cluster_read.then(|| reader.clone());
         let bytes = Arc::new(bytes);
+        // After the fetch: a fetch waits on the network, not on a core.
+        let _compiling = self
+            .compiling
+            .acquire()
+            .await
+            .map_err(|e| ("EngineFailed", format!("waiting to compile: {e}")))?;
         let loaded = match previous {
             Some(previous) => {
                 host.reload(&previous.plugin, parsed.spec.clone(), bytes, cluster)

@@ -4,6 +4,7 @@
 //! so a restart does not need the network when the digest is pinned.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use trellis_plugin_host::digest_of;
 
@@ -107,8 +108,15 @@ async fn cached(cache: &Path, hex: &str) -> Option<Vec<u8>> {
 
 /// Keeps a fetched module by digest; a failure only costs a fetch next time.
 async fn keep(cache: &Path, hex: &str, bytes: &[u8]) {
+    // Plugins load concurrently, and two of one module may fetch it at once: each
+    // writes a file of its own, and the renames replace whole files.
+    static WRITES: AtomicU64 = AtomicU64::new(0);
     let path = cache.join(format!("{hex}.wasm"));
-    let tmp = path.with_extension("tmp");
+    let tmp = path.with_extension(format!(
+        "tmp{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
     if tokio::fs::write(&tmp, bytes).await.is_ok() {
         let _ = tokio::fs::rename(&tmp, &path).await;
     }
