@@ -89,9 +89,16 @@ impl PluginAdmission {
         let Ok(namespaces) = state.resource("", "v1", "namespaces") else {
             return false;
         };
-        match state.store.get(&namespaces.key(None, ns)).await {
-            Ok(Some(kv)) => serde_json::from_slice::<Value>(&kv.value)
-                .is_ok_and(|namespace| selector.matches_object(&namespace)),
+        // Through the namespace lister: the watch cache's decoded object, not a store
+        // read per plugin per request.
+        match state.namespaces.get(&namespaces.key(None, ns)).await {
+            Ok(Some(namespace)) => {
+                let labels = namespace
+                    .get("metadata")
+                    .and_then(|m| m.get("labels"))
+                    .and_then(Value::as_object);
+                selector.matches(|key| labels.and_then(|l| l.get(key)).and_then(Value::as_str))
+            }
             _ => false,
         }
     }
