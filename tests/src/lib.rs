@@ -90,12 +90,21 @@ pub struct TestCluster {
     pub ca_pem: String,
     admin: Kubectl,
     server: Option<Server>,
-    store: Arc<RedbStore>,
+    store: ClusterStore,
     /// Dropping it ends the server's `shutdown` future: the stop of a cluster that is
     /// dropped rather than stopped.
     _shutdown: oneshot::Sender<()>,
     // Last: the directory outlives the server and the store that use it.
     dir: tempfile::TempDir,
+}
+
+/// The store under a [`TestCluster`].
+enum ClusterStore {
+    Redb(Arc<RedbStore>),
+    /// An etcd of the cluster's own, stopped when this is dropped.
+    Etcd {
+        _etcd: TestStore,
+    },
 }
 
 /// What a [`TestCluster`] starts with besides the defaults.
@@ -111,6 +120,8 @@ pub struct TestClusterBuilder {
     settings: Option<trellis_apiserver::state::Settings>,
     /// Events a client watch may fall behind before it is ended.
     watch_buffer: Option<usize>,
+    /// Run on an etcd of the cluster's own rather than the embedded store.
+    etcd: bool,
 }
 
 impl TestClusterBuilder {
@@ -143,6 +154,12 @@ impl TestClusterBuilder {
         self
     }
 
+    /// Runs the server on an etcd of its own (Debian's `etcd`, started on loopback).
+    pub fn on_etcd(mut self) -> Self {
+        self.etcd = true;
+        self
+    }
+
     /// Ends a client watch once it falls this many events behind.
     pub fn with_watch_buffer(mut self, events: usize) -> Self {
         self.watch_buffer = Some(events);
@@ -165,10 +182,19 @@ impl TestClusterBuilder {
             }
             std::fs::write(data_dir.join("tokens.csv"), csv).context("write tokens.csv")?;
         }
-        let store = Arc::new(
-            RedbStore::open(RedbConfig::new(dir.path().join("store.redb")))
-                .context("open the store")?,
-        );
+        let (store, dyn_store): (ClusterStore, Arc<dyn Store>) = if self.etcd {
+            let etcd = TestStore::etcd(StoreSettings::default())
+                .await
+                .context("start etcd")?;
+            let dyn_store = etcd.store.clone();
+            (ClusterStore::Etcd { _etcd: etcd }, dyn_store)
+        } else {
+            let redb = Arc::new(
+                RedbStore::open(RedbConfig::new(dir.path().join("store.redb")))
+                    .context("open the store")?,
+            );
+            (ClusterStore::Redb(redb.clone()), redb)
+        };
         let mut config = trellis_apiserver::Config::new(&data_dir);
         config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.shutdown_grace = Duration::from_secs(2);
@@ -183,7 +209,7 @@ impl TestClusterBuilder {
             config.watch_buffer = events;
         }
         let (shutdown, stopped) = oneshot::channel::<()>();
-        let server = trellis_apiserver::start(config, store.clone(), async move {
+        let server = trellis_apiserver::start(config, dyn_store, async move {
             // A send or a drop of the sender: either way, stop.
             let _ = stopped.await;
         })
@@ -370,7 +396,9 @@ impl TestCluster {
         if let Some(server) = self.server.take() {
             server.stop().await.context("stop the API server")?;
         }
-        self.store.close().await.context("close the store")?;
+        if let ClusterStore::Redb(redb) = &self.store {
+            redb.close().await.context("close the store")?;
+        }
         Ok(())
     }
 }
@@ -616,6 +644,33 @@ impl TestCluster {
             .context("send the request")?;
         stream.flush().await.context("send the request")?;
         Ok(stream)
+    }
+
+    /// Writes `request` as is on an HTTP/1.1 connection of its own and returns all the
+    /// server sends until it closes the connection: for requests no client library
+    /// would send.
+    pub async fn raw_http1(&self, request: &[u8]) -> anyhow::Result<Vec<u8>> {
+        self.raw_http1_then(request, false).await
+    }
+
+    /// [`TestCluster::raw_http1`]; with `close`, the client closes its sending side
+    /// after the request (a client that stops before the end of its body).
+    pub async fn raw_http1_then(&self, request: &[u8], close: bool) -> anyhow::Result<Vec<u8>> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = self.tls_stream(b"http/1.1").await?;
+        stream
+            .write_all(request)
+            .await
+            .context("send the request")?;
+        stream.flush().await.context("send the request")?;
+        if close {
+            stream.shutdown().await.context("close the sending side")?;
+        }
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+            .await
+            .context("the server did not close the connection")?;
+        Ok(answer)
     }
 
     /// A TLS connection to the server that offers only `alpn`.

@@ -7,6 +7,7 @@ mod initializers;
 mod kubectl;
 mod kubectl_1_20;
 mod node_authz;
+mod on_etcd;
 mod openapi;
 mod quota;
 mod service_accounts;

@@ -81,7 +81,7 @@ pub async fn serve<I>(
         .keep_alive_interval(HTTP2_PING.0)
         .keep_alive_timeout(HTTP2_PING.1);
     let connection = builder.serve_connection(
-        TokioIo::new(StallTimeout::new(io, settings.stalled_write_timeout)),
+        TokioIo::new(ConnIo::new(io, settings.stalled_write_timeout)),
         hyper_util::service::TowerToHyperService::new(service),
     );
     tokio::pin!(connection);
@@ -124,98 +124,218 @@ async fn idled_for(active: &mut watch::Receiver<usize>, timeout: Duration) {
     }
 }
 
-/// An I/O stream whose writes fail with `TimedOut` once they have been blocked for
-/// longer than a deadline, so a peer that stops reading cannot hold the connection and
-/// the buffers behind it for ever.
-struct StallTimeout<I> {
+/// The connection's I/O, as the server writes it:
+/// - writes fail with `TimedOut` once they have been blocked for longer than a deadline,
+///   so a peer that stops reading cannot hold the connection and the buffers behind it
+///   for ever;
+/// - the bodiless error responses hyper writes itself when it cannot parse a request
+///   (400 for a malformed request line, 414 for a URI too long, 431 for headers too
+///   large) are written as Kubernetes `Status` responses instead, as every other error
+///   a client sees. Only those are rewritten: every response of the server's own has a
+///   body.
+struct ConnIo<I> {
     io: I,
     limit: Duration,
     /// Set while writes are blocked: when they started to be.
     stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// A rewritten response not yet written whole, and how much of it is.
+    pending: Option<(Vec<u8>, usize)>,
 }
 
-impl<I> StallTimeout<I> {
+type Poll<T> = std::task::Poll<T>;
+
+impl<I: AsyncWrite + Unpin> ConnIo<I> {
     fn new(io: I, limit: Duration) -> Self {
         Self {
             io,
             limit,
             stalled: None,
+            pending: None,
         }
     }
 
     /// After a write returned `Pending`: `Ready(Err)` once the deadline has passed.
-    fn check_stall(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Error> {
+    fn check_stall(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::io::Error> {
         let limit = self.limit;
         let timer = self
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         match timer.as_mut().poll(cx) {
-            std::task::Poll::Ready(()) => std::task::Poll::Ready(std::io::Error::new(
+            Poll::Ready(()) => Poll::Ready(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the client stopped reading",
             )),
-            std::task::Poll::Pending => std::task::Poll::Pending,
+            Poll::Pending => Poll::Pending,
         }
     }
-}
 
-impl<I: AsyncRead + Unpin> AsyncRead for StallTimeout<I> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
+    /// Maps a write's outcome through the stall deadline.
+    fn timed<T>(
+        &mut self,
         cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for StallTimeout<I> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match std::pin::Pin::new(&mut self.io).poll_write(cx, buf) {
-            std::task::Poll::Pending => self.check_stall(cx).map(Err),
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match polled {
+            Poll::Pending => self.check_stall(cx).map(Err),
             done => {
                 self.stalled = None;
                 done
             }
         }
+    }
+
+    /// Writes what is left of a rewritten response; `Ready(Ok)` once it is all out.
+    fn drain(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        while let Some((bytes, written)) = &mut self.pending {
+            if *written >= bytes.len() {
+                self.pending = None;
+                break;
+            }
+            let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, &bytes[*written..]);
+            match polled {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.stalled = None;
+                    if let Some((_, written)) = &mut self.pending {
+                        *written += n;
+                    }
+                }
+                other => return self.timed(cx, other.map(|r| r.map(|_| ()))),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// hyper's own bodiless answer to a request it could not parse, as a `Status`
+/// response: the head and what followed it in `buf`, or `None` for anything else.
+fn status_for_protocol_error(buf: &[u8]) -> Option<Vec<u8>> {
+    let code = [b"HTTP/1.1 ", b"HTTP/1.0 "]
+        .iter()
+        .find_map(|p| buf.strip_prefix(*p))?
+        .get(..3)?;
+    let (code, reason, message) = match code {
+        b"400" => (
+            400,
+            trellis_api::status::Reason::BadRequest,
+            "the request could not be parsed as HTTP",
+        ),
+        b"414" => (
+            414,
+            trellis_api::status::Reason::BadRequest,
+            "the request URI is too long",
+        ),
+        b"431" => (
+            431,
+            trellis_api::status::Reason::BadRequest,
+            "the request's header fields are too large",
+        ),
+        _ => return None,
+    };
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = std::str::from_utf8(&buf[..end]).ok()?.to_ascii_lowercase();
+    if !head.contains("\r\ncontent-length: 0\r\n") {
+        return None;
+    }
+    let status = trellis_api::ApiError::new(code, reason, message).to_status();
+    let body = serde_json::to_vec(&status).ok()?;
+    let reason_phrase = axum::http::StatusCode::from_u16(code)
+        .ok()
+        .and_then(|c| c.canonical_reason())
+        .unwrap_or("");
+    let mut out = format!(
+        "HTTP/1.1 {code} {reason_phrase}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&buf[end..]);
+    Some(out)
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        if let Poll::Ready(Err(e)) = this.drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        if this.pending.is_some() {
+            return Poll::Pending;
+        }
+        if let Some(rewritten) = status_for_protocol_error(buf) {
+            this.pending = Some((rewritten, 0));
+            // Taken whole: what is left is written by the next calls (and flush).
+            return match this.drain(cx) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Ready(Ok(buf.len())),
+            };
+        }
+        let polled = std::pin::Pin::new(&mut this.io).poll_write(cx, buf);
+        this.timed(cx, polled)
     }
 
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match std::pin::Pin::new(&mut self.io).poll_flush(cx) {
-            std::task::Poll::Pending => self.check_stall(cx).map(Err),
-            done => {
-                self.stalled = None;
-                done
-            }
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match this.drain(cx) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
         }
+        let polled = std::pin::Pin::new(&mut this.io).poll_flush(cx);
+        this.timed(cx, polled)
     }
 
     fn poll_shutdown(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match this.drain(cx) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        std::pin::Pin::new(&mut this.io).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
-            std::task::Poll::Pending => self.check_stall(cx).map(Err),
-            done => {
-                self.stalled = None;
-                done
-            }
+    ) -> Poll<std::io::Result<usize>> {
+        // A response hyper writes itself is one slice; take it through `poll_write`.
+        if self.pending.is_some()
+            || bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .is_some_and(|b| status_for_protocol_error(b).is_some())
+        {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return self.poll_write(cx, first);
         }
+        let this = &mut *self;
+        let polled = std::pin::Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.timed(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
