@@ -1,6 +1,7 @@
 //! A bounded fuzz run over everything that decodes client input before a handler
-//! sees it: query strings, content types, bodies (JSON and YAML), selectors, patches
-//! and the typed decode of every built-in kind. Inputs are random mutations of valid
+//! sees it: query strings, content types, bodies (JSON, YAML and Kubernetes'
+//! protobuf envelope, seeded with the bodies kubectl sends in `testdata/protobuf`),
+//! selectors, patches and the typed decode of every built-in kind. Inputs are random mutations of valid
 //! requests; every one must yield a value or an `ApiError` with a 4xx code, never a
 //! panic. `TRELLIS_FUZZ_ITERATIONS` runs it longer (default 20,000).
 
@@ -140,6 +141,35 @@ fn request_decoding_never_panics_and_refuses_with_4xx() {
         }
         let _ = request::body_format(&headers);
         let _ = request::wants_table(&headers);
+    }
+}
+
+/// Protobuf bodies as kubectl sends them, mutated: the decoder answers an object or a
+/// 4xx, never a panic, and never loops (each input is bounded by its length).
+#[test]
+fn protobuf_decoding_never_panics_and_refuses_with_4xx() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/testdata/protobuf");
+    let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .expect("the protobuf fixtures")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pb"))
+        .filter_map(|p| std::fs::read(p).ok())
+        .collect();
+    seeds.sort();
+    assert!(seeds.len() >= 5, "protobuf fixtures missing from {dir}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x9b0f);
+    for _ in 0..iterations() {
+        let seed = &seeds[rng.random_range(0..seeds.len())];
+        let body = mutate(&mut rng, seed);
+        if let Err(e) = crate::endpoints::protobuf::decode(&body) {
+            assert!(
+                client_error(e.code),
+                "protobuf decode answered {}: {}",
+                e.code,
+                e.message
+            );
+        }
     }
 }
 
