@@ -13,7 +13,6 @@ a compacted revision is 410 Gone.
 """
 
 import json
-import os
 import time
 import uuid
 
@@ -477,26 +476,26 @@ def test_a_watch_allowing_bookmarks_sends_its_changes_and_ends_at_its_timeout(ap
     assert 1.5 <= elapsed < 6, f"a 2 s watch ended after {elapsed:.1f} s"
 
 
-@pytest.mark.skipif(
-    not os.environ.get("TRELLIS_SLOW_TESTS"),
-    reason="takes 32 s (Trellis' first bookmark comes 30 s into a watch); set TRELLIS_SLOW_TESTS=1",
-)
-def test_a_long_watch_allowing_bookmarks_gets_a_periodic_bookmark(api_client, namespace):
-    v1 = client.CoreV1Api(api_client)
-    start = v1.list_namespaced_config_map(namespace).metadata.resource_version
-    created = v1.create_namespaced_config_map(namespace, config_map("seen"))
-    w = watch.Watch()
-    events = []
-    for event in w.stream(
-        v1.list_namespaced_config_map, namespace, resource_version=start,
-        allow_watch_bookmarks=True, timeout_seconds=35, deserialize=False,
-    ):
-        events.append((event["type"], event["object"]))
-        if event["type"] == "BOOKMARK":
-            w.stop()
-    types = [t for t, _ in events]
-    assert types == ["ADDED", "BOOKMARK"], types
-    check_bookmark(events[1][1], created.metadata.resource_version)
+def test_a_long_watch_allowing_bookmarks_gets_a_periodic_bookmark():
+    # A server of its own with bookmarks every second, rather than 30 s.
+    with own_server("trellis-py-bookmarks-", "--bookmark-interval", "1") as (api, _):
+        v1 = client.CoreV1Api(api)
+        start = v1.list_namespaced_config_map("default").metadata.resource_version
+        created = v1.create_namespaced_config_map("default", config_map("seen"))
+        w = watch.Watch()
+        events = []
+        started = time.monotonic()
+        for event in w.stream(
+            v1.list_namespaced_config_map, "default", resource_version=start,
+            allow_watch_bookmarks=True, timeout_seconds=10, deserialize=False,
+        ):
+            events.append((event["type"], event["object"]))
+            if event["type"] == "BOOKMARK":
+                w.stop()
+        types = [t for t, _ in events]
+        assert types == ["ADDED", "BOOKMARK"], types
+        check_bookmark(events[1][1], created.metadata.resource_version)
+        assert time.monotonic() - started < 5, "the bookmark came later than the interval asks"
 
 
 # ---- field selectors ---------------------------------------------------------

@@ -55,6 +55,28 @@ pub struct UpArgs {
     /// Defaults to `DATA_DIR/plugins`.
     #[arg(long, value_name = "DIR")]
     plugin_dir: Option<PathBuf>,
+
+    /// Read-only requests served at once before more get 429 (watches and
+    /// `system:masters` are not counted); 0 for no limit.
+    #[arg(long, default_value_t = 400, value_name = "N")]
+    max_requests_inflight: usize,
+
+    /// Writes served at once before more get 429; 0 for no limit.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    max_mutating_requests_inflight: usize,
+
+    /// How long a request other than a watch may take before it gets 504, in seconds.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    request_timeout: u64,
+
+    /// The longest ServiceAccount token a TokenRequest is given, in seconds; longer
+    /// requests are cut to it. Without it, up to 2^32 s as Kubernetes allows.
+    #[arg(long, value_name = "SECONDS")]
+    service_account_max_token_expiration: Option<u64>,
+
+    /// How often a watch that allows bookmarks gets one, in seconds.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    bookmark_interval: u64,
 }
 
 /// What `--store` names.
@@ -123,6 +145,16 @@ pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     server_config.listen = args.listen;
     server_config.tls_sans = args.tls_sans.clone();
     server_config.watch_cache_events = args.watch_cache_events;
+    server_config.settings = trellis_apiserver::state::Settings {
+        max_requests_inflight: args.max_requests_inflight,
+        max_mutating_requests_inflight: args.max_mutating_requests_inflight,
+        request_timeout: Duration::from_secs(args.request_timeout),
+        max_token_expiration: args
+            .service_account_max_token_expiration
+            .map(Duration::from_secs),
+        bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
+        ..server_config.settings
+    };
     let plugin_dir = args
         .plugin_dir
         .clone()
