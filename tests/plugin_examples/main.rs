@@ -139,8 +139,30 @@ async fn the_rust_examples_police_default_and_initialize() -> Result<()> {
             .request("GET", &path, "application/json", "")
             .await
     };
+    let watchers = || async {
+        let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+        anyhow::Ok(
+            String::from_utf8_lossy(&metrics.body)
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("apiserver_watch_cache_watchers ")?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or(0),
+        )
+    };
+    let before = watchers().await?;
     let create = async {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // Once both watches are open (the server counts them), not after a guess.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while watchers().await? < before + 2 {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the watches never opened"
+            );
+            tokio::task::yield_now().await;
+        }
         cluster
             .kubectl_ok(&["create", "configmap", "ordered", "--from-literal=a=b"])
             .await

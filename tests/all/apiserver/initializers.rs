@@ -2,7 +2,6 @@
 //! apply to them; the creating client gets the initialized object, or the failure.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use async_trait::async_trait;
@@ -12,11 +11,19 @@ use trellis_apiserver::admission::{Chains, Initializer};
 use trellis_apiserver::object::Object;
 use trellis_tests::TestCluster;
 
-/// Annotates ConfigMaps after a pause, long enough to look at them meanwhile.
+/// Annotates ConfigMaps; with a gate, only once the test opens it, so that the test
+/// can look at the object meanwhile.
 #[derive(Debug)]
 struct Annotate {
     name: &'static str,
-    delay: Duration,
+    gate: Option<Gate>,
+}
+
+/// Told when the initializer starts; it goes on when `open` is notified.
+#[derive(Clone, Debug, Default)]
+struct Gate {
+    started: Arc<tokio::sync::Notify>,
+    open: Arc<tokio::sync::Notify>,
 }
 
 #[async_trait]
@@ -32,7 +39,10 @@ impl Initializer for Annotate {
         _resource: &ResourceInfo,
         mut obj: Object,
     ) -> Result<Object, String> {
-        tokio::time::sleep(self.delay).await;
+        if let Some(gate) = &self.gate {
+            gate.started.notify_one();
+            gate.open.notified().await;
+        }
         let meta = obj
             .get_mut("metadata")
             .and_then(Value::as_object_mut)
@@ -74,13 +84,14 @@ fn chains(initializers: Vec<Arc<dyn Initializer>>) -> Chains {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_wait_for_initializers_in_order_and_stay_invisible_until_done() -> Result<()> {
+    let gate = Gate::default();
     let first: Arc<dyn Initializer> = Arc::new(Annotate {
         name: "first",
-        delay: Duration::from_millis(1500),
+        gate: Some(gate.clone()),
     });
     let second: Arc<dyn Initializer> = Arc::new(Annotate {
         name: "second",
-        delay: Duration::ZERO,
+        gate: None,
     });
     let cluster = TestCluster::builder()
         .with_chains(chains(vec![first, second]))
@@ -100,7 +111,7 @@ async fn creates_wait_for_initializers_in_order_and_stay_invisible_until_done() 
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    gate.started.notified().await;
     // While the first initializer works, the object exists but is invisible.
     let listed = cluster
         .kubectl_ok(&["get", "configmaps", "-o", "name"])
@@ -136,6 +147,7 @@ async fn creates_wait_for_initializers_in_order_and_stay_invisible_until_done() 
         "pending initializers: {names:?}"
     );
 
+    gate.open.notify_one();
     let created: Value = serde_json::from_str(&creating.await??)?;
     let annotations = &created["metadata"]["annotations"];
     ensure!(
