@@ -111,7 +111,7 @@ pub async fn delete_one(
             if meta_str(&obj, "deletionTimestamp").is_some() {
                 if namespace && !req.dry_run {
                     // Deleted again: the namespace controller takes it up again now.
-                    super::namespace::deletion_started(state);
+                    state.namespace_deletions.notify_one();
                 }
                 return Ok(Deletion::Marked(obj));
             }
@@ -129,9 +129,9 @@ pub async fn delete_one(
                     *finalizers = json!([]);
                 }
                 if let Value::Array(list) = finalizers
-                    && !list.iter().any(|f| f == super::namespace::FINALIZER)
+                    && !list.iter().any(|f| f == super::NAMESPACE_FINALIZER)
                 {
-                    list.push(super::namespace::FINALIZER.into());
+                    list.push(super::NAMESPACE_FINALIZER.into());
                 }
             }
             remove_meta(&mut obj, "resourceVersion");
@@ -147,7 +147,7 @@ pub async fn delete_one(
                 Ok(kv) => {
                     set_meta(&mut obj, "resourceVersion", kv.mod_revision.to_string());
                     if namespace {
-                        super::namespace::deletion_started(state);
+                        state.namespace_deletions.notify_one();
                     }
                     return Ok(Deletion::Marked(obj));
                 }

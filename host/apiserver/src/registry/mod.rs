@@ -197,5 +197,9 @@ where
     Err(ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into())
 }
 
+/// The finalizer a terminating namespace carries in `spec.finalizers` until the
+/// namespace controller ([`namespace`]) has emptied it.
+pub const NAMESPACE_FINALIZER: &str = "kubernetes";
+
 /// How often [`guaranteed_update`] reads again after a conflicting write.
 const GUARANTEED_UPDATE_TRIES: usize = 8;

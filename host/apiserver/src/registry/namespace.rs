@@ -28,16 +28,10 @@ use crate::object::{self, meta_str};
 use crate::state::AppState;
 use crate::storage::watch_cache::decode_stored;
 
-/// The finalizer a terminating namespace carries until it is empty.
-pub const FINALIZER: &str = "kubernetes";
+use super::NAMESPACE_FINALIZER as FINALIZER;
 
 /// Who the controller's deletes are made as.
 const CONTROLLER: &str = "system:serviceaccount:kube-system:namespace-controller";
-
-/// A namespace was marked for deletion: the controller takes it up now.
-pub fn deletion_started(state: &AppState) {
-    state.namespace_deletions.notify_one();
-}
 
 /// Runs the namespace controller until `stop` is set.
 pub fn start_controller(

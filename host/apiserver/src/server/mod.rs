@@ -248,9 +248,10 @@ pub async fn start(
             .install_plugin_crd()
             .await
             .context("install the Plugin resource")?;
-        admission.attach(&state);
+        let cluster: Arc<dyn crate::admission::plugins::Cluster> = state.clone();
+        admission.attach(&cluster);
         let _ = state.plugins.set(manager.clone());
-        manager.start(state.clone());
+        manager.start(cluster);
     }
     crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
     let app = router(state);

@@ -14,11 +14,11 @@ use trellis_plugin_host::{
     Operation, PluginError, PluginErrorKind, PluginKind, UserInfo,
 };
 
+use super::Cluster;
 use super::spec::FailurePolicy;
 use super::{Bound, PluginManager};
 use crate::admission::{Admission, Attributes, Initializer, InitializerSource};
 use crate::object::{Object, metadata};
-use crate::state::AppState;
 
 /// Most objects one `cluster.list` call returns.
 const MAX_LIST: usize = 10_000;
@@ -28,7 +28,7 @@ const MAX_LIST: usize = 10_000;
 pub struct PluginAdmission {
     manager: Arc<PluginManager>,
     /// Weak: the state holds the chains that hold this step.
-    state: std::sync::OnceLock<std::sync::Weak<AppState>>,
+    state: std::sync::OnceLock<std::sync::Weak<dyn Cluster>>,
 }
 
 impl PluginAdmission {
@@ -40,7 +40,7 @@ impl PluginAdmission {
     }
 
     /// Gives the step the server's state, for namespace selectors.
-    pub fn attach(&self, state: &Arc<AppState>) {
+    pub fn attach(&self, state: &Arc<dyn Cluster>) {
         let _ = self.state.set(Arc::downgrade(state));
     }
 
@@ -91,7 +91,7 @@ impl PluginAdmission {
         };
         // Through the namespace lister: the watch cache's decoded object, not a store
         // read per plugin per request.
-        match state.namespaces.get(&namespaces.key(None, ns)).await {
+        match state.namespaces().get(&namespaces.key(None, ns)).await {
             Ok(Some(namespace)) => {
                 let labels = namespace
                     .get("metadata")
@@ -428,17 +428,17 @@ fn check_initialized(before: &Object, text: &str) -> Result<Object, String> {
 #[derive(Debug)]
 pub struct StoreReader {
     /// Weak: loaded plugins hold their reader, and the state holds the plugins.
-    state: std::sync::Weak<AppState>,
+    state: std::sync::Weak<dyn Cluster>,
 }
 
 impl StoreReader {
-    pub fn new(state: &Arc<AppState>) -> Self {
+    pub fn new(state: &Arc<dyn Cluster>) -> Self {
         Self {
             state: Arc::downgrade(state),
         }
     }
 
-    fn state(&self) -> Result<Arc<AppState>, String> {
+    fn state(&self) -> Result<Arc<dyn Cluster>, String> {
         self.state
             .upgrade()
             .ok_or_else(|| "the server is stopping".to_owned())
@@ -454,9 +454,9 @@ impl ClusterReader for StoreReader {
         name: &str,
     ) -> Result<Option<String>, String> {
         let state = self.state()?;
-        let res = resource(&state, gvr)?;
+        let res = resource(&*state, gvr)?;
         Ok(state
-            .cache
+            .cache()
             .get(&res.key(namespace, name))
             .map(|o| to_json(&o)))
     }
@@ -468,10 +468,10 @@ impl ClusterReader for StoreReader {
         label_selector: &str,
     ) -> Result<Vec<String>, String> {
         let state = self.state()?;
-        let res = resource(&state, gvr)?;
+        let res = resource(&*state, gvr)?;
         let selector = LabelSelector::parse(label_selector).map_err(|e| e.to_string())?;
         Ok(state
-            .cache
+            .cache()
             .list(&res.namespace_prefix(namespace))
             .objects
             .iter()
@@ -488,7 +488,7 @@ impl ClusterReader for StoreReader {
     }
 }
 
-fn resource(state: &AppState, gvr: &GroupVersionResource) -> Result<ResourceInfo, String> {
+fn resource(state: &dyn Cluster, gvr: &GroupVersionResource) -> Result<ResourceInfo, String> {
     state
         .resource(&gvr.group, &gvr.version, &gvr.resource)
         .map_err(|e| e.message)

@@ -38,7 +38,20 @@ pub use glue::{PluginAdmission, PluginInitializers, StoreReader};
 use spec::{FailurePolicy, Parsed};
 
 use crate::object::{Object, now_timestamp};
-use crate::state::AppState;
+
+/// What the plugins need of the server: its watch cache, its resources, its
+/// namespaces. The server's state implements it; the plugins depend on this rather
+/// than on the state, which holds them.
+pub trait Cluster: Send + Sync + std::fmt::Debug {
+    fn cache(&self) -> &Arc<crate::storage::watch_cache::WatchCache>;
+    fn resource(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Result<trellis_api::registry::ResourceInfo, trellis_api::ApiError>;
+    fn namespaces(&self) -> &crate::storage::lister::Lister;
+}
 
 /// How often the plugins directory is looked at.
 const DIR_POLL: Duration = Duration::from_millis(250);
@@ -212,12 +225,12 @@ impl PluginManager {
     }
 
     /// Follows Plugin objects and the plugins directory until the server stops.
-    pub fn start(self: &Arc<Self>, state: Arc<AppState>) {
+    pub fn start(self: &Arc<Self>, state: Arc<dyn Cluster>) {
         let manager = self.clone();
         tokio::spawn(async move { manager.run(state).await });
     }
 
-    async fn run(self: Arc<Self>, state: Arc<AppState>) {
+    async fn run(self: Arc<Self>, state: Arc<dyn Cluster>) {
         let mut tracked: HashMap<String, Tracked> = HashMap::new();
         // Dropped with this task when the server stops, which stops the loads too.
         let mut loads = Loads::default();
@@ -226,8 +239,8 @@ impl PluginManager {
         let mut status_tick = tokio::time::interval(STATUS_REFRESH);
         let prefix = format!("/registry/{}/{}/", spec::GROUP, spec::PLURAL);
         loop {
-            let after = state.cache.revision();
-            let Ok(mut sub) = state.cache.subscribe(&prefix, after) else {
+            let after = state.cache().revision();
+            let Ok(mut sub) = state.cache().subscribe(&prefix, after) else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
