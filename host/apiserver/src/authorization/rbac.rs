@@ -140,11 +140,13 @@ fn read_error(e: trellis_store::Error) -> ApiError {
 
 const RBAC: &str = "/registry/rbac.authorization.k8s.io/";
 
-async fn role_rules(
+/// The role a binding's `roleRef` names, shared with the cache (its rules are read in
+/// place, not copied, on every check).
+async fn role_of(
     rbac: &RbacReader,
     role_ref: &Value,
     namespace: &str,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<Option<Arc<Object>>, ApiError> {
     let name = role_ref.get("name").and_then(Value::as_str).unwrap_or("");
     let role = match role_ref.get("kind").and_then(Value::as_str) {
         Some("ClusterRole") => rbac
@@ -157,11 +159,16 @@ async fn role_rules(
             .get(&format!("{RBAC}roles/{namespace}/{name}"))
             .await
             .map_err(read_error)?,
-        _ => return Ok(Vec::new()),
+        _ => None,
     };
-    Ok(role
-        .and_then(|role| role.get("rules").and_then(Value::as_array).cloned())
-        .unwrap_or_default())
+    Ok(role)
+}
+
+/// A role's rules.
+fn rules(role: &Object) -> &[Value] {
+    role.get("rules")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// The bindings that may grant something in `namespace`: every ClusterRoleBinding,
@@ -256,10 +263,9 @@ async fn any_rule(
         let Some(role_ref) = binding.get("roleRef").filter(|_| bound) else {
             continue;
         };
-        if role_rules(rbac, role_ref, &namespace)
+        if role_of(rbac, role_ref, &namespace)
             .await?
-            .iter()
-            .any(&allows)
+            .is_some_and(|role| rules(&role).iter().any(&allows))
         {
             return Ok(true);
         }
@@ -275,7 +281,7 @@ pub async fn rules_for(
     user: &UserInfo,
     namespace: &str,
 ) -> Result<Vec<Value>, ApiError> {
-    let mut rules = Vec::new();
+    let mut granted = Vec::new();
     for (binding, binding_namespace) in bindings(rbac, namespace).await? {
         let bound = binding
             .get("subjects")
@@ -284,11 +290,13 @@ pub async fn rules_for(
                 s.iter()
                     .any(|s| subject_matches(s, user, &binding_namespace))
             });
-        if let (true, Some(role_ref)) = (bound, binding.get("roleRef")) {
-            rules.extend(role_rules(rbac, role_ref, &binding_namespace).await?);
+        if let (true, Some(role_ref)) = (bound, binding.get("roleRef"))
+            && let Some(role) = role_of(rbac, role_ref, &binding_namespace).await?
+        {
+            granted.extend(rules(&role).iter().cloned());
         }
     }
-    Ok(rules)
+    Ok(granted)
 }
 
 /// Whether one rule allows `verb` on a non-resource URL (`/healthz`, `/api/*`).

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -208,7 +208,9 @@ pub struct Subscription {
 
 #[derive(Debug)]
 pub struct WatchCache {
-    state: Mutex<State>,
+    /// Read by every lister and client list on the request path, written by the one
+    /// feeder: readers do not wait for each other.
+    state: RwLock<State>,
     /// Client watches ended because their buffer was full (their client stopped
     /// reading), for `/metrics`.
     terminated: std::sync::atomic::AtomicU64,
@@ -217,8 +219,12 @@ pub struct WatchCache {
     revision_changed: tokio::sync::watch::Sender<Revision>,
 }
 
-fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+fn write(m: &RwLock<State>) -> std::sync::RwLockWriteGuard<'_, State> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read(m: &RwLock<State>) -> std::sync::RwLockReadGuard<'_, State> {
+    m.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The prefix every Kubernetes object is stored under.
@@ -308,7 +314,7 @@ impl WatchCache {
         let (revision, objects) = list_registry(store.as_ref()).await?;
         let (revision_changed, _) = tokio::sync::watch::channel(revision);
         let cache = Arc::new(Self {
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 events: VecDeque::new(),
                 base: revision,
                 revision,
@@ -333,7 +339,7 @@ impl WatchCache {
 
     /// The last revision the cache has seen.
     pub fn revision(&self) -> Revision {
-        lock(&self.state).revision
+        read(&self.state).revision
     }
 
     /// Waits until the cache has seen `revision` (or `timeout` passes); returns whether
@@ -389,7 +395,7 @@ impl WatchCache {
             revision,
             "watch cache missed compacted events; relisted the store"
         );
-        let mut state = lock(&self.state);
+        let mut state = write(&self.state);
         for slot in state.watchers.drain(..) {
             slot.lagged.store(true, Ordering::Release);
         }
@@ -407,7 +413,7 @@ impl WatchCache {
             .map(|e| (e, convert(e).map(Arc::new)))
             .collect();
         let last = events.last().map(Event::revision);
-        let mut state = lock(&self.state);
+        let mut state = write(&self.state);
         for (raw, event) in converted {
             let Some(event) = event else {
                 // Not an object any more (or a delete without its last state): the key
@@ -456,7 +462,7 @@ impl WatchCache {
     /// Everything under `prefix` after revision `after`: replayed from the ring, then
     /// live.
     pub fn subscribe(&self, prefix: &str, after: Revision) -> Result<Subscription, TooOld> {
-        let mut state = lock(&self.state);
+        let mut state = write(&self.state);
         if after < state.base {
             return Err(TooOld);
         }
@@ -478,7 +484,7 @@ impl WatchCache {
 
     /// Ends every client watch: their channels close.
     fn close(&self) {
-        lock(&self.state).watchers.clear();
+        write(&self.state).watchers.clear();
     }
 
     /// Client watches ended so far because their client stopped reading.
@@ -487,12 +493,12 @@ impl WatchCache {
     }
 
     pub fn watcher_count(&self) -> usize {
-        lock(&self.state).watchers.len()
+        read(&self.state).watchers.len()
     }
 
     /// One object of the current state.
     pub fn get(&self, key: &str) -> Option<Arc<Object>> {
-        let stored = lock(&self.state).objects.get(key).cloned();
+        let stored = read(&self.state).objects.get(key).cloned();
         stored?.decode()
     }
 
@@ -501,7 +507,7 @@ impl WatchCache {
     pub fn list(&self, prefix: &str) -> Listed {
         // Copied out under the lock (reference counts only), decoded after it.
         let (revision, stored): (Revision, Vec<Stored>) = {
-            let state = lock(&self.state);
+            let state = read(&self.state);
             let stored = state
                 .objects
                 .range::<str, _>((
@@ -521,7 +527,7 @@ impl WatchCache {
 
     /// How many objects the current state holds.
     pub fn object_count(&self) -> usize {
-        lock(&self.state).objects.len()
+        read(&self.state).objects.len()
     }
 }
 
