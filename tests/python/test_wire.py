@@ -23,7 +23,9 @@ from kubernetes.client import ApiException
 from conftest import Raw, check_status, names, own_server, raw_json
 from conftest import failure_status as status_of
 
-MAX_BODY = 3 * 1024 * 1024
+# The server's body limit: the store's value limit (kube-apiserver's is 3 MiB, over
+# etcd's 1.5 MiB; a larger body could only be refused after admission had run).
+MAX_BODY = 1536 * 1024
 # The ring of recent changes the session's server keeps for watches to resume from:
 # `trellis server --watch-cache-events`, whose default the session fixture uses.
 WATCH_CACHE_EVENTS = 2048
@@ -72,13 +74,12 @@ def watch_lines(raw: Raw, path: str, until, max_seconds: float = 15.0) -> list[d
 # ---- bad input ---------------------------------------------------------------
 
 
-def test_a_body_over_3_mib_is_request_entity_too_large(api_client, namespace):
+def test_a_body_over_the_store_limit_is_request_entity_too_large(api_client, namespace):
     v1 = client.CoreV1Api(api_client)
     big = config_map("big", {"blob": "x" * (MAX_BODY + 1)})
     with pytest.raises(ApiException) as error:
         v1.create_namespaced_config_map(namespace, big)
     status = status_of(error.value, 413, "RequestEntityTooLarge")
-    # kube-apiserver: "Request entity too large: limit is 3145728".
     assert str(MAX_BODY) in status["message"], status
     assert_not_stored(v1, namespace, "big")
 
