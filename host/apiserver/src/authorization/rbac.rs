@@ -18,17 +18,61 @@ use trellis_api::{ApiError, UserInfo};
 use trellis_api::registry::ResourceInfo;
 use trellis_store::Store;
 
-use crate::object::Object;
+use crate::object::{self, Object};
 use crate::storage::lister::Lister;
 use crate::storage::watch_cache::WatchCache;
 
-/// The RBAC objects, read through listers of the watch cache.
+/// The RBAC objects, read through listers of the watch cache, and an index of what
+/// each subject is granted, rebuilt when an RBAC object changes.
 #[derive(Debug)]
 pub struct RbacReader {
     roles: Lister,
     role_bindings: Lister,
     cluster_roles: Lister,
     cluster_role_bindings: Lister,
+    cache: std::sync::OnceLock<Arc<WatchCache>>,
+    index: std::sync::RwLock<Option<Arc<Index>>>,
+    /// Held while the index is rebuilt: one rebuild at a time.
+    rebuild: tokio::sync::Mutex<()>,
+}
+
+/// Every binding's grant, by the subject it names: a check looks up the user's name
+/// and groups instead of walking every binding.
+#[derive(Debug, Default)]
+struct Index {
+    /// The latest change of any RBAC resource the index was built after.
+    generation: trellis_store::Revision,
+    users: std::collections::HashMap<String, Vec<Grant>>,
+    groups: std::collections::HashMap<String, Vec<Grant>>,
+}
+
+/// A role bound to a subject: everywhere (a ClusterRoleBinding, `namespace` empty) or
+/// in one namespace.
+#[derive(Debug)]
+struct Grant {
+    namespace: String,
+    role: Arc<Object>,
+}
+
+impl Index {
+    /// Whether a role granted to `user` in `namespace` (or everywhere) has a rule that
+    /// `allows`.
+    fn allows(&self, user: &UserInfo, namespace: &str, allows: &impl Fn(&Value) -> bool) -> bool {
+        let grants = self
+            .users
+            .get(&user.name)
+            .into_iter()
+            .chain(user.groups.iter().filter_map(|g| self.groups.get(g)))
+            .flatten();
+        for grant in grants {
+            if (grant.namespace.is_empty() || grant.namespace == namespace)
+                && rules(&grant.role).iter().any(allows)
+            {
+                return true;
+            }
+        }
+        false
+    }
 }
 
 impl Default for RbacReader {
@@ -39,6 +83,9 @@ impl Default for RbacReader {
             role_bindings: Lister::new(GROUP, "rolebindings"),
             cluster_roles: Lister::new(GROUP, "clusterroles"),
             cluster_role_bindings: Lister::new(GROUP, "clusterrolebindings"),
+            cache: std::sync::OnceLock::new(),
+            index: std::sync::RwLock::new(None),
+            rebuild: tokio::sync::Mutex::new(()),
         }
     }
 }
@@ -57,6 +104,100 @@ impl RbacReader {
         for lister in self.listers() {
             lister.init(store, cache);
         }
+        let _ = self.cache.set(cache.clone());
+    }
+
+    /// The index of grants as of the cache's current RBAC objects; `None` while the
+    /// cache has not seen an RBAC write of this server (the caller reads the objects
+    /// through the listers, which go to the store until then).
+    async fn index(&self) -> Result<Option<Arc<Index>>, ApiError> {
+        let Some(cache) = self.cache.get() else {
+            return Ok(None);
+        };
+        if !self.listers().iter().all(|l| l.cache_current()) {
+            return Ok(None);
+        }
+        let generation = self
+            .listers()
+            .iter()
+            .map(|l| cache.last_change(&l.resource_prefix()))
+            .max()
+            .unwrap_or(0);
+        let current = || {
+            self.index
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .filter(|index| index.generation == generation)
+                .cloned()
+        };
+        if let Some(index) = current() {
+            return Ok(Some(index));
+        }
+        let _one = self.rebuild.lock().await;
+        if let Some(index) = current() {
+            return Ok(Some(index));
+        }
+        let mut index = Index {
+            generation,
+            ..Index::default()
+        };
+        let cluster = self
+            .cluster_role_bindings
+            .list_all()
+            .await
+            .map_err(read_error)?;
+        let namespaced = self.role_bindings.list_all().await.map_err(read_error)?;
+        let bindings =
+            cluster
+                .into_iter()
+                .map(|b| (b, String::new()))
+                .chain(namespaced.into_iter().map(|b| {
+                    let ns = object::meta_str(&b, "namespace")
+                        .unwrap_or_default()
+                        .to_owned();
+                    (b, ns)
+                }));
+        for (binding, namespace) in bindings {
+            let Some(role_ref) = binding.get("roleRef") else {
+                continue;
+            };
+            let Some(role) = role_of(self, role_ref, &namespace).await? else {
+                continue;
+            };
+            for subject in binding
+                .get("subjects")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let name = subject.get("name").and_then(Value::as_str).unwrap_or("");
+                let grant = Grant {
+                    namespace: namespace.clone(),
+                    role: role.clone(),
+                };
+                match subject.get("kind").and_then(Value::as_str) {
+                    Some("User") => index.users.entry(name.to_owned()).or_default().push(grant),
+                    Some("Group") => index.groups.entry(name.to_owned()).or_default().push(grant),
+                    Some("ServiceAccount") => {
+                        let ns = subject
+                            .get("namespace")
+                            .and_then(Value::as_str)
+                            .filter(|n| !n.is_empty())
+                            .unwrap_or(&namespace);
+                        index
+                            .users
+                            .entry(format!("system:serviceaccount:{ns}:{name}"))
+                            .or_default()
+                            .push(grant);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let index = Arc::new(index);
+        *self.index.write().unwrap_or_else(|e| e.into_inner()) = Some(index.clone());
+        Ok(Some(index))
     }
 
     /// After a write through this server: reads of that resource wait for the cache to
@@ -255,6 +396,9 @@ async fn any_rule(
     namespace: &str,
     allows: impl Fn(&Value) -> bool,
 ) -> Result<bool, ApiError> {
+    if let Some(index) = rbac.index().await? {
+        return Ok(index.allows(user, namespace, &allows));
+    }
     for (binding, namespace) in bindings(rbac, namespace).await? {
         let bound = binding
             .get("subjects")

@@ -145,13 +145,7 @@ impl Lister {
     /// Every object of the resource (a cluster-scoped one's, or all namespaces'), in
     /// key order.
     pub async fn list_all(&self) -> trellis_store::Result<Vec<Arc<Object>>> {
-        let group = if self.group.is_empty() {
-            "core"
-        } else {
-            self.group
-        };
-        self.list_under(format!("/registry/{group}/{}/", self.plural))
-            .await
+        self.list_under(self.resource_prefix()).await
     }
 
     /// The object at `key`: from the cache when it has seen the fence and holds it,
@@ -199,6 +193,24 @@ impl Lister {
             return None;
         }
         cache.get(key)
+    }
+
+    /// Whether the cache has seen every write of the resource through this server, so
+    /// that what it holds is what a read must see.
+    pub fn cache_current(&self) -> bool {
+        self.cache
+            .get()
+            .is_some_and(|cache| cache.revision() >= self.fence.load(Ordering::Acquire))
+    }
+
+    /// `/registry/GROUP/PLURAL/`: where the resource's objects are stored.
+    pub fn resource_prefix(&self) -> String {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            self.group
+        };
+        format!("/registry/{group}/{}/", self.plural)
     }
 
     /// Whether reads go to the store because its revision could not be read.

@@ -196,6 +196,12 @@ struct State {
     watchers: Vec<Slot>,
     /// Every object at `revision`, by key.
     objects: BTreeMap<String, Stored>,
+    /// The last revision that changed something of each resource
+    /// (`/registry/GROUP/PLURAL/`), for readers that keep their own view of a few
+    /// resources (authorization's index of bindings).
+    changed: std::collections::HashMap<String, Revision>,
+    /// The revision of the last relist: everything may have changed then.
+    relisted: Revision,
 }
 
 /// A client watch's feed: what the ring holds after its revision, then live events.
@@ -320,6 +326,8 @@ impl WatchCache {
                 revision,
                 watchers: Vec::new(),
                 objects,
+                changed: std::collections::HashMap::new(),
+                relisted: revision,
             }),
             capacity: capacity.max(1),
             watcher_buffer: watcher_buffer.max(1),
@@ -402,6 +410,8 @@ impl WatchCache {
         state.events.clear();
         state.base = revision;
         state.revision = revision;
+        state.relisted = revision;
+        state.changed.clear();
         state.objects = objects;
         drop(state);
         self.revision_changed.send_replace(revision);
@@ -421,6 +431,14 @@ impl WatchCache {
                 state.objects.remove(&raw.kv.key);
                 continue;
             };
+            if let Some(resource) = resource_prefix(&event.key) {
+                match state.changed.get_mut(resource) {
+                    Some(at) => *at = event.revision,
+                    None => {
+                        state.changed.insert(resource.to_owned(), event.revision);
+                    }
+                }
+            }
             match event.kind {
                 EventKind::Put => {
                     state.objects.insert(event.key.clone(), Stored::of(&raw.kv));
@@ -487,6 +505,18 @@ impl WatchCache {
         write(&self.state).watchers.clear();
     }
 
+    /// The last revision the cache saw change anything under `resource_prefix`
+    /// (`/registry/GROUP/PLURAL/`), or its start or last relist.
+    pub fn last_change(&self, resource_prefix: &str) -> Revision {
+        let state = read(&self.state);
+        state
+            .changed
+            .get(resource_prefix)
+            .copied()
+            .unwrap_or(0)
+            .max(state.relisted)
+    }
+
     /// Client watches ended so far because their client stopped reading.
     pub fn terminated_watchers(&self) -> u64 {
         self.terminated.load(Ordering::Relaxed)
@@ -529,6 +559,13 @@ impl WatchCache {
     pub fn object_count(&self) -> usize {
         read(&self.state).objects.len()
     }
+}
+
+/// `/registry/GROUP/PLURAL/` of a key under it.
+fn resource_prefix(key: &str) -> Option<&str> {
+    let mut slashes = key.match_indices('/').map(|(i, _)| i);
+    let end = slashes.nth(3)?;
+    Some(&key[..=end])
 }
 
 #[cfg(test)]
