@@ -358,6 +358,17 @@ async fn impersonation_runs_as_the_impersonated_user_once_authorized(
         as_admin.contains("cannot impersonate resource \"users\""),
         "deputy as admin: {as_admin}"
     );
+    // Taken away, the grant is gone for the next request.
+    cluster
+        .kubectl_ok(&["delete", "clusterrolebinding", "deputy-impersonates-viewer"])
+        .await?;
+    let revoked = deputy
+        .err(&["--as", "viewer", "get", "secrets"], None)
+        .await?;
+    ensure!(
+        revoked.contains("User \"deputy\" cannot impersonate resource \"users\""),
+        "after the binding's delete: {revoked}"
+    );
     Ok(())
 }
 
