@@ -2,18 +2,17 @@
 //! configuration into it under the request's field manager (the merge itself is
 //! [`crate::fieldmanager::apply`]).
 
-use axum::http::StatusCode;
 use bytes::Bytes;
 use serde_json::Value;
 use trellis_api::ApiError;
-use trellis_store::Revision;
 
-use super::{create_object, prepare_update, read, respond, unchanged, write_update};
+use super::create_object;
+use super::update::modify;
 use crate::endpoints::request::ApiRequest;
 use crate::endpoints::response::{ApiResult, ErrorResponse};
 use crate::fieldmanager::apply::{Applied, check_patch_options, scope, subresource_name};
 use crate::fieldmanager::managed_fields::{self, Entry, Schema, fields_of, strip};
-use crate::object::{self, meta_str, now_timestamp, set_meta};
+use crate::object::{self, meta_str, now_timestamp};
 use crate::state::AppState;
 
 /// `PATCH` with an apply patch: creates the object if it is missing, else merges
@@ -46,27 +45,7 @@ pub async fn apply(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
         .map_or(Schema::Builtin, |s| Schema::Crd(s.raw()));
     let scope = scope(&req.resource, req.subresource);
     let pinned = meta_str(&config, "resourceVersion").is_some_and(|v| !v.is_empty());
-    for _ in 0..8 {
-        let (live, live_rev) =
-            match read(state, &req.resource, req.namespace.as_deref(), name).await {
-                Ok(found) => found,
-                Err(ErrorResponse(e)) if e.code == 404 && req.subresource.is_none() => {
-                    let mut obj = config.clone();
-                    let mut fields = fields_of(&Value::Object(config.clone()), schema, false);
-                    strip(&mut fields, scope);
-                    let entry = Entry {
-                        manager: manager.clone(),
-                        operation: "Apply".into(),
-                        api_version: api_version.clone(),
-                        time: Some(now_timestamp()),
-                        subresource: String::new(),
-                        fields,
-                    };
-                    managed_fields::encode(&mut obj, vec![entry]);
-                    return create_object(state, req, obj).await;
-                }
-                Err(e) => return Err(e),
-            };
+    let applied = modify(state, req, name, false, |live, _| {
         let applied = Applied {
             manager: &manager,
             force,
@@ -76,25 +55,26 @@ pub async fn apply(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
             subresource: subresource_name(req),
             now: &now_timestamp(),
         };
-        let mut new = applied.apply_to(&live, &config)?;
-        if !pinned {
-            set_meta(&mut new, "resourceVersion", live_rev.to_string());
+        Ok((applied.apply_to(live, &config)?, pinned))
+    })
+    .await;
+    match applied {
+        // Nothing to apply to: the configuration is created, owned by its manager.
+        Err(ErrorResponse(e)) if e.code == 404 && req.subresource.is_none() => {
+            let mut obj = config.clone();
+            let mut fields = fields_of(&Value::Object(config.clone()), schema, false);
+            strip(&mut fields, scope);
+            let entry = Entry {
+                manager: manager.clone(),
+                operation: "Apply".into(),
+                api_version: api_version.clone(),
+                time: Some(now_timestamp()),
+                subresource: String::new(),
+                fields,
+            };
+            managed_fields::encode(&mut obj, vec![entry]);
+            create_object(state, req, obj).await
         }
-        let expected: Revision = prepare_update(state, req, &live, live_rev, &mut new).await?;
-        if expected == live_rev && unchanged(&live, &new) {
-            return Ok(respond(StatusCode::OK, &live, req));
-        }
-        match write_update(state, req, new, expected).await {
-            Ok(written) => return Ok(respond(StatusCode::OK, &written, req)),
-            Err(ErrorResponse(e)) if e.code == 409 && !pinned => continue,
-            Err(e) => return Err(e),
-        }
+        other => other,
     }
-    Err(ApiError::conflict(
-        &req.resource.group,
-        &req.resource.plural,
-        name,
-        ApiError::MODIFIED,
-    )
-    .into())
 }

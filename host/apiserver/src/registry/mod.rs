@@ -9,8 +9,10 @@
 //!
 //! # Layout
 //! - [`get`], [`create`], [`update`] (update and patch), [`apply`] (server-side apply),
-//!   [`delete`] (delete and deletecollection): the verbs; [`guaranteed_update`] is the
-//!   one read-modify-write loop every server-side writer goes through.
+//!   [`delete`] (delete and deletecollection): the verbs. Read-modify-write loops come in
+//!   two: [`update::modify`] for a client's change (patch, apply: the server's rules and
+//!   admission on every try) and [`guaranteed_update`] for a change the server makes
+//!   itself (a binding, after admitting the Binding).
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
@@ -30,7 +32,7 @@ pub use apply::apply;
 pub use create::{create, create_object, prepare_create};
 pub use delete::{Deletion, delete, delete_collection, delete_dry_run, delete_one};
 pub use get::{field_value, get, list, list_objects, matches_fields};
-pub use update::{patch, prepare_update, unchanged, update, write_update};
+pub use update::{prepare_update, unchanged, update, write_update};
 
 use std::sync::Arc;
 
@@ -159,6 +161,16 @@ pub async fn after_write(state: &AppState, req: &ApiRequest) {
 /// Shared state handle for handlers.
 pub type State = Arc<AppState>;
 
+/// `PATCH`: server-side apply for an apply patch ([`apply`]), else a JSON, merge or
+/// strategic merge patch ([`update::patch`]).
+pub async fn patch(state: &AppState, req: &ApiRequest, body: bytes::Bytes) -> ApiResult {
+    use crate::endpoints::request::{BodyFormat, PatchType};
+    if req.body_format == BodyFormat::Patch(PatchType::Apply) {
+        return apply::apply(state, req, body).await;
+    }
+    update::patch(state, req, body).await
+}
+
 /// The one read-modify-write loop: reads `name` of the request's resource, lets
 /// `change` turn the stored object (first argument) into the new one (second), and
 /// writes it back if the stored one is still the one read; on a conflict it reads
@@ -202,4 +214,4 @@ where
 pub const NAMESPACE_FINALIZER: &str = "kubernetes";
 
 /// How often [`guaranteed_update`] reads again after a conflicting write.
-const GUARANTEED_UPDATE_TRIES: usize = 8;
+pub(crate) const GUARANTEED_UPDATE_TRIES: usize = 8;

@@ -236,19 +236,10 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
             ApiError::unsupported_media_type(req.content_type.as_deref().unwrap_or("")).into(),
         );
     };
-    if kind == PatchType::Apply {
-        return super::apply::apply(state, req, body).await;
-    }
     crate::fieldmanager::apply::check_patch_options(req, false)?;
     let patch_doc: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-    // Retry on conflicts that the client did not ask for (no resourceVersion in the patch).
-    for _ in 0..8 {
-        let (old, old_rev) = match read(state, &req.resource, req.namespace.as_deref(), name).await
-        {
-            Ok(found) => found,
-            Err(e) => return Err(e),
-        };
+    modify(state, req, name, true, |old, _| {
         let mut doc = Value::Object(old.clone());
         match kind {
             PatchType::Json => {
@@ -272,15 +263,38 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
                 crate::fieldmanager::patch::merge(&mut doc, &patch_doc)
             }
         }
-        let Value::Object(mut new) = doc else {
+        let Value::Object(new) = doc else {
             return Err(ApiError::bad_request("the patched object is not an object").into());
         };
-        let pinned = meta_str(&new, "resourceVersion") != meta_str(&old, "resourceVersion");
+        // A resourceVersion in the patch pins the write: its conflict is the answer.
+        let pinned = meta_str(&new, "resourceVersion") != meta_str(old, "resourceVersion");
+        Ok((new, pinned))
+    })
+    .await
+}
+
+/// The read-modify-write loop of the verbs that change an object in place (patch,
+/// server-side apply): read it, let `change` make the new object (and say whether the
+/// client pinned its resourceVersion), hold it to the server's rules and admission
+/// ([`prepare_update`]), record its field manager when `record`, skip a write that
+/// changes nothing, and compare-and-swap. A conflict the client did not pin reads again.
+pub async fn modify(
+    state: &AppState,
+    req: &ApiRequest,
+    name: &str,
+    record: bool,
+    mut change: impl FnMut(&Object, Revision) -> ApiResult<(Object, bool)>,
+) -> ApiResult {
+    for _ in 0..super::GUARANTEED_UPDATE_TRIES {
+        let (old, old_rev) = read(state, &req.resource, req.namespace.as_deref(), name).await?;
+        let (mut new, pinned) = change(&old, old_rev)?;
         if !pinned {
             set_meta(&mut new, "resourceVersion", old_rev.to_string());
         }
         let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
-        crate::fieldmanager::apply::record_write(state, req, Some(&old), &mut new)?;
+        if record {
+            crate::fieldmanager::apply::record_write(state, req, Some(&old), &mut new)?;
+        }
         if expected == old_rev && unchanged(&old, &new) {
             return Ok(respond(StatusCode::OK, &old, req));
         }
