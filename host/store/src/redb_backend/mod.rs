@@ -389,7 +389,45 @@ impl<L: ReadableTable<u64, &'static [u8]>> History<'_, L> {
     }
 }
 
+/// Where a list's keys start: after `start_after` when it is within the prefix.
+fn start_bound(request: &ListRequest) -> Bound<&str> {
+    match &request.start_after {
+        Some(after) if after.as_str() >= request.prefix.as_str() => Bound::Excluded(after.as_str()),
+        _ => Bound::Included(request.prefix.as_str()),
+    }
+}
+
+/// Whether `key` is one `request` lists.
+fn in_range(request: &ListRequest, key: &str) -> bool {
+    key.starts_with(&request.prefix)
+        && request
+            .start_after
+            .as_deref()
+            .is_none_or(|after| key > after)
+}
+
 impl Shared {
+    /// The keys `request` lists that were written after `at`, each with the revision
+    /// of its entry as of `at` (0: it did not exist then), read from the earliest of its
+    /// later log entries.
+    fn undo_after(
+        &self,
+        log: &impl ReadableTable<u64, &'static [u8]>,
+        at: Revision,
+        request: &ListRequest,
+    ) -> Result<BTreeMap<String, Revision>> {
+        let err = read_err("read history");
+        let mut undo = BTreeMap::new();
+        for item in log.range(at + 1..).map_err(|e| err(e.into()))? {
+            let (rev, bytes) = item.map_err(|e| err(e.into()))?;
+            let entry = decode_entry(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
+            if in_range(request, &entry.key) && !undo.contains_key(&entry.key) {
+                undo.insert(entry.key, entry.prev_mod);
+            }
+        }
+        Ok(undo)
+    }
+
     /// The number of keys [`Shared::list_at`] would return without its limit, read
     /// from keys and history entries only: no value is read.
     fn count_at(&self, request: &ListRequest) -> Result<u64> {
@@ -405,35 +443,16 @@ impl Shared {
             None | Some(0) => current,
             Some(r) => r.min(current),
         };
-        let in_range = |key: &str| {
-            key.starts_with(&request.prefix)
-                && request
-                    .start_after
-                    .as_deref()
-                    .is_none_or(|after| key > after)
-        };
-        // Keys written after `at`: whether each existed at `at` (its earliest later
-        // entry's previous revision is not 0).
-        let mut undo: BTreeMap<String, bool> = BTreeMap::new();
-        if at < current {
+        // Keys written after `at`: whether each existed at `at`.
+        let undo = if at < current {
             let log = txn.open_table(LOG).map_err(|e| err(e.into()))?;
-            for item in log.range(at + 1..).map_err(|e| err(e.into()))? {
-                let (rev, bytes) = item.map_err(|e| err(e.into()))?;
-                let entry =
-                    decode_entry(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
-                if in_range(&entry.key) && !undo.contains_key(&entry.key) {
-                    undo.insert(entry.key, entry.prev_mod != 0);
-                }
-            }
-        }
-        let start = match &request.start_after {
-            Some(after) if after.as_str() >= request.prefix.as_str() => {
-                Bound::Excluded(after.as_str())
-            }
-            _ => Bound::Included(request.prefix.as_str()),
+            self.undo_after(&log, at, request)?
+        } else {
+            BTreeMap::new()
         };
+        let start = start_bound(request);
         let kv = txn.open_table(KV).map_err(|e| err(e.into()))?;
-        let mut count = undo.values().filter(|existed| **existed).count() as u64;
+        let mut count = undo.values().filter(|prev| **prev != 0).count() as u64;
         for item in kv
             .range::<&str>((start, Bound::Unbounded))
             .map_err(|e| err(e.into()))?
@@ -486,33 +505,14 @@ impl Shared {
             log: &log,
             path: &self.path,
         };
-        let start = match &request.start_after {
-            Some(after) if after.as_str() >= request.prefix.as_str() => {
-                Bound::Excluded(after.as_str())
-            }
-            _ => Bound::Included(request.prefix.as_str()),
-        };
-        let in_range = |key: &str| {
-            key.starts_with(&request.prefix)
-                && request
-                    .start_after
-                    .as_deref()
-                    .is_none_or(|after| key > after)
-        };
-
+        let start = start_bound(request);
         // The state at `at` differs from the latest only for keys written after `at`:
         // for each, the earliest later entry points at its entry as of `at` (0: absent).
-        let mut undo: BTreeMap<String, Revision> = BTreeMap::new();
-        if at < current {
-            for item in log.range(at + 1..).map_err(|e| err(e.into()))? {
-                let (rev, bytes) = item.map_err(|e| err(e.into()))?;
-                let entry =
-                    decode_entry(rev.value(), bytes.value()).map_err(|d| self.corrupt(d))?;
-                if in_range(&entry.key) && !undo.contains_key(&entry.key) {
-                    undo.insert(entry.key, entry.prev_mod);
-                }
-            }
-        }
+        let undo = if at < current {
+            self.undo_after(&log, at, request)?
+        } else {
+            BTreeMap::new()
+        };
         let value_at = |key: &str, rev: Revision| -> Result<Option<KeyValue>> {
             match rev {
                 0 => Ok(None),
