@@ -25,6 +25,8 @@ pub struct PluginMetrics {
     pub slot_waits: AtomicU64,
     /// Largest linear memory any instance of the plugin grew to, in bytes.
     pub memory_peak: AtomicU64,
+    /// Calls that hold an instance now.
+    pub in_flight: AtomicU64,
     completed: AtomicU64,
     buckets: [AtomicU64; BUCKETS.len()],
     latency_sum_nanos: AtomicU64,
@@ -85,6 +87,19 @@ pub fn render_metrics(out: &mut String, plugins: &[std::sync::Arc<Plugin>]) {
             };
             let _ = writeln!(out, "{name}{} {}", labels(p), v.load(Ordering::Relaxed));
         }
+    }
+    let name = "trellis_plugin_calls_in_flight";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Calls running in an instance of the plugin now.\n# TYPE {name} gauge"
+    );
+    for p in plugins {
+        let _ = writeln!(
+            out,
+            "{name}{} {}",
+            labels(p),
+            p.metrics.in_flight.load(Ordering::Relaxed)
+        );
     }
     let name = "trellis_plugin_memory_peak_bytes";
     let _ = writeln!(

@@ -596,6 +596,7 @@ impl Plugin {
             .bounded(async {
                 let started = Instant::now();
                 let mut instance = self.take(host).await?;
+                let _running = Running::new(&self.metrics.in_flight);
                 // What waiting for an instance took counts against the deadline.
                 instance.arm(started + self.spec.timeout);
                 let answer = match &instance.bindings {
@@ -645,6 +646,7 @@ impl Plugin {
             .bounded(async {
                 let started = Instant::now();
                 let mut instance = self.take(host).await?;
+                let _running = Running::new(&self.metrics.in_flight);
                 // What waiting for an instance took counts against the deadline.
                 instance.arm(started + self.spec.timeout);
                 let answer = match &instance.bindings {
@@ -928,3 +930,20 @@ impl Instance {
 // The initializer world's generated module is used through `Pre`/`Bindings` only.
 #[allow(unused_imports)]
 use bindings::initializer as _;
+
+/// A call that holds an instance, counted in [`PluginMetrics::in_flight`] until it is
+/// dropped (the call returned, failed or was stopped).
+struct Running<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> Running<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -628,7 +628,16 @@ async fn a_call_waits_for_a_free_slot_until_its_deadline() -> Result<()> {
         let (host, hog) = (host.clone(), hog.clone());
         tokio::spawn(async move { hog.admit(&host, &sleep_request(1_500)).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once the hog's call holds the slot (the plugin counts it), not after a guess.
+    while hog
+        .metrics
+        .in_flight
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        ensure!(!holding.is_finished(), "the hog's call ended early");
+        tokio::task::yield_now().await;
+    }
     let started = Instant::now();
     let err = failed(patient.admit(&host, &request("allow")).await)?;
     let took = started.elapsed();
