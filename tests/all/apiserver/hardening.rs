@@ -439,10 +439,22 @@ async fn watchers_that_never_read_are_dropped_and_their_connections_closed() -> 
         ensure!(created.status == 201, "create: {}", created.status);
         i += 1;
     }
-    // What is awaited here is the server's own deadline: its writes to the unread
-    // connections stall, and once they have for `stalled_write_timeout` it closes them.
-    // Reading before then would unblock them.
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // The server's writes to the unread connections stall; once they have for
+    // `stalled_write_timeout` it closes them and counts each. Wait for that count
+    // (reading before then would unblock them).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+        if watching(&text, "apiserver_stalled_connections_closed_total") >= WATCHERS as f64 {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the stalled connections were never closed:\n{text}"
+        );
+        tokio::task::yield_now().await;
+    }
     // Each connection ends: reading what the server sent reaches its end.
     for mut stream in streams {
         let mut sink = vec![0_u8; 1 << 20];

@@ -100,6 +100,8 @@ pub struct Metrics {
     rejected: Family<RequestLabels, Counter>,
     /// OpenAPI documents built (once per registry change).
     pub openapi_builds: Counter,
+    /// Connections closed because their client stopped reading.
+    pub stalled_connections: Counter,
     /// Filled by the store the server's requests go through
     /// ([`crate::storage::metered::MeteredStore`]).
     pub store: Arc<StoreLatency>,
@@ -148,6 +150,12 @@ impl Default for Metrics {
             "Times the OpenAPI documents were built: once per change of the served resources",
             openapi_builds.clone(),
         );
+        let stalled_connections = Counter::default();
+        registry.register(
+            "apiserver_stalled_connections_closed",
+            "Connections closed because their writes stayed blocked: the client stopped reading",
+            stalled_connections.clone(),
+        );
         let store = Arc::new(StoreLatency::default());
         registry.register(
             "apiserver_storage_request_duration_seconds",
@@ -162,6 +170,7 @@ impl Default for Metrics {
             terminated_watchers,
             rejected,
             openapi_builds,
+            stalled_connections,
             store,
             render_lock: Mutex::new(()),
         }

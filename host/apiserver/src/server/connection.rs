@@ -19,6 +19,7 @@ use axum::body::Body;
 use http_body_util::BodyExt as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tower::ServiceExt as _;
@@ -44,6 +45,7 @@ pub async fn serve<I>(
     settings: &Settings,
     mut stop: watch::Receiver<bool>,
     remote: std::net::SocketAddr,
+    stalled: Counter,
 ) where
     I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
@@ -81,7 +83,7 @@ pub async fn serve<I>(
         .keep_alive_interval(HTTP2_PING.0)
         .keep_alive_timeout(HTTP2_PING.1);
     let connection = builder.serve_connection(
-        TokioIo::new(ConnIo::new(io, settings.stalled_write_timeout)),
+        TokioIo::new(ConnIo::new(io, settings.stalled_write_timeout, stalled)),
         hyper_util::service::TowerToHyperService::new(service),
     );
     tokio::pin!(connection);
@@ -140,17 +142,22 @@ struct ConnIo<I> {
     stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// A rewritten response not yet written whole, and how much of it is.
     pending: Option<(Vec<u8>, usize)>,
+    /// Connections closed because their writes stalled (`/metrics`); counted once.
+    stalled_closes: Counter,
+    closed_for_stall: bool,
 }
 
 type Poll<T> = std::task::Poll<T>;
 
 impl<I: AsyncWrite + Unpin> ConnIo<I> {
-    fn new(io: I, limit: Duration) -> Self {
+    fn new(io: I, limit: Duration, stalled_closes: Counter) -> Self {
         Self {
             io,
             limit,
             stalled: None,
             pending: None,
+            stalled_closes,
+            closed_for_stall: false,
         }
     }
 
@@ -161,10 +168,15 @@ impl<I: AsyncWrite + Unpin> ConnIo<I> {
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the client stopped reading",
-            )),
+            Poll::Ready(()) => {
+                if !std::mem::replace(&mut self.closed_for_stall, true) {
+                    self.stalled_closes.inc();
+                }
+                Poll::Ready(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client stopped reading",
+                ))
+            }
             Poll::Pending => Poll::Pending,
         }
     }

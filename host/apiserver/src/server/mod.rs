@@ -254,6 +254,7 @@ pub async fn start(
         manager.start(cluster);
     }
     crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
+    let stalled = state.metrics.stalled_connections.clone();
     let app = router(state);
     let acceptor = TlsAcceptor::from(tls_config);
     let grace = config.shutdown_grace;
@@ -284,6 +285,7 @@ pub async fn start(
             let live = live.clone();
             let stop = stopped.clone();
             let settings = settings.clone();
+            let stalled = stalled.clone();
             tokio::spawn(async move {
                 let _live = live;
                 let tls =
@@ -301,7 +303,7 @@ pub async fn start(
                     .peer_certificates()
                     .and_then(|certs| certs.first())
                     .and_then(|cert| tls::identity_from_cert(cert));
-                connection::serve(tls, app, Peer(peer), &settings, stop, remote).await;
+                connection::serve(tls, app, Peer(peer), &settings, stop, remote, stalled).await;
             });
         }
         drop(listener);
