@@ -510,17 +510,3 @@ fn build_openapi(resources: &[ResourceInfo], custom: &CustomResources) -> Arc<Op
         v2_protobuf,
     })
 }
-
-impl crate::admission::plugins::Cluster for AppState {
-    fn cache(&self) -> &Arc<WatchCache> {
-        &self.cache
-    }
-
-    fn resource(&self, group: &str, version: &str, plural: &str) -> Result<ResourceInfo, ApiError> {
-        AppState::resource(self, group, version, plural)
-    }
-
-    fn namespaces(&self) -> &crate::storage::lister::Lister {
-        &self.namespaces
-    }
-}

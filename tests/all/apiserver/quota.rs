@@ -150,6 +150,31 @@ async fn resource_quota_refuses_over_quota_creates_and_tracks_usage() -> Result<
         used["pods"] == "2" && used["requests.cpu"] == "500m" && used["limits.memory"] == "512Mi",
         "{used}"
     );
+    // Usage is the server's own status write, made through the registry: managedFields
+    // name its manager on the status subresource, and the quota's generation is kept.
+    let quota: serde_json::Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&[
+                "get",
+                "quota",
+                "compute",
+                "-o",
+                "json",
+                "--show-managed-fields",
+            ])
+            .await?,
+    )?;
+    ensure!(
+        quota["metadata"]["generation"] == 1
+            && quota["metadata"]["managedFields"]
+                .as_array()
+                .is_some_and(|fields| fields
+                    .iter()
+                    .any(|m| m["manager"] == "resourcequota-controller"
+                        && m["subresource"] == "status"
+                        && m["fieldsV1"]["f:status"]["f:used"].is_object())),
+        "{quota}"
+    );
     let table = cluster.kubectl_ok(&["get", "quota"]).await?;
     ensure!(
         table.contains("pods: 2/2") && table.contains("limits.memory: 512Mi/1Gi"),

@@ -71,6 +71,32 @@ async fn validating_plugins_deny_and_fail_by_their_policy() -> Result<()> {
         .unwrap_or_default()
         .to_owned();
     ensure!(digest.starts_with("sha256:"), "{obj}");
+    // The server wrote that status through its registry: its managedFields name the
+    // plugin host as the manager of `status`, on the status subresource.
+    let full: Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&[
+                "get",
+                "plugin",
+                "guard",
+                "-o",
+                "json",
+                "--show-managed-fields",
+            ])
+            .await?,
+    )?;
+    let managers = full["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        managers
+            .iter()
+            .any(|m| m["manager"] == "trellis-plugin-host"
+                && m["subresource"] == "status"
+                && m["fieldsV1"]["f:status"]["f:conditions"].is_object()),
+        "{full}"
+    );
 
     // kubectl shows the plugin's own message.
     let err = cluster

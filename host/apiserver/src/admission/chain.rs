@@ -55,6 +55,10 @@ pub trait Admission: Send + Sync + std::fmt::Debug {
     /// informers).
     fn init(&self, _store: &Arc<dyn Store>, _cache: &Arc<WatchCache>) {}
 
+    /// Called once the server's state exists (it holds the chain, so a step keeps it
+    /// weakly): for namespace selectors, the resources served, and status writes.
+    fn attach(&self, _cluster: &Arc<dyn super::Cluster>) {}
+
     /// Called after a write through the API succeeded: `verb` (`create`, `update`,
     /// `patch`, `delete`, `deletecollection`) of `resource` in `namespace`.
     async fn written(&self, _resource: &ResourceInfo, _verb: &str, _namespace: Option<&str>) {}
@@ -113,6 +117,13 @@ impl Chains {
     pub fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
         for step in &self.admission {
             step.init(store, cache);
+        }
+    }
+
+    /// Hands every step the server's state; see [`Admission::attach`].
+    pub fn attach(&self, cluster: &Arc<dyn super::Cluster>) {
+        for step in &self.admission {
+            step.attach(cluster);
         }
     }
 

@@ -25,6 +25,12 @@ pub mod serviceaccount;
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use trellis_api::ApiError;
+
+use crate::object::Object;
+
 pub use chain::{
     Admission, Attributes, Chains, Initializer, InitializerSource, check_pending_update, pending,
     set_pending,
@@ -44,3 +50,45 @@ pub fn builtin() -> Chains {
         initializer_sources: Vec::new(),
     }
 }
+
+/// What admission steps need of the server beyond the store: its watch cache, its
+/// resources, its namespaces, and a way to write the status of the objects they keep
+/// (quota usage, Plugin conditions). The server's state implements it; the steps
+/// depend on this rather than on the state, which holds them.
+#[async_trait]
+pub trait Cluster: Send + Sync + std::fmt::Debug {
+    fn cache(&self) -> &Arc<crate::storage::watch_cache::WatchCache>;
+    fn resource(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Result<trellis_api::registry::ResourceInfo, ApiError>;
+    fn namespaces(&self) -> &crate::storage::lister::Lister;
+    /// Writes the status `change` makes to `target` through the registry (see
+    /// `crate::registry::status`). `None`: the object is gone, or nothing changed.
+    async fn write_status(
+        &self,
+        target: &StatusTarget,
+        change: &mut StatusChange<'_>,
+    ) -> Result<Option<Object>, ApiError>;
+}
+
+/// The object whose status a server-internal writer changes.
+#[derive(Clone, Debug)]
+pub struct StatusTarget {
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    /// When set, an object of another uid (deleted and re-created) is left alone.
+    pub uid: Option<String>,
+    /// The field manager its managedFields entry is recorded under.
+    pub manager: &'static str,
+}
+
+/// Turns the stored object (first argument) into the status to write (second); an
+/// error stops the write and is returned.
+pub type StatusChange<'a> =
+    dyn FnMut(&Object, &mut Map<String, Value>) -> Result<(), ApiError> + Send + 'a;

@@ -39,8 +39,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::time::Instant;
 use trellis_api::ApiError;
 use trellis_api::quantity::Quantity;
@@ -48,9 +47,14 @@ use trellis_api::registry::ResourceInfo;
 use trellis_store::{ListRequest, Revision, Store};
 
 use crate::admission::chain::{Admission, Attributes};
-use crate::object::{Object, meta_str, remove_meta};
+use crate::admission::{Cluster, StatusTarget};
+use crate::object::{Object, meta_str};
 use crate::storage::lister::Lister;
 use crate::storage::watch_cache::{WatchCache, decode_stored};
+
+/// The field manager of the usage the server writes (Kubernetes' quota controller
+/// writes as `kube-controller-manager`).
+const MANAGER: &str = "resourcequota-controller";
 
 /// How long a charged create may take to appear in the store before its charge is
 /// dropped from recounts: longer than a create waits for its initializers.
@@ -73,6 +77,8 @@ struct Reservation {
 #[derive(Debug)]
 pub struct ResourceQuota {
     store: OnceLock<Arc<dyn Store>>,
+    /// Weak: the server's state holds the chain that holds this step.
+    cluster: OnceLock<std::sync::Weak<dyn Cluster>>,
     /// Whether a namespace has quotas at all; the charge itself reads the store.
     quotas: Lister,
     /// Per namespace: the lock that serializes its charges and recounts, and the
@@ -84,6 +90,7 @@ impl Default for ResourceQuota {
     fn default() -> Self {
         Self {
             store: OnceLock::new(),
+            cluster: OnceLock::new(),
             quotas: Lister::new("", "resourcequotas"),
             namespaces: Mutex::default(),
         }
@@ -430,33 +437,54 @@ impl ResourceQuota {
         Ok(used)
     }
 
-    /// Writes `status` of a quota when it differs; a conflict is left to the next
-    /// recount (someone else wrote it meanwhile).
+    /// Writes `status` of a quota when it differs, through the registry's status path
+    /// (validation, managedFields), and only over the version `rev` that was counted:
+    /// `false` when another writer came first (the caller counts again).
     async fn write_status(
-        store: &dyn Store,
-        mut quota: Object,
+        &self,
+        quota: Object,
         rev: Revision,
         hard: &Usage,
         used: &Usage,
     ) -> Result<bool, ApiError> {
-        let status = json!({"hard": to_json(hard), "used": to_json(used)});
-        if quota.get("status") == Some(&status) {
+        let status = Map::from_iter([
+            ("hard".to_owned(), to_json(hard)),
+            ("used".to_owned(), to_json(used)),
+        ]);
+        if quota.get("status").and_then(Value::as_object) == Some(&status) {
             return Ok(true);
         }
-        quota.insert("status".into(), status);
-        remove_meta(&mut quota, "resourceVersion");
-        let key = format!(
-            "{}{}",
-            quotas_prefix(meta_str(&quota, "namespace").unwrap_or_default()),
-            meta_str(&quota, "name").unwrap_or_default()
-        );
-        let body = Bytes::from(serde_json::to_vec(&quota).unwrap_or_default());
-        match store.update(&key, body, Some(rev)).await {
-            Ok(_) => Ok(true),
-            Err(trellis_store::Error::Conflict { .. } | trellis_store::Error::NotFound { .. }) => {
-                Ok(false)
+        let Some(cluster) = self.cluster.get().and_then(std::sync::Weak::upgrade) else {
+            return Err(ApiError::internal(
+                "the quota step is not attached to the server",
+            ));
+        };
+        let target = StatusTarget {
+            group: String::new(),
+            version: "v1".into(),
+            plural: "resourcequotas".into(),
+            namespace: meta_str(&quota, "namespace").map(str::to_owned),
+            name: meta_str(&quota, "name").unwrap_or_default().to_owned(),
+            uid: meta_str(&quota, "uid").map(str::to_owned),
+            manager: MANAGER,
+        };
+        let counted = rev.to_string();
+        let mut change = |stored: &Object, out: &mut Map<String, Value>| {
+            if meta_str(stored, "resourceVersion") != Some(counted.as_str()) {
+                return Err(ApiError::conflict(
+                    "",
+                    "resourcequotas",
+                    &target.name,
+                    ApiError::MODIFIED,
+                ));
             }
-            Err(e) => Err(store_failed(e)),
+            out.clone_from(&status);
+            Ok(())
+        };
+        match cluster.write_status(&target, &mut change).await {
+            Ok(written) => Ok(written.is_some()),
+            Err(e) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -482,7 +510,7 @@ impl ResourceQuota {
                 let hard = amounts(&quota, ("spec", "hard"));
                 let used =
                     Self::count(store.as_ref(), namespace, &quota, &mut reservations).await?;
-                all_written &= Self::write_status(store.as_ref(), quota, rev, &hard, &used).await?;
+                all_written &= self.write_status(quota, rev, &hard, &used).await?;
             }
             if all_written {
                 break;
@@ -648,7 +676,7 @@ impl ResourceQuota {
             }
             let mut all_written = true;
             for (quota, rev, hard, used) in charged {
-                if !Self::write_status(store.as_ref(), quota, rev, &hard, &used).await? {
+                if !self.write_status(quota, rev, &hard, &used).await? {
                     all_written = false;
                     break;
                 }
@@ -682,6 +710,10 @@ impl Admission for ResourceQuota {
     fn init(&self, store: &Arc<dyn Store>, cache: &Arc<WatchCache>) {
         let _ = self.store.set(store.clone());
         self.quotas.init(store, cache);
+    }
+
+    fn attach(&self, cluster: &Arc<dyn Cluster>) {
+        let _ = self.cluster.set(Arc::downgrade(cluster));
     }
 
     async fn validate(

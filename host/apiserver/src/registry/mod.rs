@@ -17,6 +17,8 @@
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
 //! - [`namespace`]: namespace deletion.
+//! - [`status`]: the status writes the server makes itself (quota usage, Plugin
+//!   conditions).
 
 pub mod apply;
 pub mod crd;
@@ -24,6 +26,7 @@ pub mod create;
 pub mod delete;
 pub mod get;
 pub mod namespace;
+pub mod status;
 pub mod subresources;
 pub mod typed;
 pub mod update;
@@ -191,6 +194,10 @@ where
         let (old, revision) = read(state, res, req.namespace.as_deref(), name).await?;
         let mut new = old.clone();
         change(&old, &mut new)?;
+        // Nothing to write: the stored object stands, as Kubernetes skips a no-op update.
+        if update::unchanged(&old, &new) {
+            return Ok(old);
+        }
         crate::object::remove_meta(&mut new, "resourceVersion");
         if req.dry_run {
             crate::object::set_meta(&mut new, "resourceVersion", revision.to_string());

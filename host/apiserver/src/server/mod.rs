@@ -221,12 +221,11 @@ pub async fn start(
             },
             store.clone(),
         );
-        let admission = Arc::new(PluginAdmission::new(manager.clone()));
-        chains.add(admission.clone());
+        chains.add(Arc::new(PluginAdmission::new(manager.clone())));
         chains
             .initializer_sources
             .push(Arc::new(PluginInitializers(manager.clone())));
-        (manager, admission)
+        manager
     });
     let state = AppState::new(crate::state::Parts {
         store,
@@ -243,13 +242,13 @@ pub async fn start(
         .bootstrap()
         .await
         .context("create the initial namespaces")?;
-    if let Some((manager, admission)) = plugins {
+    let cluster: Arc<dyn crate::admission::Cluster> = state.clone();
+    state.chains.attach(&cluster);
+    if let Some(manager) = plugins {
         state
             .install_plugin_crd()
             .await
             .context("install the Plugin resource")?;
-        let cluster: Arc<dyn crate::admission::plugins::Cluster> = state.clone();
-        admission.attach(&cluster);
         let _ = state.plugins.set(manager.clone());
         manager.start(cluster);
     }

@@ -39,11 +39,6 @@ impl PluginAdmission {
         }
     }
 
-    /// Gives the step the server's state, for namespace selectors.
-    pub fn attach(&self, state: &Arc<dyn Cluster>) {
-        let _ = self.state.set(Arc::downgrade(state));
-    }
-
     /// Whether `bound` judges this request: its rules, then its object and namespace
     /// selectors.
     async fn selects(
@@ -178,6 +173,10 @@ impl PluginAdmission {
 impl Admission for PluginAdmission {
     fn name(&self) -> &str {
         "Plugins"
+    }
+
+    fn attach(&self, state: &Arc<dyn Cluster>) {
+        let _ = self.state.set(Arc::downgrade(state));
     }
 
     async fn mutate(

@@ -26,7 +26,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
@@ -34,24 +33,14 @@ use tracing::{info, warn};
 use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind, Tier};
 use trellis_store::{ListRequest, Store};
 
+pub use crate::admission::Cluster;
 pub use glue::{PluginAdmission, PluginInitializers, StoreReader};
 use spec::{FailurePolicy, Parsed};
 
 use crate::object::{Object, now_timestamp};
 
-/// What the plugins need of the server: its watch cache, its resources, its
-/// namespaces. The server's state implements it; the plugins depend on this rather
-/// than on the state, which holds them.
-pub trait Cluster: Send + Sync + std::fmt::Debug {
-    fn cache(&self) -> &Arc<crate::storage::watch_cache::WatchCache>;
-    fn resource(
-        &self,
-        group: &str,
-        version: &str,
-        plural: &str,
-    ) -> Result<trellis_api::registry::ResourceInfo, trellis_api::ApiError>;
-    fn namespaces(&self) -> &crate::storage::lister::Lister;
-}
+/// The field manager of the statuses the plugin host writes.
+const MANAGER: &str = "trellis-plugin-host";
 
 /// How often the plugins directory is looked at.
 const DIR_POLL: Duration = Duration::from_millis(250);
@@ -98,6 +87,8 @@ pub struct PluginManager {
     host: OnceCell<Arc<PluginHost>>,
     active: RwLock<Arc<Active>>,
     store: Arc<dyn Store>,
+    /// Weak: the server's state holds this manager. Set by [`PluginManager::start`].
+    cluster: std::sync::OnceLock<std::sync::Weak<dyn Cluster>>,
     /// Loads compiling and starting their plugin at once: one per core, so that many
     /// plugins changing together (a server's start) do not share the cores and all
     /// finish late. Fetches are not counted: one that hangs must not hold up the rest.
@@ -153,10 +144,9 @@ struct Loads {
 
 /// A declaration, as one load takes it.
 enum Declared {
-    /// A Plugin object: the `key` it is stored at and its `metadata`, for the status.
+    /// A Plugin object: its `metadata`, for the status.
     Object {
         name: String,
-        key: String,
         meta: Value,
         spec: Value,
     },
@@ -180,10 +170,16 @@ impl PluginManager {
             host: OnceCell::new(),
             active: RwLock::new(Arc::new(Active::default())),
             store,
+            cluster: std::sync::OnceLock::new(),
             compiling: Semaphore::new(
                 std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
             ),
         })
+    }
+
+    /// The server's state, while it runs.
+    fn cluster(&self) -> Option<Arc<dyn Cluster>> {
+        self.cluster.get().and_then(std::sync::Weak::upgrade)
     }
 
     /// The plugins serving now.
@@ -226,6 +222,7 @@ impl PluginManager {
 
     /// Follows Plugin objects and the plugins directory until the server stops.
     pub fn start(self: &Arc<Self>, state: Arc<dyn Cluster>) {
+        let _ = self.cluster.set(Arc::downgrade(&state));
         let manager = self.clone();
         tokio::spawn(async move { manager.run(state).await });
     }
@@ -267,7 +264,7 @@ impl PluginManager {
                             self.sync_dir(&dir, &mut tracked, &mut loads, &reader).await;
                         }
                     }
-                    _ = status_tick.tick() => self.refresh_counters(&prefix, &mut tracked).await,
+                    _ = status_tick.tick() => self.refresh_counters(&mut tracked).await,
                 }
             }
             if !sub.lagged.load(std::sync::atomic::Ordering::Acquire) {
@@ -293,7 +290,7 @@ impl PluginManager {
             }
         };
         let mut seen = Vec::new();
-        for (key, obj) in objects {
+        for (_, obj) in objects {
             let meta = obj.get("metadata").cloned().unwrap_or_default();
             let name = meta["name"].as_str().unwrap_or_default().to_owned();
             if meta.get("deletionTimestamp").is_some() {
@@ -308,12 +305,7 @@ impl PluginManager {
             }
             entry.fingerprint = fingerprint;
             let spec = obj.get("spec").cloned().unwrap_or_default();
-            let declared = Declared::Object {
-                name,
-                key,
-                meta,
-                spec,
-            };
+            let declared = Declared::Object { name, meta, spec };
             self.start_load(loads, id, entry, declared, reader);
         }
         let gone: Vec<String> = tracked
@@ -433,9 +425,7 @@ impl PluginManager {
         entry.loading = None;
         let previous = entry.serving.clone();
         match done.declared {
-            Declared::Object {
-                name, key, meta, ..
-            } => {
+            Declared::Object { name, meta, .. } => {
                 let (result, serving) = match done.outcome {
                     Ok(bound) => (Ok(()), Some(bound)),
                     Err(failure) => {
@@ -450,7 +440,7 @@ impl PluginManager {
                     // for this generation gets the new version.
                     self.publish(tracked);
                 }
-                write_status(self.store.as_ref(), &key, &meta, result, serving.as_deref()).await;
+                write_status(self.cluster(), &meta, result, serving.as_deref()).await;
             }
             Declared::File { entry: file, .. } => match done.outcome {
                 Ok(bound) => {
@@ -536,7 +526,7 @@ impl PluginManager {
     }
 
     /// Copies changed call counters into the Plugin objects' statuses.
-    async fn refresh_counters(&self, prefix: &str, tracked: &mut HashMap<String, Tracked>) {
+    async fn refresh_counters(&self, tracked: &mut HashMap<String, Tracked>) {
         for (id, entry) in tracked.iter_mut() {
             let Some(name) = id.strip_prefix("object/") else {
                 continue;
@@ -549,8 +539,7 @@ impl PluginManager {
                 continue;
             }
             entry.reported = Some(now);
-            let key = format!("{prefix}{name}");
-            let _ = update_status(self.store.as_ref(), &key, None, |status| {
+            let _ = update_status(self.cluster(), name, None, |status| {
                 set_counters(status, &serving.plugin);
             })
             .await;
@@ -605,8 +594,7 @@ async fn list_all(store: &dyn Store, prefix: &str) -> anyhow::Result<Vec<(String
 /// Records a load's outcome in the Plugin's status: the `Loaded` condition, the
 /// digest serving and its counters.
 async fn write_status(
-    store: &dyn Store,
-    key: &str,
+    cluster: Option<Arc<dyn Cluster>>,
     meta: &Value,
     result: Result<(), (&'static str, String)>,
     serving: Option<&Bound>,
@@ -630,7 +618,8 @@ async fn write_status(
         (Ok(()), None) => ("False", "NotLoaded".to_owned(), String::new()),
     };
     let uid = meta["uid"].as_str().map(str::to_owned);
-    let written = update_status(store, key, uid.as_deref(), |s| {
+    let name = meta["name"].as_str().unwrap_or_default();
+    let written = update_status(cluster, name, uid.as_deref(), |s| {
         let previous = s
             .get("conditions")
             .and_then(Value::as_array)
@@ -664,42 +653,37 @@ async fn write_status(
     })
     .await;
     if let Err(e) = written {
-        warn!(key, error = %e, "writing a Plugin status failed");
+        warn!(plugin = name, error = %e, "writing a Plugin status failed");
     }
 }
 
-/// Read-modify-write of an object's status straight in the store (the server's own
-/// write, like a controller's status update), retried on conflicts.
+/// Writes a Plugin's status through the registry's status path (the server's own
+/// write, as a controller's status update).
 async fn update_status(
-    store: &dyn Store,
-    key: &str,
+    cluster: Option<Arc<dyn Cluster>>,
+    name: &str,
     uid: Option<&str>,
-    change: impl Fn(&mut serde_json::Map<String, Value>),
+    mut change: impl FnMut(&mut serde_json::Map<String, Value>) + Send,
 ) -> anyhow::Result<()> {
-    for _ in 0..5 {
-        let Some(kv) = store.get(key).await? else {
-            return Ok(());
-        };
-        let mut obj: Object = serde_json::from_slice(&kv.value)?;
-        if uid.is_some_and(|u| obj["metadata"]["uid"].as_str() != Some(u)) {
-            return Ok(());
-        }
-        let mut status = obj
-            .get("status")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        change(&mut status);
-        obj.insert("status".into(), Value::Object(status));
-        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("resourceVersion");
-        }
-        let bytes = Bytes::from(serde_json::to_vec(&obj)?);
-        match store.update(key, bytes, Some(kv.mod_revision)).await {
-            Ok(_) => return Ok(()),
-            Err(trellis_store::Error::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    anyhow::bail!("kept conflicting with other writers")
+    let Some(cluster) = cluster else {
+        // The server is stopping.
+        return Ok(());
+    };
+    let target = crate::admission::StatusTarget {
+        group: spec::GROUP.into(),
+        version: spec::VERSION.into(),
+        plural: spec::PLURAL.into(),
+        namespace: None,
+        name: name.to_owned(),
+        uid: uid.map(str::to_owned),
+        manager: MANAGER,
+    };
+    cluster
+        .write_status(&target, &mut |_, status| {
+            change(status);
+            Ok(())
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!(e.message))
 }

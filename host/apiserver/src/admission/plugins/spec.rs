@@ -12,6 +12,7 @@ use trellis_plugin_host::{PluginKind, PluginSpec};
 
 pub const GROUP: &str = "trellis.dev";
 pub const PLURAL: &str = "plugins";
+pub const VERSION: &str = "v1";
 
 /// Longest deadline a plugin may ask for: a request waits for every plugin.
 const MAX_TIMEOUT_MS: u64 = 30_000;
