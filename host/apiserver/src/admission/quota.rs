@@ -762,6 +762,7 @@ impl Admission for ResourceQuota {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn q(s: &str) -> Quantity {
         Quantity::parse(s).unwrap()
