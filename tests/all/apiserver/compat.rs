@@ -389,7 +389,23 @@ async fn delete_waits_until_the_finalizer_is_removed() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     ensure!(marked, "the config map was never marked for deletion");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // kubectl waits on a watch of the object: once it is open, kubectl has seen the
+    // object still there and must still be waiting.
+    let mut watching = false;
+    for _ in 0..100 {
+        let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+        let open = String::from_utf8_lossy(&metrics.body)
+            .lines()
+            .find_map(|l| l.strip_prefix("apiserver_watch_cache_watchers "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_default();
+        if open >= 1.0 {
+            watching = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(watching, "kubectl never watched the object it deletes");
     ensure!(
         !delete.is_finished(),
         "kubectl delete returned before the finalizer went"
