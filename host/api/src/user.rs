@@ -11,6 +11,13 @@ pub struct UserInfo {
     pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
+/// The identity a request carries before any header is read, as a request extension:
+/// what a connection's verified client certificate proves, or the component an
+/// in-process client was made for. Extensions never cross the wire, so a remote
+/// client can only get one from its certificate.
+#[derive(Clone, Debug, Default)]
+pub struct Peer(pub Option<UserInfo>);
+
 impl UserInfo {
     pub fn new(
         name: impl Into<String>,

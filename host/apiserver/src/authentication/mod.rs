@@ -16,9 +16,7 @@ use trellis_api::{ApiError, UserInfo};
 
 use crate::state::AppState;
 
-/// The identity a connection's verified client certificate proves, if any.
-#[derive(Clone, Debug, Default)]
-pub struct Peer(pub Option<UserInfo>);
+pub use trellis_api::user::Peer;
 
 /// Who is asking: a verified client certificate, else a bearer token; anonymous
 /// requests are refused.

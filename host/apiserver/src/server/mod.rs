@@ -104,6 +104,11 @@ pub struct Server {
     /// The admin's bearer token (from `DATA_DIR/tokens.csv`).
     pub admin_token: String,
     pub ca_pem: String,
+    /// The API as a tower service, for in-process clients (`trellis-client`): a
+    /// request goes through authentication, authorization, admission and the watch
+    /// cache as a remote one does, with the identity its
+    /// [`Peer`](trellis_api::user::Peer) extension carries instead of a certificate.
+    pub in_process: axum::Router,
     stop: watch::Sender<bool>,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -255,6 +260,7 @@ pub async fn start(
     crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
     let stalled = state.metrics.stalled_connections.clone();
     let app = router(state);
+    let in_process = app.clone();
     let acceptor = TlsAcceptor::from(tls_config);
     let grace = config.shutdown_grace;
     info!(%url, kubeconfig = %kubeconfig_path.display(), "API server ready");
@@ -320,6 +326,7 @@ pub async fn start(
         kubeconfig: kubeconfig_path,
         admin_token,
         ca_pem: pki.ca_pem().to_owned(),
+        in_process,
         stop,
         task,
     })

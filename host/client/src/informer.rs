@@ -1,0 +1,468 @@
+//! Shared informers: one list+watch per (resource, namespace, selectors) per process,
+//! whatever the number of components reading it, as client-go's
+//! `SharedInformerFactory`. kube-runtime's [`watcher`] does the listing and watching
+//! (relists with backoff after 410 Gone and watch errors, bookmarks on); this module
+//! keeps the indexed store and hands each change to every subscriber.
+//!
+//! - [`SharedInformers::informer`] returns the process's informer for an
+//!   [`Api`] and a [`watcher::Config`], starting it on first use.
+//! - [`Informer::get`], [`Informer::list`] and [`Informer::by_index`] read its store;
+//!   indexes by namespace, label (`key=value`) and owner UID are built in, others
+//!   (a pod's `spec.nodeName`, see [`pod_node_name`]) are added with
+//!   [`Informer::add_index`].
+//! - [`Informer::subscribe`] gives a stream of [`Change`]s: first an `Added` for each
+//!   object already cached, then every change in order. A relist turns into the
+//!   adds, updates and deletes that bring the store to the new list.
+//! - [`Informer::has_synced`] / [`Informer::wait_synced`]: the first list is in.
+
+use std::any::{Any, TypeId};
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
+use tracing::warn;
+
+/// A change of one object, as an informer's subscribers see it.
+#[derive(Debug)]
+pub enum Change<K> {
+    Added(Arc<K>),
+    Updated { old: Arc<K>, new: Arc<K> },
+    Deleted(Arc<K>),
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Added(k) => Self::Added(k.clone()),
+            Self::Updated { old, new } => Self::Updated {
+                old: old.clone(),
+                new: new.clone(),
+            },
+            Self::Deleted(k) => Self::Deleted(k.clone()),
+        }
+    }
+}
+
+impl<K> Change<K> {
+    /// The object as it is now (as it last was, for a delete).
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            Self::Added(k) | Self::Deleted(k) | Self::Updated { new: k, .. } => k,
+        }
+    }
+}
+
+/// Index values of an object (the label index: `key=value` for each label).
+pub type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+
+/// The built-in index of namespaces.
+pub const BY_NAMESPACE: &str = "namespace";
+/// The built-in index of labels, by `key=value`.
+pub const BY_LABEL: &str = "label";
+/// The built-in index of owners, by the UIDs in `ownerReferences`.
+pub const BY_OWNER: &str = "owner";
+/// The index [`pod_node_name`] builds.
+pub const BY_NODE_NAME: &str = "spec.nodeName";
+
+/// An index of pods by `spec.nodeName` (unscheduled pods under `""`).
+pub fn pod_node_name() -> IndexFn<Pod> {
+    Arc::new(|pod: &Pod| {
+        vec![
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default(),
+        ]
+    })
+}
+
+/// The key of an object in a store: `namespace/name`, or `name` when cluster-scoped.
+pub fn key_of<K: Resource>(obj: &K) -> String {
+    match obj.meta().namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{}", obj.name_any()),
+        _ => obj.name_any(),
+    }
+}
+
+struct Store<K> {
+    items: HashMap<String, Arc<K>>,
+    indexers: HashMap<String, IndexFn<K>>,
+    /// Per index: value → keys.
+    indices: HashMap<String, HashMap<String, HashSet<String>>>,
+}
+
+impl<K: Resource> Store<K> {
+    fn new() -> Self {
+        let mut indexers: HashMap<String, IndexFn<K>> = HashMap::new();
+        indexers.insert(
+            BY_NAMESPACE.into(),
+            Arc::new(|o: &K| o.meta().namespace.clone().into_iter().collect()),
+        );
+        indexers.insert(
+            BY_LABEL.into(),
+            Arc::new(|o: &K| o.labels().iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        );
+        indexers.insert(
+            BY_OWNER.into(),
+            Arc::new(|o: &K| o.owner_references().iter().map(|r| r.uid.clone()).collect()),
+        );
+        Self {
+            items: HashMap::new(),
+            indices: indexers
+                .keys()
+                .map(|k| (k.clone(), HashMap::new()))
+                .collect(),
+            indexers,
+        }
+    }
+
+    fn index(&mut self, key: &str, obj: &K) {
+        for (name, indexer) in &self.indexers {
+            let index = self.indices.entry(name.clone()).or_default();
+            for value in indexer(obj) {
+                index.entry(value).or_default().insert(key.to_owned());
+            }
+        }
+    }
+
+    fn unindex(&mut self, key: &str, obj: &K) {
+        for (name, indexer) in &self.indexers {
+            let Some(index) = self.indices.get_mut(name) else {
+                continue;
+            };
+            for value in indexer(obj) {
+                if let Some(keys) = index.get_mut(&value) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        index.remove(&value);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores `obj`; returns the object it replaced.
+    fn put(&mut self, obj: Arc<K>) -> Option<Arc<K>> {
+        let key = key_of(obj.as_ref());
+        let old = self.items.insert(key.clone(), obj.clone());
+        if let Some(old) = &old {
+            self.unindex(&key, old);
+        }
+        self.index(&key, &obj);
+        old
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Arc<K>> {
+        let old = self.items.remove(key)?;
+        self.unindex(key, &old);
+        Some(old)
+    }
+}
+
+/// One shared informer: the store of a resource's objects, kept current by one
+/// list+watch.
+pub struct Informer<K> {
+    /// What it watches, for logs.
+    what: String,
+    store: RwLock<Store<K>>,
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Change<K>>>>,
+    synced: watch::Sender<bool>,
+    /// Watch errors so far (each followed by a relist or a resumed watch).
+    errors: AtomicU64,
+    /// Lists and relists so far.
+    lists: AtomicU64,
+    task: Mutex<Option<AbortHandle>>,
+}
+
+impl<K> Debug for Informer<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Informer")
+            .field("what", &self.what)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Drop for Informer<K> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+impl<K> Informer<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn new(what: String) -> Self {
+        Self {
+            what,
+            store: RwLock::new(Store::new()),
+            subscribers: Mutex::new(Vec::new()),
+            synced: watch::channel(false).0,
+            errors: AtomicU64::new(0),
+            lists: AtomicU64::new(0),
+            task: Mutex::new(None),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Store<K>> {
+        self.store.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the first list is in the store.
+    pub fn has_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Waits until the first list is in the store.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// The object at `key` (`namespace/name`, or `name`).
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.read().items.get(key).cloned()
+    }
+
+    /// Every object cached.
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.read().items.values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The objects whose index `index` has `value`.
+    pub fn by_index(&self, index: &str, value: &str) -> Vec<Arc<K>> {
+        let store = self.read();
+        store
+            .indices
+            .get(index)
+            .and_then(|i| i.get(value))
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| store.items.get(k).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Adds (or replaces) index `name`, computed over what is cached now.
+    pub fn add_index(&self, name: &str, indexer: IndexFn<K>) {
+        let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
+        let mut index: HashMap<String, HashSet<String>> = HashMap::new();
+        for (key, obj) in &store.items {
+            for value in indexer(obj) {
+                index.entry(value).or_default().insert(key.clone());
+            }
+        }
+        store.indices.insert(name.to_owned(), index);
+        store.indexers.insert(name.to_owned(), indexer);
+    }
+
+    /// Every change from now on, after an `Added` for each object already cached.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Change<K>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Under the store's lock: no change can slip between the replay and the
+        // subscription.
+        let store = self.read();
+        for obj in store.items.values() {
+            let _ = tx.send(Change::Added(obj.clone()));
+        }
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tx);
+        drop(store);
+        rx
+    }
+
+    /// How many lists (the first and every relist) the informer has made.
+    pub fn lists(&self) -> u64 {
+        self.lists.load(Ordering::Relaxed)
+    }
+
+    /// How many watch or list errors it has recovered from.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self, changes: Vec<Change<K>>) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut subscribers = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        subscribers.retain(|tx| changes.iter().all(|c| tx.send(c.clone()).is_ok()));
+    }
+
+    fn apply(&self, obj: K) {
+        let obj = Arc::new(obj);
+        let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
+        let change = match store.put(obj.clone()) {
+            Some(old) => Change::Updated { old, new: obj },
+            None => Change::Added(obj),
+        };
+        self.publish(vec![change]);
+    }
+
+    fn delete(&self, obj: K) {
+        let key = key_of(&obj);
+        let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
+        let last = store.remove(&key).unwrap_or_else(|| Arc::new(obj));
+        self.publish(vec![Change::Deleted(last)]);
+    }
+
+    /// Replaces the store by a complete list: what is gone is deleted, what changed
+    /// (by resourceVersion) updated, what is new added.
+    fn replace(&self, listed: Vec<K>) {
+        let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
+        let mut changes = Vec::new();
+        let mut seen = HashSet::with_capacity(listed.len());
+        for obj in listed {
+            let key = key_of(&obj);
+            seen.insert(key.clone());
+            let unchanged = store.items.get(&key).is_some_and(|old| {
+                old.meta().resource_version.is_some()
+                    && old.meta().resource_version == obj.meta().resource_version
+            });
+            if unchanged {
+                continue;
+            }
+            let obj = Arc::new(obj);
+            changes.push(match store.put(obj.clone()) {
+                Some(old) => Change::Updated { old, new: obj },
+                None => Change::Added(obj),
+            });
+        }
+        let gone: Vec<String> = store
+            .items
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(old) = store.remove(&key) {
+                changes.push(Change::Deleted(old));
+            }
+        }
+        self.publish(changes);
+        drop(store);
+        self.lists.fetch_add(1, Ordering::Relaxed);
+        self.synced.send_replace(true);
+    }
+
+    fn start(self: &Arc<Self>, api: Api<K>, config: watcher::Config) {
+        let weak = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let mut stream = watcher(api, config).default_backoff().boxed();
+            let mut listing: Option<Vec<K>> = None;
+            while let Some(event) = stream.next().await {
+                let Some(informer) = weak.upgrade() else {
+                    return;
+                };
+                match event {
+                    Ok(watcher::Event::Init) => listing = Some(Vec::new()),
+                    Ok(watcher::Event::InitApply(obj)) => match &mut listing {
+                        Some(list) => list.push(obj),
+                        None => informer.apply(obj),
+                    },
+                    Ok(watcher::Event::InitDone) => {
+                        informer.replace(listing.take().unwrap_or_default());
+                    }
+                    Ok(watcher::Event::Apply(obj)) => informer.apply(obj),
+                    Ok(watcher::Event::Delete(obj)) => informer.delete(obj),
+                    Err(e) => {
+                        informer.errors.fetch_add(1, Ordering::Relaxed);
+                        warn!(informer = %informer.what, error = %e, "watch failed; retrying with backoff");
+                    }
+                }
+            }
+        });
+        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+    }
+}
+
+/// The informers of one process, shared by every component in it.
+#[derive(Clone, Debug, Default)]
+pub struct SharedInformers {
+    informers: Arc<Mutex<HashMap<InformerKey, Arc<dyn Any + Send + Sync>>>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct InformerKey {
+    kind: TypeId,
+    url: String,
+    labels: Option<String>,
+    fields: Option<String>,
+}
+
+impl SharedInformers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The informer of `api`'s resource (all namespaces, or the one `api` is for) with
+    /// `config`'s selectors: the one already running in this process, or a new one,
+    /// started now. The client `api` was made with is the one a new informer lists
+    /// and watches with.
+    pub fn informer<K>(&self, api: Api<K>, config: watcher::Config) -> Arc<Informer<K>>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let key = InformerKey {
+            kind: TypeId::of::<K>(),
+            url: api.resource_url().to_owned(),
+            labels: config.label_selector.clone(),
+            fields: config.field_selector.clone(),
+        };
+        let mut informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = informers
+            .get(&key)
+            .and_then(|i| i.clone().downcast::<Informer<K>>().ok())
+        {
+            return existing;
+        }
+        let informer = Arc::new(Informer::new(format!(
+            "{}{}{}",
+            key.url,
+            key.labels
+                .as_deref()
+                .map(|l| format!(" labels={l}"))
+                .unwrap_or_default(),
+            key.fields
+                .as_deref()
+                .map(|f| format!(" fields={f}"))
+                .unwrap_or_default(),
+        )));
+        informer.start(api, config);
+        informers.insert(key, informer.clone());
+        informer
+    }
+
+    /// How many informers (hence watches) the process runs.
+    pub fn len(&self) -> usize {
+        self.informers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
