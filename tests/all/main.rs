@@ -4,11 +4,14 @@
 //! - `apiserver`: the API server end to end, driven by the real kubectl (tables,
 //!   apply, selectors, conflicts, validation, finalizers, namespaces, watch, paging,
 //!   the status subresource, authentication and authorization).
+//! - `client`: `trellis-client` (kube-rs) against the server, remote and in-process:
+//!   the verbs, identities held to their roles, shared informers.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
 
 mod apiserver;
+mod client;
 mod plugins;
 mod store;

@@ -296,6 +296,21 @@ impl TestCluster {
         TestClusterBuilder::default()
     }
 
+    /// The API server's router, for in-process clients.
+    pub fn in_process(&self) -> trellis_client::InProcess {
+        trellis_client::InProcess::new(
+            self.server
+                .as_ref()
+                .map(|s| s.in_process.clone())
+                .unwrap_or_else(axum::Router::new),
+        )
+    }
+
+    /// A kube-rs client as the admin, over HTTPS through `admin.kubeconfig`.
+    pub async fn kube_admin(&self) -> anyhow::Result<kube::Client> {
+        trellis_client::remote(&self.data_dir.join("admin.kubeconfig")).await
+    }
+
     /// kubectl as the admin, through `admin.kubeconfig` (its client certificate).
     /// The embedded store's file.
     pub fn store_path(&self) -> PathBuf {

@@ -40,10 +40,10 @@ pub async fn remote(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
 
 /// A client for `config`'s cluster, over HTTP/2 when the server negotiates it.
 pub fn remote_with(config: kube::Config) -> anyhow::Result<kube::Client> {
-    let mut tls = config
+    // The connector offers h2 and http/1.1 by ALPN itself.
+    let tls = config
         .rustls_client_config()
         .context("build the TLS configuration")?;
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -55,6 +55,7 @@ pub fn remote_with(config: kube::Config) -> anyhow::Result<kube::Client> {
         .wrap_connector(http);
     let hyper: hyper_util::client::legacy::Client<_, kube::client::Body> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
             // Pings keep an idle connection's watches alive through middleboxes and
             // find a dead server without waiting for TCP.
             .http2_keep_alive_interval(Duration::from_secs(30))

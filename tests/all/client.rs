@@ -1,0 +1,300 @@
+//! `trellis-client` against a real server: kube-rs drives every verb over both
+//! transports, components are held to their roles, and informers are shared.
+//! One server for the module; each part works in a namespace of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use trellis_api::UserInfo;
+use trellis_client::identity;
+use trellis_client::informer::{self, Change, SharedInformers};
+use trellis_tests::TestCluster;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_rs_against_trellis() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let remote = cluster.kube_admin().await?;
+    let in_process = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    verbs(&remote, "kube-remote")
+        .await
+        .context("the verbs, remote")?;
+    verbs(&in_process, "kube-in-process")
+        .await
+        .context("the verbs, in-process")?;
+    identities(&cluster).await.context("identities")?;
+    shared_informers(&cluster, &in_process)
+        .await
+        .context("shared informers")?;
+    Ok(())
+}
+
+async fn namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    namespaces.create(&PostParams::default(), &ns).await?;
+    Ok(())
+}
+
+fn deployment(name: &str) -> Result<Deployment> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "web", "image": "web:1"}]}
+            }
+        }
+    }))?)
+}
+
+/// Create, get, list by label, the three patch types, server-side apply, the status
+/// subresource and delete, through `client`.
+async fn verbs(client: &kube::Client, ns: &str) -> Result<()> {
+    namespace(client, ns).await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "one", "labels": {"tier": "a"}}, "data": {"k": "v"}
+    }))?;
+    let created = maps.create(&PostParams::default(), &cm).await?;
+    ensure!(created.metadata.uid.is_some() && created.metadata.resource_version.is_some());
+    let listed = maps.list(&ListParams::default().labels("tier=a")).await?;
+    ensure!(listed.items.len() == 1, "{:?}", listed.items);
+    ensure!(
+        maps.list(&ListParams::default().labels("tier=b"))
+            .await?
+            .items
+            .is_empty()
+    );
+    let merged = maps
+        .patch(
+            "one",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"m": "1"}})),
+        )
+        .await?;
+    ensure!(
+        merged
+            .data
+            .as_ref()
+            .and_then(|d| d.get("m"))
+            .map(String::as_str)
+            == Some("1")
+    );
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    deployments
+        .create(&PostParams::default(), &deployment("web")?)
+        .await?;
+    // A strategic merge patch merges containers by name; a new one goes first, as
+    // Kubernetes orders it.
+    let patched = deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": "sidecar", "image": "side:1"}
+            ]}}}})),
+        )
+        .await?;
+    let containers = patched
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|s| {
+            s.containers
+                .iter()
+                .map(|c| c.name.clone())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    ensure!(containers == ["sidecar", "web"], "{containers:?}");
+    // Server-side apply takes `replicas` from its creator by force; another manager's
+    // apply then conflicts.
+    let apply = PatchParams::apply("tests-apply").force();
+    let applied = deployments
+        .patch(
+            "web",
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web"}, "spec": {"replicas": 3}
+            })),
+        )
+        .await?;
+    ensure!(applied.spec.as_ref().and_then(|s| s.replicas) == Some(3));
+    let conflict = deployments
+        .patch(
+            "web",
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web"}, "spec": {"replicas": 5}
+            })),
+        )
+        .await;
+    ensure!(
+        matches!(&conflict, Err(kube::Error::Api(s)) if s.code == 409),
+        "{conflict:?}"
+    );
+    // The status subresource changes status only.
+    let status = deployments
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"observedGeneration": 7, "replicas": 2},
+                                 "spec": {"replicas": 9}})),
+        )
+        .await?;
+    ensure!(status.status.as_ref().and_then(|s| s.replicas) == Some(2));
+    ensure!(status.spec.as_ref().and_then(|s| s.replicas) == Some(3));
+
+    maps.delete("one", &DeleteParams::default()).await?;
+    let gone = maps.get_opt("one").await?;
+    ensure!(gone.is_none(), "{gone:?}");
+    Ok(())
+}
+
+/// In-process components are held to their roles; a remote request cannot claim an
+/// identity by headers.
+async fn identities(cluster: &TestCluster) -> Result<()> {
+    let scheduler = cluster.in_process().client(identity::scheduler());
+    let pods: Api<Pod> = Api::namespaced(scheduler.clone(), "default");
+    pods.list(&ListParams::default())
+        .await
+        .context("the scheduler lists pods")?;
+    let maps: Api<ConfigMap> = Api::namespaced(scheduler, "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "nope"}}))?;
+    let denied = maps.create(&PostParams::default(), &cm).await;
+    ensure!(
+        matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403
+            && s.message.contains("system:kube-scheduler")),
+        "{denied:?}"
+    );
+    let node = cluster.in_process().client(identity::node("n1"));
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(node, "default");
+    let denied = secrets.list(&ListParams::default()).await;
+    ensure!(
+        matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403),
+        "{denied:?}"
+    );
+
+    // Headers that front proxies use to pass identities are not trusted.
+    let raw = cluster
+        .raw_http1(
+            b"GET /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: x\r\n\
+              X-Remote-User: system:kube-scheduler\r\nX-Remote-Group: system:masters\r\n\
+              Connection: close\r\n\r\n",
+        )
+        .await?;
+    let head = String::from_utf8_lossy(&raw);
+    ensure!(head.starts_with("HTTP/1.1 401"), "{head}");
+    Ok(())
+}
+
+/// Waits for the next change of a subscription.
+async fn next<K>(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Change<K>>) -> Result<Change<K>> {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .context("no change within 10 s")?
+        .context("the informer stopped")
+}
+
+async fn open_watches(cluster: &TestCluster) -> Result<f64> {
+    let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
+    Ok(String::from_utf8_lossy(&metrics.body)
+        .lines()
+        .find_map(|l| l.strip_prefix("apiserver_watch_cache_watchers "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_default())
+}
+
+async fn shared_informers(cluster: &TestCluster, client: &kube::Client) -> Result<()> {
+    let ns = "informers";
+    namespace(client, ns).await?;
+    let before = open_watches(cluster).await?;
+    let factory = SharedInformers::new();
+    let config = || watcher::Config::default().labels("app=x");
+    let first = factory.informer::<ConfigMap>(Api::namespaced(client.clone(), ns), config());
+    let second = factory.informer::<ConfigMap>(Api::namespaced(client.clone(), ns), config());
+    ensure!(Arc::ptr_eq(&first, &second), "two informers for one key");
+    ensure!(factory.len() == 1);
+    first.wait_synced().await;
+    ensure!(second.has_synced() && first.is_empty());
+    // One watch on the server for both consumers.
+    let mut watching = open_watches(cluster).await?;
+    for _ in 0..100 {
+        if watching > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        watching = open_watches(cluster).await?;
+    }
+    ensure!(watching == before + 1.0, "{before} → {watching} watches");
+
+    let mut a = first.subscribe();
+    let mut b = second.subscribe();
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm = |v: &str| -> Result<ConfigMap> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": "c", "labels": {"app": "x"}}, "data": {"v": v}
+        }))?)
+    };
+    maps.create(&PostParams::default(), &cm("1")?).await?;
+    maps.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "2"}})),
+    )
+    .await?;
+    // Outside the selector: never seen.
+    let other: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "other"}}))?;
+    maps.create(&PostParams::default(), &other).await?;
+    maps.delete("c", &DeleteParams::default()).await?;
+    for rx in [&mut a, &mut b] {
+        let added = next(rx).await?;
+        ensure!(matches!(&added, Change::Added(c) if c.data.as_ref().unwrap()["v"] == "1"));
+        let updated = next(rx).await?;
+        ensure!(matches!(&updated, Change::Updated { old, new }
+                if old.data.as_ref().unwrap()["v"] == "1" && new.data.as_ref().unwrap()["v"] == "2"));
+        ensure!(matches!(next(rx).await?, Change::Deleted(_)));
+    }
+    ensure!(first.get(&format!("{ns}/other")).is_none() && first.is_empty());
+
+    // Indexes: by label (built in) and by node name (added).
+    let pods = factory.informer::<Pod>(
+        Api::namespaced(client.clone(), ns),
+        watcher::Config::default(),
+    );
+    pods.add_index(informer::BY_NODE_NAME, informer::pod_node_name());
+    pods.wait_synced().await;
+    let mut changes = pods.subscribe();
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for (name, node) in [("p1", "n1"), ("p2", "n2"), ("p3", "n1")] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"role": node}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}
+        }))?;
+        api.create(&PostParams::default(), &pod).await?;
+        next(&mut changes).await?;
+    }
+    let mut on_n1: Vec<String> = pods
+        .by_index(informer::BY_NODE_NAME, "n1")
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    on_n1.sort();
+    ensure!(on_n1 == ["p1", "p3"], "{on_n1:?}");
+    ensure!(pods.by_index(informer::BY_LABEL, "role=n2").len() == 1);
+    ensure!(pods.by_index(informer::BY_NAMESPACE, ns).len() == 3);
+    Ok(())
+}
