@@ -260,12 +260,13 @@ async fn shared_informers(cluster: &TestCluster, client: &kube::Client) -> Resul
     let other: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "other"}}))?;
     maps.create(&PostParams::default(), &other).await?;
     maps.delete("c", &DeleteParams::default()).await?;
+    let v = |c: &ConfigMap| c.data.as_ref().and_then(|d| d.get("v")).cloned();
     for rx in [&mut a, &mut b] {
         let added = next(rx).await?;
-        ensure!(matches!(&added, Change::Added(c) if c.data.as_ref().unwrap()["v"] == "1"));
+        ensure!(matches!(&added, Change::Added(c) if v(c).as_deref() == Some("1")));
         let updated = next(rx).await?;
         ensure!(matches!(&updated, Change::Updated { old, new }
-                if old.data.as_ref().unwrap()["v"] == "1" && new.data.as_ref().unwrap()["v"] == "2"));
+                if v(old).as_deref() == Some("1") && v(new).as_deref() == Some("2")));
         ensure!(matches!(next(rx).await?, Change::Deleted(_)));
     }
     ensure!(first.get(&format!("{ns}/other")).is_none() && first.is_empty());

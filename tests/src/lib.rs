@@ -302,7 +302,7 @@ impl TestCluster {
             self.server
                 .as_ref()
                 .map(|s| s.in_process.clone())
-                .unwrap_or_else(axum::Router::new),
+                .unwrap_or_default(),
         )
     }
 
