@@ -541,7 +541,7 @@ pub(crate) struct LocalCluster {
 }
 
 impl LocalCluster {
-    async fn start() -> anyhow::Result<Self> {
+    pub(crate) async fn start() -> anyhow::Result<Self> {
         Self::start_with(|_| Ok(())).await
     }
 

@@ -11,9 +11,11 @@
 //! - [`compaction`]: the longest write stall compaction causes.
 //! - [`api`]: API request throughput and latency over HTTPS.
 //! - [`reload`]: how soon a changed plugin serves.
+//! - [`informer`]: a shared informer's sync, memory and fan-out, remote and in-process.
 
 pub(crate) mod api;
 mod compaction;
+mod informer;
 mod reload;
 mod store;
 mod watch;
@@ -53,6 +55,8 @@ enum BenchCommand {
     Admission(api::AdmissionArgs),
     /// Time from a plugin change to the first request the new version judges.
     PluginReload(reload::PluginReloadArgs),
+    /// A shared informer of many pods: sync time, memory per object, change fan-out.
+    Informer(informer::InformerArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -69,6 +73,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::PluginReload(args) => reload::run(args)
             .await
             .context("run the plugin reload benchmark"),
+        BenchCommand::Informer(args) => informer::run(args)
+            .await
+            .context("run the informer benchmark"),
     }
 }
 
