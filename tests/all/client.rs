@@ -1,5 +1,6 @@
 //! `trellis-client` against a real server: kube-rs drives every verb over both
-//! transports, components are held to their roles, and informers are shared.
+//! transports, components are held to their roles, informers are shared, one of
+//! several candidates leads, and events are aggregated and limited.
 //! One server for the module; each part works in a namespace of its own.
 
 use std::sync::Arc;
@@ -33,6 +34,8 @@ async fn kube_rs_against_trellis() -> Result<()> {
     shared_informers(&cluster, &in_process)
         .await
         .context("shared informers")?;
+    leader_election(&cluster).await.context("leader election")?;
+    events(&cluster, &in_process).await.context("events")?;
     Ok(())
 }
 
@@ -297,5 +300,157 @@ async fn shared_informers(cluster: &TestCluster, client: &kube::Client) -> Resul
     ensure!(on_n1 == ["p1", "p3"], "{on_n1:?}");
     ensure!(pods.by_index(informer::BY_LABEL, "role=n2").len() == 1);
     ensure!(pods.by_index(informer::BY_NAMESPACE, ns).len() == 3);
+    Ok(())
+}
+
+/// Two candidates for one Lease: one leads, the other takes over only once the
+/// leader's lease has run out, and never both at once; a leader that finishes hands
+/// the lease back at once.
+async fn leader_election(cluster: &TestCluster) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use trellis_client::leader::{LeaderConfig, LeaderElector, Outcome};
+
+    let config = LeaderConfig {
+        lease_duration: Duration::from_secs(2),
+        renew_deadline: Duration::from_millis(1_500),
+        retry_period: Duration::from_millis(200),
+    };
+    let client = cluster.in_process().client(identity::controller_manager());
+    let elector = |id: &str| LeaderElector::new(client.clone(), "kube-system", "loops", id, config);
+    let leading = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let leader: Arc<std::sync::Mutex<String>> = Arc::default();
+    // The work of a leader: counts itself while it runs; `until` ends it.
+    let work = |id: &'static str, until: tokio::sync::oneshot::Receiver<()>| {
+        let (leading, most, leader) = (leading.clone(), most.clone(), leader.clone());
+        move || async move {
+            struct Leading(Arc<AtomicUsize>);
+            impl Drop for Leading {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            let now = leading.fetch_add(1, Ordering::SeqCst) + 1;
+            let _leading = Leading(leading.clone());
+            most.fetch_max(now, Ordering::SeqCst);
+            *leader.lock().unwrap_or_else(|e| e.into_inner()) = id.to_owned();
+            let _ = until.await;
+        }
+    };
+    let wait_for_leader = |id: &'static str| {
+        let leader = leader.clone();
+        async move {
+            for _ in 0..400 {
+                if *leader.lock().unwrap_or_else(|e| e.into_inner()) == id {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            anyhow::bail!("{id} never led")
+        }
+    };
+    let (_keep_a, until_a) = tokio::sync::oneshot::channel();
+    let a = elector("a");
+    let task_a = tokio::spawn({
+        let work = work("a", until_a);
+        async move { a.run(work).await }
+    });
+    wait_for_leader("a").await?;
+    let (end_b, until_b) = tokio::sync::oneshot::channel();
+    let b = elector("b");
+    let task_b = tokio::spawn({
+        let work = work("b", until_b);
+        async move { b.run(work).await }
+    });
+    // `a` dies without handing the lease back.
+    ensure!(*leader.lock().unwrap_or_else(|e| e.into_inner()) == "a");
+    task_a.abort();
+    let killed = tokio::time::Instant::now();
+    wait_for_leader("b").await?;
+    let takeover = killed.elapsed();
+    ensure!(
+        takeover >= Duration::from_millis(1_500) && takeover < Duration::from_secs(4),
+        "b took over {takeover:?} after a died (lease 2 s)"
+    );
+    ensure!(most.load(Ordering::SeqCst) == 1, "two leaders at once");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-system");
+    let spec = leases.get("loops").await?.spec.unwrap_or_default();
+    ensure!(spec.holder_identity.as_deref() == Some("b") && spec.lease_transitions == Some(1));
+
+    // `b` finishes: the lease is handed back, and `c` need not wait out its duration.
+    let _ = end_b.send(());
+    ensure!(task_b.await? == Outcome::Finished);
+    let (_keep_c, until_c) = tokio::sync::oneshot::channel();
+    let c = elector("c");
+    let started = tokio::time::Instant::now();
+    let task_c = tokio::spawn({
+        let work = work("c", until_c);
+        async move { c.run(work).await }
+    });
+    wait_for_leader("c").await?;
+    ensure!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    task_c.abort();
+    Ok(())
+}
+
+/// Events as the scheduler records them: repeats counted on one object, a limit per
+/// object, visible to kubectl.
+async fn events(cluster: &TestCluster, admin: &kube::Client) -> Result<()> {
+    use trellis_client::events::{EventLimits, EventRecorder, EventType};
+    let ns = "events";
+    namespace(admin, ns).await?;
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "target"}}))?;
+    let cm = maps.create(&PostParams::default(), &cm).await?;
+    let recorder = EventRecorder::with_limits(
+        cluster.in_process().client(identity::scheduler()),
+        "default-scheduler",
+        "node-x",
+        EventLimits {
+            burst: 5,
+            ..EventLimits::default()
+        },
+    );
+    for _ in 0..3 {
+        recorder.record(&cm, EventType::Normal, "Scheduled", "placed on node-x");
+    }
+    for i in 0..5 {
+        recorder.record(&cm, EventType::Warning, "Other", &format!("attempt {i}"));
+    }
+    recorder.flush().await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), ns);
+    let list = events.list(&ListParams::default()).await?.items;
+    ensure!(list.len() == 3, "{list:?}");
+    let scheduled = list
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Scheduled"))
+        .context("no Scheduled event")?;
+    ensure!(scheduled.count == Some(3), "{scheduled:?}");
+    ensure!(
+        scheduled.involved_object.uid == cm.metadata.uid
+            && scheduled
+                .source
+                .as_ref()
+                .and_then(|s| s.component.as_deref())
+                == Some("default-scheduler")
+    );
+    ensure!(recorder.dropped() == 3, "dropped {}", recorder.dropped());
+    let table = cluster.kubectl_ok(&["get", "events", "-n", ns]).await?;
+    ensure!(
+        table.contains("Scheduled") && table.contains("configmap/target"),
+        "{table}"
+    );
+    let described = cluster
+        .kubectl_ok(&["describe", "configmap", "target", "-n", ns])
+        .await?;
+    ensure!(
+        described.contains("Scheduled") && described.contains("placed on node-x"),
+        "{described}"
+    );
     Ok(())
 }

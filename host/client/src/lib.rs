@@ -9,9 +9,13 @@
 //! - [`informer`]: shared informers: one list+watch per resource and selector per
 //!   process, indexed stores, change handlers, `has_synced`.
 //! - [`workqueue`]: de-duplicating, rate-limited work queues.
+//! - [`leader`]: leader election over Leases.
+//! - [`events`]: the event recorder, with repeats aggregated and a rate limit per object.
 
+pub mod events;
 pub mod identity;
 pub mod informer;
+pub mod leader;
 pub mod transport;
 pub mod workqueue;
 
