@@ -7,10 +7,13 @@
 //!   backends', the API server's and the plugins' figures.
 //! - `trellis plugin run|bench|list|describe|install|uninstall`: plugins offline and
 //!   Plugin objects.
+//! - `trellis controllers|scheduler --kubeconfig FILE`: the components against any
+//!   API server, leader-elected.
 //! - `trellis version`: the version of this binary.
 //!
 //! # Layout
 //! - [`up`]: `trellis up`, and how it shuts down (Ctrl-C or SIGTERM).
+//! - [`components`]: `trellis controllers|scheduler`, and the same components in `up`.
 //! - [`plugin`]: `trellis plugin`.
 //! - [`bench`]: the benchmarks, one module per benchmark, and what they share
 //!   (opening a backend, percentiles, bounded store calls).
@@ -19,6 +22,7 @@
 //! with `--json`, exactly one JSON object a script can parse.
 
 mod bench;
+mod components;
 mod plugin;
 mod up;
 
@@ -45,6 +49,10 @@ enum Command {
     Up(up::UpArgs),
     /// Start the API server (with its store).
     Server(up::UpArgs),
+    /// Run the controllers against an API server (leader-elected).
+    Controllers(components::ComponentArgs),
+    /// Run the scheduler against an API server (leader-elected).
+    Scheduler(components::ComponentArgs),
     /// Measure the store backends, the API server and plugins in it.
     Bench(bench::BenchArgs),
     /// Run plugins offline; manage Plugin objects.
@@ -84,9 +92,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
         Command::Plugin(args) => runtime()?.block_on(plugin::run(args)),
-        Command::Up(args) | Command::Server(args) => {
-            runtime()?.block_on(up::run(args, shutdown_signal()))
-        }
+        Command::Up(args) => runtime()?.block_on(up::run(args, true, shutdown_signal())),
+        Command::Server(args) => runtime()?.block_on(up::run(args, false, shutdown_signal())),
+        Command::Controllers(args) => runtime()?.block_on(components::run_remote(
+            components::Component::Controllers,
+            args,
+            shutdown_signal(),
+        )),
+        Command::Scheduler(args) => runtime()?.block_on(components::run_remote(
+            components::Component::Scheduler,
+            args,
+            shutdown_signal(),
+        )),
     }
 }
 

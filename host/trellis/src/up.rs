@@ -3,8 +3,9 @@
 //! Both open the store (an embedded redb file in the data directory, or etcd with
 //! `--store etcd://HOST:PORT`), keep its history window with the compactor, and serve
 //! the API over HTTPS until Ctrl-C or SIGTERM, then stop gracefully and close the
-//! store. `up` is the embedded default that the controllers, the scheduler and the
-//! local node join as they are built.
+//! store. `up` is the embedded default: it also runs the controllers and the
+//! scheduler in this process, over the in-process transport and each as its own
+//! Kubernetes user (`crate::components`); the local node joins it next.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -108,7 +109,11 @@ impl std::str::FromStr for StoreSpec {
     }
 }
 
-pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    args: UpArgs,
+    components: bool,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let spec: StoreSpec = args.store.parse()?;
     trellis_apiserver::server::private_data_dir(&args.data_dir)?;
     let (store, redb): (Arc<dyn Store>, Option<Arc<RedbStore>>) = match spec {
@@ -180,10 +185,26 @@ pub async fn run(args: UpArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         window: Duration::from_secs(args.history_window),
         ..CompactorConfig::default()
     };
-    let compactor = tokio::spawn(Compactor::new(config).run(store, stopped_signal(stopped)));
+    let compactor =
+        tokio::spawn(Compactor::new(config).run(store, stopped_signal(stopped.clone())));
+    let running = if components {
+        crate::components::start_in_process(
+            &trellis_client::InProcess::new(server.in_process.clone()),
+            stopped,
+        )
+    } else {
+        Vec::new()
+    };
     shutdown.await;
     info!("shutting down");
     let _ = stop.send(true);
+    for component in running {
+        match component.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %format!("{e:#}"), "a component failed"),
+            Err(e) => tracing::warn!(error = %e, "a component's task failed"),
+        }
+    }
     server.stop().await.context("stop the API server")?;
     compactor.await.context("join the compactor")?;
     if let Some(redb) = redb {

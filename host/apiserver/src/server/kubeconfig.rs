@@ -18,10 +18,21 @@ const KUBECONFIG_MODE: u32 = 0o600;
 /// trusting `ca_pem`, user `admin` authenticating with `cert_pem`/`key_pem`, and the
 /// context `trellis` joining them as the current context.
 pub fn admin_kubeconfig(server_url: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> String {
+    cert_kubeconfig(server_url, ca_pem, ADMIN_USER, cert_pem, key_pem)
+}
+
+/// A kubeconfig whose user `user` authenticates with a client certificate.
+pub fn cert_kubeconfig(
+    server_url: &str,
+    ca_pem: &str,
+    user: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> String {
     kubeconfig(
         server_url,
         ca_pem,
-        ADMIN_USER,
+        user,
         &[
             ("client-certificate-data", base64_of(cert_pem)),
             ("client-key-data", base64_of(key_pem)),

@@ -92,6 +92,9 @@ impl Config {
     }
 }
 
+/// How long the components' certificates (issued at every start) are valid.
+const COMPONENT_CERT_DAYS: u32 = 365;
+
 /// A running server.
 #[derive(Debug)]
 pub struct Server {
@@ -192,6 +195,23 @@ pub async fn start(
         pki.admin_key_pem(),
     );
     kubeconfig::write_kubeconfig(&kubeconfig_path, &contents).context("write admin.kubeconfig")?;
+    // The components' own credentials, as kubeadm writes `controller-manager.conf` and
+    // `scheduler.conf`: `trellis controllers|scheduler --kubeconfig` run with them,
+    // held to their roles rather than as the admin.
+    for (file, user) in [
+        (
+            "controller-manager.kubeconfig",
+            "system:kube-controller-manager",
+        ),
+        ("scheduler.kubeconfig", "system:kube-scheduler"),
+    ] {
+        let (cert, key) = pki
+            .issue_client_cert(user, &[], COMPONENT_CERT_DAYS)
+            .with_context(|| format!("issue the certificate of {user}"))?;
+        let contents = kubeconfig::cert_kubeconfig(&url, pki.ca_pem(), user, &cert, &key);
+        kubeconfig::write_kubeconfig(&config.data_dir.join(file), &contents)
+            .with_context(|| format!("write {file}"))?;
+    }
 
     let (stop, mut stopped) = watch::channel(false);
     let stop_signal = stop.clone();
