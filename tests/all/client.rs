@@ -316,7 +316,15 @@ async fn leader_election(cluster: &TestCluster) -> Result<()> {
         retry_period: Duration::from_millis(200),
     };
     let client = cluster.in_process().client(identity::controller_manager());
-    let elector = |id: &str| LeaderElector::new(client.clone(), "kube-system", "loops", id, config);
+    let elector = |id: &str| {
+        LeaderElector::new(
+            client.clone(),
+            "kube-system",
+            "kube-controller-manager",
+            id,
+            config,
+        )
+    };
     let leading = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let leader: Arc<std::sync::Mutex<String>> = Arc::default();
@@ -375,7 +383,11 @@ async fn leader_election(cluster: &TestCluster) -> Result<()> {
     ensure!(most.load(Ordering::SeqCst) == 1, "two leaders at once");
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), "kube-system");
-    let spec = leases.get("loops").await?.spec.unwrap_or_default();
+    let spec = leases
+        .get("kube-controller-manager")
+        .await?
+        .spec
+        .unwrap_or_default();
     ensure!(spec.holder_identity.as_deref() == Some("b") && spec.lease_transitions == Some(1));
 
     // `b` finishes: the lease is handed back, and `c` need not wait out its duration.
@@ -395,6 +407,12 @@ async fn leader_election(cluster: &TestCluster) -> Result<()> {
         started.elapsed()
     );
     task_c.abort();
+    // Held to its role: the controller manager cannot take the scheduler's Lease.
+    let theirs = leases.get("kube-scheduler").await;
+    ensure!(
+        matches!(&theirs, Err(kube::Error::Api(s)) if s.code == 403),
+        "{theirs:?}"
+    );
     Ok(())
 }
 

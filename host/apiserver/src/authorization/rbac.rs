@@ -534,6 +534,7 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             "edit",
             json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]}]),
         ),
+        // As Kubernetes' bootstrap roles: each component may take its own Lease only.
         cluster_role(
             "system:kube-scheduler",
             json!([
@@ -541,7 +542,10 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
                 {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]},
                 {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
                 {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kube-scheduler"], "verbs": ["get", "update"]},
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
             ]),
         ),
         binding(
@@ -549,11 +553,20 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             "system:kube-scheduler",
             user("system:kube-scheduler"),
         ),
+        // The controller manager itself reads everything (the garbage collector and
+        // quota need it) and runs its own Lease and events; each controller writes as
+        // its own ServiceAccount, bound to `system:controller:NAME`.
         cluster_role(
             "system:kube-controller-manager",
             json!([
-                {"apiGroups": ["", "apps"], "resources": ["*"], "verbs": ["*"]},
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kube-controller-manager"], "verbs": ["get", "update"]},
+                {"apiGroups": [""], "resources": ["secrets", "serviceaccounts"], "verbs": ["create", "get", "update"]},
+                {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
             ]),
         ),
         binding(

@@ -222,10 +222,13 @@ async fn measure(cluster: &LocalCluster, args: &InformerArgs) -> anyhow::Result<
             }
         }));
     }
+    // The changes are the admin's writes (the controller manager may not update pods);
+    // the reads below go through the transport measured.
+    let writer: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
     let target: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let mut acked = Vec::with_capacity(args.changes);
     for seq in 1..=args.changes {
-        target
+        writer
             .patch(
                 "pod-000000",
                 &PatchParams::default(),
