@@ -472,3 +472,73 @@ async fn events(cluster: &TestCluster, admin: &kube::Client) -> Result<()> {
     );
     Ok(())
 }
+
+/// A remote informer outlives a restart of the server: its watch ends, it resumes
+/// against the new server and sees what is written after. (Regression: a watch that
+/// arrived while the server stopped joined the stopped watch cache and hung for ever,
+/// holding its connection.) A watch from before the history the new server has is
+/// answered 410 Gone, which kube-rs' watcher meets with a relist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn informers_resume_after_the_server_restarts() -> Result<()> {
+    let mut cluster = TestCluster::start().await?;
+    let client = cluster.kube_admin().await?;
+    namespace(&client, "restart").await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "restart");
+    let cm = |name: &str| -> Result<ConfigMap> {
+        Ok(serde_json::from_value(json!({"metadata": {"name": name}}))?)
+    };
+    maps.create(&PostParams::default(), &cm("before")?).await?;
+    let informers = SharedInformers::new();
+    let informer = informers.informer::<ConfigMap>(maps.clone(), watcher::Config::default());
+    informer.wait_synced().await;
+    let mut changes = informer.subscribe();
+    ensure!(matches!(next(&mut changes).await?, Change::Added(_)));
+
+    // Elsewhere in the store: the informer's revision falls behind, then out of history.
+    let others: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let latest = others
+        .create(&PostParams::default(), &cm("elsewhere")?)
+        .await?;
+    let revision: u64 = latest
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default()
+        .parse()?;
+    cluster.compact(revision).await?;
+    cluster.restart().await?;
+    maps.create(&PostParams::default(), &cm("after")?).await?;
+    let added = next(&mut changes).await.with_context(|| {
+        format!(
+            "after the restart: errors {}, lists {}",
+            informer.errors(),
+            informer.lists()
+        )
+    })?;
+    ensure!(
+        matches!(&added, Change::Added(c) if c.metadata.name.as_deref() == Some("after")),
+        "{added:?}"
+    );
+    ensure!(informer.len() == 2);
+    // What the informer met: a watch from before the history the new server has.
+    let gone = maps.watch(&kube::api::WatchParams::default(), "1").await;
+    match gone {
+        Err(kube::Error::Api(s)) => ensure!(s.code == 410, "{s:?}"),
+        Ok(stream) => {
+            let first = futures::StreamExt::next(&mut futures::StreamExt::boxed(stream)).await;
+            ensure!(
+                matches!(&first, Some(Ok(kube::api::WatchEvent::Error(e))) if e.code == 410),
+                "{first:?}"
+            );
+        }
+        Err(e) => anyhow::bail!("{e}"),
+    }
+
+    ensure!(
+        informer.errors() >= 1,
+        "the restart went unnoticed: errors {}, lists {}",
+        informer.errors(),
+        informer.lists()
+    );
+    Ok(())
+}

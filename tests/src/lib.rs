@@ -406,6 +406,40 @@ impl TestCluster {
         self.admin.err(args, Some(stdin)).await
     }
 
+    /// Compacts the store's history up to `revision`, as the compactor would.
+    pub async fn compact(&self, revision: u64) -> anyhow::Result<()> {
+        let store: Arc<dyn Store> = match &self.store {
+            ClusterStore::Redb(redb) => redb.clone(),
+            ClusterStore::Etcd { _etcd } => _etcd.store.clone(),
+        };
+        store.compact(revision).await.context("compact the store")
+    }
+
+    /// Stops the server and starts a new one with the defaults on the same data
+    /// directory, store and address, as a restarted server comes back: its clients
+    /// reconnect to it (in-process clients made before stay with the old one).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        let server = self.server.take().context("the server is not running")?;
+        let addr = server.addr;
+        server.stop().await.context("stop the API server")?;
+        let store: Arc<dyn Store> = match &self.store {
+            ClusterStore::Redb(redb) => redb.clone(),
+            ClusterStore::Etcd { _etcd } => _etcd.store.clone(),
+        };
+        let mut config = trellis_apiserver::Config::new(&self.data_dir);
+        config.listen = addr;
+        config.shutdown_grace = Duration::from_secs(2);
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let server = trellis_apiserver::start(config, store, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .context("start the API server again")?;
+        self._shutdown = shutdown;
+        self.server = Some(server);
+        Ok(())
+    }
+
     /// Stops the server (waiting for requests in flight) and closes the store.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(server) = self.server.take() {

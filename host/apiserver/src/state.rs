@@ -330,6 +330,9 @@ impl AppState {
             loop {
                 let after = state.cache.revision();
                 let Ok(mut sub) = state.cache.subscribe(crd::CRD_PREFIX, after) else {
+                    if state.cache.is_stopped() {
+                        return;
+                    }
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 };

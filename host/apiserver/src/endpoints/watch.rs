@@ -76,7 +76,11 @@ impl Filter {
 
 enum Source {
     Cache(Subscription),
-    Store(WatchStream),
+    /// A watch from the store's history, and the server's stop, which ends it.
+    Store(
+        WatchStream,
+        std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    ),
 }
 
 pub async fn watch(state: State, req: ApiRequest) -> ApiResult {
@@ -119,7 +123,7 @@ pub async fn watch(state: State, req: ApiRequest) -> ApiResult {
     let source = match state.cache.subscribe(&prefix, after) {
         Ok(sub) => Ok(Source::Cache(sub)),
         Err(TooOld) => match state.store.watch(&prefix, after + 1).await {
-            Ok(stream) => Ok(Source::Store(stream)),
+            Ok(stream) => Ok(Source::Store(stream, Box::pin(state.cache.stopped()))),
             // The client is told of the revision it asked for, not the store's next one.
             Err(trellis_store::Error::Compacted { compacted, .. }) => Err(store_error(
                 trellis_store::Error::Compacted {
@@ -295,7 +299,7 @@ impl Events {
             // once they arrive.
             self.bookmark_due = Some(match source {
                 Source::Cache(_) => self.cache.revision(),
-                Source::Store(_) => self.last,
+                Source::Store(..) => self.last,
             });
         }
         loop {
@@ -315,7 +319,9 @@ impl Events {
                     // The cache dropped this watch (it fell behind, or the server is
                     // stopping) or the store watch ended: the client resumes from the
                     // last revision it saw.
-                    if let Source::Store(_) = source {
+                    if let Source::Store(_, stopped) = source
+                        && stopped.as_mut().poll(cx).is_pending()
+                    {
                         let after = self.after;
                         chunk.push(error_line(&ApiError::gone(format!(
                             "too old resource version: {after}"
@@ -368,13 +374,19 @@ impl Source {
                 }
                 None => false,
             }),
-            Source::Store(stream) => stream.poll_next_unpin(cx).map(|next| match next {
-                Some(Ok(events)) => {
-                    into.extend(events.iter().filter_map(watch_cache::convert).map(Arc::new));
-                    true
+            Source::Store(stream, stopped) => {
+                // The server is stopping: the client resumes against the next one.
+                if stopped.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(false);
                 }
-                Some(Err(_)) | None => false,
-            }),
+                stream.poll_next_unpin(cx).map(|next| match next {
+                    Some(Ok(events)) => {
+                        into.extend(events.iter().filter_map(watch_cache::convert).map(Arc::new));
+                        true
+                    }
+                    Some(Err(_)) | None => false,
+                })
+            }
         }
     }
 }
@@ -729,7 +741,10 @@ mod tests {
             f.cache.clone(),
             Vec::new(),
             7,
-            Ok(Source::Store(futures::stream::empty().boxed())),
+            Ok(Source::Store(
+                futures::stream::empty().boxed(),
+                Box::pin(std::future::pending()),
+            )),
             None,
             Duration::from_secs(60),
         );

@@ -175,7 +175,8 @@ pub fn convert(event: &Event) -> Option<CachedEvent> {
     })
 }
 
-/// The client watch's revision is older than the cache holds.
+/// The client watch's revision is older than the cache holds, or the cache has stopped
+/// ([`WatchCache::is_stopped`]).
 #[derive(Debug)]
 pub struct TooOld;
 
@@ -223,6 +224,8 @@ pub struct WatchCache {
     capacity: usize,
     watcher_buffer: usize,
     revision_changed: tokio::sync::watch::Sender<Revision>,
+    /// Set once the cache has stopped (the server is stopping).
+    closed: tokio::sync::watch::Sender<bool>,
 }
 
 fn write(m: &RwLock<State>) -> std::sync::RwLockWriteGuard<'_, State> {
@@ -333,6 +336,7 @@ impl WatchCache {
             watcher_buffer: watcher_buffer.max(1),
             terminated: std::sync::atomic::AtomicU64::new(0),
             revision_changed,
+            closed: tokio::sync::watch::channel(false).0,
         });
         let feeder = cache.clone();
         tokio::spawn(async move {
@@ -481,7 +485,9 @@ impl WatchCache {
     /// live.
     pub fn subscribe(&self, prefix: &str, after: Revision) -> Result<Subscription, TooOld> {
         let mut state = write(&self.state);
-        if after < state.base {
+        // A stopped cache takes no new watchers: one added now would never be fed nor
+        // ended, and would hold its client's connection open for ever.
+        if after < state.base || *self.closed.borrow() {
             return Err(TooOld);
         }
         let replay = state
@@ -502,7 +508,24 @@ impl WatchCache {
 
     /// Ends every client watch: their channels close.
     fn close(&self) {
-        write(&self.state).watchers.clear();
+        let mut state = write(&self.state);
+        state.watchers.clear();
+        // Under the lock: no subscribe can slip in between.
+        self.closed.send_replace(true);
+    }
+
+    /// Whether the cache has stopped (the server is stopping): loops that follow it end.
+    pub fn is_stopped(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    /// Completes once the cache has stopped: what serves clients beside it (watches
+    /// from the store's history) ends then too.
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.closed.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
     }
 
     /// The last revision the cache saw change anything under `resource_prefix`

@@ -238,6 +238,9 @@ impl PluginManager {
         loop {
             let after = state.cache().revision();
             let Ok(mut sub) = state.cache().subscribe(&prefix, after) else {
+                if state.cache().is_stopped() {
+                    return;
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
