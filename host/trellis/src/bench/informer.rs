@@ -3,14 +3,15 @@
 //!
 //! - `sync_s`: from creating the informer to its first list in the store (list + watch
 //!   established), as a component's start waits for it.
-//! - `bytes_per_object`: the process's resident memory the synced cache added, per pod
-//!   (the server runs in the same process: a list of every pod is made and dropped
-//!   first, so that its own caches are warm and not counted), beside
-//!   `json_bytes_per_object`, the pods' size as JSON.
+//! - `bytes_per_object`: the resident memory a synced informer of the pods adds to a
+//!   process of its own (a child `trellis bench informer-child` over the remote
+//!   transport: the cache is the same whatever the transport, and the server's memory
+//!   must not be counted), per pod, beside `json_bytes_per_object`, the pods' size as
+//!   JSON.
 //! - `fanout_p50_ms` / `fanout_p99_ms`: `--changes` pod updates, one at a time, each
 //!   from its write's acknowledgement to its arrival at the last of three subscribers of
 //!   the one informer (arrivals before the acknowledgement count as zero).
-//! - `get_us`: the mean time of one GET of a pod through the transport.
+//! - `get_us`: the mean time of one GET of a pod through the transport, one at a time.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -161,10 +162,20 @@ async fn measure(cluster: &LocalCluster, args: &InformerArgs) -> anyhow::Result<
         result.context("create the pods")?;
     }
 
-    let client = match args.transport {
-        Transport::InProcess => trellis_client::InProcess::new(server.in_process.clone())
-            .client(identity::controller_manager()),
-        Transport::Remote => trellis_client::remote(&server.kubeconfig).await?,
+    // The informer lists and watches as the controller manager; GETs are the admin's
+    // (the controller manager may only list and watch). Both over the transport
+    // measured.
+    let (client, getter) = match args.transport {
+        Transport::InProcess => (
+            trellis_client::InProcess::new(server.in_process.clone())
+                .client(identity::controller_manager()),
+            admin.clone(),
+        ),
+        Transport::Remote => (
+            trellis_client::remote(&cluster.dir.path().join("controller-manager.kubeconfig"))
+                .await?,
+            trellis_client::remote(&server.kubeconfig).await?,
+        ),
     };
     // Warm the server's caches, and measure the pods' JSON size.
     let listed = Api::<Pod>::all(client.clone())
@@ -178,13 +189,14 @@ async fn measure(cluster: &LocalCluster, args: &InformerArgs) -> anyhow::Result<
         .sum();
     drop(listed);
 
-    let before = resident_bytes()?;
     let started = Instant::now();
     let informers = SharedInformers::new();
     let informer = informers.informer::<Pod>(Api::all(client.clone()), watcher::Config::default());
     informer.wait_synced().await;
     let sync = started.elapsed();
-    let after = resident_bytes()?;
+    let cached_bytes = child_cache_bytes(&cluster.dir.path().join("controller-manager.kubeconfig"))
+        .await
+        .context("measure the cache's memory in a child process")?;
     if informer.len() != args.objects {
         bail!(
             "the informer holds {} pods, not {}",
@@ -225,7 +237,7 @@ async fn measure(cluster: &LocalCluster, args: &InformerArgs) -> anyhow::Result<
     // The changes are the admin's writes (the controller manager may not update pods);
     // the reads below go through the transport measured.
     let writer: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
-    let target: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let target: Api<Pod> = Api::namespaced(getter, NAMESPACE);
     let mut acked = Vec::with_capacity(args.changes);
     for seq in 1..=args.changes {
         writer
@@ -277,11 +289,61 @@ async fn measure(cluster: &LocalCluster, args: &InformerArgs) -> anyhow::Result<
         objects: args.objects,
         transport: args.transport,
         sync_s: sync.as_secs_f64(),
-        bytes_per_object: (after - before).max(0.0) / objects,
+        bytes_per_object: cached_bytes / objects,
         json_bytes_per_object: json_bytes as f64 / objects,
         fanout_p50_ms: fanout.p50_ms,
         fanout_p99_ms: fanout.p99_ms,
         fanout_max_ms: fanout.max_ms,
         get_us: get.as_secs_f64() * 1e6 / args.gets.max(1) as f64,
     })
+}
+
+/// Runs `trellis bench informer-child` against `kubeconfig` and returns the bytes its
+/// synced informer added.
+async fn child_cache_bytes(kubeconfig: &std::path::Path) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe().context("find this executable")?;
+    let output = tokio::process::Command::new(exe)
+        .args(["bench", "informer-child", "--kubeconfig"])
+        .arg(kubeconfig)
+        .env("RUST_LOG", "error")
+        .output()
+        .await
+        .context("run the child")?;
+    if !output.status.success() {
+        bail!(
+            "the child failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.trim()
+        .parse::<f64>()
+        .with_context(|| format!("parse the child's answer {text:?}"))
+}
+
+#[derive(Debug, Args)]
+pub struct InformerChildArgs {
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: std::path::PathBuf,
+}
+
+/// `trellis bench informer-child`: prints the resident bytes a synced informer of
+/// every pod adds to this process.
+pub async fn run_child(args: InformerChildArgs) -> anyhow::Result<()> {
+    let client = trellis_client::remote(&args.kubeconfig).await?;
+    // The client and the runtime's own first allocations are not the cache's.
+    Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().limit(1))
+        .await
+        .context("list a pod")?;
+    let before = resident_bytes()?;
+    let informers = SharedInformers::new();
+    let informer = informers.informer::<Pod>(Api::all(client), watcher::Config::default());
+    informer.wait_synced().await;
+    // Let the list pages' buffers go before reading.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = resident_bytes()?;
+    println!("{}", (after - before).max(0.0));
+    drop(informer);
+    Ok(())
 }

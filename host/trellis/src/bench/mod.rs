@@ -57,6 +57,9 @@ enum BenchCommand {
     PluginReload(reload::PluginReloadArgs),
     /// A shared informer of many pods: sync time, memory per object, change fan-out.
     Informer(informer::InformerArgs),
+    /// The memory half of `informer`, in a process of its own.
+    #[command(hide = true)]
+    InformerChild(informer::InformerChildArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -76,6 +79,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Informer(args) => informer::run(args)
             .await
             .context("run the informer benchmark"),
+        BenchCommand::InformerChild(args) => informer::run_child(args)
+            .await
+            .context("measure an informer's memory"),
     }
 }
 
