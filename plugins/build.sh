@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Builds every plugin into plugins/target/dist/NAME.wasm:
 #   - the Rust workspace (plugins/fixtures/*, examples/plugins/* with a Cargo.toml)
-#     for wasm32-wasip2 in release;
+#     for wasm32-wasip2 in release, against today's contract (wit/core, wit/admission,
+#     wit/initializer);
+#   - the Rust examples again against the frozen first contract (wit/plugin/0.1.0,
+#     the SDK's feature wit-plugin-0-1), into plugins/target/dist/plugin-0.1.0/, so
+#     the host's tests load components as they were built before the split;
 #   - Python examples (an app.py) with componentize-py, from a venv in
 #     plugins/target/venv;
 #   - JavaScript examples (a package.json) with `npm ci` and `npm run build`.
+# The Python and JavaScript examples are built against wit/plugin/0.1.0.
 # A plugin whose output is newer than all of its inputs is skipped, so a run with
 # nothing to do takes well under a second. Installs what is missing (the Rust
 # target, python3-venv, nodejs/npm) on a fresh Debian machine.
@@ -17,13 +22,16 @@ COMPONENTIZE_PY_VERSION=0.25.1
 plugins=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$plugins")
 wit=$repo/wit
+# What the Python and JavaScript examples are built against.
+frozen_wit=$wit/plugin/0.1.0
 examples=$repo/examples/plugins
 dist=$plugins/target/dist
+frozen_dist=$dist/plugin-0.1.0
 venv=$plugins/target/venv
 force=${1:-}
 built=0
 
-mkdir -p "$dist"
+mkdir -p "$dist" "$frozen_dist"
 
 say() { printf 'plugins: %s\n' "$*"; }
 
@@ -71,6 +79,27 @@ if [ ${#rust_stale[@]} -gt 0 ]; then
   done
 fi
 
+# The Rust examples against the frozen contract: a target directory of their own,
+# so that the two builds do not undo each other's artifacts.
+frozen_stale=()
+for manifest in "$examples"/*/Cargo.toml; do
+  [ -e "$manifest" ] || continue
+  dir=$(dirname "$manifest")
+  fresh "$frozen_dist/$(basename "$dir").wasm" "$dir" "$plugins/sdk" "$wit" "$plugins/Cargo.toml" "$plugins/Cargo.lock" ||
+    frozen_stale+=("$(basename "$dir")")
+done
+
+if [ ${#frozen_stale[@]} -gt 0 ]; then
+  say "building ${frozen_stale[*]} (Rust, against trellis:plugin@0.1.0)"
+  CARGO_TARGET_DIR="$plugins/target/plugin-0.1.0" cargo build --quiet --release --target wasm32-wasip2 \
+    --manifest-path "$plugins/Cargo.toml" --features trellis-plugin/wit-plugin-0-1 \
+    $(printf -- '-p %s ' "${frozen_stale[@]}")
+  for name in "${frozen_stale[@]}"; do
+    cp "$plugins/target/plugin-0.1.0/wasm32-wasip2/release/${name//-/_}.wasm" "$frozen_dist/$name.wasm"
+    built=$((built + 1))
+  done
+fi
+
 # --- Python ----------------------------------------------------------------
 # A venv of our own keeps componentize-py at its pinned version. Debian ships
 # `venv` without ensurepip unless python3-venv is installed; without either,
@@ -105,12 +134,12 @@ for app in "$examples"/*/app.py; do
   dir=$(dirname "$app")
   name=$(basename "$dir")
   out=$dist/$name.wasm
-  fresh "$out" "$dir" "$wit" && continue
+  fresh "$out" "$dir" "$frozen_wit" && continue
   # The world is named in the app's first lines: `# world: admission`.
   world=$(sed -n 's/^# world: *\([a-z-]*\).*/\1/p' "$app" | head -n 1)
   say "building $name (Python, componentize-py, world ${world:=admission})"
   cpy=$(componentize_py)
-  (cd "$dir" && "$cpy" --wit-path "$wit" --world "$world" componentize app --output "$out.tmp" >/dev/null)
+  (cd "$dir" && "$cpy" --wit-path "$frozen_wit" --world "$world" componentize app --output "$out.tmp" >/dev/null)
   mv "$out.tmp" "$out"
   built=$((built + 1))
 done
@@ -121,7 +150,7 @@ for package in "$examples"/*/package.json; do
   dir=$(dirname "$package")
   name=$(basename "$dir")
   out=$dist/$name.wasm
-  fresh "$out" "$dir" "$wit" && continue
+  fresh "$out" "$dir" "$frozen_wit" && continue
   say "building $name (JavaScript, componentize-js)"
   command -v npm >/dev/null || apt_install nodejs npm
   if ! fresh "$dir/node_modules/.package-lock.json" "$dir/package-lock.json" "$dir/package.json"; then

@@ -1,6 +1,7 @@
 //! The engines every plugin shares, their linkers, the compiled-component cache, the
 //! background compiler that moves plugins to optimized code, and the epoch ticker.
 
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::path::{Path, PathBuf};
@@ -9,12 +10,14 @@ use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy};
 
-use crate::bindings;
-use crate::plugin::{LoadError, LoadErrorReason, Plugin, PluginState};
+use crate::calls::CallThreads;
+use crate::plugin::{LoadError, LoadErrorReason, Plugin};
 use crate::pool::Pool;
+use crate::state::PluginState;
+use crate::world::World;
 
 #[derive(Clone, Debug)]
 pub struct HostConfig {
@@ -33,6 +36,10 @@ pub struct HostConfig {
     pub max_memory: usize,
     /// Which compilers turn a module into machine code.
     pub compilers: Compilers,
+    /// Threads that run guest code (instantiations and calls), apart from the
+    /// callers' async runtime: a guest computing until its deadline holds one of
+    /// these, never a thread serving HTTP or watches. Defaults to one per core.
+    pub call_threads: usize,
 }
 
 /// Which compilers a host uses.
@@ -76,33 +83,43 @@ impl Default for HostConfig {
             max_instances: 1_000,
             max_memory: 1 << 30,
             compilers: Compilers::Tiered,
+            call_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }
 
-/// An engine and the linker that binds components compiled by it.
+/// An engine and the linkers that bind components compiled by it.
 pub(crate) struct Compiler {
     pub(crate) engine: Engine,
-    pub(crate) linker: Linker<PluginState>,
+    /// One linker per world, made on its first load: WASI with nothing granted, the
+    /// shared imports, and the world's own, so a plugin can link only its world's.
+    linkers: Mutex<HashMap<TypeId, Arc<Linker<PluginState>>>>,
     pub(crate) tier: Tier,
 }
 
 impl Compiler {
     fn new(wasm: &Config, tier: Tier) -> anyhow::Result<Self> {
         let engine = Engine::new(wasm).map_err(|e| anyhow::anyhow!("wasm engine: {e}"))?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| anyhow::anyhow!("linking WASI: {e}"))?;
-        bindings::admission::Admission::add_to_linker::<PluginState, HasSelf<PluginState>>(
-            &mut linker,
-            |state| state,
-        )
-        .map_err(|e| anyhow::anyhow!("linking the plugin imports: {e}"))?;
         Ok(Self {
             engine,
-            linker,
+            linkers: Mutex::default(),
             tier,
         })
+    }
+
+    /// The linker of world `W`.
+    pub(crate) fn linker<W: World>(&self) -> wasmtime::Result<Arc<Linker<PluginState>>> {
+        let mut linkers = self.linkers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(linker) = linkers.get(&TypeId::of::<W>()) {
+            return Ok(linker.clone());
+        }
+        let mut linker = Linker::new(&self.engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        crate::imports::add_to_linker(&mut linker)?;
+        W::add_to_linker(&mut linker)?;
+        let linker = Arc::new(linker);
+        linkers.insert(TypeId::of::<W>(), linker.clone());
+        Ok(linker)
     }
 }
 
@@ -123,6 +140,8 @@ pub struct PluginHost {
     pub(crate) config: HostConfig,
     /// The pooling allocator's slots, as the plugins share them.
     pub(crate) pool: Arc<Pool>,
+    /// Where guest code runs.
+    pub(crate) calls: CallThreads,
     /// Hands plugins serving baseline code to the background compiler thread.
     tier_up: Mutex<Option<mpsc::Sender<TierUp>>>,
     ticker: Option<Ticker>,
@@ -184,6 +203,8 @@ impl PluginHost {
         let mut engines = vec![optimized.engine.clone()];
         engines.extend(baseline.as_ref().map(|b| b.engine.clone()));
         let ticker = Ticker::start(engines, config.epoch_tick)?;
+        let calls = CallThreads::start(config.call_threads)
+            .map_err(|e| anyhow::anyhow!("plugin call threads: {e}"))?;
         let (tx, rx) = mpsc::channel();
         let host = Arc::new_cyclic(|host: &Weak<Self>| {
             if config.compilers == Compilers::Tiered {
@@ -193,6 +214,7 @@ impl PluginHost {
                 optimized,
                 baseline,
                 pool: Pool::new(config.max_instances),
+                calls,
                 config,
                 tier_up: Mutex::new(Some(tx)),
                 ticker: Some(ticker),

@@ -4,33 +4,49 @@
 //! [`InstancePre`](wasmtime::component::InstancePre) per plugin, pooled instances,
 //! and a deadline and a memory cap on every call.
 //!
-//! - [`PluginHost`] owns the engines, their linkers (WASI with nothing granted, plus
-//!   the contract's `log` and `cluster` imports), the background compiler thread and
-//!   the epoch ticker thread.
-//! - [`Plugin`] is one loaded plugin: [`Plugin::admit`] and [`Plugin::initialize`] call
-//!   it; failures come back as [`PluginError`], whose message names the plugin, its
-//!   kind and the digest serving.
-//! - `pool` shares the engine's instance slots among the plugins: idle instances
-//!   per plugin, and calls waiting for a free slot within their deadline.
+//! Start with [`PluginHost::load`] and the calls on [`Plugin`].
 //!
-//! The contract itself is `wit/plugin.wit`; docs/wit.md describes it.
+//! # Layout
+//! - `host`: [`PluginHost`] owns the engines, a linker per world and engine, the
+//!   background compiler thread and the epoch ticker thread.
+//! - `world`: each kind of plugin as a WIT world (the `World` trait): admission and
+//!   initializer, each in every contract version the host serves.
+//! - `plugin`: [`Plugin`] is one loaded plugin: [`Plugin::admit`] and
+//!   [`Plugin::initialize`] call it; failures come back as [`PluginError`], whose
+//!   message names the plugin, its kind and the digest serving. Its instance pool and
+//!   the call machinery are generic over the world.
+//! - `calls`: the host's own threads, where guest code runs while callers await it.
+//! - `pool`: shares the engine's instance slots among the plugins: idle instances
+//!   per plugin, and calls waiting for a free slot within their deadline.
+//! - `bindings`: the generated bindings, one module per WIT package version;
+//!   `imports`: the host's side of the shared imports (`log`, `cluster`); `state`:
+//!   what each instance's store holds; `stdio`: guest output into the log.
+//! - [`review`]: Kubernetes `AdmissionReview` JSON to and from the contract's records.
+//! - `metrics`: per-plugin counters, rendered by [`render_metrics`].
+//!
+//! The contract itself is under `wit/`; docs/wit.md describes it and its versions.
 
 mod bindings;
+mod calls;
 mod host;
+mod imports;
 mod metrics;
 mod plugin;
 mod pool;
 pub mod review;
+mod state;
 mod stdio;
+#[cfg(test)]
+mod testing;
+mod world;
 
-pub use bindings::admission::exports::trellis::plugin::admission_handler::{
+pub use bindings::admission::exports::trellis::admission::handler::{
     AdmissionRequest, AdmissionResponse,
 };
-pub use bindings::initializer::exports::trellis::plugin::initializer_handler::InitializeRequest;
+pub use bindings::initializer::exports::trellis::initializer::handler::InitializeRequest;
 pub use bindings::types::{GroupVersionKind, GroupVersionResource, Operation, Status, UserInfo};
 pub use host::{Compilers, HostConfig, PluginHost, Tier, digest_of};
+pub use imports::ClusterReader;
 pub use metrics::{PluginMetrics, render_metrics};
-pub use plugin::{
-    ClusterReader, LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginKind,
-    PluginSpec,
-};
+pub use plugin::{LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginSpec};
+pub use world::PluginKind;

@@ -1,60 +1,32 @@
-//! One loaded plugin: its pre-instantiated component, a pool of idle instances, its
-//! limits, and the calls into it.
+//! One loaded plugin: its spec, label and metrics, the code it serves and its idle
+//! instances (typed by its world, see [`crate::world`]), and the calls into it, which
+//! run on the host's call threads ([`crate::calls`]).
 
+use std::any::Any;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ResourceTable};
-use wasmtime::{
-    PoolConcurrencyLimitError, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap,
-    UpdateDeadline,
-};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime::{PoolConcurrencyLimitError, Store, StoreLimitsBuilder, Trap, UpdateDeadline};
+use wasmtime_wasi::WasiCtx;
 
-use crate::bindings::{self, admission, cluster, initializer, log, types};
 use crate::host::{Compiler, PluginHost, Tier, digest_of, first_line};
+use crate::imports::ClusterReader;
 use crate::metrics::PluginMetrics;
 use crate::pool::{self, Member, Slot};
+use crate::state::{Limiter, PluginState};
 use crate::stdio::LogStream;
+use crate::world::admission::{Admission, Admit};
+use crate::world::initializer::{Initialize, Initializer};
+use crate::world::{Call, PluginKind, World};
 use crate::{AdmissionRequest, AdmissionResponse, InitializeRequest};
 
 /// How long a load waits for a free instance slot to check its configuration in: no
 /// client waits on it as on a call, and a busy server frees slots within a few calls'
 /// deadlines.
 const LOAD_SLOT_WAIT: Duration = Duration::from_secs(10);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PluginKind {
-    Mutating,
-    Validating,
-    Initializer,
-}
-
-impl PluginKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Mutating => "mutating",
-            Self::Validating => "validating",
-            Self::Initializer => "initializer",
-        }
-    }
-
-    /// The world a component of this kind must implement.
-    pub fn world(self) -> &'static str {
-        match self {
-            Self::Mutating | Self::Validating => "admission",
-            Self::Initializer => "initializer",
-        }
-    }
-}
-
-impl std::fmt::Display for PluginKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// How a plugin is run.
 #[derive(Clone, Debug)]
@@ -78,24 +50,6 @@ impl PluginSpec {
             memory_limit: 64 << 20,
         }
     }
-}
-
-/// Read access to cluster state for plugins granted it.
-#[async_trait::async_trait]
-pub trait ClusterReader: Send + Sync + std::fmt::Debug {
-    async fn get(
-        &self,
-        resource: &types::GroupVersionResource,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Result<Option<String>, String>;
-
-    async fn list(
-        &self,
-        resource: &types::GroupVersionResource,
-        namespace: Option<&str>,
-        label_selector: &str,
-    ) -> Result<Vec<String>, String>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,147 +112,10 @@ fn describe(kind: &PluginErrorKind) -> String {
     }
 }
 
-/// What each instance's store holds.
-pub struct PluginState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limits: Limiter,
-    plugin: Arc<str>,
-    cluster: Option<Arc<dyn ClusterReader>>,
-    /// When the current call must stop.
-    deadline: Instant,
-}
-
-impl WasiView for PluginState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl types::Host for PluginState {}
-
-impl log::Host for PluginState {
-    fn log(&mut self, level: log::Level, message: String, fields: Vec<(String, String)>) {
-        let mut kv = String::new();
-        for (k, v) in &fields {
-            if !kv.is_empty() {
-                kv.push(' ');
-            }
-            kv.push_str(k);
-            kv.push('=');
-            kv.push_str(v);
-        }
-        let plugin = &*self.plugin;
-        match level {
-            log::Level::Trace => tracing::trace!(plugin, fields = %kv, "{message}"),
-            log::Level::Debug => tracing::debug!(plugin, fields = %kv, "{message}"),
-            log::Level::Info => tracing::info!(plugin, fields = %kv, "{message}"),
-            log::Level::Warn => tracing::warn!(plugin, fields = %kv, "{message}"),
-            log::Level::Error => tracing::error!(plugin, fields = %kv, "{message}"),
-        }
-    }
-}
-
-impl cluster::Host for PluginState {
-    async fn get(
-        &mut self,
-        resource: types::GroupVersionResource,
-        namespace: Option<String>,
-        name: String,
-    ) -> Result<Option<String>, String> {
-        match &self.cluster {
-            Some(reader) => reader.get(&resource, namespace.as_deref(), &name).await,
-            None => Err(self.not_granted()),
-        }
-    }
-
-    async fn list(
-        &mut self,
-        resource: types::GroupVersionResource,
-        namespace: Option<String>,
-        label_selector: String,
-    ) -> Result<Vec<String>, String> {
-        match &self.cluster {
-            Some(reader) => {
-                reader
-                    .list(&resource, namespace.as_deref(), &label_selector)
-                    .await
-            }
-            None => Err(self.not_granted()),
-        }
-    }
-}
-
-impl PluginState {
-    fn not_granted(&self) -> String {
-        format!(
-            "plugin {} is not granted cluster reads (spec.capabilities.clusterRead)",
-            self.plugin
-        )
-    }
-}
-
-/// The plugin's memory cap, remembering whether it was hit and how far memory grew.
-struct Limiter {
-    inner: StoreLimits,
-    peak: usize,
-    denied: bool,
-}
-
-impl ResourceLimiter for Limiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        let allowed = self.inner.memory_growing(current, desired, maximum)?;
-        if allowed {
-            self.peak = self.peak.max(desired);
-        } else {
-            self.denied = true;
-        }
-        Ok(allowed)
-    }
-
-    fn table_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        self.inner.table_growing(current, desired, maximum)
-    }
-
-    fn instances(&self) -> usize {
-        self.inner.instances()
-    }
-
-    fn tables(&self) -> usize {
-        self.inner.tables()
-    }
-
-    fn memories(&self) -> usize {
-        self.inner.memories()
-    }
-}
-
-enum Pre {
-    Admission(admission::AdmissionPre<PluginState>),
-    Initializer(initializer::InitializerPre<PluginState>),
-}
-
-enum Bindings {
-    Admission(admission::Admission),
-    Initializer(initializer::Initializer),
-}
-
-struct Instance {
+/// One instance of a plugin of world `W`, with its store.
+struct Instance<W: World> {
     store: Store<PluginState>,
-    bindings: Bindings,
+    exports: W::Exports,
     /// The thread that last ran it: its memory is likely still in that core's cache.
     thread: std::thread::ThreadId,
     /// The code it runs: an instance of baseline code is not kept once the plugin
@@ -319,40 +136,33 @@ enum NotMade {
 
 /// The code a plugin runs: linked, ready to instantiate in stores of its tier's
 /// engine.
-struct Code {
-    pre: Pre,
+pub(crate) struct Code<W: World> {
+    pre: W::Pre,
     tier: Tier,
     /// Kept so that a new version of the plugin with the same module (a configuration
     /// change) links it again instead of compiling.
     component: Arc<Component>,
 }
 
-impl Code {
-    fn link(
-        compiler: &Compiler,
-        kind: PluginKind,
-        component: &Arc<Component>,
-    ) -> Result<Self, LoadError> {
-        let wrong_world = |e: wasmtime::Error| LoadError {
+impl<W: World> Code<W> {
+    pub(crate) fn link(compiler: &Compiler, component: &Arc<Component>) -> Result<Self, LoadError> {
+        let wrong_world = |what: String| LoadError {
             reason: LoadErrorReason::WrongWorld,
-            message: format!(
-                "not a trellis:plugin/{} component: {}",
-                kind.world(),
-                first_line(&format!("{e:#}"))
-            ),
+            message: format!("not a trellis {} plugin: {what}", W::NAME),
         };
-        let instance_pre = compiler
-            .linker
+        let linker = compiler
+            .linker::<W>()
+            .map_err(|e| wrong_world(format!("linking its imports: {e:#}")))?;
+        let instance_pre = linker
             .instantiate_pre(component)
-            .map_err(wrong_world)?;
-        let pre = match kind {
-            PluginKind::Mutating | PluginKind::Validating => {
-                Pre::Admission(admission::AdmissionPre::new(instance_pre).map_err(wrong_world)?)
-            }
-            PluginKind::Initializer => Pre::Initializer(
-                initializer::InitializerPre::new(instance_pre).map_err(wrong_world)?,
-            ),
-        };
+            .map_err(|e| wrong_world(first_line(&format!("{e:#}")).to_owned()))?;
+        let pre = W::pre(instance_pre).map_err(|e| {
+            wrong_world(format!(
+                "it exports none of {} ({})",
+                W::EXPORTS.join(", "),
+                first_line(&format!("{e:#}"))
+            ))
+        })?;
         Ok(Self {
             pre,
             tier: compiler.tier,
@@ -361,17 +171,72 @@ impl Code {
     }
 }
 
+/// A plugin's code and idle instances, typed by its world: the one instance pool per
+/// plugin, never holding more than the plugin's share of the host's slots (see
+/// [`crate::pool`]).
+struct Runner<W: World> {
+    /// Swapped once, from baseline to optimized code, by the background compiler.
+    code: RwLock<Arc<Code<W>>>,
+    idle: Mutex<Vec<Instance<W>>>,
+}
+
+/// What a [`Plugin`] asks of its runner whatever the world.
+trait Serving: Send + Sync + 'static {
+    /// The compiled module serving now, and its tier.
+    fn component(&self) -> (Arc<Component>, Tier);
+    /// Links `component` (optimized code of the same module) and serves it from now
+    /// on; returns its tier.
+    fn promote(&self, compiler: &Compiler, component: &Arc<Component>) -> Result<Tier, LoadError>;
+    fn pooled_idle(&self) -> usize;
+    fn release_idle(&self) -> bool;
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<W: World> Serving for Runner<W> {
+    fn component(&self) -> (Arc<Component>, Tier) {
+        let code = self.code.read().unwrap_or_else(|e| e.into_inner());
+        (code.component.clone(), code.tier)
+    }
+
+    fn promote(&self, compiler: &Compiler, component: &Arc<Component>) -> Result<Tier, LoadError> {
+        let code = Arc::new(Code::<W>::link(compiler, component)?);
+        let tier = code.tier;
+        *self.code.write().unwrap_or_else(|e| e.into_inner()) = code;
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.retain(|instance| instance.tier == tier);
+        }
+        Ok(tier)
+    }
+
+    fn pooled_idle(&self) -> usize {
+        self.idle.lock().map_or(0, |idle| {
+            idle.iter().filter(|i| i.tier == Tier::Optimized).count()
+        })
+    }
+
+    fn release_idle(&self) -> bool {
+        let taken = self.idle.lock().ok().and_then(|mut idle| {
+            let at = idle.iter().position(|i| i.tier == Tier::Optimized)?;
+            Some(idle.remove(at))
+        });
+        // Dropped here, after the lock: dropping a store unmaps its memory.
+        taken.is_some()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// A loaded plugin, ready to call from any number of tasks at once.
 pub struct Plugin {
     spec: PluginSpec,
     digest: String,
     label: String,
-    /// Swapped once, from baseline to optimized code, by the background compiler.
-    code: RwLock<Arc<Code>>,
     /// Tells waiters when the optimized code serves.
     tier: tokio::sync::watch::Sender<Tier>,
-    /// Never more than the plugin's share of the host's slots (see [`crate::pool`]).
-    idle: Mutex<Vec<Instance>>,
+    /// Its world's code and idle instances: a `Runner<W>`.
+    served: Box<dyn Serving>,
     /// Counts the plugin among those sharing the slots while it lives.
     pool: Member,
     cluster: Option<Arc<dyn ClusterReader>>,
@@ -391,7 +256,7 @@ impl std::fmt::Debug for Plugin {
 impl PluginHost {
     /// Compiles (or takes from the cache) and links `wasm` for `spec`, starts one
     /// instance and has it check its configuration. Blocking work runs off the async
-    /// runtime.
+    /// runtime, guest code on the host's call threads.
     pub async fn load(
         self: &Arc<Self>,
         spec: PluginSpec,
@@ -417,8 +282,7 @@ impl PluginHost {
             .await
     }
 
-    /// Compiles off the async runtime (or takes `previous`'s compiled module when it
-    /// is the same), then loads; counts into `metrics` when given.
+    /// Picks the world of `spec.kind`, then loads as [`PluginHost::load_world`] does.
     async fn load_counting(
         self: &Arc<Self>,
         spec: PluginSpec,
@@ -427,18 +291,39 @@ impl PluginHost {
         metrics: Option<Arc<PluginMetrics>>,
         previous: Option<&Plugin>,
     ) -> Result<Arc<Plugin>, LoadError> {
+        match spec.kind {
+            PluginKind::Mutating | PluginKind::Validating => {
+                self.load_world::<Admission>(spec, wasm, cluster, metrics, previous)
+                    .await
+            }
+            PluginKind::Initializer => {
+                self.load_world::<Initializer>(spec, wasm, cluster, metrics, previous)
+                    .await
+            }
+        }
+    }
+
+    /// Compiles off the async runtime (or takes `previous`'s compiled module when it
+    /// is the same), links it as a plugin of world `W`, then loads; counts into
+    /// `metrics` when given.
+    async fn load_world<W: World>(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        cluster: Option<Arc<dyn ClusterReader>>,
+        metrics: Option<Arc<PluginMetrics>>,
+        previous: Option<&Plugin>,
+    ) -> Result<Arc<Plugin>, LoadError> {
         let digest = digest_of(&wasm);
-        let current = previous.filter(|p| p.digest == digest).map(|p| {
-            let code = p.code.read().unwrap_or_else(|e| e.into_inner());
-            (code.component.clone(), code.tier)
-        });
+        let current = previous
+            .filter(|p| p.digest == digest)
+            .map(|p| p.served.component());
         let host = self.clone();
         let bytes = wasm.clone();
-        let kind = spec.kind;
         let for_compile = digest.clone();
         let code = tokio::task::spawn_blocking(move || {
             let (component, compiler) = host.compile(&bytes, &for_compile, current)?;
-            Code::link(compiler, kind, &component)
+            Code::<W>::link(compiler, &component)
         })
         .await
         .map_err(|e| LoadError {
@@ -455,10 +340,10 @@ impl PluginHost {
         Ok(plugin)
     }
 
-    async fn load_code(
+    async fn load_code<W: World>(
         self: &Arc<Self>,
         spec: PluginSpec,
-        code: Code,
+        code: Code<W>,
         digest: &str,
         cluster: Option<Arc<dyn ClusterReader>>,
         metrics: Option<Arc<PluginMetrics>>,
@@ -468,12 +353,14 @@ impl PluginHost {
             .unwrap_or(digest)
             .to_owned();
         let label = format!("plugin {} ({}, v {short})", spec.name, spec.kind);
-        let mut plugin = Plugin {
+        let plugin = Plugin {
             digest: digest.to_owned(),
             label,
             tier: tokio::sync::watch::Sender::new(code.tier),
-            code: RwLock::new(Arc::new(code)),
-            idle: Mutex::new(Vec::new()),
+            served: Box::new(Runner::<W> {
+                code: RwLock::new(Arc::new(code)),
+                idle: Mutex::new(Vec::new()),
+            }),
             pool: self.pool.join(),
             cluster,
             // The load's own failures are not the serving version's: they count
@@ -481,49 +368,18 @@ impl PluginHost {
             metrics: Arc::default(),
             spec,
         };
-        let start_error = |e: PluginError| LoadError {
+        // The plugin's first instance starts and checks its configuration on the call
+        // threads, as every call does; the plugin comes back with the answer.
+        let host = self.clone();
+        let checking = self.calls.run(async move {
+            let checked = plugin.check_configuration::<W>(&host).await;
+            (plugin, checked)
+        });
+        let (mut plugin, checked) = checking.await.map_err(|e| LoadError {
             reason: LoadErrorReason::InstantiateFailed,
-            message: e.to_string(),
-        };
-        let wait = plugin.spec.timeout.max(LOAD_SLOT_WAIT);
-        let mut instance = match tokio::time::timeout(wait, plugin.take(self)).await {
-            Ok(taken) => taken.map_err(start_error)?,
-            Err(_) => {
-                return Err(LoadError {
-                    reason: LoadErrorReason::InstantiateFailed,
-                    message: format!(
-                        "{} found no free instance slot within {}s: the host's are all in use",
-                        plugin.label,
-                        wait.as_secs()
-                    ),
-                });
-            }
-        };
-        let config = plugin.spec.configuration.clone();
-        instance.arm(Instant::now() + plugin.spec.timeout);
-        let checked = match &instance.bindings {
-            Bindings::Admission(b) => {
-                b.trellis_plugin_admission_handler()
-                    .call_validate_configuration(&mut instance.store, &config)
-                    .await
-            }
-            Bindings::Initializer(b) => {
-                b.trellis_plugin_initializer_handler()
-                    .call_validate_configuration(&mut instance.store, &config)
-                    .await
-            }
-        };
-        match checked {
-            Ok(Ok(())) => {}
-            Ok(Err(why)) => {
-                return Err(LoadError {
-                    reason: LoadErrorReason::ConfigurationRejected,
-                    message: format!("{} rejected its configuration: {why}", plugin.label),
-                });
-            }
-            Err(e) => return Err(start_error(plugin.failure(e, &instance.store))),
-        }
-        plugin.give_back(instance);
+            message: format!("starting the plugin stopped: {e}"),
+        })?;
+        checked?;
         // Counting starts with the version serving (or goes on from the one before).
         plugin.metrics = metrics.unwrap_or_default();
         let plugin = Arc::new(plugin);
@@ -574,12 +430,7 @@ impl Plugin {
         compiler: &Compiler,
         component: &Arc<Component>,
     ) -> Result<(), LoadError> {
-        let code = Arc::new(Code::link(compiler, self.spec.kind, component)?);
-        let tier = code.tier;
-        *self.code.write().unwrap_or_else(|e| e.into_inner()) = code;
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.retain(|instance| instance.tier == tier);
-        }
+        let tier = self.served.promote(compiler, component)?;
         self.tier.send_replace(tier);
         Ok(())
     }
@@ -587,33 +438,13 @@ impl Plugin {
     /// Calls `admit`. A validating plugin's patch is refused here; the caller checks
     /// and applies a mutating plugin's patch.
     pub async fn admit(
-        &self,
+        self: &Arc<Self>,
         host: &Arc<PluginHost>,
         request: &AdmissionRequest,
     ) -> Result<AdmissionResponse, PluginError> {
         self.metrics.calls.fetch_add(1, Ordering::Relaxed);
-        let result = self
-            .bounded(async {
-                let started = Instant::now();
-                let mut instance = self.take(host).await?;
-                let _running = Running::new(&self.metrics.in_flight);
-                // What waiting for an instance took counts against the deadline.
-                instance.arm(started + self.spec.timeout);
-                let answer = match &instance.bindings {
-                    Bindings::Admission(b) => {
-                        b.trellis_plugin_admission_handler()
-                            .call_admit(&mut instance.store, request)
-                            .await
-                    }
-                    Bindings::Initializer(_) => {
-                        return Err(self.error(PluginErrorKind::BadAnswer(
-                            "nothing: an initializer cannot admit".into(),
-                        )));
-                    }
-                };
-                self.finish(instance, answer, started)
-            })
-            .await;
+        // The call runs on the host's call threads, so it owns its request.
+        let result = self.call(host, Admit(request.clone())).await;
         match &result {
             Ok(response)
                 if self.spec.kind == PluginKind::Validating && response.patch.is_some() =>
@@ -637,33 +468,12 @@ impl Plugin {
     /// Calls `initialize`: `Ok(Ok(object))`, `Ok(Err(reason))` when the plugin
     /// refuses, `Err` when it fails.
     pub async fn initialize(
-        &self,
+        self: &Arc<Self>,
         host: &Arc<PluginHost>,
         request: &InitializeRequest,
     ) -> Result<Result<String, String>, PluginError> {
         self.metrics.calls.fetch_add(1, Ordering::Relaxed);
-        let result = self
-            .bounded(async {
-                let started = Instant::now();
-                let mut instance = self.take(host).await?;
-                let _running = Running::new(&self.metrics.in_flight);
-                // What waiting for an instance took counts against the deadline.
-                instance.arm(started + self.spec.timeout);
-                let answer = match &instance.bindings {
-                    Bindings::Initializer(b) => {
-                        b.trellis_plugin_initializer_handler()
-                            .call_initialize(&mut instance.store, request)
-                            .await
-                    }
-                    Bindings::Admission(_) => {
-                        return Err(self.error(PluginErrorKind::BadAnswer(
-                            "nothing: an admission plugin cannot initialize".into(),
-                        )));
-                    }
-                };
-                self.finish(instance, answer, started)
-            })
-            .await;
+        let result = self.call(host, Initialize(request.clone())).await;
         match &result {
             Ok(Err(_)) => {
                 self.metrics.denials.fetch_add(1, Ordering::Relaxed);
@@ -674,6 +484,99 @@ impl Plugin {
             }
         }
         result
+    }
+
+    /// The runner of world `W`, if the plugin is of that world.
+    fn runner<W: World>(&self) -> Option<&Runner<W>> {
+        self.served.as_any().downcast_ref()
+    }
+
+    /// A call into world `W` of a plugin of another world (a caller's mistake).
+    fn not_of<W: World>(&self) -> PluginError {
+        self.error(PluginErrorKind::BadAnswer(format!(
+            "nothing: a {} plugin does not serve the {} world",
+            self.spec.kind,
+            W::NAME
+        )))
+    }
+
+    /// Runs `call` in an instance of the plugin, on the host's call threads, within
+    /// the plugin's deadline; the caller only awaits the answer.
+    async fn call<W: World, C: Call<W>>(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        call: C,
+    ) -> Result<C::Output, PluginError> {
+        if self.runner::<W>().is_none() {
+            return Err(self.not_of::<W>());
+        }
+        let plugin = self.clone();
+        let on = host.clone();
+        let running = host.calls.run(async move {
+            let Some(runner) = plugin.runner::<W>() else {
+                return Err(plugin.not_of::<W>());
+            };
+            plugin
+                .bounded(async {
+                    let started = Instant::now();
+                    let mut instance = runner.take(&plugin, &on).await?;
+                    let _running = Running::new(&plugin.metrics.in_flight);
+                    // What waiting for an instance took counts against the deadline.
+                    instance.arm(started + plugin.spec.timeout);
+                    let answer = call.call(&instance.exports, &mut instance.store).await;
+                    runner.finish(&plugin, instance, answer, started)
+                })
+                .await
+        });
+        match running.await {
+            Ok(answer) => answer,
+            Err(e) => Err(self.error(PluginErrorKind::Trapped(format!("the call stopped: {e}")))),
+        }
+    }
+
+    /// Starts an instance and has it check the plugin's configuration: the load's
+    /// last step, on the call threads.
+    async fn check_configuration<W: World>(&self, host: &Arc<PluginHost>) -> Result<(), LoadError> {
+        let start_error = |e: PluginError| LoadError {
+            reason: LoadErrorReason::InstantiateFailed,
+            message: e.to_string(),
+        };
+        let Some(runner) = self.runner::<W>() else {
+            return Err(start_error(self.not_of::<W>()));
+        };
+        let wait = self.spec.timeout.max(LOAD_SLOT_WAIT);
+        let mut instance = match tokio::time::timeout(wait, runner.take(self, host)).await {
+            Ok(taken) => taken.map_err(start_error)?,
+            Err(_) => {
+                return Err(LoadError {
+                    reason: LoadErrorReason::InstantiateFailed,
+                    message: format!(
+                        "{} found no free instance slot within {}s: the host's are all in use",
+                        self.label,
+                        wait.as_secs()
+                    ),
+                });
+            }
+        };
+        instance.arm(Instant::now() + self.spec.timeout);
+        let checked = W::validate_configuration(
+            &instance.exports,
+            &mut instance.store,
+            &self.spec.configuration,
+        )
+        .await;
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => {
+                return Err(LoadError {
+                    reason: LoadErrorReason::ConfigurationRejected,
+                    message: format!("{} rejected its configuration: {why}", self.label),
+                });
+            }
+            Err(e) => return Err(start_error(self.failure(e, &instance.store))),
+        }
+        runner.give_back(self, instance);
+        Ok(())
     }
 
     /// The epoch deadline stops a guest that computes; this also stops one waiting
@@ -707,6 +610,35 @@ impl Plugin {
         }
     }
 
+    /// How many idle instances hold slots of the host's pool.
+    pub(crate) fn pooled_idle(&self) -> usize {
+        self.served.pooled_idle()
+    }
+
+    /// Drops the oldest idle instance that holds a slot of the host's pool, for a call
+    /// of another plugin that needs the slot; `false` if there was none (another call
+    /// may have taken it meanwhile).
+    pub(crate) fn release_idle(&self) -> bool {
+        self.served.release_idle()
+    }
+
+    fn failure(&self, e: wasmtime::Error, store: &Store<PluginState>) -> PluginError {
+        if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
+            return self.error(PluginErrorKind::Timeout(self.spec.timeout));
+        }
+        if store.data().limits.denied {
+            return self.error(PluginErrorKind::OutOfMemory(self.spec.memory_limit));
+        }
+        let why = match e.downcast_ref::<Trap>() {
+            Some(trap) => trap.to_string(),
+            None => first_line(&format!("{e:#}")).to_owned(),
+        };
+        self.error(PluginErrorKind::Trapped(why))
+    }
+}
+
+impl<W: World> Runner<W> {
     /// An idle instance, the one this thread ran last if there is one, or a new one.
     /// Keeping instances with threads keeps a call's guest memory, stack and store in
     /// the cache of the core that touched them last, rather than moving them between
@@ -715,18 +647,22 @@ impl Plugin {
     /// When the host's pool has no free slot, takes back another plugin's idle
     /// instance, or waits for an instance to be dropped: the caller bounds the wait
     /// with the call's deadline.
-    async fn take(&self, host: &Arc<PluginHost>) -> Result<Instance, PluginError> {
+    async fn take(
+        &self,
+        plugin: &Plugin,
+        host: &Arc<PluginHost>,
+    ) -> Result<Instance<W>, PluginError> {
         if let Some(instance) = self.pop_idle() {
             return Ok(instance);
         }
-        let pool = self.pool.pool();
+        let pool = plugin.pool.pool();
         let mut waiting = None;
         loop {
             let freed = pool.freed();
             let mut freed = std::pin::pin!(freed);
             // Registered before trying, so that a slot freed in between wakes us.
             freed.as_mut().enable();
-            match self.instantiate(host).await {
+            match self.instantiate(plugin, host).await {
                 Ok(instance) => return Ok(instance),
                 Err(NotMade::Failed(e)) => return Err(e),
                 Err(NotMade::PoolFull) => {}
@@ -740,8 +676,8 @@ impl Plugin {
                 continue;
             }
             if waiting.is_none() {
-                self.metrics.slot_waits.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(plugin = %self.spec.name, "every instance slot is in use; waiting for one");
+                plugin.metrics.slot_waits.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(plugin = %plugin.spec.name, "every instance slot is in use; waiting for one");
                 waiting = Some(pool.wait());
             }
             let _ = tokio::time::timeout(pool::RECHECK, freed).await;
@@ -749,7 +685,7 @@ impl Plugin {
     }
 
     /// The idle instance this thread ran last, else the newest.
-    fn pop_idle(&self) -> Option<Instance> {
+    fn pop_idle(&self) -> Option<Instance<W>> {
         let here = std::thread::current().id();
         let mut idle = self.idle.lock().ok()?;
         match idle.iter().rposition(|i| i.thread == here) {
@@ -758,36 +694,18 @@ impl Plugin {
         }
     }
 
-    /// How many idle instances hold slots of the host's pool.
-    pub(crate) fn pooled_idle(&self) -> usize {
-        self.idle.lock().map_or(0, |idle| {
-            idle.iter().filter(|i| i.tier == Tier::Optimized).count()
-        })
-    }
-
-    /// Drops the oldest idle instance that holds a slot of the host's pool, for a call
-    /// of another plugin that needs the slot; `false` if there was none (another call
-    /// may have taken it meanwhile).
-    pub(crate) fn release_idle(&self) -> bool {
-        let taken = self.idle.lock().ok().and_then(|mut idle| {
-            let at = idle.iter().position(|i| i.tier == Tier::Optimized)?;
-            Some(idle.remove(at))
-        });
-        // Dropped here, after the lock: dropping a store unmaps its memory.
-        taken.is_some()
-    }
-
     /// Keeps `instance` idle for the next call, unless it runs code the plugin no
     /// longer serves, calls wait for its slot, or the plugin keeps its share already.
-    fn give_back(&self, mut instance: Instance) {
-        let pool = self.pool.pool();
-        if instance.tier != self.tier() || (instance.tier == Tier::Optimized && pool.contended()) {
+    fn give_back(&self, plugin: &Plugin, mut instance: Instance<W>) {
+        let pool = plugin.pool.pool();
+        if instance.tier != plugin.tier() || (instance.tier == Tier::Optimized && pool.contended())
+        {
             return;
         }
         instance.thread = std::thread::current().id();
         let share = pool.idle_share();
         // Dropped after the lock is released: dropping a store unmaps its memory.
-        let surplus: Vec<Instance> = match self.idle.lock() {
+        let surplus: Vec<Instance<W>> = match self.idle.lock() {
             Ok(mut idle) if idle.len() < share => {
                 idle.push(instance);
                 Vec::new()
@@ -809,49 +727,40 @@ impl Plugin {
     /// instance cannot be entered again).
     fn finish<R>(
         &self,
-        instance: Instance,
+        plugin: &Plugin,
+        instance: Instance<W>,
         answer: wasmtime::Result<R>,
         started: Instant,
     ) -> Result<R, PluginError> {
         let peak = instance.store.data().limits.peak;
-        self.metrics.memory(peak);
+        plugin.metrics.memory(peak);
         match answer {
             // An answer after the deadline is not used, as a webhook's late answer
             // is not: the guest may have been resumed past its deadline between two
             // epoch ticks.
-            Ok(_) if started.elapsed() > self.spec.timeout => {
-                self.give_back(instance);
-                self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
-                Err(self.error(PluginErrorKind::Timeout(self.spec.timeout)))
+            Ok(_) if started.elapsed() > plugin.spec.timeout => {
+                self.give_back(plugin, instance);
+                plugin.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(plugin.error(PluginErrorKind::Timeout(plugin.spec.timeout)))
             }
             Ok(value) => {
-                self.metrics.observe(started.elapsed());
-                self.give_back(instance);
+                plugin.metrics.observe(started.elapsed());
+                self.give_back(plugin, instance);
                 Ok(value)
             }
-            Err(e) => Err(self.failure(e, &instance.store)),
+            Err(e) => Err(plugin.failure(e, &instance.store)),
         }
-    }
-
-    fn failure(&self, e: wasmtime::Error, store: &Store<PluginState>) -> PluginError {
-        if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-            self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
-            return self.error(PluginErrorKind::Timeout(self.spec.timeout));
-        }
-        if store.data().limits.denied {
-            return self.error(PluginErrorKind::OutOfMemory(self.spec.memory_limit));
-        }
-        let why = match e.downcast_ref::<Trap>() {
-            Some(trap) => trap.to_string(),
-            None => first_line(&format!("{e:#}")).to_owned(),
-        };
-        self.error(PluginErrorKind::Trapped(why))
     }
 
     /// A new instance of the code serving now, in a slot of the host's pool (when the
     /// code is optimized).
-    async fn instantiate(&self, host: &Arc<PluginHost>) -> Result<Instance, NotMade> {
-        let name: Arc<str> = Arc::from(self.spec.name.as_str());
+    async fn instantiate(
+        &self,
+        plugin: &Plugin,
+        host: &Arc<PluginHost>,
+    ) -> Result<Instance<W>, NotMade> {
+        let spec = &plugin.spec;
+        let name: Arc<str> = Arc::from(spec.name.as_str());
         let mut wasi = WasiCtx::builder();
         // Nothing granted: no files, environment, arguments or network; output goes
         // to the host's log.
@@ -871,14 +780,14 @@ impl Plugin {
             table: ResourceTable::new(),
             limits: Limiter {
                 inner: StoreLimitsBuilder::new()
-                    .memory_size(self.spec.memory_limit)
+                    .memory_size(spec.memory_limit)
                     .build(),
                 peak: 0,
                 denied: false,
             },
             plugin: name,
-            cluster: self.cluster.clone(),
-            deadline: Instant::now() + self.spec.timeout,
+            cluster: plugin.cluster.clone(),
+            deadline: Instant::now() + spec.timeout,
         };
         let code = self.code.read().unwrap_or_else(|e| e.into_inner()).clone();
         let mut store = Store::new(&host.compiler(code.tier).engine, state);
@@ -887,38 +796,28 @@ impl Plugin {
             if Instant::now() >= ctx.data().deadline {
                 Ok(UpdateDeadline::Interrupt)
             } else {
-                // Let other requests run between ticks of a long call.
+                // Let other calls run between ticks of a long call.
                 Ok(UpdateDeadline::Yield(1))
             }
         });
         store.set_epoch_deadline(1);
-        let bindings = match &code.pre {
-            Pre::Admission(pre) => pre
-                .instantiate_async(&mut store)
-                .await
-                .map(Bindings::Admission),
-            Pre::Initializer(pre) => pre
-                .instantiate_async(&mut store)
-                .await
-                .map(Bindings::Initializer),
-        };
-        match bindings {
-            Ok(bindings) => Ok(Instance {
+        match W::instantiate(&code.pre, &mut store).await {
+            Ok(exports) => Ok(Instance {
                 store,
-                bindings,
+                exports,
                 thread: std::thread::current().id(),
                 tier: code.tier,
-                _slot: Slot::new(self.pool.pool()),
+                _slot: Slot::new(plugin.pool.pool()),
             }),
             // Not the plugin's failure: it says nothing about the plugin, and a slot
             // may be free in a moment.
             Err(e) if e.is::<PoolConcurrencyLimitError>() => Err(NotMade::PoolFull),
-            Err(e) => Err(NotMade::Failed(self.failure(e, &store))),
+            Err(e) => Err(NotMade::Failed(plugin.failure(e, &store))),
         }
     }
 }
 
-impl Instance {
+impl<W: World> Instance<W> {
     /// Starts one call, which must end by `deadline`.
     fn arm(&mut self, deadline: Instant) {
         self.store.data_mut().deadline = deadline;
@@ -926,10 +825,6 @@ impl Instance {
         self.store.set_epoch_deadline(1);
     }
 }
-
-// The initializer world's generated module is used through `Pre`/`Bindings` only.
-#[allow(unused_imports)]
-use bindings::initializer as _;
 
 /// A call that holds an instance, counted in [`PluginMetrics::in_flight`] until it is
 /// dropped (the call returned, failed or was stopped).

@@ -66,7 +66,7 @@ pub use request::{
 pub use serde_json::{self, Value, json};
 pub use verdict::{Status, Verdict};
 
-// `__admission_bindings!()` and `__initializer_bindings!()`, written by build.rs.
+// `__bindings!(WORLD)`, written by build.rs.
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
 /// What the export macros expand to; not part of the API.
@@ -162,12 +162,13 @@ pub mod __private {
 }
 
 /// The [`host::Host`] backed by the WIT imports, and conversions from the WIT types
-/// both worlds share. Expanded inside the module that holds the bindings.
+/// every world shares. Expanded inside the module that holds the bindings, after
+/// `__bindings!`, which names the imports `wit_log` and `wit_cluster` and the types
+/// `wit`.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __shared_glue {
     () => {
-        use trellis::plugin::{cluster as wit_cluster, log as wit_log, types as wit};
         use $crate::__private as sdk;
 
         struct WitHost;
@@ -215,6 +216,8 @@ macro_rules! __shared_glue {
             }
         }
 
+        // Not every world's records carry kinds and resources.
+        #[allow(dead_code)]
         fn gvr(r: wit::GroupVersionResource) -> $crate::GroupVersionResource {
             $crate::GroupVersionResource {
                 group: r.group,
@@ -223,6 +226,7 @@ macro_rules! __shared_glue {
             }
         }
 
+        #[allow(dead_code)]
         fn gvk(k: wit::GroupVersionKind) -> $crate::GroupVersionKind {
             $crate::GroupVersionKind {
                 group: k.group,
@@ -233,22 +237,33 @@ macro_rules! __shared_glue {
     };
 }
 
-/// The `admission-handler` export for a plugin type; `$admit` and `$configure` pick
-/// validating or mutating.
+/// Exports a plugin type as the component of one world: the one mechanism behind
+/// every export macro.
+///
+/// - `$world`: the world (`admission`, `initializer`, ...), as `__bindings!` names it;
+/// - `$plugin`: the plugin type;
+/// - `configure`: the function that decodes and checks the plugin's configuration,
+///   which every world's `validate-configuration` calls;
+/// - `entry`: the plugin's other entry points, named so that a native build (which
+///   leaves the export out) type-checks and uses the plugin type too;
+/// - `guest`: the world's other `handler::Guest` methods. Inside them the plugin type
+///   is `super::__TrellisPlugin`, and the bindings' `handler` and `wit`, the SDK as
+///   `sdk`, and `host()`, `gvk` and `gvr` are in scope.
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __admission_glue {
-    ($plugin:ty, $configure:ident, $admit:ident) => {
-        // Natively the export is left out, so refer to the plugin's entry points
-        // here: a plugin type is then used in native builds and tests too.
+macro_rules! __export {
+    (
+        $world:ident,
+        $plugin:ty,
+        configure: $configure:ident,
+        entry: [$($entry:ident),* $(,)?],
+        guest: { $($guest:tt)* }
+    ) => {
         #[cfg(not(target_arch = "wasm32"))]
-        const _: (
-            fn(&str) -> Result<(), String>,
-            fn(&$crate::Request, &str) -> $crate::__private::AdmissionResponse,
-        ) = (
-            $crate::__private::$configure::<$plugin>,
-            $crate::__private::$admit::<$plugin>,
-        );
+        const _: () = {
+            let _ = $crate::__private::$configure::<$plugin>;
+            $(let _ = $crate::__private::$entry::<$plugin>;)*
+        };
 
         #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
@@ -257,10 +272,8 @@ macro_rules! __admission_glue {
         #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
         mod __trellis_export {
-            $crate::__admission_bindings!();
+            $crate::__bindings!($world);
             $crate::__shared_glue!();
-
-            use exports::trellis::plugin::admission_handler as handler;
 
             struct Export;
 
@@ -271,46 +284,7 @@ macro_rules! __admission_glue {
                     })
                 }
 
-                fn admit(r: handler::AdmissionRequest) -> handler::AdmissionResponse {
-                    let operation = match r.operation {
-                        wit::Operation::Create => $crate::Operation::Create,
-                        wit::Operation::Update => $crate::Operation::Update,
-                        wit::Operation::Delete => $crate::Operation::Delete,
-                        wit::Operation::Connect => $crate::Operation::Connect,
-                    };
-                    let user = $crate::UserInfo {
-                        username: r.user_info.username,
-                        uid: r.user_info.uid,
-                        groups: r.user_info.groups,
-                        extra: r.user_info.extra,
-                    };
-                    let req = sdk::request(
-                        r.uid,
-                        gvk(r.kind),
-                        gvr(r.resource),
-                        r.sub_resource,
-                        r.name,
-                        r.namespace,
-                        operation,
-                        user,
-                        r.object,
-                        r.old_object,
-                        r.dry_run,
-                    );
-                    let out = sdk::with_host(host(), || {
-                        sdk::$admit::<super::__TrellisPlugin>(&req, &r.configuration)
-                    });
-                    handler::AdmissionResponse {
-                        allowed: out.allowed,
-                        status: out.status.map(|s| wit::Status {
-                            code: s.code,
-                            reason: s.reason,
-                            message: s.message,
-                        }),
-                        warnings: out.warnings,
-                        patch: out.patch,
-                    }
-                }
+                $($guest)*
             }
 
             export!(Export);
@@ -318,7 +292,58 @@ macro_rules! __admission_glue {
     };
 }
 
-/// Exports a [`Validate`] type as the component's `admission-handler`.
+/// The `admission` world's export for a plugin type; `$admit` and `$configure` pick
+/// validating or mutating.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __admission_glue {
+    ($plugin:ty, $configure:ident, $admit:ident) => {
+        $crate::__export!(admission, $plugin, configure: $configure, entry: [$admit], guest: {
+            fn admit(r: handler::AdmissionRequest) -> handler::AdmissionResponse {
+                let operation = match r.operation {
+                    wit::Operation::Create => $crate::Operation::Create,
+                    wit::Operation::Update => $crate::Operation::Update,
+                    wit::Operation::Delete => $crate::Operation::Delete,
+                    wit::Operation::Connect => $crate::Operation::Connect,
+                };
+                let user = $crate::UserInfo {
+                    username: r.user_info.username,
+                    uid: r.user_info.uid,
+                    groups: r.user_info.groups,
+                    extra: r.user_info.extra,
+                };
+                let req = sdk::request(
+                    r.uid,
+                    gvk(r.kind),
+                    gvr(r.resource),
+                    r.sub_resource,
+                    r.name,
+                    r.namespace,
+                    operation,
+                    user,
+                    r.object,
+                    r.old_object,
+                    r.dry_run,
+                );
+                let out = sdk::with_host(host(), || {
+                    sdk::$admit::<super::__TrellisPlugin>(&req, &r.configuration)
+                });
+                handler::AdmissionResponse {
+                    allowed: out.allowed,
+                    status: out.status.map(|s| wit::Status {
+                        code: s.code,
+                        reason: s.reason,
+                        message: s.message,
+                    }),
+                    warnings: out.warnings,
+                    patch: out.patch,
+                }
+            }
+        });
+    };
+}
+
+/// Exports a [`Validate`] type as the component's `admission` handler.
 #[macro_export]
 macro_rules! validating {
     ($plugin:ty) => {
@@ -326,7 +351,7 @@ macro_rules! validating {
     };
 }
 
-/// Exports a [`Mutate`] type as the component's `admission-handler`.
+/// Exports a [`Mutate`] type as the component's `admission` handler.
 #[macro_export]
 macro_rules! mutating {
     ($plugin:ty) => {
@@ -334,42 +359,14 @@ macro_rules! mutating {
     };
 }
 
-/// Exports an [`Initialize`] type as the component's `initializer-handler`.
+/// Exports an [`Initialize`] type as the component's `initializer` handler.
 #[macro_export]
 macro_rules! initializer {
     ($plugin:ty) => {
-        #[cfg(not(target_arch = "wasm32"))]
-        const _: (
-            fn(&str) -> Result<(), String>,
-            fn(&$crate::InitializeRequest, &str, &str) -> Result<String, String>,
-        ) = (
-            $crate::__private::validate_configuration_initializer::<$plugin>,
-            $crate::__private::initialize::<$plugin>,
-        );
-
-        #[cfg(target_arch = "wasm32")]
-        #[doc(hidden)]
-        type __TrellisPlugin = $plugin;
-
-        #[cfg(target_arch = "wasm32")]
-        #[doc(hidden)]
-        mod __trellis_export {
-            $crate::__initializer_bindings!();
-            $crate::__shared_glue!();
-
-            use exports::trellis::plugin::initializer_handler as handler;
-
-            struct Export;
-
-            impl handler::Guest for Export {
-                fn validate_configuration(configuration: String) -> Result<(), String> {
-                    sdk::with_host(host(), || {
-                        sdk::validate_configuration_initializer::<super::__TrellisPlugin>(
-                            &configuration,
-                        )
-                    })
-                }
-
+        $crate::__export!(initializer, $plugin,
+            configure: validate_configuration_initializer,
+            entry: [initialize],
+            guest: {
                 fn initialize(r: handler::InitializeRequest) -> Result<String, String> {
                     let req = sdk::initialize_request(gvk(r.kind), gvr(r.resource));
                     sdk::with_host(host(), || {
@@ -377,8 +374,6 @@ macro_rules! initializer {
                     })
                 }
             }
-
-            export!(Export);
-        }
+        );
     };
 }
