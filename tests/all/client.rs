@@ -300,6 +300,15 @@ async fn shared_informers(cluster: &TestCluster, client: &kube::Client) -> Resul
     ensure!(on_n1 == ["p1", "p3"], "{on_n1:?}");
     ensure!(pods.by_index(informer::BY_LABEL, "role=n2").len() == 1);
     ensure!(pods.by_index(informer::BY_NAMESPACE, ns).len() == 3);
+    // Cached objects carry no managedFields, which the server does record (Kubernetes'
+    // scheduler and controller manager trim them from their informers too).
+    let stored = api.get("p1").await?.metadata.managed_fields;
+    ensure!(stored.is_some_and(|m| !m.is_empty()));
+    ensure!(
+        pods.list()
+            .iter()
+            .all(|p| p.metadata.managed_fields.is_none())
+    );
     Ok(())
 }
 

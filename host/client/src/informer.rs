@@ -14,6 +14,10 @@
 //!   object already cached, then every change in order. A relist turns into the
 //!   adds, updates and deletes that bring the store to the new list.
 //! - [`Informer::has_synced`] / [`Informer::wait_synced`]: the first list is in.
+//!
+//! Cached objects carry no `managedFields`: as kube-scheduler and
+//! kube-controller-manager trim them from their informers, since no loop reads them and
+//! they are often the larger part of an object.
 
 use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
@@ -82,6 +86,12 @@ pub fn pod_node_name() -> IndexFn<Pod> {
                 .unwrap_or_default(),
         ]
     })
+}
+
+/// Drops what no loop reads from a cached object.
+fn trim<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
 }
 
 /// The key of an object in a store: `namespace/name`, or `name` when cluster-scoped.
@@ -311,7 +321,7 @@ where
     }
 
     fn apply(&self, obj: K) {
-        let obj = Arc::new(obj);
+        let obj = Arc::new(trim(obj));
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
         let change = match store.put(obj.clone()) {
             Some(old) => Change::Updated { old, new: obj },
@@ -323,7 +333,7 @@ where
     fn delete(&self, obj: K) {
         let key = key_of(&obj);
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
-        let last = store.remove(&key).unwrap_or_else(|| Arc::new(obj));
+        let last = store.remove(&key).unwrap_or_else(|| Arc::new(trim(obj)));
         self.publish(vec![Change::Deleted(last)]);
     }
 
@@ -378,7 +388,7 @@ where
                 match event {
                     Ok(watcher::Event::Init) => listing = Some(Vec::new()),
                     Ok(watcher::Event::InitApply(obj)) => match &mut listing {
-                        Some(list) => list.push(obj),
+                        Some(list) => list.push(trim(obj)),
                         None => informer.apply(obj),
                     },
                     Ok(watcher::Event::InitDone) => {
