@@ -336,7 +336,8 @@ async fn leader_election(cluster: &TestCluster) -> Result<()> {
     };
     let leading = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
-    let leader: Arc<std::sync::Mutex<String>> = Arc::default();
+    // Who leads, as the leaders' work announces it.
+    let leader = Arc::new(tokio::sync::watch::channel(String::new()).0);
     // The work of a leader: counts itself while it runs; `until` ends it.
     let work = |id: &'static str, until: tokio::sync::oneshot::Receiver<()>| {
         let (leading, most, leader) = (leading.clone(), most.clone(), leader.clone());
@@ -350,20 +351,18 @@ async fn leader_election(cluster: &TestCluster) -> Result<()> {
             let now = leading.fetch_add(1, Ordering::SeqCst) + 1;
             let _leading = Leading(leading.clone());
             most.fetch_max(now, Ordering::SeqCst);
-            *leader.lock().unwrap_or_else(|e| e.into_inner()) = id.to_owned();
+            leader.send_replace(id.to_owned());
             let _ = until.await;
         }
     };
     let wait_for_leader = |id: &'static str| {
-        let leader = leader.clone();
+        let mut announced = leader.subscribe();
         async move {
-            for _ in 0..400 {
-                if *leader.lock().unwrap_or_else(|e| e.into_inner()) == id {
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            anyhow::bail!("{id} never led")
+            tokio::time::timeout(Duration::from_secs(4), announced.wait_for(|l| l == id))
+                .await
+                .with_context(|| format!("{id} never led"))?
+                .map(|_| ())
+                .context("the announcements ended")
         }
     };
     let (_keep_a, until_a) = tokio::sync::oneshot::channel();
@@ -380,7 +379,7 @@ async fn leader_election(cluster: &TestCluster) -> Result<()> {
         async move { b.run(work).await }
     });
     // `a` dies without handing the lease back.
-    ensure!(*leader.lock().unwrap_or_else(|e| e.into_inner()) == "a");
+    ensure!(*leader.borrow() == "a");
     task_a.abort();
     let killed = tokio::time::Instant::now();
     wait_for_leader("b").await?;
