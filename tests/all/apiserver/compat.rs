@@ -361,55 +361,60 @@ async fn delete_waits_until_the_finalizer_is_removed() -> Result<()> {
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: held\n  finalizers: [example.com/hold]\n",
         )
         .await?;
-    let waiting = cluster.admin().clone();
-    let delete = tokio::spawn(async move {
-        waiting
-            .run(
-                &["delete", "cm", "held", "--wait=true", "--timeout=30s"],
-                None,
-            )
-            .await
+    // kubectl logs its requests (`-v=6`) as their answers arrive: once it has opened its
+    // watch of the object, it has seen the object still there and must keep waiting.
+    let mut delete = cluster
+        .admin()
+        .command(&[
+            "delete",
+            "cm",
+            "held",
+            "--wait=true",
+            "--timeout=30s",
+            "-v=6",
+        ])
+        .spawn()?;
+    let stderr = delete.stderr.take().context("kubectl's stderr")?;
+    let log = tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let mut seen = Vec::new();
+        while let Some(line) = lines.next_line().await? {
+            let watching = line.contains("watch=true");
+            seen.push(line);
+            if watching {
+                return Ok::<_, anyhow::Error>((true, seen, lines));
+            }
+        }
+        Ok((false, seen, lines))
     });
-    // The delete only marks the object; kubectl keeps waiting.
-    let mut marked = false;
-    for _ in 0..50 {
-        let ts = cluster
-            .kubectl_ok(&[
-                "get",
-                "cm",
-                "held",
-                "-o",
-                "jsonpath={.metadata.deletionTimestamp}",
-            ])
-            .await?;
-        if !ts.is_empty() {
-            marked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    ensure!(marked, "the config map was never marked for deletion");
-    // kubectl waits on a watch of the object: once it is open, kubectl has seen the
-    // object still there and must still be waiting.
-    let mut watching = false;
-    for _ in 0..100 {
-        let metrics = cluster.request("GET", "/metrics", "text/plain", "").await?;
-        let open = String::from_utf8_lossy(&metrics.body)
-            .lines()
-            .find_map(|l| l.strip_prefix("apiserver_watch_cache_watchers "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_default();
-        if open >= 1.0 {
-            watching = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ensure!(watching, "kubectl never watched the object it deletes");
+    let (watching, seen, rest) = tokio::time::timeout(Duration::from_secs(30), log).await???;
     ensure!(
-        !delete.is_finished(),
+        watching,
+        "kubectl never watched the object it deletes: {seen:?}"
+    );
+    let marked = cluster
+        .kubectl_ok(&[
+            "get",
+            "cm",
+            "held",
+            "-o",
+            "jsonpath={.metadata.deletionTimestamp}",
+        ])
+        .await?;
+    ensure!(
+        !marked.is_empty(),
+        "the config map was not marked for deletion"
+    );
+    ensure!(
+        delete.try_wait()?.is_none(),
         "kubectl delete returned before the finalizer went"
     );
+    // Keep draining its log so that it never blocks on a full pipe.
+    let drain = tokio::spawn(async move {
+        let mut rest = rest;
+        while let Ok(Some(_)) = rest.next_line().await {}
+    });
     cluster
         .kubectl_ok(&[
             "patch",
@@ -420,7 +425,8 @@ async fn delete_waits_until_the_finalizer_is_removed() -> Result<()> {
             r#"{"metadata":{"finalizers":null}}"#,
         ])
         .await?;
-    let output = tokio::time::timeout(Duration::from_secs(30), delete).await???;
+    let output = tokio::time::timeout(Duration::from_secs(30), delete.wait_with_output()).await??;
+    drain.abort();
     ensure!(output.status.success(), "{output:?}");
     ensure!(
         String::from_utf8_lossy(&output.stdout).contains("configmap \"held\" deleted"),
