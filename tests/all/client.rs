@@ -225,7 +225,8 @@ async fn shared_informers(cluster: &TestCluster, client: &kube::Client) -> Resul
     let ns = "informers";
     namespace(client, ns).await?;
     let before = open_watches(cluster).await?;
-    let factory = SharedInformers::new();
+    let metrics = trellis_client::metrics::ComponentMetrics::default();
+    let factory = SharedInformers::with_metrics(metrics.informers.clone());
     let config = || watcher::Config::default().labels("app=x");
     let first = factory.informer::<ConfigMap>(Api::namespaced(client.clone(), ns), config());
     let second = factory.informer::<ConfigMap>(Api::namespaced(client.clone(), ns), config());
@@ -266,6 +267,20 @@ async fn shared_informers(cluster: &TestCluster, client: &kube::Client) -> Resul
     // The changes came through a watch, so it is open: one on the server for both.
     let watching = open_watches(cluster).await?;
     ensure!(watching == before + 1.0, "{before} → {watching} watches");
+    // What the informer did, on the component's /metrics: one list, three changes,
+    // nothing left in the store.
+    let text = metrics.render();
+    let label = format!("informer=\"/api/v1/namespaces/{ns}/configmaps labels=app=x\"");
+    for line in [
+        format!("informer_lists_total{{{label}}} 1"),
+        format!("informer_synced{{{label}}} 1"),
+        format!("informer_objects{{{label}}} 0"),
+        format!("informer_events_total{{{label},type=\"added\"}} 1"),
+        format!("informer_events_total{{{label},type=\"updated\"}} 1"),
+        format!("informer_events_total{{{label},type=\"deleted\"}} 1"),
+    ] {
+        ensure!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
 
     // Indexes: by label (built in) and by node name (added).
     let pods = factory.informer::<Pod>(

@@ -1,15 +1,23 @@
-"""`trellis controllers` as separate processes against one server: exactly one leads
-its Lease, a standby takes over once a killed leader's lease has run out, and a
-leader stopped by SIGTERM hands the lease back."""
+"""`trellis controllers` as separate processes, the control plane on etcd with two API
+servers: each component talks to a different server, exactly one leads its Lease, a
+standby takes over once a killed leader's lease has run out, a leader stopped by
+SIGTERM hands the lease back, and each process's /metrics says whether it leads."""
 
+import re
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import threading
 import time
+import urllib.request
+from pathlib import Path
 
+import pytest
 from kubernetes import client, config, watch
 
-from conftest import trellis_binary
+from conftest import remove_data_dir, start_server, stop_server, trellis_binary, wait_ready
 
 LEASE = "kube-controller-manager"
 FAST = [
@@ -17,29 +25,111 @@ FAST = [
     "--leader-elect-renew-deadline", "1.5",
     "--leader-elect-retry-period", "0.2",
 ]
+LEADING = f'leader_election_master_status{{name="{LEASE}"}}'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_etcd_healthy(etcd: subprocess.Popen, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert etcd.poll() is None, f"etcd exited with {etcd.returncode}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if b'"health":"true"' in r.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"etcd on port {port} not healthy after {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def two_servers_on_etcd():
+    """etcd on loopback and two `trellis server`s on it sharing one CA (the second
+    gets the first's `pki/ca.*` and `pki/sa.key` before it starts); yields their data
+    directories."""
+    etcd_bin = shutil.which("etcd") or "/usr/bin/etcd"
+    etcd_dir = Path(tempfile.mkdtemp(prefix="trellis-etcd-"))
+    client_port, peer_port = free_port(), free_port()
+    etcd = subprocess.Popen(
+        [etcd_bin, "--data-dir", str(etcd_dir / "data"), "--name", "test",
+         "--listen-client-urls", f"http://127.0.0.1:{client_port}",
+         "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-cluster", f"test=http://127.0.0.1:{peer_port}",
+         "--log-level", "error", "--logger", "zap"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    dirs, servers = [], []
+    try:
+        wait_etcd_healthy(etcd, client_port)
+        store = f"etcd://127.0.0.1:{client_port}"
+        first = Path(tempfile.mkdtemp(prefix="trellis-py-etcd-a-"))
+        dirs.append(first)
+        servers.append(start_server(first, "--store", store))
+        wait_ready(servers[0], first)
+        second = Path(tempfile.mkdtemp(prefix="trellis-py-etcd-b-"))
+        dirs.append(second)
+        (second / "pki").mkdir(mode=0o700)
+        for name in ("ca.crt", "ca.key", "sa.key"):
+            shutil.copy2(first / "pki" / name, second / "pki" / name)
+        servers.append(start_server(second, "--store", store))
+        wait_ready(servers[1], second)
+        yield dirs
+    finally:
+        for proc in servers:
+            stop_server(proc)
+        for d in dirs:
+            remove_data_dir(d)
+        etcd.terminate()
+        etcd.wait(timeout=10)
+        shutil.rmtree(etcd_dir, ignore_errors=True)
 
 
 class Component:
     """One `trellis controllers` process; `running` is set when it logs that its loops
-    run (it leads)."""
+    run (it leads), `metrics_url` once it logs where its metrics are."""
 
-    def __init__(self, trellis, anyone_running: threading.Event):
+    def __init__(self, data_dir: Path, anyone_running: threading.Event):
         self.proc = subprocess.Popen(
             [str(trellis_binary()), "controllers",
-             "--kubeconfig", str(trellis.data_dir / "controller-manager.kubeconfig"), *FAST],
+             "--kubeconfig", str(data_dir / "controller-manager.kubeconfig"),
+             "--metrics-bind-address", "127.0.0.1:0", *FAST],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         self.running = threading.Event()
+        self.serving = threading.Event()
+        self.metrics_url = ""
         self.anyone_running = anyone_running
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
         for line in self.proc.stderr:
+            line = re.sub(r"\x1b\[[0-9;]*m", "", line)
             self.log.append(line)
+            found = re.search(r"serving metrics address=(\S+)", line)
+            if found:
+                self.metrics_url = f"http://{found.group(1)}/metrics"
+                self.serving.set()
             if "running;" in line:
                 self.running.set()
                 self.anyone_running.set()
+
+    def leading_metric(self) -> str:
+        assert self.serving.wait(10), self.log
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith(LEADING):
+                return line.split()[-1]
+        return "absent"
 
 
 def holder_becomes(coordination, accept, timeout=15) -> str:
@@ -57,32 +147,40 @@ def holder_becomes(coordination, accept, timeout=15) -> str:
     raise AssertionError(f"the {LEASE} lease never got the holder expected")
 
 
-def test_one_leader_a_standby_takes_over_and_sigterm_hands_back(trellis, api_client):
-    coordination = client.CoordinationV1Api(api_client)
+def test_one_leader_across_two_api_servers_a_standby_takes_over_and_sigterm_hands_back(
+        two_servers_on_etcd):
+    first_dir, second_dir = two_servers_on_etcd
+    admin = config.new_client_from_config(config_file=str(first_dir / "admin.kubeconfig"))
+    coordination = client.CoordinationV1Api(admin)
     anyone_running = threading.Event()
-    components = [Component(trellis, anyone_running), Component(trellis, anyone_running)]
+    components = [Component(first_dir, anyone_running), Component(second_dir, anyone_running)]
     try:
         first = holder_becomes(coordination, bool)
         assert anyone_running.wait(10), [c.log for c in components]
         leader = 0 if components[0].running.is_set() else 1
         standby = 1 - leader
         assert not components[standby].running.is_set(), components[standby].log
+        assert components[leader].leading_metric() == "1"
+        assert components[standby].leading_metric() in ("0", "absent")
 
-        # The components act as their own user, not as the admin.
-        component = config.new_client_from_config(
-            config_file=str(trellis.data_dir / "controller-manager.kubeconfig"))
-        review = client.AuthenticationV1Api(component).create_self_subject_review(
-            client.V1SelfSubjectReview())
-        assert review.status.user_info.username == "system:kube-controller-manager"
-        assert "system:masters" not in (review.status.user_info.groups or [])
+        # The components act as their own user, not as the admin, on either server.
+        for data_dir in (first_dir, second_dir):
+            component = config.new_client_from_config(
+                config_file=str(data_dir / "controller-manager.kubeconfig"))
+            review = client.AuthenticationV1Api(component).create_self_subject_review(
+                client.V1SelfSubjectReview())
+            assert review.status.user_info.username == "system:kube-controller-manager"
+            assert "system:masters" not in (review.status.user_info.groups or [])
 
         components[leader].proc.send_signal(signal.SIGKILL)
         components[leader].proc.wait()
         killed = time.monotonic()
         second = holder_becomes(coordination, lambda h: bool(h) and h != first)
         takeover = time.monotonic() - killed
+        print(f"takeover across API servers: {takeover:.2f} s (lease 2 s)")
         assert 1.5 <= takeover < 5.0, takeover
         assert components[standby].running.wait(10), components[standby].log
+        assert components[standby].leading_metric() == "1"
         lease = coordination.read_namespaced_lease(LEASE, "kube-system")
         assert lease.spec.lease_transitions >= 1
 
@@ -95,3 +193,4 @@ def test_one_leader_a_standby_takes_over_and_sigterm_hands_back(trellis, api_cli
             if c.proc.poll() is None:
                 c.proc.kill()
                 c.proc.wait()
+        admin.close()

@@ -15,6 +15,9 @@
 //!   adds, updates and deletes that bring the store to the new list.
 //! - [`Informer::has_synced`] / [`Informer::wait_synced`]: the first list is in.
 //!
+//! - [`InformerMetrics`]: `informer_*` metrics of every informer of a
+//!   [`SharedInformers`], labelled by what it watches.
+//!
 //! Cached objects carry no `managedFields`: as kube-scheduler and
 //! kube-controller-manager trim them from their informers, since no loop reads them and
 //! they are often the larger part of an object.
@@ -22,13 +25,17 @@
 use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
@@ -99,6 +106,107 @@ pub fn key_of<K: Resource>(obj: &K) -> String {
     match obj.meta().namespace.as_deref() {
         Some(ns) if !ns.is_empty() => format!("{ns}/{}", obj.name_any()),
         _ => obj.name_any(),
+    }
+}
+
+/// The informers' metrics, shared by every informer of a [`SharedInformers`] and
+/// labelled by what each watches (`informer="/api/v1/pods labels=app=web"`).
+#[derive(Clone, Debug, Default)]
+pub struct InformerMetrics {
+    objects: Family<InformerLabel, Gauge>,
+    synced: Family<InformerLabel, Gauge>,
+    lists: Family<InformerLabel, Counter>,
+    errors: Family<InformerLabel, Counter>,
+    events: Family<EventLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InformerLabel {
+    informer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    informer: String,
+    /// `added`, `updated` or `deleted`.
+    r#type: &'static str,
+}
+
+impl InformerMetrics {
+    /// Adds the metrics to `registry` as `informer_objects`, `informer_synced`,
+    /// `informer_lists_total`, `informer_watch_errors_total` and
+    /// `informer_events_total`.
+    pub fn register(&self, registry: &mut Registry) {
+        let sub = registry.sub_registry_with_prefix("informer");
+        sub.register("objects", "Objects in the store", self.objects.clone());
+        sub.register(
+            "synced",
+            "1 once the first list is in the store",
+            self.synced.clone(),
+        );
+        sub.register(
+            "lists",
+            "Lists made: the first and every relist",
+            self.lists.clone(),
+        );
+        sub.register(
+            "watch_errors",
+            "List and watch errors recovered from (each followed by a relist or a resumed watch)",
+            self.errors.clone(),
+        );
+        sub.register(
+            "events",
+            "Changes handed to subscribers, by type",
+            self.events.clone(),
+        );
+    }
+
+    fn of(&self, what: &str) -> Counters {
+        let label = InformerLabel {
+            informer: what.to_owned(),
+        };
+        let event = |r#type| {
+            self.events
+                .get_or_create(&EventLabels {
+                    informer: what.to_owned(),
+                    r#type,
+                })
+                .clone()
+        };
+        Counters {
+            objects: self.objects.get_or_create(&label).clone(),
+            synced: self.synced.get_or_create(&label).clone(),
+            lists: self.lists.get_or_create(&label).clone(),
+            errors: self.errors.get_or_create(&label).clone(),
+            added: event("added"),
+            updated: event("updated"),
+            deleted: event("deleted"),
+        }
+    }
+}
+
+/// One informer's handles on its metrics.
+#[derive(Debug)]
+struct Counters {
+    objects: Gauge,
+    synced: Gauge,
+    lists: Counter,
+    errors: Counter,
+    added: Counter,
+    updated: Counter,
+    deleted: Counter,
+}
+
+impl Counters {
+    fn count<K>(&self, changes: &[Change<K>], objects: usize) {
+        for change in changes {
+            match change {
+                Change::Added(_) => self.added.inc(),
+                Change::Updated { .. } => self.updated.inc(),
+                Change::Deleted(_) => self.deleted.inc(),
+            };
+        }
+        self.objects.set(i64::try_from(objects).unwrap_or(i64::MAX));
     }
 }
 
@@ -185,10 +293,7 @@ pub struct Informer<K> {
     store: RwLock<Store<K>>,
     subscribers: Mutex<Vec<mpsc::UnboundedSender<Change<K>>>>,
     synced: watch::Sender<bool>,
-    /// Watch errors so far (each followed by a relist or a resumed watch).
-    errors: AtomicU64,
-    /// Lists and relists so far.
-    lists: AtomicU64,
+    counters: Counters,
     task: Mutex<Option<AbortHandle>>,
 }
 
@@ -212,14 +317,13 @@ impl<K> Informer<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    fn new(what: String) -> Self {
+    fn new(what: String, metrics: &InformerMetrics) -> Self {
         Self {
+            counters: metrics.of(&what),
             what,
             store: RwLock::new(Store::new()),
             subscribers: Mutex::new(Vec::new()),
             synced: watch::channel(false).0,
-            errors: AtomicU64::new(0),
-            lists: AtomicU64::new(0),
             task: Mutex::new(None),
         }
     }
@@ -304,15 +408,18 @@ where
 
     /// How many lists (the first and every relist) the informer has made.
     pub fn lists(&self) -> u64 {
-        self.lists.load(Ordering::Relaxed)
+        self.counters.lists.get()
     }
 
     /// How many watch or list errors it has recovered from.
     pub fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
+        self.counters.errors.get()
     }
 
-    fn publish(&self, changes: Vec<Change<K>>) {
+    /// Hands `changes` to every subscriber; called under the store's write lock, so
+    /// that subscribers see changes in the store's order.
+    fn publish(&self, store: &Store<K>, changes: Vec<Change<K>>) {
+        self.counters.count(&changes, store.items.len());
         if changes.is_empty() {
             return;
         }
@@ -327,14 +434,14 @@ where
             Some(old) => Change::Updated { old, new: obj },
             None => Change::Added(obj),
         };
-        self.publish(vec![change]);
+        self.publish(&store, vec![change]);
     }
 
     fn delete(&self, obj: K) {
         let key = key_of(&obj);
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
         let last = store.remove(&key).unwrap_or_else(|| Arc::new(trim(obj)));
-        self.publish(vec![Change::Deleted(last)]);
+        self.publish(&store, vec![Change::Deleted(last)]);
     }
 
     /// Replaces the store by a complete list: what is gone is deleted, what changed
@@ -370,9 +477,10 @@ where
                 changes.push(Change::Deleted(old));
             }
         }
-        self.publish(changes);
+        self.publish(&store, changes);
         drop(store);
-        self.lists.fetch_add(1, Ordering::Relaxed);
+        self.counters.lists.inc();
+        self.counters.synced.set(1);
         self.synced.send_replace(true);
     }
 
@@ -397,7 +505,7 @@ where
                     Ok(watcher::Event::Apply(obj)) => informer.apply(obj),
                     Ok(watcher::Event::Delete(obj)) => informer.delete(obj),
                     Err(e) => {
-                        informer.errors.fetch_add(1, Ordering::Relaxed);
+                        informer.counters.errors.inc();
                         warn!(informer = %informer.what, error = %e, "watch failed; retrying with backoff");
                     }
                 }
@@ -411,6 +519,7 @@ where
 #[derive(Clone, Debug, Default)]
 pub struct SharedInformers {
     informers: Arc<Mutex<HashMap<InformerKey, Arc<dyn Any + Send + Sync>>>>,
+    metrics: InformerMetrics,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -424,6 +533,19 @@ struct InformerKey {
 impl SharedInformers {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Informers whose metrics go to `metrics`.
+    pub fn with_metrics(metrics: InformerMetrics) -> Self {
+        Self {
+            informers: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// The metrics of this process's informers.
+    pub fn metrics(&self) -> &InformerMetrics {
+        &self.metrics
     }
 
     /// The informer of `api`'s resource (all namespaces, or the one `api` is for) with
@@ -447,18 +569,21 @@ impl SharedInformers {
         {
             return existing;
         }
-        let informer = Arc::new(Informer::new(format!(
-            "{}{}{}",
-            key.url,
-            key.labels
-                .as_deref()
-                .map(|l| format!(" labels={l}"))
-                .unwrap_or_default(),
-            key.fields
-                .as_deref()
-                .map(|f| format!(" fields={f}"))
-                .unwrap_or_default(),
-        )));
+        let informer = Arc::new(Informer::new(
+            format!(
+                "{}{}{}",
+                key.url,
+                key.labels
+                    .as_deref()
+                    .map(|l| format!(" labels={l}"))
+                    .unwrap_or_default(),
+                key.fields
+                    .as_deref()
+                    .map(|f| format!(" fields={f}"))
+                    .unwrap_or_default(),
+            ),
+            &self.metrics,
+        ));
         informer.start(api, config);
         informers.insert(key, informer.clone());
         informer

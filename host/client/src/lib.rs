@@ -11,11 +11,13 @@
 //! - [`workqueue`]: de-duplicating, rate-limited work queues.
 //! - [`leader`]: leader election over Leases.
 //! - [`events`]: the event recorder, with repeats aggregated and a rate limit per object.
+//! - [`metrics`]: a component's informer, queue and leader metrics, and their endpoint.
 
 pub mod events;
 pub mod identity;
 pub mod informer;
 pub mod leader;
+pub mod metrics;
 pub mod transport;
 pub mod workqueue;
 

@@ -8,8 +8,13 @@
 //! registered for the component. A component that loses its lease exits with an
 //! error (its loops must not run beside the new leader's), as Kubernetes' do; on
 //! Ctrl-C or SIGTERM it hands the lease back so a standby takes over at once.
+//!
+//! Each process serves its components' metrics (informers, work queues, whether it
+//! leads) on `/metrics`, as kube-controller-manager (port 10257) and kube-scheduler
+//! (10259) do, over plain HTTP on loopback by default.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,6 +23,7 @@ use clap::Args;
 use tracing::info;
 use trellis_client::informer::SharedInformers;
 use trellis_client::leader::{LeaderConfig, LeaderElector, Outcome};
+use trellis_client::metrics::ComponentMetrics;
 
 /// Which component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +52,25 @@ impl Component {
     fn loops(self) -> &'static [&'static str] {
         &[]
     }
+
+    /// Where Kubernetes' component of this kind serves its metrics.
+    fn default_metrics_address(self) -> SocketAddr {
+        let port = match self {
+            Self::Controllers => 10257,
+            Self::Scheduler => 10259,
+        };
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+}
+
+/// `--metrics-bind-address`: an address, or empty to serve no metrics.
+pub fn metrics_address(s: &str) -> Result<Option<SocketAddr>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|e| format!("{s:?}: {e} (expected ADDR:PORT, or empty for none)"))
 }
 
 #[derive(Debug, Args)]
@@ -70,6 +95,12 @@ pub struct ComponentArgs {
     /// How often candidates try to acquire and leaders renew.
     #[arg(long, default_value = "2", value_name = "SECONDS", value_parser = seconds)]
     leader_elect_retry_period: Duration,
+
+    /// Where `/metrics` and `/healthz` are served over plain HTTP (port 0 picks one;
+    /// empty serves none). Default: 127.0.0.1:10257 for the controllers,
+    /// 127.0.0.1:10259 for the scheduler.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_bind_address: Option<String>,
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
@@ -89,6 +120,26 @@ fn holder_identity() -> String {
     format!("{host}_{}_{nanos:08x}", std::process::id())
 }
 
+/// Sets `leader_election_master_status` while alive: the work of a leader ends by
+/// being dropped when its lease is lost.
+struct Leading {
+    metrics: ComponentMetrics,
+    lease: &'static str,
+}
+
+impl Leading {
+    fn new(metrics: ComponentMetrics, lease: &'static str) -> Self {
+        metrics.set_leading(lease, true);
+        Self { metrics, lease }
+    }
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        self.metrics.set_leading(self.lease, false);
+    }
+}
+
 /// `trellis controllers|scheduler --kubeconfig FILE`.
 pub async fn run_remote(
     component: Component,
@@ -101,13 +152,50 @@ pub async fn run_remote(
         renew_deadline: args.leader_elect_renew_deadline,
         retry_period: args.leader_elect_retry_period,
     };
-    run(
+    let metrics = ComponentMetrics::default();
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let addr = match &args.metrics_bind_address {
+        Some(s) => {
+            metrics_address(s).map_err(|e| anyhow::anyhow!("parse --metrics-bind-address {e}"))?
+        }
+        None => Some(component.default_metrics_address()),
+    };
+    if let Some(addr) = addr {
+        metrics
+            .serve(addr, async move {
+                let _ = metrics_stopped.await;
+            })
+            .await?;
+    }
+    let informers = SharedInformers::with_metrics(metrics.informers.clone());
+    let result = run(
         component,
         client,
+        Shared { informers, metrics },
         args.leader_elect.then_some(config),
         shutdown,
     )
-    .await
+    .await;
+    let _ = stop_metrics.send(());
+    result
+}
+
+/// What the components of one process share: one informer per resource (hence one
+/// watch) and one set of metrics.
+#[derive(Clone, Debug, Default)]
+pub struct Shared {
+    pub informers: SharedInformers,
+    pub metrics: ComponentMetrics,
+}
+
+impl Shared {
+    pub fn new() -> Self {
+        let metrics = ComponentMetrics::default();
+        Self {
+            informers: SharedInformers::with_metrics(metrics.informers.clone()),
+            metrics,
+        }
+    }
 }
 
 /// Runs `component` with `client` until `shutdown`, leader-elected unless `election`
@@ -115,15 +203,18 @@ pub async fn run_remote(
 pub async fn run(
     component: Component,
     client: kube::Client,
+    shared: Shared,
     election: Option<LeaderConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let work = || {
         let mut stopped = stopped.clone();
+        // What the registered loops read through: one watch per resource.
+        let Shared { informers, metrics } = shared.clone();
         async move {
-            // What the registered loops read through: one watch per resource.
-            let _informers = SharedInformers::new();
+            let _informers = informers;
+            let _leading = Leading::new(metrics, component.lease());
             info!(
                 component = component.name(),
                 loops = ?component.loops(),
@@ -183,6 +274,7 @@ pub async fn run(
 /// each as its own Kubernetes user.
 pub fn start_in_process(
     in_process: &trellis_client::InProcess,
+    shared: &Shared,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<()>>> {
     [
@@ -196,10 +288,12 @@ pub fn start_in_process(
     .map(|(component, user)| {
         let client = in_process.client(user);
         let mut shutdown = shutdown.clone();
+        let shared = shared.clone();
         tokio::spawn(async move {
             run(
                 component,
                 client,
+                shared,
                 Some(LeaderConfig::default()),
                 async move {
                     let _ = shutdown.wait_for(|s| *s).await;

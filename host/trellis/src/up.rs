@@ -78,6 +78,11 @@ pub struct UpArgs {
     /// How often a watch that allows bookmarks gets one, in seconds.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     bookmark_interval: u64,
+
+    /// `trellis up` only: where the in-process components' `/metrics` and `/healthz`
+    /// are served over plain HTTP (port 0 picks one; empty serves none).
+    #[arg(long, default_value = "127.0.0.1:10257", value_name = "ADDR:PORT")]
+    metrics_bind_address: String,
 }
 
 /// What `--store` names.
@@ -188,8 +193,21 @@ pub async fn run(
     let compactor =
         tokio::spawn(Compactor::new(config).run(store, stopped_signal(stopped.clone())));
     let running = if components {
+        let shared = crate::components::Shared::new();
+        if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)
+            .map_err(|e| anyhow::anyhow!("parse --metrics-bind-address {e}"))?
+        {
+            let mut stopped = stopped.clone();
+            shared
+                .metrics
+                .serve(addr, async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await?;
+        }
         crate::components::start_in_process(
             &trellis_client::InProcess::new(server.in_process.clone()),
+            &shared,
             stopped,
         )
     } else {
