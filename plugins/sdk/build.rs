@@ -15,10 +15,17 @@
 
 use std::{env, fs, path::Path, path::PathBuf};
 
-/// A world the SDK exports: its name and its package's folder under `wit/`.
-const WORLDS: [(&str, &str); 2] = [
-    ("admission", "admission/0.1.0"),
-    ("initializer", "initializer/0.1.0"),
+/// A world the SDK exports: its name, its package's folder under `wit/`, and the
+/// names its glue uses beyond the shared ones.
+const WORLDS: [(&str, &str, &str); 3] = [
+    ("admission", "admission/0.1.0", ""),
+    ("initializer", "initializer/0.1.0", ""),
+    (
+        "controller",
+        "controller/0.1.0",
+        "use trellis::controller::{cache as wit_cache, client as wit_client, \
+         events as wit_events, types as wit_controller};",
+    ),
 ];
 
 /// The shared package, nested into each world's text.
@@ -30,7 +37,11 @@ fn main() {
     let frozen = env::var_os("CARGO_FEATURE_WIT_PLUGIN_0_1").is_some();
 
     let mut arms = String::new();
-    for (world, folder) in WORLDS {
+    for (world, folder, own_names) in WORLDS {
+        // The frozen contract has only the first two worlds.
+        if frozen && !own_names.is_empty() {
+            continue;
+        }
         let (text, names) = if frozen {
             let text = read(&wit.join("plugin/0.1.0/plugin.wit"));
             let names = format!(
@@ -43,7 +54,8 @@ fn main() {
             let text = format!("{main}\n{}", nested(&read(&wit.join(CORE))));
             let names = format!(
                 "use exports::trellis::{world}::handler;\n\
-                 use trellis::core::{{cluster as wit_cluster, log as wit_log, types as wit}};"
+                 use trellis::core::{{cluster as wit_cluster, log as wit_log, types as wit}};\n\
+                 {own_names}"
             );
             (text, names)
         };

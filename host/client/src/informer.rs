@@ -211,10 +211,12 @@ impl Counters {
 }
 
 struct Store<K> {
-    items: HashMap<String, Arc<K>>,
+    /// Keys are shared with the indexes: one allocation per key, however many index
+    /// values point at it.
+    items: HashMap<Arc<str>, Arc<K>>,
     indexers: HashMap<String, IndexFn<K>>,
     /// Per index: value → keys.
-    indices: HashMap<String, HashMap<String, HashSet<String>>>,
+    indices: HashMap<String, HashMap<String, HashSet<Arc<str>>>>,
 }
 
 impl<K: Resource> Store<K> {
@@ -242,11 +244,11 @@ impl<K: Resource> Store<K> {
         }
     }
 
-    fn index(&mut self, key: &str, obj: &K) {
+    fn index(&mut self, key: &Arc<str>, obj: &K) {
         for (name, indexer) in &self.indexers {
             let index = self.indices.entry(name.clone()).or_default();
             for value in indexer(obj) {
-                index.entry(value).or_default().insert(key.to_owned());
+                index.entry(value).or_default().insert(key.clone());
             }
         }
     }
@@ -269,7 +271,7 @@ impl<K: Resource> Store<K> {
 
     /// Stores `obj`; returns the object it replaced.
     fn put(&mut self, obj: Arc<K>) -> Option<Arc<K>> {
-        let key = key_of(obj.as_ref());
+        let key: Arc<str> = key_of(obj.as_ref()).into();
         let old = self.items.insert(key.clone(), obj.clone());
         if let Some(old) = &old {
             self.unindex(&key, old);
@@ -379,7 +381,7 @@ where
     /// Adds (or replaces) index `name`, computed over what is cached now.
     pub fn add_index(&self, name: &str, indexer: IndexFn<K>) {
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
-        let mut index: HashMap<String, HashSet<String>> = HashMap::new();
+        let mut index: HashMap<String, HashSet<Arc<str>>> = HashMap::new();
         for (key, obj) in &store.items {
             for value in indexer(obj) {
                 index.entry(value).or_default().insert(key.clone());
@@ -446,30 +448,29 @@ where
 
     /// Replaces the store by a complete list: what is gone is deleted, what changed
     /// (by resourceVersion) updated, what is new added.
-    fn replace(&self, listed: Vec<K>) {
+    fn replace(&self, listed: Vec<Arc<K>>) {
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
         let mut changes = Vec::new();
-        let mut seen = HashSet::with_capacity(listed.len());
+        let mut seen: HashSet<String> = HashSet::with_capacity(listed.len());
         for obj in listed {
-            let key = key_of(&obj);
-            seen.insert(key.clone());
-            let unchanged = store.items.get(&key).is_some_and(|old| {
+            let key = key_of(obj.as_ref());
+            let unchanged = store.items.get(key.as_str()).is_some_and(|old| {
                 old.meta().resource_version.is_some()
                     && old.meta().resource_version == obj.meta().resource_version
             });
+            seen.insert(key);
             if unchanged {
                 continue;
             }
-            let obj = Arc::new(obj);
             changes.push(match store.put(obj.clone()) {
                 Some(old) => Change::Updated { old, new: obj },
                 None => Change::Added(obj),
             });
         }
-        let gone: Vec<String> = store
+        let gone: Vec<Arc<str>> = store
             .items
             .keys()
-            .filter(|k| !seen.contains(*k))
+            .filter(|k| !seen.contains(k.as_ref()))
             .cloned()
             .collect();
         for key in gone {
@@ -488,7 +489,9 @@ where
         let weak = Arc::downgrade(self);
         let task = tokio::spawn(async move {
             let mut stream = watcher(api, config).default_backoff().boxed();
-            let mut listing: Option<Vec<K>> = None;
+            // Listed objects wait in their final allocation (an `Arc`), not in a
+            // vector of whole objects that would double the peak memory of a sync.
+            let mut listing: Option<Vec<Arc<K>>> = None;
             while let Some(event) = stream.next().await {
                 let Some(informer) = weak.upgrade() else {
                     return;
@@ -496,7 +499,7 @@ where
                 match event {
                     Ok(watcher::Event::Init) => listing = Some(Vec::new()),
                     Ok(watcher::Event::InitApply(obj)) => match &mut listing {
-                        Some(list) => list.push(trim(obj)),
+                        Some(list) => list.push(Arc::new(trim(obj))),
                         None => informer.apply(obj),
                     },
                     Ok(watcher::Event::InitDone) => {

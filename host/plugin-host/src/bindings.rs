@@ -41,6 +41,19 @@ pub mod initializer {
     });
 }
 
+/// `trellis:controller@0.1.0`.
+pub mod controller {
+    wasmtime::component::bindgen!({
+        path: "../../wit/controller/0.1.0",
+        world: "controller",
+        // Cache reads, writes through the API server and events all wait on the
+        // controller runtime; the guest waits, the host thread does not.
+        imports: { default: async },
+        exports: { default: async },
+        with: { "trellis:core": super::core::trellis::core },
+    });
+}
+
 /// `trellis:plugin@0.1.0`, frozen; both of its worlds.
 pub mod plugin_0_1 {
     pub mod admission {

@@ -10,9 +10,10 @@
 //! - `host`: [`PluginHost`] owns the engines, a linker per world and engine, the
 //!   background compiler thread and the epoch ticker thread.
 //! - `world`: each kind of plugin as a WIT world (the `World` trait): admission and
-//!   initializer, each in every contract version the host serves.
+//!   initializer, each in every contract version the host serves, and controller.
 //! - `plugin`: [`Plugin`] is one loaded plugin: [`Plugin::admit`] and
-//!   [`Plugin::initialize`] call it; failures come back as [`PluginError`], whose
+//!   [`Plugin::initialize`] call it ([`Plugin::reconcile`] a controller, loaded with
+//!   [`PluginHost::load_controller`]); failures come back as [`PluginError`], whose
 //!   message names the plugin, its kind and the digest serving. Its instance pool and
 //!   the call machinery are generic over the world.
 //! - `calls`: the host's own threads, where guest code runs while callers await it.
@@ -46,7 +47,11 @@ pub use bindings::admission::exports::trellis::admission::handler::{
 pub use bindings::initializer::exports::trellis::initializer::handler::InitializeRequest;
 pub use bindings::types::{GroupVersionKind, GroupVersionResource, Operation, Status, UserInfo};
 pub use host::{Compilers, HostConfig, PluginHost, Tier, digest_of};
-pub use imports::ClusterReader;
+pub use imports::controller::{
+    Action, ApiError, Cause, CreateRequest, DeleteRequest, EventType, ObjectKey, PatchRequest,
+    PatchType, Propagation, UpdateRequest, Write,
+};
+pub use imports::{ClusterReader, ControllerHost};
 pub use metrics::{PluginMetrics, render_metrics};
 pub use plugin::{LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginSpec};
 pub use world::PluginKind;

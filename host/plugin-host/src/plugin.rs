@@ -13,15 +13,16 @@ use wasmtime::{PoolConcurrencyLimitError, Store, StoreLimitsBuilder, Trap, Updat
 use wasmtime_wasi::WasiCtx;
 
 use crate::host::{Compiler, PluginHost, Tier, digest_of, first_line};
-use crate::imports::ClusterReader;
+use crate::imports::{ClusterReader, ControllerHost};
 use crate::metrics::PluginMetrics;
 use crate::pool::{self, Member, Slot};
 use crate::state::{Limiter, PluginState};
 use crate::stdio::LogStream;
 use crate::world::admission::{Admission, Admit};
+use crate::world::controller::{Controller, Reconcile};
 use crate::world::initializer::{Initialize, Initializer};
 use crate::world::{Call, PluginKind, World};
-use crate::{AdmissionRequest, AdmissionResponse, InitializeRequest};
+use crate::{Action, AdmissionRequest, AdmissionResponse, InitializeRequest, ObjectKey};
 
 /// How long a load waits for a free instance slot to check its configuration in: no
 /// client waits on it as on a call, and a busy server frees slots within a few calls'
@@ -239,9 +240,27 @@ pub struct Plugin {
     served: Box<dyn Serving>,
     /// Counts the plugin among those sharing the slots while it lives.
     pool: Member,
-    cluster: Option<Arc<dyn ClusterReader>>,
+    grants: Grants,
     /// Shared with the versions before and after this one (see [`PluginHost::reload`]).
     pub metrics: Arc<PluginMetrics>,
+}
+
+/// The host imports a plugin's instances are served by.
+#[derive(Clone, Default)]
+struct Grants {
+    /// Cluster reads (`trellis:core/cluster`), for plugins granted them.
+    cluster: Option<Arc<dyn ClusterReader>>,
+    /// A controller's caches, writes and events.
+    controller: Option<Arc<dyn ControllerHost>>,
+}
+
+impl Grants {
+    fn cluster(cluster: Option<Arc<dyn ClusterReader>>) -> Self {
+        Self {
+            cluster,
+            controller: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -263,7 +282,30 @@ impl PluginHost {
         wasm: Arc<Vec<u8>>,
         cluster: Option<Arc<dyn ClusterReader>>,
     ) -> Result<Arc<Plugin>, LoadError> {
-        self.load_counting(spec, wasm, cluster, None, None).await
+        self.load_counting(spec, wasm, Grants::cluster(cluster), None, None)
+            .await
+    }
+
+    /// Loads a controller plugin (kind [`PluginKind::Controller`]), its imports served
+    /// by `controller`: its cache reads (and `trellis:core/cluster` reads), its writes
+    /// and its events. `previous`, when given, is the version it replaces, whose
+    /// metrics it goes on counting into.
+    pub async fn load_controller(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        controller: Arc<dyn ControllerHost>,
+        previous: Option<&Plugin>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let metrics = previous
+            .filter(|p| p.spec.kind == spec.kind)
+            .map(|p| p.metrics.clone());
+        let grants = Grants {
+            cluster: Some(controller.clone()),
+            controller: Some(controller),
+        };
+        self.load_counting(spec, wasm, grants, metrics, previous)
+            .await
     }
 
     /// Loads a new version of `previous`, as [`PluginHost::load`] does. The new
@@ -278,7 +320,11 @@ impl PluginHost {
         cluster: Option<Arc<dyn ClusterReader>>,
     ) -> Result<Arc<Plugin>, LoadError> {
         let metrics = (previous.spec.kind == spec.kind).then(|| previous.metrics.clone());
-        self.load_counting(spec, wasm, cluster, metrics, Some(previous))
+        let grants = Grants {
+            cluster,
+            controller: previous.grants.controller.clone(),
+        };
+        self.load_counting(spec, wasm, grants, metrics, Some(previous))
             .await
     }
 
@@ -287,17 +333,21 @@ impl PluginHost {
         self: &Arc<Self>,
         spec: PluginSpec,
         wasm: Arc<Vec<u8>>,
-        cluster: Option<Arc<dyn ClusterReader>>,
+        grants: Grants,
         metrics: Option<Arc<PluginMetrics>>,
         previous: Option<&Plugin>,
     ) -> Result<Arc<Plugin>, LoadError> {
         match spec.kind {
             PluginKind::Mutating | PluginKind::Validating => {
-                self.load_world::<Admission>(spec, wasm, cluster, metrics, previous)
+                self.load_world::<Admission>(spec, wasm, grants, metrics, previous)
                     .await
             }
             PluginKind::Initializer => {
-                self.load_world::<Initializer>(spec, wasm, cluster, metrics, previous)
+                self.load_world::<Initializer>(spec, wasm, grants, metrics, previous)
+                    .await
+            }
+            PluginKind::Controller => {
+                self.load_world::<Controller>(spec, wasm, grants, metrics, previous)
                     .await
             }
         }
@@ -310,7 +360,7 @@ impl PluginHost {
         self: &Arc<Self>,
         spec: PluginSpec,
         wasm: Arc<Vec<u8>>,
-        cluster: Option<Arc<dyn ClusterReader>>,
+        grants: Grants,
         metrics: Option<Arc<PluginMetrics>>,
         previous: Option<&Plugin>,
     ) -> Result<Arc<Plugin>, LoadError> {
@@ -331,9 +381,7 @@ impl PluginHost {
             message: format!("compiling stopped: {e}"),
         })??;
         let tier = code.tier;
-        let plugin = self
-            .load_code(spec, code, &digest, cluster, metrics)
-            .await?;
+        let plugin = self.load_code(spec, code, &digest, grants, metrics).await?;
         if tier == Tier::Baseline {
             self.queue_tier_up(&plugin, wasm);
         }
@@ -345,7 +393,7 @@ impl PluginHost {
         spec: PluginSpec,
         code: Code<W>,
         digest: &str,
-        cluster: Option<Arc<dyn ClusterReader>>,
+        grants: Grants,
         metrics: Option<Arc<PluginMetrics>>,
     ) -> Result<Arc<Plugin>, LoadError> {
         let short = digest
@@ -362,7 +410,7 @@ impl PluginHost {
                 idle: Mutex::new(Vec::new()),
             }),
             pool: self.pool.join(),
-            cluster,
+            grants,
             // The load's own failures are not the serving version's: they count
             // nowhere, and shared counters are taken only once the version is ready.
             metrics: Arc::default(),
@@ -474,6 +522,31 @@ impl Plugin {
     ) -> Result<Result<String, String>, PluginError> {
         self.metrics.calls.fetch_add(1, Ordering::Relaxed);
         let result = self.call(host, Initialize(request.clone())).await;
+        match &result {
+            Ok(Err(_)) => {
+                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    /// Calls `reconcile` for `key`: `Ok(Ok(action))`, `Ok(Err(reason))` when the
+    /// plugin reports a failure, `Err` when it fails (trap, deadline, memory).
+    pub async fn reconcile(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        key: &ObjectKey,
+    ) -> Result<Result<Action, String>, PluginError> {
+        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
+        let call = Reconcile {
+            key: key.clone(),
+            configuration: self.spec.configuration.clone(),
+        };
+        let result = self.call(host, call).await;
         match &result {
             Ok(Err(_)) => {
                 self.metrics.denials.fetch_add(1, Ordering::Relaxed);
@@ -786,7 +859,8 @@ impl<W: World> Runner<W> {
                 denied: false,
             },
             plugin: name,
-            cluster: plugin.cluster.clone(),
+            cluster: plugin.grants.cluster.clone(),
+            controller: plugin.grants.controller.clone(),
             deadline: Instant::now() + spec.timeout,
         };
         let code = self.code.read().unwrap_or_else(|e| e.into_inner()).clone();

@@ -8,7 +8,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::imports::ClusterReader;
+use crate::imports::{ClusterReader, ControllerHost};
 
 pub struct PluginState {
     pub(crate) wasi: WasiCtx,
@@ -16,6 +16,8 @@ pub struct PluginState {
     pub(crate) limits: Limiter,
     pub(crate) plugin: Arc<str>,
     pub(crate) cluster: Option<Arc<dyn ClusterReader>>,
+    /// What a controller plugin reads, writes and records through.
+    pub(crate) controller: Option<Arc<dyn ControllerHost>>,
     /// When the current call must stop.
     pub(crate) deadline: Instant,
 }

@@ -257,6 +257,9 @@ async fn prepare(args: &Offline, default_tier: TierArg) -> anyhow::Result<Prepar
                 .map_err(|e| anyhow::anyhow!(e))
                 .context("read the input")?,
         )),
+        PluginKind::Controller => {
+            anyhow::bail!("controller plugins reconcile objects: `trellis controllers` runs them")
+        }
         PluginKind::Initializer => {
             let req = &review["request"];
             let object = req["object"].clone();

@@ -9,6 +9,7 @@
 //! | validating admission | [`Validate`]   | [`validating!`]       | `admission`    |
 //! | mutating admission   | [`Mutate`]     | [`mutating!`]         | `admission`    |
 //! | initializer          | [`Initialize`] | [`initializer!`]      | `initializer`  |
+//! | controller           | [`controller::Reconcile`] | [`controller!`] | `controller` |
 //!
 //! ```
 //! use serde::Deserialize;
@@ -44,10 +45,13 @@
 //! - [`verdict`]: [`Verdict`] and [`Status`].
 //! - [`patch`]: the RFC 6902 [`Patch`] builder, [`pointer!`], and `Patch::diff`.
 //! - [`log`], [`cluster`]: the host's imports.
+//! - [`controller`]: the [`controller::Reconcile`] trait and the controller world's
+//!   imports (informer caches, writes, events).
 //! - [`host`]: the indirection between those imports and whoever serves them.
 //! - [`testing`]: the native harness.
 
 pub mod cluster;
+pub mod controller;
 pub mod host;
 pub mod log;
 pub mod patch;
@@ -76,6 +80,7 @@ pub mod __private {
 
     pub use wit_bindgen;
 
+    pub use crate::controller::with_controller_host;
     pub use crate::host::with_host;
     use crate::{
         GroupVersionKind, GroupVersionResource, Initialize, InitializeRequest, Mutate, Operation,
@@ -152,6 +157,20 @@ pub mod __private {
         plugin::initialize::<T>(req, object, configuration)
     }
 
+    pub fn validate_configuration_controller<T: crate::controller::Reconcile>(
+        configuration: &str,
+    ) -> Result<(), String> {
+        plugin::configure::<T>(configuration, T::check_configuration).map(drop)
+    }
+
+    pub fn reconcile<T: crate::controller::Reconcile>(
+        key: &crate::controller::ObjectKey,
+        configuration: &str,
+    ) -> Result<crate::controller::Action, String> {
+        let plugin = plugin::configure::<T>(configuration, T::check_configuration)?;
+        plugin.reconcile(key)
+    }
+
     /// Owned copies of log fields, as the WIT `log` import takes them.
     pub fn owned_fields(fields: &[(&str, &str)]) -> Vec<(String, String)> {
         fields
@@ -225,8 +244,15 @@ macro_rules! __shared_glue {
                 resource: r.resource,
             }
         }
+    };
+}
 
-        #[allow(dead_code)]
+/// `gvk`, for the worlds whose records carry kinds (the controller world's do not,
+/// so its bindings have no `group-version-kind`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kind_glue {
+    () => {
         fn gvk(k: wit::GroupVersionKind) -> $crate::GroupVersionKind {
             $crate::GroupVersionKind {
                 group: k.group,
@@ -248,7 +274,9 @@ macro_rules! __shared_glue {
 ///   leaves the export out) type-checks and uses the plugin type too;
 /// - `guest`: the world's other `handler::Guest` methods. Inside them the plugin type
 ///   is `super::__TrellisPlugin`, and the bindings' `handler` and `wit`, the SDK as
-///   `sdk`, and `host()`, `gvk` and `gvr` are in scope.
+///   `sdk`, and `host()` and `gvr` are in scope (`gvk` where `items` has
+///   `__kind_glue!()`);
+/// - `items` (optional): more items in the module that holds the bindings.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __export {
@@ -258,6 +286,7 @@ macro_rules! __export {
         configure: $configure:ident,
         entry: [$($entry:ident),* $(,)?],
         guest: { $($guest:tt)* }
+        $(, items: { $($items:tt)* })?
     ) => {
         #[cfg(not(target_arch = "wasm32"))]
         const _: () = {
@@ -288,6 +317,8 @@ macro_rules! __export {
             }
 
             export!(Export);
+
+            $($($items)*)?
         }
     };
 }
@@ -339,7 +370,7 @@ macro_rules! __admission_glue {
                     patch: out.patch,
                 }
             }
-        });
+        }, items: { $crate::__kind_glue!(); });
     };
 }
 
@@ -373,7 +404,190 @@ macro_rules! initializer {
                         sdk::initialize::<super::__TrellisPlugin>(&req, &r.object, &r.configuration)
                     })
                 }
+            },
+            items: { $crate::__kind_glue!(); }
+        );
+    };
+}
+
+/// Exports a [`controller::Reconcile`] type as the component's `controller` handler.
+#[macro_export]
+macro_rules! controller {
+    ($plugin:ty) => {
+        $crate::__export!(controller, $plugin,
+            configure: validate_configuration_controller,
+            entry: [reconcile],
+            guest: {
+                fn reconcile(
+                    key: wit_controller::ObjectKey,
+                    configuration: String,
+                ) -> Result<wit_controller::Action, String> {
+                    let key = $crate::controller::ObjectKey {
+                        resource: gvr(key.resource),
+                        namespace: key.namespace,
+                        name: key.name,
+                    };
+                    let action = sdk::with_host(host(), || {
+                        sdk::with_controller_host(sdk::Rc::new(WitController), || {
+                            sdk::reconcile::<super::__TrellisPlugin>(&key, &configuration)
+                        })
+                    })?;
+                    Ok(match action {
+                        $crate::controller::Action::Done => wit_controller::Action::Done,
+                        $crate::controller::Action::RequeueAfter(after) => {
+                            wit_controller::Action::RequeueAfter(
+                                u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+                            )
+                        }
+                    })
+                }
+            },
+            items: {
+                $crate::__controller_glue!();
             }
         );
+    };
+}
+
+/// The controller world's imports as a [`controller::ControllerHost`]: expanded in the
+/// module that holds the bindings.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __controller_glue {
+    () => {
+        use $crate::controller as ctl;
+
+        struct WitController;
+
+        fn wit_api_error(e: wit_controller::ApiError) -> ctl::ApiError {
+            ctl::ApiError {
+                code: e.code,
+                reason: e.reason,
+                message: e.message,
+                causes: e
+                    .causes
+                    .into_iter()
+                    .map(|c| ctl::Cause {
+                        reason: c.reason,
+                        message: c.message,
+                        field: c.field,
+                    })
+                    .collect(),
+            }
+        }
+
+        fn wit_write(w: ctl::Write) -> wit_client::Write {
+            match w {
+                ctl::Write::Create {
+                    resource,
+                    namespace,
+                    object,
+                } => wit_client::Write::Create(wit_client::CreateRequest {
+                    resource: to_wit_gvr(&resource),
+                    namespace,
+                    object: object.to_string(),
+                }),
+                ctl::Write::Update {
+                    resource,
+                    namespace,
+                    object,
+                    status,
+                } => wit_client::Write::Update(wit_client::UpdateRequest {
+                    resource: to_wit_gvr(&resource),
+                    namespace,
+                    object: object.to_string(),
+                    status,
+                }),
+                ctl::Write::Patch {
+                    resource,
+                    namespace,
+                    name,
+                    patch_type,
+                    patch,
+                    status,
+                    force,
+                } => wit_client::Write::Patch(wit_client::PatchRequest {
+                    resource: to_wit_gvr(&resource),
+                    namespace,
+                    name,
+                    patch_type: match patch_type {
+                        ctl::PatchType::Json => wit_client::PatchType::Json,
+                        ctl::PatchType::Merge => wit_client::PatchType::Merge,
+                        ctl::PatchType::Strategic => wit_client::PatchType::Strategic,
+                        ctl::PatchType::Apply => wit_client::PatchType::Apply,
+                    },
+                    patch: patch.to_string(),
+                    status,
+                    force,
+                }),
+                ctl::Write::Delete {
+                    resource,
+                    namespace,
+                    name,
+                    propagation,
+                    uid,
+                } => wit_client::Write::Delete(wit_client::DeleteRequest {
+                    resource: to_wit_gvr(&resource),
+                    namespace,
+                    name,
+                    propagation: propagation.map(|p| match p {
+                        ctl::Propagation::Background => wit_client::Propagation::Background,
+                        ctl::Propagation::Foreground => wit_client::Propagation::Foreground,
+                        ctl::Propagation::Orphan => wit_client::Propagation::Orphan,
+                    }),
+                    uid,
+                }),
+            }
+        }
+
+        impl ctl::ControllerHost for WitController {
+            fn get(
+                &self,
+                resource: &$crate::GroupVersionResource,
+                namespace: Option<&str>,
+                name: &str,
+            ) -> Result<Option<String>, String> {
+                wit_cache::get(&to_wit_gvr(resource), namespace, name)
+            }
+
+            fn list(
+                &self,
+                resource: &$crate::GroupVersionResource,
+                namespace: Option<&str>,
+                label_selector: &str,
+            ) -> Result<Vec<String>, String> {
+                wit_cache::list(&to_wit_gvr(resource), namespace, label_selector)
+            }
+
+            fn owned_by(
+                &self,
+                resource: &$crate::GroupVersionResource,
+                owner_uid: &str,
+            ) -> Result<Vec<String>, String> {
+                wit_cache::owned_by(&to_wit_gvr(resource), owner_uid)
+            }
+
+            fn batch(&self, writes: Vec<ctl::Write>) -> Vec<Result<String, ctl::ApiError>> {
+                let writes: Vec<wit_client::Write> = writes.into_iter().map(wit_write).collect();
+                wit_client::batch(&writes)
+                    .into_iter()
+                    .map(|r| r.map_err(wit_api_error))
+                    .collect()
+            }
+
+            fn record(
+                &self,
+                object: &str,
+                event_type: ctl::EventType,
+                reason: &str,
+                message: &str,
+            ) {
+                let event_type = match event_type {
+                    ctl::EventType::Normal => wit_events::EventType::Normal,
+                    ctl::EventType::Warning => wit_events::EventType::Warning,
+                };
+                wit_events::record(object, event_type, reason, message);
+            }
+        }
     };
 }

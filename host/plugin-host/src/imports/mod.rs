@@ -8,9 +8,11 @@ use crate::bindings;
 use crate::state::PluginState;
 
 mod cluster;
+pub(crate) mod controller;
+mod log;
 
 pub use cluster::ClusterReader;
-mod log;
+pub use controller::ControllerHost;
 
 /// Adds the shared imports to `linker`: today's (`trellis:core`) and those of
 /// `trellis:plugin@0.1.0`, so a component of either contract links.

@@ -19,6 +19,7 @@ use wasmtime::component::{InstancePre, Linker};
 use crate::state::PluginState;
 
 pub(crate) mod admission;
+pub(crate) mod controller;
 pub(crate) mod initializer;
 
 /// One kind of plugin.
@@ -81,6 +82,7 @@ pub enum PluginKind {
     Mutating,
     Validating,
     Initializer,
+    Controller,
 }
 
 impl PluginKind {
@@ -89,6 +91,7 @@ impl PluginKind {
             Self::Mutating => "mutating",
             Self::Validating => "validating",
             Self::Initializer => "initializer",
+            Self::Controller => "controller",
         }
     }
 
@@ -97,6 +100,7 @@ impl PluginKind {
         match self {
             Self::Mutating | Self::Validating => admission::Admission::NAME,
             Self::Initializer => initializer::Initializer::NAME,
+            Self::Controller => controller::Controller::NAME,
         }
     }
 }
