@@ -6,6 +6,8 @@
 //!   the status subresource, authentication and authorization).
 //! - `client`: `trellis-client` (kube-rs) against the server, remote and in-process:
 //!   the verbs, identities held to their roles, shared informers.
+//! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
+//!   key mapping, batched writes under the controller's identity, events.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
@@ -13,5 +15,6 @@
 
 mod apiserver;
 mod client;
+mod controllers;
 mod plugins;
 mod store;

@@ -319,8 +319,10 @@ impl Events {
                     // The cache dropped this watch (it fell behind, or the server is
                     // stopping) or the store watch ended: the client resumes from the
                     // last revision it saw.
-                    if let Source::Store(_, stopped) = source
-                        && stopped.as_mut().poll(cx).is_pending()
+                    // Asked of the cache, not of `stopped`: that future may have
+                    // completed in `poll_next` already, and must not be polled again.
+                    if let Source::Store(..) = source
+                        && !self.cache.is_stopped()
                     {
                         let after = self.after;
                         chunk.push(error_line(&ApiError::gone(format!(

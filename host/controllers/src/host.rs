@@ -1,0 +1,326 @@
+//! The controller world's imports for one controller plugin ([`KubeHost`]): cache reads
+//! from the process's shared informers, writes as plain Kubernetes requests through the
+//! controller's own [`kube::Client`] (so the API server's `Status` comes back whole,
+//! field causes included), and events through the event recorder.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DynamicObject};
+use kube::discovery::{ApiCapabilities, ApiResource, Scope};
+use serde_json::{Value, json};
+use trellis_api::selector::LabelSelector;
+use trellis_client::events::{EventRecorder, EventType as RecordedType};
+use trellis_client::informer::{BY_OWNER, Informer};
+use trellis_plugin_host::{
+    ApiError, Cause, ClusterReader, ControllerHost, EventType, GroupVersionResource, PatchType,
+    Propagation, Write,
+};
+
+/// A resource a controller reads or writes, resolved through discovery.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub resource: ApiResource,
+    pub namespaced: bool,
+}
+
+impl Resolved {
+    pub fn new(resource: ApiResource, capabilities: &ApiCapabilities) -> Self {
+        Self {
+            resource,
+            namespaced: capabilities.scope == Scope::Namespaced,
+        }
+    }
+}
+
+/// `group/version/resource`, as resources are looked up.
+pub fn gvr_key(r: &GroupVersionResource) -> String {
+    format!("{}/{}/{}", r.group, r.version, r.resource)
+}
+
+/// What one controller plugin's imports are served by.
+pub struct KubeHost {
+    /// The controller's name: its field manager, and how errors name it.
+    pub(crate) name: String,
+    /// Its own identity's client: every write is its user's.
+    pub(crate) client: kube::Client,
+    /// The informers of the resources it declared, by [`gvr_key`].
+    pub(crate) caches: HashMap<String, (Resolved, Arc<Informer<DynamicObject>>)>,
+    pub(crate) events: EventRecorder,
+}
+
+impl std::fmt::Debug for KubeHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeHost")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn to_json(obj: &DynamicObject) -> String {
+    serde_json::to_string(obj).unwrap_or_default()
+}
+
+fn api_error(code: u16, reason: &str, message: String) -> ApiError {
+    ApiError {
+        code,
+        reason: reason.into(),
+        message,
+        causes: Vec::new(),
+    }
+}
+
+/// The refusal a Kubernetes `Status` body says, or the bare HTTP code.
+fn status_error(code: u16, body: &[u8]) -> ApiError {
+    let status: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    ApiError {
+        code,
+        reason: status["reason"]
+            .as_str()
+            .map_or_else(|| format!("HTTP{code}"), str::to_owned),
+        message: match status["message"].as_str() {
+            Some(m) => m.to_owned(),
+            None => String::from_utf8_lossy(body).into_owned(),
+        },
+        causes: status["details"]["causes"]
+            .as_array()
+            .map(|causes| {
+                causes
+                    .iter()
+                    .map(|c| Cause {
+                        reason: text(&c["reason"]),
+                        message: text(&c["message"]),
+                        field: text(&c["field"]),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+impl KubeHost {
+    fn cache(
+        &self,
+        resource: &GroupVersionResource,
+    ) -> Result<&(Resolved, Arc<Informer<DynamicObject>>), String> {
+        self.caches.get(&gvr_key(resource)).ok_or_else(|| {
+            format!(
+                "controller {} does not watch {}: declare it in the Plugin's spec.controller",
+                self.name,
+                gvr_key(resource)
+            )
+        })
+    }
+
+    /// The URL of `resource`'s collection in `namespace`.
+    fn collection(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+    ) -> Result<String, ApiError> {
+        let (resolved, _) = self
+            .cache(resource)
+            .map_err(|m| api_error(403, "Forbidden", m))?;
+        let api: Api<DynamicObject> = match (resolved.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &resolved.resource),
+            (true, None) => {
+                return Err(api_error(
+                    422,
+                    "Invalid",
+                    format!(
+                        "{} is namespaced: a write needs a namespace",
+                        gvr_key(resource)
+                    ),
+                ));
+            }
+            (false, _) => Api::all_with(self.client.clone(), &resolved.resource),
+        };
+        Ok(api.resource_url().to_owned())
+    }
+
+    /// Sends one request as the controller; the body the API server stored, or its
+    /// refusal.
+    async fn send(
+        &self,
+        method: http::Method,
+        url: String,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<String, ApiError> {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(url)
+            .header(http::header::CONTENT_TYPE, content_type)
+            .header(http::header::ACCEPT, "application/json")
+            .body(kube::client::Body::from(body))
+            .map_err(|e| api_error(500, "InternalError", format!("build the request: {e}")))?;
+        let response =
+            self.client.send(request).await.map_err(|e| {
+                api_error(503, "ServiceUnavailable", format!("send the request: {e}"))
+            })?;
+        let code = response.status().as_u16();
+        let body =
+            response.into_body().collect_bytes().await.map_err(|e| {
+                api_error(503, "ServiceUnavailable", format!("read the answer: {e}"))
+            })?;
+        if (200..300).contains(&code) {
+            Ok(String::from_utf8_lossy(&body).into_owned())
+        } else {
+            Err(status_error(code, &body))
+        }
+    }
+
+    fn query(&self, force: bool) -> String {
+        let mut q = format!("?fieldManager={}", self.name);
+        if force {
+            q.push_str("&force=true");
+        }
+        q
+    }
+}
+
+#[async_trait::async_trait]
+impl ClusterReader for KubeHost {
+    async fn get(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, String> {
+        let (_, informer) = self.cache(resource)?;
+        let key = match namespace {
+            Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+            _ => name.to_owned(),
+        };
+        Ok(informer.get(&key).map(|o| to_json(&o)))
+    }
+
+    async fn list(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        label_selector: &str,
+    ) -> Result<Vec<String>, String> {
+        let (_, informer) = self.cache(resource)?;
+        let selector = LabelSelector::parse(label_selector)
+            .map_err(|e| format!("label selector {label_selector:?}: {e}"))?;
+        let none = std::collections::BTreeMap::new();
+        let objects = match namespace {
+            Some(ns) => informer.by_index(trellis_client::informer::BY_NAMESPACE, ns),
+            None => informer.list(),
+        };
+        Ok(objects
+            .iter()
+            .filter(|o| selector.matches_map(o.metadata.labels.as_ref().unwrap_or(&none)))
+            .map(|o| to_json(o))
+            .collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl ControllerHost for KubeHost {
+    async fn owned_by(
+        &self,
+        resource: &GroupVersionResource,
+        owner_uid: &str,
+    ) -> Result<Vec<String>, String> {
+        let (_, informer) = self.cache(resource)?;
+        Ok(informer
+            .by_index(BY_OWNER, owner_uid)
+            .iter()
+            .map(|o| to_json(o))
+            .collect())
+    }
+
+    async fn write(&self, write: Write) -> Result<String, ApiError> {
+        match write {
+            Write::Create(c) => {
+                let url = self.collection(&c.resource, c.namespace.as_deref())?;
+                let url = format!("{url}{}", self.query(false));
+                self.send(
+                    http::Method::POST,
+                    url,
+                    "application/json",
+                    c.object.into_bytes(),
+                )
+                .await
+            }
+            Write::Update(u) => {
+                let object: Value = serde_json::from_str(&u.object).map_err(|e| {
+                    api_error(400, "BadRequest", format!("the object is not JSON: {e}"))
+                })?;
+                let name = object["metadata"]["name"].as_str().unwrap_or_default();
+                let url = self.collection(&u.resource, u.namespace.as_deref())?;
+                let status = if u.status { "/status" } else { "" };
+                let url = format!("{url}/{name}{status}{}", self.query(false));
+                self.send(
+                    http::Method::PUT,
+                    url,
+                    "application/json",
+                    u.object.into_bytes(),
+                )
+                .await
+            }
+            Write::Patch(p) => {
+                let url = self.collection(&p.resource, p.namespace.as_deref())?;
+                let status = if p.status { "/status" } else { "" };
+                let url = format!("{url}/{}{status}{}", p.name, self.query(p.force));
+                let content_type = match p.patch_type {
+                    PatchType::Json => "application/json-patch+json",
+                    PatchType::Merge => "application/merge-patch+json",
+                    PatchType::Strategic => "application/strategic-merge-patch+json",
+                    // JSON is YAML.
+                    PatchType::Apply => "application/apply-patch+yaml",
+                };
+                self.send(http::Method::PATCH, url, content_type, p.patch.into_bytes())
+                    .await
+            }
+            Write::Delete(d) => {
+                let url = self.collection(&d.resource, d.namespace.as_deref())?;
+                let url = format!("{url}/{}", d.name);
+                let mut options = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
+                if let Some(p) = d.propagation {
+                    options["propagationPolicy"] = json!(match p {
+                        Propagation::Background => "Background",
+                        Propagation::Foreground => "Foreground",
+                        Propagation::Orphan => "Orphan",
+                    });
+                }
+                if let Some(uid) = d.uid {
+                    options["preconditions"] = json!({"uid": uid});
+                }
+                self.send(
+                    http::Method::DELETE,
+                    url,
+                    "application/json",
+                    options.to_string().into_bytes(),
+                )
+                .await
+            }
+        }
+    }
+
+    async fn record_event(&self, object: &str, event_type: EventType, reason: &str, message: &str) {
+        let Ok(obj) = serde_json::from_str::<Value>(object) else {
+            tracing::warn!(controller = %self.name, reason, "an event about something that is not JSON: dropped");
+            return;
+        };
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        let involved = ObjectReference {
+            api_version: text(&obj["apiVersion"]),
+            kind: text(&obj["kind"]),
+            namespace: text(&obj["metadata"]["namespace"]),
+            name: text(&obj["metadata"]["name"]),
+            uid: text(&obj["metadata"]["uid"]),
+            resource_version: text(&obj["metadata"]["resourceVersion"]),
+            field_path: None,
+        };
+        let kind = match event_type {
+            EventType::Normal => RecordedType::Normal,
+            EventType::Warning => RecordedType::Warning,
+        };
+        self.events.record_for(involved, kind, reason, message);
+    }
+}
