@@ -15,6 +15,7 @@
 
 pub(crate) mod api;
 mod compaction;
+mod controller;
 mod informer;
 mod reload;
 mod store;
@@ -57,6 +58,9 @@ enum BenchCommand {
     PluginReload(reload::PluginReloadArgs),
     /// A shared informer of many pods: sync time, memory per object, change fan-out.
     Informer(informer::InformerArgs),
+    /// A controller plugin creating many objects: batched writes against one host
+    /// call per write.
+    Controller(controller::ControllerArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -79,6 +83,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Informer(args) => informer::run(args)
             .await
             .context("run the informer benchmark"),
+        BenchCommand::Controller(args) => controller::run(args)
+            .await
+            .context("run the controller benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),
