@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject};
@@ -17,6 +18,12 @@ use trellis_plugin_host::{
     ApiError, Cause, ClusterReader, ControllerHost, EventType, GroupVersionResource, PatchType,
     Propagation, Write,
 };
+
+/// Retries of a write answered 429, and how long to wait when the answer says not.
+const MAX_RETRIES: u32 = 5;
+const RETRY_DELAY: Duration = Duration::from_millis(100);
+/// The longest `Retry-After` honoured: a reconcile has a deadline.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// A resource a controller reads or writes, resolved through discovery.
 #[derive(Clone, Debug)]
@@ -141,7 +148,8 @@ impl KubeHost {
     }
 
     /// Sends one request as the controller; the body the API server stored, or its
-    /// refusal.
+    /// refusal. A 429 (too many requests in flight) is retried after the `Retry-After`
+    /// the server asks for, a few times, as client-go does.
     async fn send(
         &self,
         method: http::Method,
@@ -149,26 +157,38 @@ impl KubeHost {
         content_type: &str,
         body: Vec<u8>,
     ) -> Result<String, ApiError> {
-        let request = http::Request::builder()
-            .method(method)
-            .uri(url)
-            .header(http::header::CONTENT_TYPE, content_type)
-            .header(http::header::ACCEPT, "application/json")
-            .body(kube::client::Body::from(body))
-            .map_err(|e| api_error(500, "InternalError", format!("build the request: {e}")))?;
-        let response =
-            self.client.send(request).await.map_err(|e| {
+        let mut attempt = 0;
+        loop {
+            let request = http::Request::builder()
+                .method(method.clone())
+                .uri(url.as_str())
+                .header(http::header::CONTENT_TYPE, content_type)
+                .header(http::header::ACCEPT, "application/json")
+                .body(kube::client::Body::from(body.clone()))
+                .map_err(|e| api_error(500, "InternalError", format!("build the request: {e}")))?;
+            let response = self.client.send(request).await.map_err(|e| {
                 api_error(503, "ServiceUnavailable", format!("send the request: {e}"))
             })?;
-        let code = response.status().as_u16();
-        let body =
-            response.into_body().collect_bytes().await.map_err(|e| {
+            let code = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            let body = response.into_body().collect_bytes().await.map_err(|e| {
                 api_error(503, "ServiceUnavailable", format!("read the answer: {e}"))
             })?;
-        if (200..300).contains(&code) {
-            Ok(String::from_utf8_lossy(&body).into_owned())
-        } else {
-            Err(status_error(code, &body))
+            if (200..300).contains(&code) {
+                return Ok(String::from_utf8_lossy(&body).into_owned());
+            }
+            if code == 429 && attempt < MAX_RETRIES {
+                attempt += 1;
+                let wait = retry_after
+                    .map_or(RETRY_DELAY, |s| Duration::from_secs(s).min(MAX_RETRY_DELAY));
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            return Err(status_error(code, &body));
         }
     }
 

@@ -14,6 +14,9 @@ pub use client::{
 pub use events::EventType;
 pub use types::{Action, ApiError, Cause, ObjectKey};
 
+/// Writes of one `batch` call in flight at once.
+const BATCH_CONCURRENCY: usize = 64;
+
 /// What a controller plugin can do, served by the controller runtime: reads from its
 /// informer caches (`get` and `list` of [`ClusterReader`], and [`Self::owned_by`]),
 /// writes through the API server under the controller's identity, and events.
@@ -119,9 +122,15 @@ impl client::Host for PluginState {
             Ok(host) => host,
             Err(error) => return writes.iter().map(|_| Err(error.clone())).collect(),
         };
-        // All at once: the API server and the store's group commit take them
-        // together, where one call per write would pay a guest round trip each.
-        futures::future::join_all(writes.into_iter().map(|w| host.write(w))).await
+        // Many at once: the API server and the store's group commit take them
+        // together, where one call per write would pay a guest round trip each. Bounded,
+        // so that a batch of thousands stays within the API server's in-flight limit
+        // for writes instead of being answered 429.
+        use futures::StreamExt as _;
+        futures::stream::iter(writes.into_iter().map(|w| host.write(w)))
+            .buffered(BATCH_CONCURRENCY)
+            .collect()
+            .await
     }
 }
 
