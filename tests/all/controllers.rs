@@ -1,7 +1,8 @@
 //! `trellis-controllers` against a real server: the `children` fixture (a controller
 //! plugin built from `plugins/fixtures/children`) keeps a ConfigMap's children, read
 //! from shared informers and written in one batch as the controller's own user, held to
-//! the RBAC it is granted. One server for the module.
+//! the RBAC it is granted; a key whose reconcile traps is named and stops no other.
+//! One server for the module.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,6 +227,52 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
         "the refusal names the controller's user: {reason}"
     );
     ensure!(other.list(&ListParams::default()).await?.items.len() == 1);
+
+    // A key whose reconcile traps: the failure names the plugin, the instance is
+    // replaced, and other keys go on being reconciled.
+    create(
+        &api,
+        json!({"metadata": {"name": "boom", "annotations": {"trellis.dev/panic": "on purpose"}}}),
+    )
+    .await?;
+    let boom = ObjectKey {
+        resource: configmaps(),
+        namespace: Some("ctl".into()),
+        name: "boom".into(),
+    };
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while cache.get("ctl/boom").is_none() {
+            cached.recv().await.context("the informer stopped")?;
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .context("the controller's cache holds ctl/boom within 20 s")??;
+    let trapped = running
+        .plugin
+        .reconcile(&plugins, &boom)
+        .await
+        .err()
+        .context("a trapping reconcile succeeded")?
+        .to_string();
+    ensure!(
+        trapped.contains("plugin children (controller") && trapped.contains("trapped"),
+        "{trapped}"
+    );
+    create(
+        &api,
+        json!({"metadata": {"name": "after", "annotations": {"trellis.dev/children": "1"}}}),
+    )
+    .await?;
+    let after = || maps.by_index(BY_LABEL, "trellis.dev/parent=after");
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while after().is_empty() {
+            changes.recv().await.context("the informer stopped")?;
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .context("a child of `after` despite the trapping key, within 20 s")??;
 
     let _ = stop.send(true);
     running.stop().await;
