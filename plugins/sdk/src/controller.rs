@@ -201,15 +201,7 @@ thread_local! {
 
 /// Runs `f` with `host` installed, restoring the previous one afterwards.
 pub fn with_controller_host<R>(host: Rc<dyn ControllerHost>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Rc<dyn ControllerHost>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0.take();
-            CURRENT.with(|c| *c.borrow_mut() = previous);
-        }
-    }
-    let _restore = Restore(CURRENT.with(|c| c.borrow_mut().replace(host)));
-    f()
+    crate::host::with_installed(&CURRENT, host, f)
 }
 
 fn current() -> Result<Rc<dyn ControllerHost>, String> {

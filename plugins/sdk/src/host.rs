@@ -38,14 +38,28 @@ thread_local! {
 /// Runs `f` with `host` installed, restoring the previous one afterwards (also when
 /// `f` panics, so one failing test does not leak its host into the next).
 pub fn with_host<R>(host: Rc<dyn Host>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Rc<dyn Host>>);
-    impl Drop for Restore {
+    with_installed(&CURRENT, host, f)
+}
+
+/// Runs `f` with `value` in the thread-local `slot`, putting back what was there
+/// afterwards, also when `f` panics.
+pub(crate) fn with_installed<T: ?Sized + 'static, R>(
+    slot: &'static std::thread::LocalKey<RefCell<Option<Rc<T>>>>,
+    value: Rc<T>,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: ?Sized + 'static> {
+        slot: &'static std::thread::LocalKey<RefCell<Option<Rc<T>>>>,
+        previous: Option<Rc<T>>,
+    }
+    impl<T: ?Sized + 'static> Drop for Restore<T> {
         fn drop(&mut self) {
-            let previous = self.0.take();
-            CURRENT.with(|c| *c.borrow_mut() = previous);
+            let previous = self.previous.take();
+            self.slot.with(|c| *c.borrow_mut() = previous);
         }
     }
-    let _restore = Restore(CURRENT.with(|c| c.borrow_mut().replace(host)));
+    let previous = slot.with(|c| c.borrow_mut().replace(value));
+    let _restore = Restore { slot, previous };
     f()
 }
 
