@@ -34,18 +34,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_etcd_healthy(etcd: subprocess.Popen, port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert etcd.poll() is None, f"etcd exited with {etcd.returncode}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if b'"health":"true"' in r.read():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"etcd on port {port} not healthy after {timeout} s")
+def wait_etcd_serving(etcd: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Reads etcd's log until it says it serves clients (and keeps draining it, so
+    that etcd never blocks on a full pipe)."""
+    serving = threading.Event()
+
+    def read():
+        for line in etcd.stderr:
+            if "serving client traffic" in line:
+                serving.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert serving.wait(timeout), f"etcd not serving after {timeout} s (exit {etcd.poll()})"
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +63,12 @@ def two_servers_on_etcd():
          "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
          "--initial-cluster", f"test=http://127.0.0.1:{peer_port}",
-         "--log-level", "error", "--logger", "zap"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--log-level", "info", "--logger", "zap"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     dirs, servers = [], []
     try:
-        wait_etcd_healthy(etcd, client_port)
+        wait_etcd_serving(etcd)
         store = f"etcd://127.0.0.1:{client_port}"
         first = Path(tempfile.mkdtemp(prefix="trellis-py-etcd-a-"))
         dirs.append(first)
