@@ -182,13 +182,20 @@ pub async fn run_remote(
 
 /// What the components of one process share: one informer per resource (hence one
 /// watch) and one set of metrics.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Shared {
     pub informers: SharedInformers,
     pub metrics: ComponentMetrics,
 }
 
+impl Default for Shared {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Shared {
+    /// Informers whose metrics are among the components' metrics.
     pub fn new() -> Self {
         let metrics = ComponentMetrics::default();
         Self {
