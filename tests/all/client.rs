@@ -558,3 +558,50 @@ async fn informers_resume_after_the_server_restarts() -> Result<()> {
     );
     Ok(())
 }
+
+/// A watch served from the store (from a revision older than the watch cache holds)
+/// ends cleanly when the server stops. (Regression: it polled its already completed
+/// stop signal a second time and panicked, "`async fn` resumed after completion".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_served_from_the_store_ends_when_the_server_stops() -> Result<()> {
+    use futures::StreamExt as _;
+    use kube::api::{WatchEvent, WatchParams};
+
+    let cluster = TestCluster::builder()
+        .with_watch_cache_events(4)
+        .start()
+        .await?;
+    let client = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    namespace(&client, "from-store").await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "from-store");
+    let cm = |name: String| -> Result<ConfigMap> {
+        Ok(serde_json::from_value(json!({"metadata": {"name": name}}))?)
+    };
+    let first = maps
+        .create(&PostParams::default(), &cm("c-0".into())?)
+        .await?;
+    for i in 1..12 {
+        maps.create(&PostParams::default(), &cm(format!("c-{i}"))?)
+            .await?;
+    }
+    let from = first
+        .metadata
+        .resource_version
+        .context("no resourceVersion")?;
+    let mut stream = maps.watch(&WatchParams::default(), &from).await?.boxed();
+    let replayed = stream.next().await;
+    ensure!(
+        matches!(&replayed, Some(Ok(WatchEvent::Added(c))) if c.metadata.name.as_deref() == Some("c-1")),
+        "{replayed:?}"
+    );
+    let stopping = tokio::spawn(cluster.stop());
+    while let Some(event) = stream.next().await {
+        if let Ok(WatchEvent::Error(e)) = &event {
+            anyhow::bail!("the watch ended with an error, not because the server stopped: {e:?}");
+        }
+    }
+    stopping.await??;
+    Ok(())
+}

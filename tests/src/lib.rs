@@ -122,6 +122,8 @@ pub struct TestClusterBuilder {
     watch_buffer: Option<usize>,
     /// Run on an etcd of the cluster's own rather than the embedded store.
     etcd: bool,
+    /// The watch cache's length instead of the default.
+    watch_cache_events: Option<usize>,
 }
 
 impl TestClusterBuilder {
@@ -157,6 +159,13 @@ impl TestClusterBuilder {
     /// Runs the server on an etcd of its own (Debian's `etcd`, started on loopback).
     pub fn on_etcd(mut self) -> Self {
         self.etcd = true;
+        self
+    }
+
+    /// Keeps this many changes in the watch cache: watches from before them are
+    /// served from the store.
+    pub fn with_watch_cache_events(mut self, events: usize) -> Self {
+        self.watch_cache_events = Some(events);
         self
     }
 
@@ -207,6 +216,9 @@ impl TestClusterBuilder {
         }
         if let Some(events) = self.watch_buffer {
             config.watch_buffer = events;
+        }
+        if let Some(events) = self.watch_cache_events {
+            config.watch_cache_events = events;
         }
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, dyn_store, async move {
