@@ -271,7 +271,11 @@ impl<K: Resource> Store<K> {
 
     /// Stores `obj`; returns the object it replaced.
     fn put(&mut self, obj: Arc<K>) -> Option<Arc<K>> {
-        let key: Arc<str> = key_of(obj.as_ref()).into();
+        self.put_at(key_of(obj.as_ref()).into(), obj)
+    }
+
+    /// Stores `obj` under `key` (its [`key_of`]); returns the object it replaced.
+    fn put_at(&mut self, key: Arc<str>, obj: Arc<K>) -> Option<Arc<K>> {
         let old = self.items.insert(key.clone(), obj.clone());
         if let Some(old) = &old {
             self.unindex(&key, old);
@@ -451,18 +455,18 @@ where
     fn replace(&self, listed: Vec<Arc<K>>) {
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
         let mut changes = Vec::new();
-        let mut seen: HashSet<String> = HashSet::with_capacity(listed.len());
+        let mut seen: HashSet<Arc<str>> = HashSet::with_capacity(listed.len());
         for obj in listed {
-            let key = key_of(obj.as_ref());
-            let unchanged = store.items.get(key.as_str()).is_some_and(|old| {
+            let key: Arc<str> = key_of(obj.as_ref()).into();
+            let unchanged = store.items.get(&key).is_some_and(|old| {
                 old.meta().resource_version.is_some()
                     && old.meta().resource_version == obj.meta().resource_version
             });
-            seen.insert(key);
+            seen.insert(key.clone());
             if unchanged {
                 continue;
             }
-            changes.push(match store.put(obj.clone()) {
+            changes.push(match store.put_at(key, obj.clone()) {
                 Some(old) => Change::Updated { old, new: obj },
                 None => Change::Added(obj),
             });
@@ -470,7 +474,7 @@ where
         let gone: Vec<Arc<str>> = store
             .items
             .keys()
-            .filter(|k| !seen.contains(k.as_ref()))
+            .filter(|k| !seen.contains(*k))
             .cloned()
             .collect();
         for key in gone {

@@ -520,18 +520,7 @@ impl Plugin {
         host: &Arc<PluginHost>,
         request: &InitializeRequest,
     ) -> Result<Result<String, String>, PluginError> {
-        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
-        let result = self.call(host, Initialize(request.clone())).await;
-        match &result {
-            Ok(Err(_)) => {
-                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(Ok(_)) => {}
-            Err(_) => {
-                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        result
+        self.call_counted(host, Initialize(request.clone())).await
     }
 
     /// Calls `reconcile` for `key`: `Ok(Ok(action))`, `Ok(Err(reason))` when the
@@ -541,11 +530,21 @@ impl Plugin {
         host: &Arc<PluginHost>,
         key: &ObjectKey,
     ) -> Result<Result<Action, String>, PluginError> {
-        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
         let call = Reconcile {
             key: key.clone(),
             configuration: self.spec.configuration.clone(),
         };
+        self.call_counted(host, call).await
+    }
+
+    /// Makes a call whose answer is `Ok(value)` or the plugin's own `Err(reason)`,
+    /// counting it: a reason as a denial, a failure as an error.
+    async fn call_counted<W: World, T, C: Call<W, Output = Result<T, String>>>(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        call: C,
+    ) -> Result<Result<T, String>, PluginError> {
+        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
         let result = self.call(host, call).await;
         match &result {
             Ok(Err(_)) => {

@@ -15,6 +15,9 @@
 //! - `list_s`: a paginated list of every pod through the transport, decoded into typed
 //!   Pods, in pages of 500 as kube-runtime's watcher asks: the part of `sync_s` that is
 //!   not the informer's own.
+//! - `typed_pod_bytes` / `typed_container_bytes`: `size_of` the k8s-openapi `Pod` and
+//!   `Container` the cache holds: the floor under `bytes_per_object` before any
+//!   string or map.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -78,6 +81,8 @@ struct Report {
     fanout_max_ms: f64,
     get_us: f64,
     list_s: f64,
+    typed_pod_bytes: usize,
+    typed_container_bytes: usize,
 }
 
 const NAMESPACE: &str = "bench";
@@ -319,6 +324,8 @@ async fn measure(cluster: &LocalCluster, args: &InformerArgs) -> anyhow::Result<
         fanout_max_ms: fanout.max_ms,
         get_us: get.as_secs_f64() * 1e6 / args.gets.max(1) as f64,
         list_s: list.as_secs_f64(),
+        typed_pod_bytes: std::mem::size_of::<Pod>(),
+        typed_container_bytes: std::mem::size_of::<k8s_openapi::api::core::v1::Container>(),
     })
 }
 
