@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds every plugin into plugins/target/dist/NAME.wasm:
-#   - the Rust workspace (plugins/fixtures/*, examples/plugins/* with a Cargo.toml)
+#   - the Rust workspace (plugins/controllers/*, the built-in controllers the host
+#     also bundles; plugins/fixtures/*; examples/plugins/* with a Cargo.toml)
 #     for wasm32-wasip2 in release, against today's contract (wit/core, wit/admission,
 #     wit/initializer);
 #   - the Rust examples again against the frozen first contract (wit/plugin/0.1.0,
@@ -55,7 +56,7 @@ apt_install() {
 
 # --- Rust ------------------------------------------------------------------
 rust_dirs=()
-for manifest in "$plugins"/fixtures/*/Cargo.toml "$examples"/*/Cargo.toml; do
+for manifest in "$plugins"/controllers/*/Cargo.toml "$plugins"/fixtures/*/Cargo.toml "$examples"/*/Cargo.toml; do
   [ -e "$manifest" ] && rust_dirs+=("$(dirname "$manifest")")
 done
 

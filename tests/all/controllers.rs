@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use trellis_api::UserInfo;
 use trellis_client::events::EventRecorder;
 use trellis_client::identity;
-use trellis_client::informer::{BY_LABEL, SharedInformers};
+use trellis_client::informer::{BY_LABEL, Change, SharedInformers};
 use trellis_client::workqueue::{QueueMetrics, RateLimits};
 use trellis_controllers::{ControllerConfig, Manager};
 use trellis_plugin_host::{Compilers, GroupVersionResource, HostConfig, ObjectKey, PluginHost};
@@ -277,4 +277,389 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
     let _ = stop.send(true);
     running.stop().await;
     Ok(())
+}
+
+/// Marks every pod Running and Ready as a kubelet would once its containers run:
+/// what the workload controllers wait for. Ends with the returned sender.
+fn fake_kubelet(
+    informers: &SharedInformers,
+    admin: kube::Client,
+) -> tokio::sync::oneshot::Sender<()> {
+    let pods = informers.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let mut changes = pods.subscribe();
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        loop {
+            let change = tokio::select! {
+                change = changes.recv() => change,
+                _ = &mut stopped => return,
+            };
+            let Some(change) = change else { return };
+            let pod = change.object();
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready
+                || matches!(change, Change::Deleted(_))
+                || pod.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            let api: Api<Pod> = Api::namespaced(
+                admin.clone(),
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+            );
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            let status = json!({"status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": now}]}});
+            // A pod deleted meanwhile is no failure of the test.
+            let _ = api
+                .patch_status(
+                    pod.metadata.name.as_deref().unwrap_or_default(),
+                    &PatchParams::default(),
+                    &Patch::Merge(status),
+                )
+                .await;
+        }
+    });
+    stop
+}
+
+/// Waits until `done` holds, looking again at every change of the informers.
+async fn until(
+    changes: &mut tokio::sync::broadcast::Receiver<()>,
+    what: &str,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if done()? {
+                return anyhow::Ok(());
+            }
+            match changes.recv().await {
+                Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => anyhow::bail!("the informers stopped: {e}"),
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("{what} within 30 s"))?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_deployment_and_replicaset_controllers_roll_out_as_kubernetes() -> Result<()> {
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+    use trellis_controllers::bundled;
+
+    let cluster = TestCluster::start().await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let plugins = PluginHost::new(HostConfig {
+        compilers: Compilers::Baseline,
+        max_instances: 32,
+        ..HostConfig::default()
+    })?;
+    let manager = Manager {
+        plugins,
+        informers: SharedInformers::new(),
+        lister: in_process.client(identity::controller_manager()),
+        queues: QueueMetrics::default(),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut running = Vec::new();
+    // Each as its own ServiceAccount, held to the `system:controller:*` roles the
+    // API server bootstraps.
+    for builtin in bundled::BUILTINS {
+        let writer = in_process.client(identity::controller(builtin.identity));
+        let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
+        running.push(
+            manager
+                .start(builtin.config(), writer, events, stopped.clone())
+                .await
+                .with_context(|| format!("start {}", builtin.name))?,
+        );
+    }
+
+    let watching = SharedInformers::new();
+    let kubelet = fake_kubelet(&watching, admin.clone());
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let sets = watching.informer::<ReplicaSet>(Api::all(admin.clone()), watcher::Config::default());
+    let deployments =
+        watching.informer::<Deployment>(Api::all(admin.clone()), watcher::Config::default());
+    // Any change of the three wakes the waits below.
+    let (tx, mut changes) = tokio::sync::broadcast::channel(1024);
+    for mut rx in [
+        Box::new(pods.subscribe()) as Box<dyn ChangeSource>,
+        Box::new(sets.subscribe()),
+        Box::new(deployments.subscribe()),
+    ] {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while rx.next().await {
+                let _ = tx.send(());
+            }
+        });
+    }
+    pods.wait_synced().await;
+    sets.wait_synced().await;
+    deployments.wait_synced().await;
+
+    // A ReplicaSet alone: exactly its replicas, however many reconciles the pods'
+    // own changes cause while the cache lags (the host's expectations).
+    let rs_api: Api<ReplicaSet> = Api::namespaced(admin.clone(), "default");
+    create(
+        &rs_api,
+        json!({"metadata": {"name": "many"}, "spec": {"replicas": 60,
+            "selector": {"matchLabels": {"set": "many"}},
+            "template": {"metadata": {"labels": {"set": "many"}},
+                         "spec": {"containers": [{"name": "c", "image": "i"}]}}}}),
+    )
+    .await?;
+    let of = |label: &str| {
+        pods.list()
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("set"))
+                    .map(String::as_str)
+                    == Some(label)
+            })
+            .count()
+    };
+    until(&mut changes, "60 ready pods of ReplicaSet many", || {
+        Ok(sets
+            .get("default/many")
+            .and_then(|rs| rs.status.clone())
+            .is_some_and(|s| s.ready_replicas == Some(60) && s.available_replicas == Some(60)))
+    })
+    .await?;
+    ensure!(of("many") == 60, "{} pods for 60 replicas", of("many"));
+    // Scaled down: the surplus goes.
+    rs_api
+        .patch(
+            "many",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 7}})),
+        )
+        .await?;
+    until(&mut changes, "ReplicaSet many down to 7", || {
+        Ok(of("many") == 7
+            && sets
+                .get("default/many")
+                .and_then(|rs| rs.status.clone())
+                .is_some_and(|s| s.replicas == 7))
+    })
+    .await?;
+    // An orphan that matches a new ReplicaSet's selector is adopted instead of a pod
+    // being created; an owned pod relabelled away is released and replaced.
+    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    create(
+        &pod_api,
+        json!({"metadata": {"name": "stray", "labels": {"set": "adopter"}},
+               "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+    )
+    .await?;
+    // The controller's own cache must hold the orphan before the set exists.
+    let cache = manager.informers.informer::<DynamicObject>(
+        Api::all_with(manager.lister.clone(), &ApiResource::erase::<Pod>(&())),
+        watcher::Config::default(),
+    );
+    until(
+        &mut changes,
+        "the controller's cache holds the stray pod",
+        || Ok(cache.get("default/stray").is_some()),
+    )
+    .await?;
+    let adopter = create(
+        &rs_api,
+        json!({"metadata": {"name": "adopter"}, "spec": {"replicas": 1,
+            "selector": {"matchLabels": {"set": "adopter"}},
+            "template": {"metadata": {"labels": {"set": "adopter"}},
+                         "spec": {"containers": [{"name": "c", "image": "i"}]}}}}),
+    )
+    .await?;
+    let adopter_uid = adopter.metadata.uid.clone().context("no uid")?;
+    let owned_by_adopter = |name: &str| {
+        pods.get(&format!("default/{name}")).is_some_and(|p| {
+            p.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.uid == adopter_uid && o.controller == Some(true))
+        })
+    };
+    until(&mut changes, "the stray pod adopted", || {
+        Ok(owned_by_adopter("stray")
+            && sets
+                .get("default/adopter")
+                .and_then(|rs| rs.status.clone())
+                .is_some_and(|s| s.ready_replicas == Some(1)))
+    })
+    .await?;
+    ensure!(of("adopter") == 1, "{} pods for 1 replica", of("adopter"));
+    pod_api
+        .patch(
+            "stray",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"set": "away"}}})),
+        )
+        .await?;
+    until(
+        &mut changes,
+        "the relabelled pod released and replaced",
+        || {
+            let released = pods.get("default/stray").is_some_and(|p| {
+                p.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .all(|o| o.uid != adopter_uid)
+            });
+            Ok(released && of("adopter") == 1)
+        },
+    )
+    .await?;
+
+    // A Deployment: a ReplicaSet named after its template's hash, pods owned by it.
+    let d_api: Api<Deployment> = Api::namespaced(admin.clone(), "default");
+    create(
+        &d_api,
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 4,
+            "selector": {"matchLabels": {"set": "web"}},
+            "template": {"metadata": {"labels": {"set": "web"}},
+                         "spec": {"containers": [{"name": "c", "image": "v1"}]}}}}),
+    )
+    .await?;
+    let complete = |image: &str| {
+        let image = image.to_owned();
+        let deployments = deployments.clone();
+        let sets = sets.clone();
+        move || -> Result<bool> {
+            let Some(d) = deployments.get("default/web") else {
+                return Ok(false);
+            };
+            let s = d.status.clone().unwrap_or_default();
+            let current: Vec<_> = sets
+                .list()
+                .into_iter()
+                .filter(|rs| {
+                    rs.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("web-"))
+                        && rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0) > 0
+                })
+                .collect();
+            let images_ok = current.iter().all(|rs| {
+                rs.spec
+                    .as_ref()
+                    .and_then(|s| s.template.as_ref())
+                    .and_then(|t| t.spec.as_ref())
+                    .is_some_and(|p| p.containers[0].image.as_deref() == Some(image.as_str()))
+            });
+            Ok(s.observed_generation == d.metadata.generation
+                && s.updated_replicas == Some(4)
+                && s.available_replicas == Some(4)
+                && s.replicas == Some(4)
+                && current.len() == 1
+                && images_ok)
+        }
+    };
+    until(&mut changes, "Deployment web rolled out", complete("v1")).await?;
+    ensure!(of("web") == 4);
+    let status = cluster
+        .kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=10s"])
+        .await?;
+    ensure!(status.contains("successfully rolled out"), "{status}");
+
+    // A rolling update: the ReplicaSets never ask for more than 5 pods together
+    // (replicas + maxSurge, 25 % of 4 rounded up). Pods being deleted may outlive
+    // that for a moment, as in Kubernetes.
+    cluster
+        .kubectl_ok(&["set", "image", "deployment/web", "c=v2"])
+        .await?;
+    let mut most = 0;
+    until(&mut changes, "Deployment web rolled out to v2", || {
+        let asked: i32 = sets
+            .list()
+            .iter()
+            .filter(|rs| {
+                rs.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("web-"))
+            })
+            .filter_map(|rs| rs.spec.as_ref().and_then(|s| s.replicas))
+            .sum();
+        most = most.max(asked);
+        complete("v2")()
+    })
+    .await?;
+    ensure!(
+        most <= 5,
+        "the sets asked for {most} pods at once: more than replicas + maxSurge"
+    );
+    let history = cluster
+        .kubectl_ok(&["rollout", "history", "deployment/web"])
+        .await?;
+    ensure!(history.contains('1') && history.contains('2'), "{history}");
+
+    // Undo goes back to the first template, as revision 3.
+    cluster
+        .kubectl_ok(&["rollout", "undo", "deployment/web"])
+        .await?;
+    until(
+        &mut changes,
+        "Deployment web rolled back to v1",
+        complete("v1"),
+    )
+    .await?;
+    let d = deployments.get("default/web").context("web is gone")?;
+    ensure!(
+        d.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("deployment.kubernetes.io/revision"))
+            .map(String::as_str)
+            == Some("3"),
+        "{:?}",
+        d.metadata.annotations
+    );
+    let events = cluster
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=web",
+        ])
+        .await?;
+    ensure!(
+        events.contains("ScalingReplicaSet") && events.contains("Scaled up replica set web-"),
+        "{events}"
+    );
+
+    let _ = kubelet.send(());
+    let _ = stop.send(true);
+    for r in running {
+        r.stop().await;
+    }
+    Ok(())
+}
+
+/// The change streams of informers of different kinds, as one interface.
+#[async_trait::async_trait]
+trait ChangeSource: Send {
+    /// Whether a change came (false: the informer is gone).
+    async fn next(&mut self) -> bool;
+}
+
+#[async_trait::async_trait]
+impl<K: Send + Sync + 'static> ChangeSource for tokio::sync::mpsc::UnboundedReceiver<Change<K>> {
+    async fn next(&mut self) -> bool {
+        self.recv().await.is_some()
+    }
 }

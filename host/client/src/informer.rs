@@ -25,6 +25,7 @@
 use std::any::{Any, TypeId};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::StreamExt;
@@ -301,6 +302,8 @@ pub struct Informer<K> {
     synced: watch::Sender<bool>,
     counters: Counters,
     task: Mutex<Option<AbortHandle>>,
+    /// The highest resourceVersion the store reflects (see [`Informer::seen_revision`]).
+    seen: AtomicU64,
 }
 
 impl<K> Debug for Informer<K> {
@@ -331,6 +334,26 @@ where
             subscribers: Mutex::new(Vec::new()),
             synced: watch::channel(false).0,
             task: Mutex::new(None),
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    /// The highest resourceVersion among the changes the store has taken in: a write
+    /// answered with resourceVersion `r` is reflected (or superseded) once this is at
+    /// least `r`, since a watch delivers a resource's changes in revision order.
+    /// Revisions are numbers on both of Trellis' stores; another value counts as 0.
+    pub fn seen_revision(&self) -> u64 {
+        self.seen.load(Ordering::Acquire)
+    }
+
+    fn saw(&self, obj: &K) {
+        if let Some(rv) = obj
+            .meta()
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            self.seen.fetch_max(rv, Ordering::AcqRel);
         }
     }
 
@@ -436,6 +459,7 @@ where
     fn apply(&self, obj: K) {
         let obj = Arc::new(trim(obj));
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
+        self.saw(&obj);
         let change = match store.put(obj.clone()) {
             Some(old) => Change::Updated { old, new: obj },
             None => Change::Added(obj),
@@ -446,6 +470,7 @@ where
     fn delete(&self, obj: K) {
         let key = key_of(&obj);
         let mut store = self.store.write().unwrap_or_else(|e| e.into_inner());
+        self.saw(&obj);
         let last = store.remove(&key).unwrap_or_else(|| Arc::new(trim(obj)));
         self.publish(&store, vec![Change::Deleted(last)]);
     }
@@ -457,6 +482,7 @@ where
         let mut changes = Vec::new();
         let mut seen: HashSet<Arc<str>> = HashSet::with_capacity(listed.len());
         for obj in listed {
+            self.saw(&obj);
             let key: Arc<str> = key_of(obj.as_ref()).into();
             let unchanged = store.items.get(&key).is_some_and(|old| {
                 old.meta().resource_version.is_some()

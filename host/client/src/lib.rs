@@ -21,4 +21,4 @@ pub mod metrics;
 pub mod transport;
 pub mod workqueue;
 
-pub use transport::{InProcess, remote};
+pub use transport::{InProcess, remote, remote_config, remote_with};

@@ -30,12 +30,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client for the cluster a kubeconfig file describes (its current context).
 pub async fn remote(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    remote_with(remote_config(kubeconfig).await?)
+}
+
+/// The connection settings of a kubeconfig file's current context.
+pub async fn remote_config(kubeconfig: &Path) -> anyhow::Result<kube::Config> {
     let file = Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("read the kubeconfig {}", kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
         .await
-        .with_context(|| format!("load the kubeconfig {}", kubeconfig.display()))?;
-    remote_with(config)
+        .with_context(|| format!("load the kubeconfig {}", kubeconfig.display()))
 }
 
 /// A client for `config`'s cluster, over HTTP/2 when the server negotiates it.

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::expectations::{Expectations, Expected};
+use crate::runner::Key;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject};
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
@@ -46,6 +48,31 @@ pub fn gvr_key(r: &GroupVersionResource) -> String {
     format!("{}/{}/{}", r.group, r.version, r.resource)
 }
 
+/// The primary resource of a controller, as ownerReferences name its kind.
+#[derive(Clone, Debug)]
+pub(crate) struct Primary {
+    pub gvr: String,
+    pub api_version: String,
+    pub kind: String,
+}
+
+/// What the answer to a write says of the written object.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Answer {
+    kind: Option<String>,
+    metadata: AnswerMeta,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct AnswerMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+    owner_references: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+}
+
 /// What one controller plugin's imports are served by.
 pub struct KubeHost {
     /// The controller's name: its field manager, and how errors name it.
@@ -55,6 +82,9 @@ pub struct KubeHost {
     /// The informers of the resources it declared, by [`gvr_key`].
     pub(crate) caches: HashMap<String, (Resolved, Arc<Informer<DynamicObject>>)>,
     pub(crate) events: EventRecorder,
+    pub(crate) primary: Primary,
+    /// Where each write is noted against the key it belongs to.
+    pub(crate) expectations: Arc<Expectations>,
 }
 
 impl std::fmt::Debug for KubeHost {
@@ -62,6 +92,14 @@ impl std::fmt::Debug for KubeHost {
         f.debug_struct("KubeHost")
             .field("name", &self.name)
             .finish_non_exhaustive()
+    }
+}
+
+/// An object's key in an informer's cache.
+fn object_key(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_owned(),
     }
 }
 
@@ -192,69 +230,7 @@ impl KubeHost {
         }
     }
 
-    fn query(&self, force: bool) -> String {
-        let mut q = format!("?fieldManager={}", self.name);
-        if force {
-            q.push_str("&force=true");
-        }
-        q
-    }
-}
-
-#[async_trait::async_trait]
-impl ClusterReader for KubeHost {
-    async fn get(
-        &self,
-        resource: &GroupVersionResource,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Result<Option<String>, String> {
-        let (_, informer) = self.cache(resource)?;
-        let key = match namespace {
-            Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-            _ => name.to_owned(),
-        };
-        Ok(informer.get(&key).map(|o| to_json(&o)))
-    }
-
-    async fn list(
-        &self,
-        resource: &GroupVersionResource,
-        namespace: Option<&str>,
-        label_selector: &str,
-    ) -> Result<Vec<String>, String> {
-        let (_, informer) = self.cache(resource)?;
-        let selector = LabelSelector::parse(label_selector)
-            .map_err(|e| format!("label selector {label_selector:?}: {e}"))?;
-        let none = std::collections::BTreeMap::new();
-        let objects = match namespace {
-            Some(ns) => informer.by_index(trellis_client::informer::BY_NAMESPACE, ns),
-            None => informer.list(),
-        };
-        Ok(objects
-            .iter()
-            .filter(|o| selector.matches_map(o.metadata.labels.as_ref().unwrap_or(&none)))
-            .map(|o| to_json(o))
-            .collect())
-    }
-}
-
-#[async_trait::async_trait]
-impl ControllerHost for KubeHost {
-    async fn owned_by(
-        &self,
-        resource: &GroupVersionResource,
-        owner_uid: &str,
-    ) -> Result<Vec<String>, String> {
-        let (_, informer) = self.cache(resource)?;
-        Ok(informer
-            .by_index(BY_OWNER, owner_uid)
-            .iter()
-            .map(|o| to_json(o))
-            .collect())
-    }
-
-    async fn write(&self, write: Write) -> Result<String, ApiError> {
+    async fn send_write(&self, write: Write) -> Result<String, ApiError> {
         match write {
             Write::Create(c) => {
                 let url = self.collection(&c.resource, c.namespace.as_deref())?;
@@ -320,6 +296,156 @@ impl ControllerHost for KubeHost {
                 .await
             }
         }
+    }
+
+    /// Notes a successful write against the primary key it belongs to, so that key
+    /// waits for the caches to show it (see [`crate::expectations`]).
+    fn note(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        delete: bool,
+        before: Option<&DynamicObject>,
+        answer: &str,
+    ) {
+        let Ok((_, informer)) = self.cache(resource) else {
+            return;
+        };
+        let answer: Answer = serde_json::from_str(answer).unwrap_or_default();
+        let namespace = answer
+            .metadata
+            .namespace
+            .clone()
+            .or(namespace.map(str::to_owned))
+            .filter(|n| !n.is_empty());
+        let (name, revision, owners) = if answer.kind.as_deref() == Some("Status") {
+            let Some(before) = before else { return };
+            (
+                before.metadata.name.clone(),
+                None,
+                before.metadata.owner_references.clone().unwrap_or_default(),
+            )
+        } else {
+            let m = answer.metadata;
+            (
+                m.name,
+                m.resource_version.and_then(|r| r.parse().ok()),
+                m.owner_references,
+            )
+        };
+        let Some(name) = name else { return };
+        let owner = if gvr_key(resource) == self.primary.gvr {
+            Some(name.clone())
+        } else {
+            owners
+                .iter()
+                .find(|o| {
+                    o.controller == Some(true)
+                        && o.kind == self.primary.kind
+                        && o.api_version == self.primary.api_version
+                })
+                .map(|o| o.name.clone())
+        };
+        let Some(owner) = owner else { return };
+        self.expectations.expect(
+            Key {
+                namespace: namespace.clone(),
+                name: owner,
+            },
+            Expected {
+                informer: informer.clone(),
+                object: object_key(namespace.as_deref(), &name),
+                revision,
+                gone: delete,
+            },
+        );
+    }
+
+    fn query(&self, force: bool) -> String {
+        let mut q = format!("?fieldManager={}", self.name);
+        if force {
+            q.push_str("&force=true");
+        }
+        q
+    }
+}
+
+#[async_trait::async_trait]
+impl ClusterReader for KubeHost {
+    async fn get(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, String> {
+        let (_, informer) = self.cache(resource)?;
+        Ok(informer
+            .get(&object_key(namespace, name))
+            .map(|o| to_json(&o)))
+    }
+
+    async fn list(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        label_selector: &str,
+    ) -> Result<Vec<String>, String> {
+        let (_, informer) = self.cache(resource)?;
+        let selector = LabelSelector::parse(label_selector)
+            .map_err(|e| format!("label selector {label_selector:?}: {e}"))?;
+        let none = std::collections::BTreeMap::new();
+        let objects = match namespace {
+            Some(ns) => informer.by_index(trellis_client::informer::BY_NAMESPACE, ns),
+            None => informer.list(),
+        };
+        Ok(objects
+            .iter()
+            .filter(|o| selector.matches_map(o.metadata.labels.as_ref().unwrap_or(&none)))
+            .map(|o| to_json(o))
+            .collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl ControllerHost for KubeHost {
+    async fn owned_by(
+        &self,
+        resource: &GroupVersionResource,
+        owner_uid: &str,
+    ) -> Result<Vec<String>, String> {
+        let (_, informer) = self.cache(resource)?;
+        Ok(informer
+            .by_index(BY_OWNER, owner_uid)
+            .iter()
+            .map(|o| to_json(o))
+            .collect())
+    }
+
+    async fn write(&self, write: Write) -> Result<String, ApiError> {
+        let (resource, namespace, deleted) = match &write {
+            Write::Create(c) => (c.resource.clone(), c.namespace.clone(), None),
+            Write::Update(u) => (u.resource.clone(), u.namespace.clone(), None),
+            Write::Patch(p) => (p.resource.clone(), p.namespace.clone(), None),
+            Write::Delete(d) => (
+                d.resource.clone(),
+                d.namespace.clone(),
+                Some(d.name.clone()),
+            ),
+        };
+        // A delete may be answered with a bare Status: what it deleted is read first.
+        let before = deleted.as_deref().and_then(|name| {
+            let (_, informer) = self.cache(&resource).ok()?;
+            informer.get(&object_key(namespace.as_deref(), name))
+        });
+        let answer = self.send_write(write).await?;
+        self.note(
+            &resource,
+            namespace.as_deref(),
+            deleted.is_some(),
+            before.as_deref(),
+            &answer,
+        );
+        Ok(answer)
     }
 
     async fn record_event(&self, object: &str, event_type: EventType, reason: &str, message: &str) {

@@ -10,9 +10,14 @@
 //!
 //! # Layout
 //! - [`runner`]: [`ControllerConfig`], [`Manager`], the key mapping and the workers.
+//! - [`bundled`]: the built-in controllers, built from `plugins/controllers` and
+//!   included in the binary.
+//! - `expectations`: a key waits until the caches show its last reconcile's writes.
 //! - [`host`]: the controller world's imports: cache reads from the informers, writes
 //!   through the API server under the controller's identity, events.
 
+pub mod bundled;
+mod expectations;
 pub mod host;
 pub mod runner;
 

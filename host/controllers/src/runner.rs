@@ -15,13 +15,18 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 use trellis_client::events::EventRecorder;
-use trellis_client::informer::{Change, SharedInformers};
+use trellis_client::informer::{Change, Informer, SharedInformers};
 use trellis_client::workqueue::{QueueMetrics, RateLimits, WorkQueue};
 use trellis_plugin_host::{
     Action, GroupVersionResource, ObjectKey, Plugin, PluginHost, PluginKind, PluginSpec,
 };
 
-use crate::host::{KubeHost, Resolved, gvr_key};
+use crate::expectations::Expectations;
+use crate::host::{KubeHost, Primary, Resolved, gvr_key};
+
+/// How often a key waiting for its writes to reach the caches is looked at again
+/// when no change brings it back sooner.
+const EXPECTATIONS_RECHECK: Duration = Duration::from_secs(10);
 
 /// A controller to run.
 #[derive(Clone, Debug)]
@@ -42,6 +47,8 @@ pub struct ControllerConfig {
     pub resync: Option<Duration>,
     /// The queue's back-off after failures.
     pub rate_limits: RateLimits,
+    /// How long a key waits at most for the caches to show its last writes.
+    pub expectations_timeout: Duration,
 }
 
 impl ControllerConfig {
@@ -58,6 +65,7 @@ impl ControllerConfig {
             workers: 2,
             resync: None,
             rate_limits: RateLimits::default(),
+            expectations_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -165,11 +173,18 @@ impl Manager {
             );
             caches.insert(gvr_key(gvr), (resolved, informer));
         }
+        let expectations = Arc::new(Expectations::new(config.expectations_timeout));
         let host = KubeHost {
             name: name.clone(),
             client: writer,
             caches: caches.clone(),
             events,
+            primary: Primary {
+                gvr: gvr_key(&config.primary),
+                api_version: primary.resource.api_version.clone(),
+                kind: primary.resource.kind.clone(),
+            },
+            expectations: expectations.clone(),
         };
         let plugin = self
             .plugins
@@ -254,6 +269,8 @@ impl Manager {
                 plugin.clone(),
                 self.plugins.clone(),
                 config.primary.clone(),
+                primary_informer.clone(),
+                expectations.clone(),
             ));
         }
         let q = queue.clone();
@@ -278,8 +295,18 @@ async fn work(
     plugin: Arc<Plugin>,
     host: Arc<PluginHost>,
     resource: GroupVersionResource,
+    primary: Arc<Informer<DynamicObject>>,
+    expectations: Arc<Expectations>,
 ) {
     while let Some(key) = queue.get().await {
+        if let Err(timeout) = expectations.check(&key) {
+            // The change that meets the expectation brings the key back; the timeout
+            // is the backstop.
+            debug!(controller = plugin.name(), %key, "waiting for the cache to show the last writes");
+            queue.done(&key);
+            queue.add_after(key, timeout.min(EXPECTATIONS_RECHECK));
+            continue;
+        }
         let object = ObjectKey {
             resource: resource.clone(),
             namespace: key.namespace.clone(),
@@ -303,6 +330,9 @@ async fn work(
                 warn!(controller = plugin.name(), %key, error = %e, "reconcile failed in the plugin; retrying with back-off");
                 queue.add_rate_limited(key.clone());
             }
+        }
+        if primary.get(&key.to_string()).is_none() {
+            expectations.forget(&key);
         }
         queue.done(&key);
     }

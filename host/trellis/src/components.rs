@@ -18,12 +18,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::{Context as _, bail};
 use clap::Args;
-use tracing::info;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, PostParams};
+use tracing::{info, warn};
+use trellis_client::events::EventRecorder;
 use trellis_client::informer::SharedInformers;
 use trellis_client::leader::{LeaderConfig, LeaderElector, Outcome};
 use trellis_client::metrics::ComponentMetrics;
+use trellis_controllers::bundled::{self, Builtin};
+use trellis_controllers::{Manager, Running};
+use trellis_plugin_host::{HostConfig, PluginHost};
 
 /// Which component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,11 +55,6 @@ impl Component {
             Self::Controllers => "kube-controller-manager",
             Self::Scheduler => "kube-scheduler",
         }
-    }
-
-    /// The loops registered for this component.
-    fn loops(self) -> &'static [&'static str] {
-        &[]
     }
 
     /// Where Kubernetes' component of this kind serves its metrics.
@@ -103,6 +107,22 @@ pub struct ComponentArgs {
     metrics_bind_address: Option<String>,
 }
 
+/// `trellis controllers`: the component's flags and which controllers run.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub component: ComponentArgs,
+
+    /// The controllers to run, as kube-controller-manager reads the flag: `*` for all
+    /// built-ins, `-NAME` to leave one out (`*,-deployment`).
+    #[arg(long, default_value = "*", value_name = "LIST")]
+    pub controllers: String,
+
+    /// Where compiled plugins are kept between runs (none: compiled at each start).
+    #[arg(long, value_name = "DIR")]
+    pub plugin_cache_dir: Option<PathBuf>,
+}
+
 fn seconds(s: &str) -> Result<Duration, String> {
     let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
     Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
@@ -140,10 +160,43 @@ impl Drop for Leading {
     }
 }
 
+/// `trellis controllers --kubeconfig FILE`.
+pub async fn run_controllers(
+    args: ControllerArgs,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let builtins = bundled::select(&args.controllers)?;
+    let plugins = PluginHost::new(HostConfig {
+        cache_dir: args.plugin_cache_dir.clone(),
+        ..HostConfig::default()
+    })?;
+    let tokens = tempfile::Builder::new()
+        .prefix("trellis-controller-tokens")
+        .tempdir()
+        .context("make a directory for the controllers' tokens")?;
+    let config = trellis_client::remote_config(&args.component.kubeconfig).await?;
+    let setup = ControllerSetup {
+        plugins,
+        credentials: Credentials::ServiceAccounts {
+            config: Box::new(config),
+            dir: tokens.path().to_owned(),
+        },
+        builtins,
+    };
+    run_remote(
+        Component::Controllers,
+        args.component,
+        Some(setup),
+        shutdown,
+    )
+    .await
+}
+
 /// `trellis controllers|scheduler --kubeconfig FILE`.
 pub async fn run_remote(
     component: Component,
     args: ComponentArgs,
+    controllers: Option<ControllerSetup>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let client = trellis_client::remote(&args.kubeconfig).await?;
@@ -171,7 +224,11 @@ pub async fn run_remote(
     let result = run(
         component,
         client,
-        Shared { informers, metrics },
+        Shared {
+            informers,
+            metrics,
+            controllers,
+        },
         args.leader_elect.then_some(config),
         shutdown,
     )
@@ -181,11 +238,166 @@ pub async fn run_remote(
 }
 
 /// What the components of one process share: one informer per resource (hence one
-/// watch) and one set of metrics.
+/// watch) and one set of metrics; and what the controllers run.
 #[derive(Clone, Debug)]
 pub struct Shared {
     pub informers: SharedInformers,
     pub metrics: ComponentMetrics,
+    pub controllers: Option<ControllerSetup>,
+}
+
+/// The controllers of the controller manager: which built-ins, the plugin host that
+/// runs them, and how each gets its own identity.
+#[derive(Clone)]
+pub struct ControllerSetup {
+    pub plugins: Arc<PluginHost>,
+    pub credentials: Credentials,
+    pub builtins: Vec<&'static Builtin>,
+}
+
+impl std::fmt::Debug for ControllerSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerSetup")
+            .field(
+                "builtins",
+                &self.builtins.iter().map(|b| b.name).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// How each controller acts as its own ServiceAccount, `kube-system/NAME`, as
+/// kube-controller-manager's `--use-service-account-credentials` does.
+#[derive(Clone, Debug)]
+pub enum Credentials {
+    /// In `trellis up`: the in-process transport, as that user.
+    InProcess(trellis_client::InProcess),
+    /// Against a server: the controller manager makes the ServiceAccount and asks for
+    /// its tokens (TokenRequest), kept in a file the client rereads and renewed
+    /// before they expire; `config` says where the server is.
+    ServiceAccounts {
+        config: Box<kube::Config>,
+        dir: PathBuf,
+    },
+}
+
+/// How long a controller's token lasts; it is renewed at four fifths of that.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+
+impl Credentials {
+    /// A client acting as controller `name`, made with `manager` (the controller
+    /// manager's own client) where tokens are needed; renewals stop with `stopped`.
+    async fn client(
+        &self,
+        manager: &kube::Client,
+        name: &str,
+        stopped: tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<kube::Client> {
+        match self {
+            Self::InProcess(in_process) => {
+                Ok(in_process.client(trellis_client::identity::controller(name)))
+            }
+            Self::ServiceAccounts { config, dir } => {
+                let accounts: Api<ServiceAccount> = Api::namespaced(manager.clone(), "kube-system");
+                let account = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name, "namespace": "kube-system"}
+                }))?;
+                match accounts.create(&PostParams::default(), &account).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("create the ServiceAccount kube-system/{name}")
+                        });
+                    }
+                }
+                let file = dir.join(format!("{name}.token"));
+                write_token(&accounts, name, &file).await?;
+                let mut config = kube::Config::clone(config);
+                config.auth_info = kube::config::AuthInfo {
+                    token_file: Some(file.display().to_string()),
+                    ..kube::config::AuthInfo::default()
+                };
+                let client = trellis_client::remote_with(config)?;
+                let name = name.to_owned();
+                let mut stopped = stopped;
+                tokio::spawn(async move {
+                    loop {
+                        tokio::select! {
+                            () = tokio::time::sleep(TOKEN_LIFETIME * 4 / 5) => {}
+                            _ = stopped.wait_for(|s| *s) => return,
+                        }
+                        if let Err(e) = write_token(&accounts, &name, &file).await {
+                            warn!(controller = %name, error = %format!("{e:#}"), "renew the controller's token");
+                        }
+                    }
+                });
+                Ok(client)
+            }
+        }
+    }
+}
+
+/// Asks for a token of ServiceAccount `kube-system/NAME` and writes it to `file`.
+async fn write_token(
+    accounts: &Api<ServiceAccount>,
+    name: &str,
+    file: &std::path::Path,
+) -> anyhow::Result<()> {
+    let request: TokenRequest = serde_json::from_value(serde_json::json!({
+        "spec": {"audiences": [], "expirationSeconds": TOKEN_LIFETIME.as_secs()}
+    }))?;
+    let answer = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("request a token for kube-system/{name}"))?;
+    let token = answer
+        .status
+        .context("a TokenRequest with no status")?
+        .token;
+    // Written aside and renamed: the client never reads half a token.
+    let partial = file.with_extension("partial");
+    std::fs::write(&partial, token).with_context(|| format!("write {}", partial.display()))?;
+    std::fs::rename(&partial, file).with_context(|| format!("write {}", file.display()))?;
+    Ok(())
+}
+
+/// Starts the setup's controllers; each that cannot start is named and left out.
+async fn start_controllers(
+    setup: &ControllerSetup,
+    client: &kube::Client,
+    shared: &Shared,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<Running> {
+    let manager = Manager {
+        plugins: setup.plugins.clone(),
+        informers: shared.informers.clone(),
+        lister: client.clone(),
+        queues: shared.metrics.queues.clone(),
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let mut running = Vec::new();
+    for builtin in &setup.builtins {
+        let started = async {
+            let writer = setup
+                .credentials
+                .client(client, builtin.identity, stopped.clone())
+                .await?;
+            let events = EventRecorder::new(writer.clone(), builtin.identity, &host);
+            manager
+                .start(builtin.config(), writer, events, stopped.clone())
+                .await
+        };
+        match started.await {
+            Ok(r) => running.push(r),
+            Err(e) => {
+                warn!(controller = builtin.name, error = %format!("{e:#}"), "the controller cannot start; the others run");
+            }
+        }
+    }
+    running
 }
 
 impl Default for Shared {
@@ -201,6 +413,7 @@ impl Shared {
         Self {
             informers: SharedInformers::with_metrics(metrics.informers.clone()),
             metrics,
+            controllers: None,
         }
     }
 }
@@ -217,18 +430,25 @@ pub async fn run(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let work = || {
         let mut stopped = stopped.clone();
-        // What the registered loops read through: one watch per resource.
-        let Shared { informers, metrics } = shared.clone();
+        let shared = shared.clone();
+        let client = client.clone();
         async move {
-            let _informers = informers;
-            let _leading = Leading::new(metrics, component.lease());
+            let _leading = Leading::new(shared.metrics.clone(), component.lease());
+            let running = match (&shared.controllers, component) {
+                (Some(setup), Component::Controllers) => {
+                    start_controllers(setup, &client, &shared, &stopped).await
+                }
+                _ => Vec::new(),
+            };
             info!(
                 component = component.name(),
-                loops = ?component.loops(),
-                "running; {} loops registered",
-                component.loops().len()
+                loops = ?running.iter().map(|r| r.plugin.name().to_owned()).collect::<Vec<_>>(),
+                "running"
             );
             let _ = stopped.wait_for(|s| *s).await;
+            for r in running {
+                r.stop().await;
+            }
         }
     };
     let Some(config) = election else {

@@ -50,7 +50,7 @@ enum Command {
     /// Start the API server (with its store).
     Server(up::UpArgs),
     /// Run the controllers against an API server (leader-elected).
-    Controllers(components::ComponentArgs),
+    Controllers(components::ControllerArgs),
     /// Run the scheduler against an API server (leader-elected).
     Scheduler(components::ComponentArgs),
     /// Measure the store backends, the API server and plugins in it.
@@ -94,14 +94,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin(args) => runtime()?.block_on(plugin::run(args)),
         Command::Up(args) => runtime()?.block_on(up::run(args, true, shutdown_signal())),
         Command::Server(args) => runtime()?.block_on(up::run(args, false, shutdown_signal())),
-        Command::Controllers(args) => runtime()?.block_on(components::run_remote(
-            components::Component::Controllers,
-            args,
-            shutdown_signal(),
-        )),
+        Command::Controllers(args) => {
+            runtime()?.block_on(components::run_controllers(args, shutdown_signal()))
+        }
         Command::Scheduler(args) => runtime()?.block_on(components::run_remote(
             components::Component::Scheduler,
             args,
+            None,
             shutdown_signal(),
         )),
     }

@@ -83,6 +83,11 @@ pub struct UpArgs {
     /// are served over plain HTTP (port 0 picks one; empty serves none).
     #[arg(long, default_value = "127.0.0.1:10257", value_name = "ADDR:PORT")]
     metrics_bind_address: String,
+
+    /// `trellis up` only: the built-in controllers to run (`*` for all, `-NAME` to
+    /// leave one out, as kube-controller-manager's flag).
+    #[arg(long, default_value = "*", value_name = "LIST")]
+    controllers: String,
 }
 
 /// What `--store` names.
@@ -193,7 +198,16 @@ pub async fn run(
     let compactor =
         tokio::spawn(Compactor::new(config).run(store, stopped_signal(stopped.clone())));
     let running = if components {
-        let shared = crate::components::Shared::new();
+        let in_process = trellis_client::InProcess::new(server.in_process.clone());
+        let mut shared = crate::components::Shared::new();
+        shared.controllers = Some(crate::components::ControllerSetup {
+            plugins: trellis_plugin_host::PluginHost::new(trellis_plugin_host::HostConfig {
+                cache_dir: Some(args.data_dir.join("plugin-cache")),
+                ..trellis_plugin_host::HostConfig::default()
+            })?,
+            credentials: crate::components::Credentials::InProcess(in_process.clone()),
+            builtins: trellis_controllers::bundled::select(&args.controllers)?,
+        });
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)
             .map_err(|e| anyhow::anyhow!("parse --metrics-bind-address {e}"))?
         {
@@ -205,11 +219,7 @@ pub async fn run(
                 })
                 .await?;
         }
-        crate::components::start_in_process(
-            &trellis_client::InProcess::new(server.in_process.clone()),
-            &shared,
-            stopped,
-        )
+        crate::components::start_in_process(&in_process, &shared, stopped)
     } else {
         Vec::new()
     };

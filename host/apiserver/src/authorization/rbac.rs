@@ -477,7 +477,7 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
     let group = |name: &str| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": name});
     let user =
         |name: &str| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": name});
-    vec![
+    let mut objects = vec![
         cluster_role(
             "cluster-admin",
             json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
@@ -574,7 +574,42 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             "system:kube-controller-manager",
             user("system:kube-controller-manager"),
         ),
-    ]
+    ];
+    // The built-in controllers, each as its ServiceAccount in kube-system bound to
+    // `system:controller:NAME`, with Kubernetes' rules; status and annotations are
+    // written with patches here, hence `patch` where Kubernetes has `update` only.
+    let events = json!({"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]});
+    let controllers = [
+        (
+            "replicaset-controller",
+            json!([
+                {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get", "list", "watch", "update", "patch"]},
+                {"apiGroups": ["apps"], "resources": ["replicasets/status", "replicasets/finalizers"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete", "patch"]},
+                events,
+            ]),
+        ),
+        (
+            "deployment-controller",
+            json!([
+                {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "update", "patch"]},
+                {"apiGroups": ["apps"], "resources": ["deployments/status", "deployments/finalizers"], "verbs": ["update", "patch"]},
+                {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "update", "watch"]},
+                events,
+            ]),
+        ),
+    ];
+    for (name, rules) in controllers {
+        let role = format!("system:controller:{name}");
+        objects.push(cluster_role(&role, rules));
+        objects.push(binding(
+            &role,
+            &role,
+            json!({"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}),
+        ));
+    }
+    objects
 }
 
 #[cfg(test)]

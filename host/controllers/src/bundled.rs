@@ -1,0 +1,129 @@
+//! The built-in controllers: WebAssembly components of the controller world built
+//! from `plugins/controllers/*` (by this crate's build script) and included in the
+//! binary, so they run as the same kind of plugin a third party writes.
+//!
+//! Each has the short name Kubernetes' `--controllers` flag uses (`replicaset`) and
+//! runs as the ServiceAccount `kube-system/NAME-controller`, which the API server
+//! binds to `system:controller:NAME-controller` at bootstrap.
+
+use std::sync::Arc;
+
+use anyhow::bail;
+use trellis_plugin_host::GroupVersionResource;
+
+use crate::runner::ControllerConfig;
+
+/// One built-in controller.
+#[derive(Debug)]
+pub struct Builtin {
+    /// The name `--controllers` knows it by.
+    pub name: &'static str,
+    /// Its plugin name and ServiceAccount.
+    pub identity: &'static str,
+    pub wasm: &'static [u8],
+    /// `(group, version, resource)` of what it reconciles.
+    pub primary: (&'static str, &'static str, &'static str),
+    /// What it owns: a change of one reconciles its owner.
+    pub owns: &'static [(&'static str, &'static str, &'static str)],
+}
+
+fn gvr((group, version, resource): (&str, &str, &str)) -> GroupVersionResource {
+    GroupVersionResource {
+        group: group.into(),
+        version: version.into(),
+        resource: resource.into(),
+    }
+}
+
+impl Builtin {
+    /// How it runs by default.
+    pub fn config(&self) -> ControllerConfig {
+        let mut config = ControllerConfig::new(
+            self.identity,
+            Arc::new(self.wasm.to_vec()),
+            gvr(self.primary),
+        );
+        config.owns = self.owns.iter().copied().map(gvr).collect();
+        // kube-controller-manager's --concurrent-*-syncs default.
+        config.workers = 5;
+        config
+    }
+}
+
+/// Every built-in controller, in the order they start.
+pub const BUILTINS: &[Builtin] = &[
+    Builtin {
+        name: "deployment",
+        identity: "deployment-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/deployment.wasm")),
+        primary: ("apps", "v1", "deployments"),
+        owns: &[("apps", "v1", "replicasets")],
+    },
+    Builtin {
+        name: "replicaset",
+        identity: "replicaset-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/replicaset.wasm")),
+        primary: ("apps", "v1", "replicasets"),
+        owns: &[("", "v1", "pods")],
+    },
+];
+
+/// The built-ins a `--controllers` value selects, as Kubernetes reads it: a comma
+/// list of names, `*` for all that are on by default, `-NAME` to leave one out.
+pub fn select(spec: &str) -> anyhow::Result<Vec<&'static Builtin>> {
+    let items: Vec<&str> = spec
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    for item in &items {
+        let name = item.trim_start_matches('-');
+        if name != "*" && !BUILTINS.iter().any(|b| b.name == name) {
+            bail!(
+                "--controllers: no controller {name:?}; the built-ins are {}",
+                BUILTINS
+                    .iter()
+                    .map(|b| b.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    let all = items.contains(&"*");
+    Ok(BUILTINS
+        .iter()
+        .filter(|b| {
+            let on = all || items.contains(&b.name);
+            let off = items.iter().any(|i| i.strip_prefix('-') == Some(b.name));
+            on && !off
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(spec: &str) -> Vec<&'static str> {
+        select(spec).unwrap().iter().map(|b| b.name).collect()
+    }
+
+    #[test]
+    fn controllers_are_selected_as_kubernetes_flag_reads() {
+        assert_eq!(names("*"), ["deployment", "replicaset"]);
+        assert_eq!(names("*,-deployment"), ["replicaset"]);
+        assert_eq!(names("replicaset"), ["replicaset"]);
+        assert!(names("").is_empty());
+        let err = select("*,-nope").unwrap_err().to_string();
+        assert!(err.contains("no controller \"nope\""), "{err}");
+    }
+
+    #[test]
+    fn the_bundled_components_are_components() {
+        for b in BUILTINS {
+            // The component binary format's preamble: magic, then version 0x0d, layer 1.
+            assert_eq!(&b.wasm[..4], b"\0asm", "{}", b.name);
+            assert_eq!(&b.wasm[4..8], &[0x0d, 0, 1, 0], "{}", b.name);
+        }
+    }
+}
