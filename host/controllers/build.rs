@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CONTROLLERS: [&str; 2] = ["replicaset", "deployment"];
+const CONTROLLERS: [&str; 3] = ["replicaset", "deployment", "garbage-collector"];
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() -> Result<(), String> {
@@ -34,7 +34,8 @@ fn main() -> Result<(), String> {
         None => build(&plugins)?,
     };
     for name in CONTROLLERS {
-        let from = built.join(format!("{name}.wasm"));
+        // Cargo names a library's output after the crate, `-` as `_`.
+        let from = built.join(format!("{}.wasm", name.replace('-', "_")));
         let to = out.join(format!("{name}.wasm"));
         std::fs::copy(&from, &to)
             .map_err(|e| format!("copy {} to {}: {e}", from.display(), to.display()))?;

@@ -349,7 +349,8 @@ async fn until(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_built_in_deployment_and_replicaset_controllers_roll_out_as_kubernetes() -> Result<()> {
+async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kubernetes() -> Result<()>
+{
     use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
     use trellis_controllers::bundled;
 
@@ -640,6 +641,108 @@ async fn the_built_in_deployment_and_replicaset_controllers_roll_out_as_kubernet
     ensure!(
         events.contains("ScalingReplicaSet") && events.contains("Scaled up replica set web-"),
         "{events}"
+    );
+
+    // The garbage collector. An object whose only owner never existed goes; one
+    // with a live owner beside the missing one only loses the dangling reference.
+    let cm_api: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let keeper = create(&cm_api, json!({"metadata": {"name": "keeper"}})).await?;
+    let ghost = json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "ghost",
+                       "uid": "00000000-0000-0000-0000-000000000000"});
+    let live = json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper",
+                      "uid": keeper.metadata.uid.clone().context("no uid")?});
+    create(
+        &cm_api,
+        json!({"metadata": {"name": "dangling", "ownerReferences": [ghost]}}),
+    )
+    .await?;
+    create(
+        &cm_api,
+        json!({"metadata": {"name": "half", "ownerReferences": [ghost, live]}}),
+    )
+    .await?;
+    let maps = watching.informer::<ConfigMap>(Api::all(admin.clone()), watcher::Config::default());
+    let mut map_changes = maps.subscribe();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let half_refs = maps
+                .get("default/half")
+                .and_then(|m| m.metadata.owner_references.clone())
+                .map(|r| r.len());
+            if maps.has_synced() && maps.get("default/dangling").is_none() && half_refs == Some(1) {
+                return anyhow::Ok(());
+            }
+            map_changes.recv().await.context("the informer stopped")?;
+        }
+    })
+    .await
+    .context(
+        "the dangling ConfigMap collected and half's dangling reference removed within 30 s",
+    )??;
+
+    // Orphan: the ReplicaSet goes, its pods stay, owned by nothing.
+    let many_uid = sets
+        .get("default/many")
+        .and_then(|rs| rs.metadata.uid.clone())
+        .context("no uid")?;
+    cluster
+        .kubectl_ok(&["delete", "replicaset", "many", "--cascade=orphan"])
+        .await?;
+    until(
+        &mut changes,
+        "ReplicaSet many gone, its 7 pods orphaned",
+        || {
+            let orphaned = pods
+                .list()
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("set"))
+                        .map(String::as_str)
+                        == Some("many")
+                })
+                .all(|p| {
+                    p.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .all(|o| o.uid != many_uid)
+                });
+            Ok(sets.get("default/many").is_none() && orphaned && of("many") == 7)
+        },
+    )
+    .await?;
+    // Background (kubectl's default): the ReplicaSet goes at once, its pods after.
+    cluster
+        .kubectl_ok(&["delete", "replicaset", "adopter"])
+        .await?;
+    until(&mut changes, "ReplicaSet adopter and its pod gone", || {
+        Ok(sets.get("default/adopter").is_none() && of("adopter") == 0)
+    })
+    .await?;
+    // Foreground: kubectl waits until the Deployment is gone, and it goes last.
+    cluster
+        .kubectl_ok(&[
+            "delete",
+            "deployment",
+            "web",
+            "--cascade=foreground",
+            "--timeout=20s",
+        ])
+        .await?;
+    let live_sets = rs_api
+        .list(&ListParams::default().labels("set=web"))
+        .await?;
+    let live_pods = pod_api
+        .list(&ListParams::default().labels("set=web"))
+        .await?;
+    ensure!(
+        live_sets.items.is_empty() && live_pods.items.is_empty(),
+        "after a foreground deletion: {} ReplicaSets and {} pods left",
+        live_sets.items.len(),
+        live_pods.items.len()
     );
 
     let _ = kubelet.send(());

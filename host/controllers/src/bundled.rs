@@ -60,6 +60,14 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[("apps", "v1", "replicasets")],
     },
     Builtin {
+        name: "garbage-collector",
+        identity: "generic-garbage-collector",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/garbage-collector.wasm")),
+        // Every resource that can be listed, watched and deleted.
+        primary: ("*", "*", "*"),
+        owns: &[],
+    },
+    Builtin {
         name: "replicaset",
         identity: "replicaset-controller",
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/replicaset.wasm")),
@@ -110,8 +118,11 @@ mod tests {
 
     #[test]
     fn controllers_are_selected_as_kubernetes_flag_reads() {
-        assert_eq!(names("*"), ["deployment", "replicaset"]);
-        assert_eq!(names("*,-deployment"), ["replicaset"]);
+        assert_eq!(
+            names("*"),
+            ["deployment", "garbage-collector", "replicaset"]
+        );
+        assert_eq!(names("*,-deployment,-garbage-collector"), ["replicaset"]);
         assert_eq!(names("replicaset"), ["replicaset"]);
         assert!(names("").is_empty());
         let err = select("*,-nope").unwrap_err().to_string();

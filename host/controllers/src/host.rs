@@ -3,22 +3,21 @@
 //! controller's own [`kube::Client`] (so the API server's `Status` comes back whole,
 //! field causes included), and events through the event recorder.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::expectations::{Expectations, Expected};
-use crate::runner::Key;
+use crate::runner::{Cached, Caches, Key};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject};
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::{Value, json};
 use trellis_api::selector::LabelSelector;
 use trellis_client::events::{EventRecorder, EventType as RecordedType};
-use trellis_client::informer::{BY_OWNER, Informer};
+use trellis_client::informer::BY_OWNER;
 use trellis_plugin_host::{
     ApiError, Cause, ClusterReader, ControllerHost, EventType, GroupVersionResource, PatchType,
-    Propagation, Write,
+    Propagation, ServedResource, Write,
 };
 
 /// Retries of a write answered 429, and how long to wait when the answer says not.
@@ -79,10 +78,11 @@ pub struct KubeHost {
     pub(crate) name: String,
     /// Its own identity's client: every write is its user's.
     pub(crate) client: kube::Client,
-    /// The informers of the resources it declared, by [`gvr_key`].
-    pub(crate) caches: HashMap<String, (Resolved, Arc<Informer<DynamicObject>>)>,
+    /// The informers of the resources it reads.
+    pub(crate) caches: Arc<Caches>,
     pub(crate) events: EventRecorder,
-    pub(crate) primary: Primary,
+    /// Its primary resource; `None` for a controller of every resource.
+    pub(crate) primary: Option<Primary>,
     /// Where each write is noted against the key it belongs to.
     pub(crate) expectations: Arc<Expectations>,
 }
@@ -146,17 +146,17 @@ fn status_error(code: u16, body: &[u8]) -> ApiError {
 }
 
 impl KubeHost {
-    fn cache(
-        &self,
-        resource: &GroupVersionResource,
-    ) -> Result<&(Resolved, Arc<Informer<DynamicObject>>), String> {
-        self.caches.get(&gvr_key(resource)).ok_or_else(|| {
-            format!(
-                "controller {} does not watch {}: declare it in the Plugin's spec.controller",
-                self.name,
-                gvr_key(resource)
-            )
-        })
+    fn cache(&self, resource: &GroupVersionResource) -> Result<&Cached, String> {
+        self.caches
+            .by_resource
+            .get(&gvr_key(resource))
+            .ok_or_else(|| {
+                format!(
+                    "controller {} does not watch {}: declare it in the Plugin's spec.controller",
+                    self.name,
+                    gvr_key(resource)
+                )
+            })
     }
 
     /// The URL of `resource`'s collection in `namespace`.
@@ -165,9 +165,10 @@ impl KubeHost {
         resource: &GroupVersionResource,
         namespace: Option<&str>,
     ) -> Result<String, ApiError> {
-        let (resolved, _) = self
+        let resolved = &self
             .cache(resource)
-            .map_err(|m| api_error(403, "Forbidden", m))?;
+            .map_err(|m| api_error(403, "Forbidden", m))?
+            .resolved;
         let api: Api<DynamicObject> = match (resolved.namespaced, namespace) {
             (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &resolved.resource),
             (true, None) => {
@@ -308,9 +309,10 @@ impl KubeHost {
         before: Option<&DynamicObject>,
         answer: &str,
     ) {
-        let Ok((_, informer)) = self.cache(resource) else {
+        let Ok(cached) = self.cache(resource) else {
             return;
         };
+        let informer = &cached.informer;
         let answer: Answer = serde_json::from_str(answer).unwrap_or_default();
         let namespace = answer
             .metadata
@@ -334,21 +336,28 @@ impl KubeHost {
             )
         };
         let Some(name) = name else { return };
-        let owner = if gvr_key(resource) == self.primary.gvr {
-            Some(name.clone())
-        } else {
-            owners
-                .iter()
-                .find(|o| {
-                    o.controller == Some(true)
-                        && o.kind == self.primary.kind
-                        && o.api_version == self.primary.api_version
-                })
-                .map(|o| o.name.clone())
+        // A controller of every resource reconciles the written object itself.
+        let (key_resource, owner) = match &self.primary {
+            None => (gvr_key(resource), Some(name.clone())),
+            Some(primary) if gvr_key(resource) == primary.gvr => {
+                (primary.gvr.clone(), Some(name.clone()))
+            }
+            Some(primary) => (
+                primary.gvr.clone(),
+                owners
+                    .iter()
+                    .find(|o| {
+                        o.controller == Some(true)
+                            && o.kind == primary.kind
+                            && o.api_version == primary.api_version
+                    })
+                    .map(|o| o.name.clone()),
+            ),
         };
         let Some(owner) = owner else { return };
         self.expectations.expect(
             Key {
+                resource: key_resource.into(),
                 namespace: namespace.clone(),
                 name: owner,
             },
@@ -378,8 +387,9 @@ impl ClusterReader for KubeHost {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<String>, String> {
-        let (_, informer) = self.cache(resource)?;
-        Ok(informer
+        Ok(self
+            .cache(resource)?
+            .informer
             .get(&object_key(namespace, name))
             .map(|o| to_json(&o)))
     }
@@ -390,7 +400,7 @@ impl ClusterReader for KubeHost {
         namespace: Option<&str>,
         label_selector: &str,
     ) -> Result<Vec<String>, String> {
-        let (_, informer) = self.cache(resource)?;
+        let informer = &self.cache(resource)?.informer;
         let selector = LabelSelector::parse(label_selector)
             .map_err(|e| format!("label selector {label_selector:?}: {e}"))?;
         let none = std::collections::BTreeMap::new();
@@ -413,12 +423,56 @@ impl ControllerHost for KubeHost {
         resource: &GroupVersionResource,
         owner_uid: &str,
     ) -> Result<Vec<String>, String> {
-        let (_, informer) = self.cache(resource)?;
-        Ok(informer
+        Ok(self
+            .cache(resource)?
+            .informer
             .by_index(BY_OWNER, owner_uid)
             .iter()
             .map(|o| to_json(o))
             .collect())
+    }
+
+    async fn dependents(&self, owner_uid: &str) -> Result<Vec<String>, String> {
+        let mut found = Vec::new();
+        for cached in self.caches.by_resource.values() {
+            for obj in cached.informer.by_index(BY_OWNER, owner_uid) {
+                // Cached objects carry no kind: the dependent's is its resource's.
+                let mut value = serde_json::to_value(&*obj).unwrap_or(Value::Null);
+                value["apiVersion"] = json!(cached.resolved.resource.api_version);
+                value["kind"] = json!(cached.resolved.resource.kind);
+                found.push(value.to_string());
+            }
+        }
+        Ok(found)
+    }
+
+    async fn resource_of(&self, api_version: &str, kind: &str) -> Option<ServedResource> {
+        let key = self
+            .caches
+            .by_kind
+            .get(&(api_version.to_owned(), kind.to_owned()))?;
+        let cached = &self.caches.by_resource[key];
+        Some(ServedResource {
+            resource: cached.gvr.clone(),
+            namespaced: cached.resolved.namespaced,
+        })
+    }
+
+    async fn read(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, ApiError> {
+        let url = format!("{}/{name}", self.collection(resource, namespace)?);
+        match self
+            .send(http::Method::GET, url, "application/json", Vec::new())
+            .await
+        {
+            Ok(body) => Ok(Some(body)),
+            Err(e) if e.code == 404 => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn write(&self, write: Write) -> Result<String, ApiError> {
@@ -434,8 +488,8 @@ impl ControllerHost for KubeHost {
         };
         // A delete may be answered with a bare Status: what it deleted is read first.
         let before = deleted.as_deref().and_then(|name| {
-            let (_, informer) = self.cache(&resource).ok()?;
-            informer.get(&object_key(namespace.as_deref(), name))
+            let cached = self.cache(&resource).ok()?;
+            cached.informer.get(&object_key(namespace.as_deref(), name))
         });
         let answer = self.send_write(write).await?;
         self.note(

@@ -8,14 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DynamicObject};
 use kube::core::GroupVersion;
+use kube::discovery::verbs;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 use trellis_client::events::EventRecorder;
-use trellis_client::informer::{Change, Informer, SharedInformers};
+use trellis_client::informer::{BY_OWNER, Change, Informer, SharedInformers};
 use trellis_client::workqueue::{QueueMetrics, RateLimits, WorkQueue};
 use trellis_plugin_host::{
     Action, GroupVersionResource, ObjectKey, Plugin, PluginHost, PluginKind, PluginSpec,
@@ -70,27 +72,139 @@ impl ControllerConfig {
     }
 }
 
-/// A key of the primary resource.
+/// A key: an object of one of the controller's resources (its primary resource,
+/// or any resource for a controller of every resource).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
+    /// The resource, as [`gvr_key`] writes it.
+    pub resource: Arc<str>,
     pub namespace: Option<String>,
     pub name: String,
 }
 
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Key {
+    /// The object's key in its informer's cache.
+    pub fn cache_key(&self) -> String {
         match &self.namespace {
-            Some(ns) => write!(f, "{ns}/{}", self.name),
-            None => f.write_str(&self.name),
+            Some(ns) => format!("{ns}/{}", self.name),
+            None => self.name.clone(),
         }
     }
 }
 
-fn key_of(obj: &DynamicObject) -> Key {
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.resource, self.cache_key())
+    }
+}
+
+fn key_of(resource: &Arc<str>, obj: &DynamicObject) -> Key {
     Key {
+        resource: resource.clone(),
         namespace: obj.metadata.namespace.clone().filter(|n| !n.is_empty()),
         name: obj.metadata.name.clone().unwrap_or_default(),
     }
+}
+
+/// A resource a controller reads, and its informer.
+#[derive(Clone, Debug)]
+pub(crate) struct Cached {
+    pub gvr: GroupVersionResource,
+    pub resolved: Resolved,
+    pub informer: Arc<Informer<DynamicObject>>,
+}
+
+/// The resources a controller reads, by [`gvr_key`], and what serves each kind.
+#[derive(Debug, Default)]
+pub(crate) struct Caches {
+    pub by_resource: HashMap<String, Cached>,
+    /// `(apiVersion, kind)` to [`gvr_key`].
+    pub by_kind: HashMap<(String, String), String>,
+}
+
+impl Caches {
+    fn insert(
+        &mut self,
+        gvr: GroupVersionResource,
+        resolved: Resolved,
+        informer: Arc<Informer<DynamicObject>>,
+    ) {
+        let key = gvr_key(&gvr);
+        self.by_kind.insert(
+            (
+                resolved.resource.api_version.clone(),
+                resolved.resource.kind.clone(),
+            ),
+            key.clone(),
+        );
+        self.by_resource.insert(
+            key,
+            Cached {
+                gvr,
+                resolved,
+                informer,
+            },
+        );
+    }
+
+    /// The key of the owner `reference` of `obj` names, if of a cached kind.
+    fn owner_key(&self, obj: &DynamicObject, reference: &OwnerReference) -> Option<Key> {
+        let resource = self
+            .by_kind
+            .get(&(reference.api_version.clone(), reference.kind.clone()))?;
+        let cached = &self.by_resource[resource];
+        Some(Key {
+            resource: resource.as_str().into(),
+            namespace: if cached.resolved.namespaced {
+                obj.metadata.namespace.clone().filter(|n| !n.is_empty())
+            } else {
+                None
+            },
+            name: reference.name.clone(),
+        })
+    }
+
+    /// The keys of the owners `obj`'s ownerReferences name (of cached kinds).
+    fn owners_of(&self, obj: &DynamicObject) -> Vec<Key> {
+        obj.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter_map(|r| self.owner_key(obj, r))
+            .collect()
+    }
+
+    /// The key of `obj`'s controller (the reference with `controller: true`).
+    fn controller_of(&self, obj: &DynamicObject) -> Option<Key> {
+        let reference = obj
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))?;
+        self.owner_key(obj, reference)
+    }
+
+    /// The keys of every cached object whose ownerReferences name `uid`.
+    fn dependents_of(&self, uid: &str) -> Vec<Key> {
+        self.by_resource
+            .iter()
+            .flat_map(|(resource, cached)| {
+                let resource: Arc<str> = resource.as_str().into();
+                cached
+                    .informer
+                    .by_index(BY_OWNER, uid)
+                    .iter()
+                    .map(|o| key_of(&resource, o))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
+/// Whether a resource is the wildcard of a controller of every resource (`*`).
+pub fn is_every(gvr: &GroupVersionResource) -> bool {
+    gvr.resource == "*"
 }
 
 /// The process's controller manager: the plugin host, the shared informers (listing
@@ -147,6 +261,34 @@ impl Manager {
             .with_context(|| format!("the API server serves no {}", gvr_key(gvr)))
     }
 
+    /// Every resource the API server serves that can be listed, watched and deleted,
+    /// events excepted: what a controller of every resource (the garbage collector)
+    /// reads.
+    async fn resolve_every(&self) -> anyhow::Result<Vec<(GroupVersionResource, Resolved)>> {
+        let discovery = kube::Discovery::new(self.lister.clone())
+            .run()
+            .await
+            .context("discover the API server's resources")?;
+        let mut resources = Vec::new();
+        for group in discovery.groups() {
+            for (resource, caps) in group.recommended_resources() {
+                let usable = [verbs::LIST, verbs::WATCH, verbs::DELETE]
+                    .iter()
+                    .all(|v| caps.supports_operation(v));
+                if !usable || resource.plural == "events" {
+                    continue;
+                }
+                let gvr = GroupVersionResource {
+                    group: resource.group.clone(),
+                    version: resource.version.clone(),
+                    resource: resource.plural.clone(),
+                };
+                resources.push((gvr, Resolved::new(resource, &caps)));
+            }
+        }
+        Ok(resources)
+    }
+
     /// Loads the controller's plugin and runs it until `shutdown` (or
     /// [`Running::stop`]): writes through `writer` (the controller's own identity),
     /// events through `events`.
@@ -159,31 +301,44 @@ impl Manager {
     ) -> anyhow::Result<Running> {
         check(&config)?;
         let name = config.spec.name.clone();
-        let primary = self.resolve(&config.primary).await?;
-        let mut caches = HashMap::new();
-        for gvr in std::iter::once(&config.primary).chain(&config.owns) {
-            let resolved = if gvr_key(gvr) == gvr_key(&config.primary) {
-                primary.clone()
-            } else {
-                self.resolve(gvr).await?
-            };
+        let every = is_every(&config.primary);
+        let resources = if every {
+            self.resolve_every().await?
+        } else {
+            let mut resources = Vec::new();
+            for gvr in std::iter::once(&config.primary).chain(&config.owns) {
+                if !resources.iter().any(|(r, _)| gvr_key(r) == gvr_key(gvr)) {
+                    resources.push((gvr.clone(), self.resolve(gvr).await?));
+                }
+            }
+            resources
+        };
+        let mut caches = Caches::default();
+        for (gvr, resolved) in resources {
             let informer = self.informers.informer::<DynamicObject>(
                 Api::all_with(self.lister.clone(), &resolved.resource),
                 watcher::Config::default(),
             );
-            caches.insert(gvr_key(gvr), (resolved, informer));
+            caches.insert(gvr, resolved, informer);
         }
+        let caches = Arc::new(caches);
         let expectations = Arc::new(Expectations::new(config.expectations_timeout));
+        let primary = if every {
+            None
+        } else {
+            let cached = &caches.by_resource[&gvr_key(&config.primary)];
+            Some(Primary {
+                gvr: gvr_key(&config.primary),
+                api_version: cached.resolved.resource.api_version.clone(),
+                kind: cached.resolved.resource.kind.clone(),
+            })
+        };
         let host = KubeHost {
             name: name.clone(),
             client: writer,
             caches: caches.clone(),
             events,
-            primary: Primary {
-                gvr: gvr_key(&config.primary),
-                api_version: primary.resource.api_version.clone(),
-                kind: primary.resource.kind.clone(),
-            },
+            primary,
             expectations: expectations.clone(),
         };
         let plugin = self
@@ -203,73 +358,78 @@ impl Manager {
                 )
             })?;
         // Reconciling from half a cache would delete what is merely not listed yet.
-        for (_, informer) in caches.values() {
-            informer.wait_synced().await;
+        for cached in caches.by_resource.values() {
+            cached.informer.wait_synced().await;
         }
 
         let queue = WorkQueue::with_limits(&name, &self.queues, config.rate_limits);
         let mut tasks = JoinSet::new();
         let mut workers = JoinSet::new();
-        let (_, primary_informer) = &caches[&gvr_key(&config.primary)];
-        let mut changes = primary_informer.subscribe();
-        let q = queue.clone();
-        tasks.spawn(async move {
-            while let Some(change) = changes.recv().await {
-                q.add(key_of(change.object()));
+        if every {
+            for (resource, cached) in &caches.by_resource {
+                let changes = cached.informer.subscribe();
+                tasks.spawn(feed_every(
+                    resource.as_str().into(),
+                    changes,
+                    caches.clone(),
+                    queue.clone(),
+                ));
             }
-        });
-        for owned in &config.owns {
-            if gvr_key(owned) == gvr_key(&config.primary) {
-                continue;
-            }
-            let (_, informer) = &caches[&gvr_key(owned)];
-            let mut changes = informer.subscribe();
+        } else {
+            let primary_key: Arc<str> = gvr_key(&config.primary).into();
+            let mut changes = caches.by_resource[&*primary_key].informer.subscribe();
             let q = queue.clone();
-            let kind = primary.resource.kind.clone();
-            let api_version = primary.resource.api_version.clone();
+            let resource = primary_key.clone();
             tasks.spawn(async move {
                 while let Some(change) = changes.recv().await {
-                    let objects = match &change {
-                        Change::Updated { old, new } => vec![old.clone(), new.clone()],
-                        other => vec![other.object().clone()],
-                    };
-                    for obj in objects {
-                        for owner in obj.metadata.owner_references.iter().flatten() {
-                            if owner.controller == Some(true)
-                                && owner.kind == kind
-                                && owner.api_version == api_version
+                    q.add(key_of(&resource, change.object()));
+                }
+            });
+            for owned in &config.owns {
+                if gvr_key(owned) == *primary_key {
+                    continue;
+                }
+                let mut changes = caches.by_resource[&gvr_key(owned)].informer.subscribe();
+                let q = queue.clone();
+                let caches = caches.clone();
+                let primary_key = primary_key.clone();
+                tasks.spawn(async move {
+                    while let Some(change) = changes.recv().await {
+                        let objects = match &change {
+                            Change::Updated { old, new } => vec![old.clone(), new.clone()],
+                            other => vec![other.object().clone()],
+                        };
+                        for obj in objects {
+                            if let Some(key) = caches.controller_of(&obj)
+                                && key.resource == primary_key
                             {
-                                q.add(Key {
-                                    namespace: obj.metadata.namespace.clone(),
-                                    name: owner.name.clone(),
-                                });
+                                q.add(key);
                             }
                         }
                     }
-                }
-            });
-        }
-        if let Some(every) = config.resync {
-            let q = queue.clone();
-            let informer = primary_informer.clone();
-            tasks.spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.tick().await;
-                loop {
+                });
+            }
+            if let Some(every) = config.resync {
+                let q = queue.clone();
+                let informer = caches.by_resource[&*primary_key].informer.clone();
+                tasks.spawn(async move {
+                    let mut tick = tokio::time::interval(every);
                     tick.tick().await;
-                    for obj in informer.list() {
-                        q.add(key_of(&obj));
+                    loop {
+                        tick.tick().await;
+                        for obj in informer.list() {
+                            q.add(key_of(&primary_key, &obj));
+                        }
                     }
-                }
-            });
+                });
+            }
         }
         for _ in 0..config.workers.max(1) {
             workers.spawn(work(
                 queue.clone(),
                 plugin.clone(),
                 self.plugins.clone(),
-                config.primary.clone(),
-                primary_informer.clone(),
+                caches.clone(),
                 expectations.clone(),
             ));
         }
@@ -279,7 +439,7 @@ impl Manager {
             let _ = shutdown.wait_for(|s| *s).await;
             q.shut_down();
         });
-        info!(controller = %name, primary = %gvr_key(&config.primary), workers = config.workers, "controller running");
+        info!(controller = %name, primary = %gvr_key(&config.primary), resources = caches.by_resource.len(), workers = config.workers, "controller running");
         Ok(Running {
             plugin,
             queue,
@@ -289,13 +449,68 @@ impl Manager {
     }
 }
 
+/// The keys a change brings for a controller of every resource, as the garbage
+/// collector needs them: the object itself when its owners or its finalizers may
+/// call for work (it was added, its ownerReferences changed, or it is being
+/// deleted), its owners when it goes or its references change (an owner deleted in
+/// the foreground waits for it), and its dependents when it is deleted.
+async fn feed_every(
+    resource: Arc<str>,
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<Change<DynamicObject>>,
+    caches: Arc<Caches>,
+    queue: WorkQueue<Key>,
+) {
+    let has_refs = |o: &DynamicObject| {
+        o.metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|r| !r.is_empty())
+    };
+    while let Some(change) = changes.recv().await {
+        match &change {
+            Change::Added(obj) => {
+                if has_refs(obj) || obj.metadata.deletion_timestamp.is_some() {
+                    queue.add(key_of(&resource, obj));
+                }
+            }
+            Change::Updated { old, new } => {
+                let refs_changed = old.metadata.owner_references != new.metadata.owner_references;
+                let deleting = new.metadata.deletion_timestamp.is_some()
+                    && (old.metadata.deletion_timestamp.is_none()
+                        || old.metadata.finalizers != new.metadata.finalizers);
+                if refs_changed || deleting {
+                    queue.add(key_of(&resource, new));
+                }
+                if refs_changed || new.metadata.deletion_timestamp.is_some() {
+                    for key in caches
+                        .owners_of(old)
+                        .into_iter()
+                        .chain(caches.owners_of(new))
+                    {
+                        queue.add(key);
+                    }
+                }
+            }
+            Change::Deleted(obj) => {
+                for key in caches.owners_of(obj) {
+                    queue.add(key);
+                }
+                if let Some(uid) = obj.metadata.uid.as_deref() {
+                    for key in caches.dependents_of(uid) {
+                        queue.add(key);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// One worker: takes keys until the queue shuts down.
 async fn work(
     queue: WorkQueue<Key>,
     plugin: Arc<Plugin>,
     host: Arc<PluginHost>,
-    resource: GroupVersionResource,
-    primary: Arc<Informer<DynamicObject>>,
+    caches: Arc<Caches>,
     expectations: Arc<Expectations>,
 ) {
     while let Some(key) = queue.get().await {
@@ -307,8 +522,12 @@ async fn work(
             queue.add_after(key, timeout.min(EXPECTATIONS_RECHECK));
             continue;
         }
+        let Some(cached) = caches.by_resource.get(&*key.resource) else {
+            queue.done(&key);
+            continue;
+        };
         let object = ObjectKey {
-            resource: resource.clone(),
+            resource: cached.gvr.clone(),
             namespace: key.namespace.clone(),
             name: key.name.clone(),
         };
@@ -331,7 +550,7 @@ async fn work(
                 queue.add_rate_limited(key.clone());
             }
         }
-        if primary.get(&key.to_string()).is_none() {
+        if cached.informer.get(&key.cache_key()).is_none() {
             expectations.forget(&key);
         }
         queue.done(&key);
@@ -343,7 +562,9 @@ pub fn check(config: &ControllerConfig) -> anyhow::Result<()> {
     if config.spec.name.is_empty() {
         bail!("a controller needs a name");
     }
-    if config.primary.resource.is_empty() || config.primary.version.is_empty() {
+    if !is_every(&config.primary)
+        && (config.primary.resource.is_empty() || config.primary.version.is_empty())
+    {
         bail!("controller {}: no primary resource", config.spec.name);
     }
     Ok(())

@@ -49,7 +49,7 @@ pub use bindings::types::{GroupVersionKind, GroupVersionResource, Operation, Sta
 pub use host::{Compilers, HostConfig, PluginHost, Tier, digest_of};
 pub use imports::controller::{
     Action, ApiError, Cause, CreateRequest, DeleteRequest, EventType, ObjectKey, PatchRequest,
-    PatchType, Propagation, UpdateRequest, Write,
+    PatchType, Propagation, ServedResource, UpdateRequest, Write,
 };
 pub use imports::{ClusterReader, ControllerHost};
 pub use metrics::{PluginMetrics, render_metrics};

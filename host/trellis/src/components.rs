@@ -363,7 +363,7 @@ async fn write_token(
 }
 
 /// Starts the setup's controllers; each that cannot start is named and left out.
-async fn start_controllers(
+pub(crate) async fn start_controllers(
     setup: &ControllerSetup,
     client: &kube::Client,
     shared: &Shared,

@@ -159,6 +159,13 @@ pub enum Write {
     },
 }
 
+/// A resource as discovery describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedResource {
+    pub resource: GroupVersionResource,
+    pub namespaced: bool,
+}
+
 /// Event severity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventType {
@@ -188,6 +195,34 @@ pub trait ControllerHost {
         resource: &GroupVersionResource,
         owner_uid: &str,
     ) -> Result<Vec<String>, String>;
+
+    /// Objects of every cached resource whose ownerReferences name `owner_uid`.
+    fn dependents(&self, owner_uid: &str) -> Result<Vec<String>, String> {
+        let _ = owner_uid;
+        Err("this host serves no dependents".into())
+    }
+
+    /// What serves `kind` of `api_version`.
+    fn resource_of(&self, api_version: &str, kind: &str) -> Option<ServedResource> {
+        let _ = (api_version, kind);
+        None
+    }
+
+    /// One object as the API server has it now.
+    fn read(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, ApiError> {
+        self.get(resource, namespace, name)
+            .map_err(|message| ApiError {
+                code: 500,
+                reason: "InternalError".into(),
+                message,
+                causes: Vec::new(),
+            })
+    }
 
     /// Runs the writes (concurrently, in the host) and returns their results in order.
     fn batch(&self, writes: Vec<Write>) -> Vec<Result<String, ApiError>>;
@@ -252,6 +287,20 @@ pub mod cache {
             .collect()
     }
 
+    /// Objects of every cached resource whose ownerReferences name `owner_uid`.
+    pub fn dependents(owner_uid: &str) -> Result<Vec<Value>, String> {
+        current()?
+            .dependents(owner_uid)?
+            .iter()
+            .map(|json| decode(json))
+            .collect()
+    }
+
+    /// The resource that serves `kind` in `api_version` (`apps/v1`, `Deployment`).
+    pub fn resource_of(api_version: &str, kind: &str) -> Option<ServedResource> {
+        current().ok()?.resource_of(api_version, kind)
+    }
+
     /// Objects whose ownerReferences name the owner with `owner_uid`.
     pub fn owned_by_as<T: DeserializeOwned>(
         resource: &GroupVersionResource,
@@ -268,6 +317,31 @@ pub mod cache {
 /// Writes through the API server under the controller's identity.
 pub mod client {
     use super::*;
+
+    /// One object read from the API server itself, not the cache: for decisions a
+    /// lagging cache must not make. `None` when it does not exist.
+    pub fn read(
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Value>, ApiError> {
+        let host = current().map_err(|message| ApiError {
+            code: 500,
+            reason: "InternalError".into(),
+            message,
+            causes: Vec::new(),
+        })?;
+        host.read(resource, namespace, name)?
+            .map(|json| {
+                serde_json::from_str(&json).map_err(|e| ApiError {
+                    code: 500,
+                    reason: "InternalError".into(),
+                    message: format!("decode the object read: {e}"),
+                    causes: Vec::new(),
+                })
+            })
+            .transpose()
+    }
 
     /// Runs `writes` concurrently in the host; results in the order given.
     pub fn batch(writes: Vec<Write>) -> Result<Vec<Result<Value, ApiError>>, String> {

@@ -567,6 +567,26 @@ macro_rules! __controller_glue {
                 wit_cache::owned_by(&to_wit_gvr(resource), owner_uid)
             }
 
+            fn dependents(&self, owner_uid: &str) -> Result<Vec<String>, String> {
+                wit_cache::dependents(owner_uid)
+            }
+
+            fn resource_of(&self, api_version: &str, kind: &str) -> Option<ctl::ServedResource> {
+                wit_cache::resource_of(api_version, kind).map(|r| ctl::ServedResource {
+                    resource: gvr(r.resource),
+                    namespaced: r.namespaced,
+                })
+            }
+
+            fn read(
+                &self,
+                resource: &$crate::GroupVersionResource,
+                namespace: Option<&str>,
+                name: &str,
+            ) -> Result<Option<String>, ctl::ApiError> {
+                wit_client::read(&to_wit_gvr(resource), namespace, name).map_err(wit_api_error)
+            }
+
             fn batch(&self, writes: Vec<ctl::Write>) -> Vec<Result<String, ctl::ApiError>> {
                 let writes: Vec<wit_client::Write> = writes.into_iter().map(wit_write).collect();
                 wit_client::batch(&writes)

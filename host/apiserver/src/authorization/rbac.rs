@@ -599,6 +599,13 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
                 events,
             ]),
         ),
+        (
+            "generic-garbage-collector",
+            json!([
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch", "patch", "update", "delete"]},
+                events,
+            ]),
+        ),
     ];
     for (name, rules) in controllers {
         let role = format!("system:controller:{name}");

@@ -40,20 +40,103 @@ pub fn delete_dry_run(req: &ApiRequest, body: &Bytes) -> ApiResult<bool> {
     }
 }
 
+/// How a delete treats the object's dependents (`DeleteOptions.propagationPolicy`):
+/// `Orphan` and `Foreground` hold the object with the `orphan` or
+/// `foregroundDeletion` finalizer until the garbage collector has orphaned or deleted
+/// its dependents; `Background` deletes it at once and leaves them to the collector.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Propagation {
+    #[default]
+    Background,
+    Foreground,
+    Orphan,
+}
+
+impl Propagation {
+    /// The finalizer the garbage collector removes once it has done its part.
+    fn finalizer(self) -> Option<&'static str> {
+        match self {
+            Self::Background => None,
+            Self::Foreground => Some("foregroundDeletion"),
+            Self::Orphan => Some("orphan"),
+        }
+    }
+}
+
+/// What a `DeleteOptions` asks of one delete.
+#[derive(Clone, Debug, Default)]
+pub struct DeleteParams {
+    /// `preconditions.resourceVersion`.
+    pub resource_version: Option<Revision>,
+    /// `preconditions.uid`: only this very object, not one recreated under its name.
+    pub uid: Option<String>,
+    pub propagation: Propagation,
+}
+
+impl DeleteParams {
+    /// From the body's `DeleteOptions` and the query (`propagationPolicy`), as
+    /// Kubernetes reads them, including the older `orphanDependents`.
+    fn parse(req: &ApiRequest, options: &Value) -> ApiResult<Self> {
+        let preconditions = &options["preconditions"];
+        let resource_version = preconditions["resourceVersion"]
+            .as_str()
+            .map(|v| {
+                v.parse::<Revision>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))
+            })
+            .transpose()?;
+        let policy = options["propagationPolicy"]
+            .as_str()
+            .map(str::to_owned)
+            .or_else(|| req.query.propagation_policy.clone());
+        let orphan = options["orphanDependents"].as_bool();
+        let invalid = |field: &str, message: String| {
+            ApiError::invalid(
+                "",
+                "DeleteOptions",
+                "",
+                vec![trellis_api::status::StatusCause::new(
+                    "FieldValueNotSupported",
+                    field,
+                    message,
+                )],
+            )
+        };
+        let propagation = match (policy.as_deref(), orphan) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "propagationPolicy",
+                    "orphanDependents and deletionPropagation cannot be both set".into(),
+                )
+                .into());
+            }
+            (Some("Background"), _) | (None, Some(false) | None) => Propagation::Background,
+            (Some("Foreground"), _) => Propagation::Foreground,
+            (Some("Orphan"), _) | (None, Some(true)) => Propagation::Orphan,
+            (Some(other), _) => {
+                return Err(invalid(
+                    "propagationPolicy",
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                    ),
+                )
+                .into());
+            }
+        };
+        Ok(Self {
+            resource_version,
+            uid: preconditions["uid"].as_str().map(str::to_owned),
+            propagation,
+        })
+    }
+}
+
 pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult {
     let options = delete_options(req, &body)?;
     let name = req.name()?;
     let res = &req.resource;
-    let precondition_rv = options
-        .get("preconditions")
-        .and_then(|p| p.get("resourceVersion"))
-        .and_then(Value::as_str)
-        .map(|v| {
-            v.parse::<Revision>()
-                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))
-        })
-        .transpose()?;
-    let deleted = delete_one(state, req, name, precondition_rv).await?;
+    let params = DeleteParams::parse(req, &options)?;
+    let deleted = delete_one(state, req, name, &params).await?;
     match deleted {
         Deletion::Marked(obj) => Ok(respond(StatusCode::OK, &obj, req)),
         Deletion::Removed(obj) => {
@@ -81,9 +164,10 @@ pub async fn delete_one(
     state: &AppState,
     req: &ApiRequest,
     name: &str,
-    precondition: Option<Revision>,
+    params: &DeleteParams,
 ) -> ApiResult<Deletion> {
     let res = &req.resource;
+    let precondition = params.resource_version;
     for attempt in 0..8 {
         let (mut obj, rev) = read(state, res, req.namespace.as_deref(), name).await?;
         if let Some(p) = precondition
@@ -94,6 +178,15 @@ pub async fn delete_one(
             ))
             .into());
         }
+        if let Some(uid) = &params.uid {
+            let stored = meta_str(&obj, "uid").unwrap_or_default();
+            if stored != uid {
+                return Err(ApiError::conflict(&res.group, &res.plural, name, &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {stored}"
+                ))
+                .into());
+            }
+        }
         // Admission sees a delete as Kubernetes sends it: no object, the stored one as
         // the old object. A mutating step may refuse it; there is nothing to change.
         if attempt == 0 {
@@ -101,6 +194,22 @@ pub async fn delete_one(
             let attrs = admission_attributes(req, "DELETE", name);
             state.chains.mutate(&attrs, &mut obj.clone(), None).await?;
             state.chains.validate(&attrs, &obj, None).await?;
+        }
+        // Orphan and foreground deletion wait for the garbage collector.
+        if let Some(finalizer) = params.propagation.finalizer()
+            && meta_str(&obj, "deletionTimestamp").is_none()
+        {
+            let finalizers = object::metadata_mut(&mut obj)
+                .entry("finalizers")
+                .or_insert_with(|| json!([]));
+            if !finalizers.is_array() {
+                *finalizers = json!([]);
+            }
+            if let Value::Array(list) = finalizers
+                && !list.iter().any(|f| f == finalizer)
+            {
+                list.push(finalizer.into());
+            }
         }
         let has_finalizers = metadata(&obj)
             .and_then(|m| m.get("finalizers"))
@@ -181,7 +290,7 @@ pub async fn delete_collection(state: &AppState, req: &ApiRequest) -> ApiResult 
         let Some(name) = object::name(&obj).map(str::to_owned) else {
             continue;
         };
-        match delete_one(state, req, &name, None).await {
+        match delete_one(state, req, &name, &DeleteParams::default()).await {
             Ok(Deletion::Removed(o) | Deletion::Marked(o)) => deleted.push(o),
             Err(ErrorResponse(e)) if e.code == 404 => {}
             Err(e) => return Err(e),

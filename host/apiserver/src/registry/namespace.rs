@@ -21,7 +21,7 @@ use trellis_api::registry::ResourceInfo;
 use trellis_api::{ApiError, UserInfo};
 use trellis_store::ListRequest;
 
-use super::delete::{Deletion, delete_one};
+use super::delete::{DeleteParams, Deletion, delete_one};
 use crate::endpoints::request::{ApiRequest, BodyFormat, Query};
 use crate::endpoints::response::ErrorResponse;
 use crate::object::{self, meta_str};
@@ -145,7 +145,7 @@ async fn finalize(
                 continue;
             }
             req.name = Some(object_name.clone());
-            match delete_one(state, &req, &object_name, None).await {
+            match delete_one(state, &req, &object_name, &DeleteParams::default()).await {
                 Ok(Deletion::Removed(_)) => {}
                 Ok(Deletion::Marked(_)) => remaining += 1,
                 Err(ErrorResponse(e)) if e.code == 404 => {}

@@ -167,6 +167,14 @@ pub fn default_and_validate_with(
                 m.extend(kept);
             }
         }
+        // k8s-openapi fills a missing selector in with `{}`: take that back out, so that
+        // validation refuses it as missing (Kubernetes' message), not as empty.
+        if res.group == "apps"
+            && str_field(obj, &["spec", "selector"]).is_none_or(Value::is_null)
+            && let Some(Value::Object(spec)) = decoded.get_mut("spec")
+        {
+            spec.remove("selector");
+        }
         *obj = decoded;
     }
     apply_defaults(res, obj, old.is_none());
@@ -288,11 +296,14 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
             set_default(spec, "replicas", json!(1));
             set_default(spec, "revisionHistoryLimit", json!(10));
             set_default(spec, "progressDeadlineSeconds", json!(600));
-            set_default(
-                spec,
-                "strategy",
-                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
-            );
+            // Field by field, as Kubernetes: a partial strategy gets the rest filled in.
+            let strategy = object_at(spec, "strategy");
+            set_default(strategy, "type", json!("RollingUpdate"));
+            if strategy.get("type") == Some(&json!("RollingUpdate")) {
+                let rolling = object_at(strategy, "rollingUpdate");
+                set_default(rolling, "maxUnavailable", json!("25%"));
+                set_default(rolling, "maxSurge", json!("25%"));
+            }
             default_template(obj);
         }
         ("apps", "replicasets") => {
@@ -371,53 +382,8 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
             }
         }
         ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
-        ("apps", "deployments") | ("apps", "replicasets") => {
-            validate_pod_spec(
-                str_field(obj, &["spec", "template", "spec"]),
-                "spec.template.spec",
-                &mut causes,
-            );
-            match str_field(obj, &["spec", "selector"]) {
-                None | Some(Value::Null) => causes.push(StatusCause::required("spec.selector")),
-                Some(sel) => {
-                    let parsed = serde_json::from_value(sel.clone())
-                        .ok()
-                        .and_then(|s| trellis_api::selector::LabelSelector::from_k8s(&s).ok());
-                    let labels = str_field(obj, &["spec", "template", "metadata"])
-                        .cloned()
-                        .map(|m| json!({"metadata": m}));
-                    match parsed {
-                        Some(s) if s.is_empty() => causes.push(StatusCause::invalid(
-                            "spec.selector",
-                            &sel.to_string(),
-                            "empty selector is invalid for deployment",
-                        )),
-                        Some(s) if !labels.as_ref().is_some_and(|l| s.matches_object(l)) => causes
-                            .push(StatusCause::invalid(
-                                "spec.template.metadata.labels",
-                                &str_field(obj, &["spec", "template", "metadata", "labels"])
-                                    .map(Value::to_string)
-                                    .unwrap_or_default(),
-                                "`selector` does not match template `labels`",
-                            )),
-                        Some(_) => {}
-                        None => causes.push(StatusCause::invalid(
-                            "spec.selector",
-                            &sel.to_string(),
-                            "invalid label selector",
-                        )),
-                    }
-                    if let Some(old) = old
-                        && old.get("spec").and_then(|s| s.get("selector")) != Some(sel)
-                    {
-                        causes.push(StatusCause::invalid(
-                            "spec.selector",
-                            &sel.to_string(),
-                            "field is immutable",
-                        ));
-                    }
-                }
-            }
+        ("apps", kind @ ("deployments" | "replicasets")) => {
+            validate_apps(kind == "deployments", obj, old, &mut causes)
         }
         ("", plural @ ("limitranges" | "resourcequotas")) => {
             crate::admission::limit_ranger::validate(plural, obj, &mut causes)
@@ -429,6 +395,303 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
     }
     let name = crate::object::name(obj).unwrap_or_default();
     Err(ApiError::invalid(&res.group, &res.kind, name, causes))
+}
+
+/// `Invalid value` with the value as it is already rendered.
+fn invalid_shown(field: impl Into<String>, shown: &str, detail: &str) -> StatusCause {
+    StatusCause::new(
+        "FieldValueInvalid",
+        field,
+        format!("Invalid value: {shown}: {detail}"),
+    )
+}
+
+/// `Invalid value` with the value as JSON: numbers bare, strings quoted.
+fn invalid_json(field: impl Into<String>, value: &Value, detail: &str) -> StatusCause {
+    invalid_shown(field, &value.to_string(), detail)
+}
+
+/// The integer `spec.<key>`, if set; a cause if it is negative.
+fn nonnegative(obj: &Object, key: &str, causes: &mut Vec<StatusCause>) -> Option<i64> {
+    let value = str_field(obj, &["spec", key])?;
+    let n = value.as_i64()?;
+    if n < 0 {
+        causes.push(invalid_json(
+            format!("spec.{key}"),
+            value,
+            "must be greater than or equal to 0",
+        ));
+    }
+    Some(n)
+}
+
+/// Labels as Kubernetes' messages show them (Go's rendering of a map, keys sorted).
+fn go_labels(labels: Option<&Value>) -> String {
+    let Some(map) = labels.and_then(Value::as_object) else {
+        return "map[string]string(nil)".to_owned();
+    };
+    let mut entries: Vec<String> = map
+        .iter()
+        .map(|(k, v)| format!("{}:{v}", Value::from(k.as_str())))
+        .collect();
+    entries.sort();
+    format!("map[string]string{{{}}}", entries.join(", "))
+}
+
+/// `v` without null or empty members, so that an absent list or map equals an empty
+/// one, as Kubernetes' semantic comparison has it.
+fn without_empty(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), without_empty(v)))
+                .filter(|(_, v)| {
+                    !(v.is_null()
+                        || v.as_object().is_some_and(Map::is_empty)
+                        || v.as_array().is_some_and(Vec::is_empty))
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_empty).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Checks `spec.selector` entry by entry, one cause per bad key, value or operator;
+/// returns the selector when it is usable for matching.
+fn check_selector(
+    sel: &Value,
+    causes: &mut Vec<StatusCause>,
+) -> Option<trellis_api::selector::LabelSelector> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
+    use trellis_api::selector::{LabelOp, LabelSelector, Requirement, SelectorError};
+    let Ok(parsed) = serde_json::from_value::<metav1::LabelSelector>(sel.clone()) else {
+        causes.push(invalid_json("spec.selector", sel, "invalid label selector"));
+        return None;
+    };
+    // Key and each value checked alone, so that each bad one gets its own cause.
+    let bad_key = |key: &str| match Requirement::new(key, LabelOp::Exists, [""; 0]) {
+        Err(SelectorError::InvalidKey { reason, .. }) => Some(reason),
+        _ => None,
+    };
+    let bad_value = |value: &str| match Requirement::new("k", LabelOp::Equals, [value]) {
+        Err(SelectorError::InvalidValue { reason, .. }) => Some(reason),
+        _ => None,
+    };
+    let before = causes.len();
+    for (key, value) in parsed.match_labels.iter().flatten() {
+        if let Some(reason) = bad_key(key) {
+            causes.push(StatusCause::invalid(
+                "spec.selector.matchLabels",
+                key,
+                reason,
+            ));
+        }
+        if let Some(reason) = bad_value(value) {
+            causes.push(StatusCause::invalid(
+                "spec.selector.matchLabels",
+                value,
+                reason,
+            ));
+        }
+    }
+    for (i, expr) in parsed.match_expressions.iter().flatten().enumerate() {
+        let path = format!("spec.selector.matchExpressions[{i}]");
+        let values = expr.values.as_deref().unwrap_or_default();
+        match expr.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => causes.push(
+                StatusCause::required(format!("{path}.values")).with_message(
+                    "Required value: must be specified when `operator` is 'In' or 'NotIn'",
+                ),
+            ),
+            "Exists" | "DoesNotExist" if !values.is_empty() => causes.push(StatusCause::forbidden(
+                format!("{path}.values"),
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => causes.push(StatusCause::invalid(
+                format!("{path}.operator"),
+                other,
+                "not a valid selector operator",
+            )),
+        }
+        if let Some(reason) = bad_key(&expr.key) {
+            causes.push(StatusCause::invalid(
+                format!("{path}.key"),
+                &expr.key,
+                reason,
+            ));
+        }
+        for (j, value) in values.iter().enumerate() {
+            if let Some(reason) = bad_value(value) {
+                causes.push(StatusCause::invalid(
+                    format!("{path}.values[{j}]"),
+                    value,
+                    reason,
+                ));
+            }
+        }
+    }
+    if causes.len() > before {
+        return None;
+    }
+    match LabelSelector::from_k8s(&parsed) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            causes.push(invalid_json("spec.selector", sel, &e.to_string()));
+            None
+        }
+    }
+}
+
+const PERCENT_FORMAT: &str = "a valid percent string must be a numeric string followed by an \
+     ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')";
+
+/// `rollingUpdate.<key>`, an int >= 0 or a percentage: the number it gives (0 when
+/// absent or unreadable, as Kubernetes reads it) and whether it is a percentage.
+fn int_or_percent(rolling: &Value, key: &str, causes: &mut Vec<StatusCause>) -> (i64, bool) {
+    let field = format!("spec.strategy.rollingUpdate.{key}");
+    match rolling.get(key) {
+        Some(v @ Value::Number(n)) => {
+            let n = n.as_i64().unwrap_or(0);
+            if n < 0 {
+                causes.push(invalid_json(field, v, "must be greater than or equal to 0"));
+            }
+            (n, false)
+        }
+        Some(v @ Value::String(s)) => {
+            let digits = s
+                .strip_suffix('%')
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+            match digits {
+                Some(d) => (d.parse().unwrap_or(i64::MAX), true),
+                None => {
+                    causes.push(invalid_json(field, v, PERCENT_FORMAT));
+                    (s.parse().unwrap_or(0), false)
+                }
+            }
+        }
+        _ => (0, false),
+    }
+}
+
+fn validate_strategy(strategy: Option<&Value>, causes: &mut Vec<StatusCause>) {
+    let kind = strategy
+        .and_then(|s| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let rolling = strategy
+        .and_then(|s| s.get("rollingUpdate"))
+        .filter(|r| !r.is_null());
+    match (kind, rolling) {
+        ("Recreate", None) => {}
+        ("Recreate", Some(_)) => causes.push(StatusCause::forbidden(
+            "spec.strategy.rollingUpdate",
+            "may not be specified when strategy `type` is 'Recreate'",
+        )),
+        // Defaulting fills it in; only a broken default gets here.
+        ("RollingUpdate", None) => {
+            causes.push(StatusCause::required("spec.strategy.rollingUpdate"))
+        }
+        ("RollingUpdate", Some(rolling)) => {
+            let (unavailable, percent) = int_or_percent(rolling, "maxUnavailable", causes);
+            let (surge, _) = int_or_percent(rolling, "maxSurge", causes);
+            let field = "spec.strategy.rollingUpdate.maxUnavailable";
+            let shown = rolling.get("maxUnavailable").cloned().unwrap_or(json!(0));
+            // Nothing could ever be replaced: no pod may go and none may be added.
+            if unavailable == 0 && surge == 0 {
+                causes.push(invalid_json(
+                    field,
+                    &shown,
+                    "may not be 0 when `maxSurge` is 0",
+                ));
+            }
+            if percent && unavailable > 100 {
+                causes.push(invalid_json(field, &shown, "must not be greater than 100%"));
+            }
+        }
+        (other, _) => causes.push(StatusCause::new(
+            "FieldValueNotSupported",
+            "spec.strategy.type",
+            format!(
+                "Unsupported value: {other:?}: supported values: \"Recreate\", \"RollingUpdate\""
+            ),
+        )),
+    }
+}
+
+/// An `apps/v1` Deployment's or ReplicaSet's spec, defaults applied, as Kubernetes
+/// validates it; `old` is the stored object on update.
+fn validate_apps(
+    deployment: bool,
+    obj: &Object,
+    old: Option<&Object>,
+    causes: &mut Vec<StatusCause>,
+) {
+    nonnegative(obj, "replicas", causes);
+    // Whether the template's labels fit the selector; None when that cannot be told.
+    let fits = match str_field(obj, &["spec", "selector"]) {
+        // Kubernetes then matches against a selector of nothing, so both causes show.
+        None | Some(Value::Null) => {
+            causes.push(StatusCause::required("spec.selector"));
+            Some(false)
+        }
+        Some(sel) => {
+            let usable = check_selector(sel, causes);
+            let terms = ["matchLabels", "matchExpressions"]
+                .iter()
+                .filter_map(|k| sel.get(k))
+                .map(|v| v.as_object().map_or(0, Map::len) + v.as_array().map_or(0, Vec::len))
+                .sum::<usize>();
+            if terms == 0 {
+                causes.push(invalid_json(
+                    "spec.selector",
+                    sel,
+                    "empty selector is invalid for deployment",
+                ));
+            }
+            usable.map(|s| {
+                let template = str_field(obj, &["spec", "template"]).cloned();
+                s.is_empty() || template.is_some_and(|t| s.matches_object(&t))
+            })
+        }
+    };
+    if fits == Some(false) {
+        causes.push(invalid_shown(
+            "spec.template.metadata.labels",
+            &go_labels(str_field(obj, &["spec", "template", "metadata", "labels"])),
+            "`selector` does not match template `labels`",
+        ));
+    }
+    validate_pod_spec(
+        str_field(obj, &["spec", "template", "spec"]),
+        "spec.template.spec",
+        causes,
+    );
+    if deployment {
+        validate_strategy(str_field(obj, &["spec", "strategy"]), causes);
+    }
+    let min_ready = nonnegative(obj, "minReadySeconds", causes).unwrap_or(0);
+    if deployment {
+        nonnegative(obj, "revisionHistoryLimit", causes);
+        if let Some(deadline) = nonnegative(obj, "progressDeadlineSeconds", causes)
+            && deadline <= min_ready
+        {
+            causes.push(invalid_json(
+                "spec.progressDeadlineSeconds",
+                &json!(deadline),
+                "must be greater than minReadySeconds",
+            ));
+        }
+    }
+    if let (Some(old), Some(sel)) = (old, str_field(obj, &["spec", "selector"]))
+        && !sel.is_null()
+    {
+        let was = old.get("spec").and_then(|s| s.get("selector"));
+        if was.map(without_empty) != Some(without_empty(sel)) {
+            causes.push(invalid_json("spec.selector", sel, "field is immutable"));
+        }
+    }
 }
 
 /// The keys of a ConfigMap's or Secret's `field`, as Kubernetes checks them: 1-253 of
@@ -605,6 +868,240 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    /// The fields of the causes `v` as a `plural` gets refused with, or `[]` if stored.
+    fn causes_of(plural: &str, v: Value, old: Option<&Object>) -> (Vec<String>, String) {
+        match default_and_validate(&res(plural), &mut obj(v), old) {
+            Ok(()) => (Vec::new(), String::new()),
+            Err(e) => {
+                assert_eq!(e.code, 422, "{e:?}");
+                let fields = e.details.unwrap().causes.into_iter().map(|c| c.field);
+                (fields.collect(), e.message)
+            }
+        }
+    }
+
+    fn web(edit: impl FnOnce(&mut Value)) -> Value {
+        let mut v = json!({"metadata": {"name": "web"}, "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web", "tier": "fe"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}});
+        edit(&mut v);
+        v
+    }
+
+    #[test]
+    fn deployments_and_replicasets_refuse_invalid_specs_one_cause_per_field() {
+        let cases: Vec<(&str, Value, &[&str], &str)> = vec![
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["replicas"] = json!(-1);
+                    v["spec"]["minReadySeconds"] = json!(-2);
+                    v["spec"]["revisionHistoryLimit"] = json!(-1);
+                }),
+                &[
+                    "spec.replicas",
+                    "spec.minReadySeconds",
+                    "spec.revisionHistoryLimit",
+                ],
+                "spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["minReadySeconds"] = json!(10);
+                    v["spec"]["progressDeadlineSeconds"] = json!(10);
+                }),
+                &["spec.progressDeadlineSeconds"],
+                "must be greater than minReadySeconds",
+            ),
+            (
+                "deployments",
+                web(|v| v["spec"]["selector"] = json!({})),
+                &["spec.selector"],
+                "empty selector is invalid for deployment",
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"].as_object_mut().unwrap().remove("selector");
+                }),
+                &["spec.selector", "spec.template.metadata.labels"],
+                "spec.selector: Required value",
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["selector"] = json!({"matchExpressions": [
+                        {"key": "a", "operator": "Near"},
+                        {"key": "b", "operator": "In"},
+                        {"key": "c", "operator": "Exists", "values": ["x"]},
+                        {"key": "bad key", "operator": "NotIn", "values": ["ok", "bad value"]}]});
+                }),
+                &[
+                    "spec.selector.matchExpressions[0].operator",
+                    "spec.selector.matchExpressions[1].values",
+                    "spec.selector.matchExpressions[2].values",
+                    "spec.selector.matchExpressions[3].key",
+                    "spec.selector.matchExpressions[3].values[1]",
+                ],
+                "Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            ),
+            (
+                "deployments",
+                web(|v| v["spec"]["selector"] = json!({"matchLabels": {"app": "api"}})),
+                &["spec.template.metadata.labels"],
+                r#"Invalid value: map[string]string{"app":"web", "tier":"fe"}: `selector` does not match template `labels`"#,
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["selector"] = json!({"matchExpressions": [
+                        {"key": "tier", "operator": "NotIn", "values": ["fe"]}]});
+                }),
+                &["spec.template.metadata.labels"],
+                "does not match",
+            ),
+            (
+                "deployments",
+                web(|v| v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("")),
+                &["spec.template.spec.containers[0].image"],
+                "Required value",
+            ),
+            (
+                "deployments",
+                web(|v| v["spec"]["strategy"] = json!({"type": "BlueGreen"})),
+                &["spec.strategy.type"],
+                r#"Unsupported value: "BlueGreen": supported values: "Recreate", "RollingUpdate""#,
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["strategy"] =
+                        json!({"type": "Recreate", "rollingUpdate": {"maxSurge": 1}});
+                }),
+                &["spec.strategy.rollingUpdate"],
+                "Forbidden: may not be specified when strategy `type` is 'Recreate'",
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["strategy"] =
+                        json!({"rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}});
+                }),
+                &["spec.strategy.rollingUpdate.maxUnavailable"],
+                r#"Invalid value: "0%": may not be 0 when `maxSurge` is 0"#,
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["strategy"] = json!({"type": "RollingUpdate",
+                        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}});
+                }),
+                &["spec.strategy.rollingUpdate.maxUnavailable"],
+                "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: 0: may not be 0 when `maxSurge` is 0",
+            ),
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["strategy"] =
+                        json!({"rollingUpdate": {"maxSurge": "lots", "maxUnavailable": "150%"}});
+                }),
+                &[
+                    "spec.strategy.rollingUpdate.maxSurge",
+                    "spec.strategy.rollingUpdate.maxUnavailable",
+                ],
+                "must not be greater than 100%",
+            ),
+            (
+                "deployments",
+                web(|v| v["spec"]["strategy"] = json!({"rollingUpdate": {"maxUnavailable": -1}})),
+                &["spec.strategy.rollingUpdate.maxUnavailable"],
+                "must be greater than or equal to 0",
+            ),
+            (
+                "replicasets",
+                web(|v| {
+                    v["spec"]["replicas"] = json!(-3);
+                    v["spec"]["minReadySeconds"] = json!(-1);
+                    v["spec"]["selector"] = json!({"matchLabels": {"app": "api"}});
+                }),
+                &[
+                    "spec.replicas",
+                    "spec.template.metadata.labels",
+                    "spec.minReadySeconds",
+                ],
+                "spec.minReadySeconds: Invalid value: -1",
+            ),
+            (
+                "replicasets",
+                web(|v| v["spec"]["selector"] = json!({})),
+                &["spec.selector"],
+                "empty selector is invalid for deployment",
+            ),
+            // Valid: a partial strategy is filled in; a selector expression that fits.
+            (
+                "deployments",
+                web(|v| {
+                    v["spec"]["strategy"] = json!({"rollingUpdate": {"maxSurge": 0}});
+                    v["spec"]["selector"] = json!({"matchExpressions": [
+                        {"key": "tier", "operator": "In", "values": ["fe", "be"]},
+                        {"key": "canary", "operator": "DoesNotExist"}]});
+                }),
+                &[],
+                "",
+            ),
+            (
+                "deployments",
+                web(|v| v["spec"]["strategy"] = json!({"type": "Recreate"})),
+                &[],
+                "",
+            ),
+            ("replicasets", web(|_| {}), &[], ""),
+        ];
+        for (i, (plural, v, fields, message)) in cases.into_iter().enumerate() {
+            let (got, got_message) = causes_of(plural, v, None);
+            assert_eq!(got, fields, "case {i}: {got_message}");
+            assert!(
+                got_message.contains(message),
+                "case {i}: {got_message:?} lacks {message:?}"
+            );
+        }
+        let mut partial = obj(web(|v| {
+            v["spec"]["strategy"] = json!({"rollingUpdate": {"maxSurge": 0}})
+        }));
+        default_and_validate(&res("deployments"), &mut partial, None).unwrap();
+        assert_eq!(
+            partial["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"}})
+        );
+    }
+
+    #[test]
+    fn apps_selectors_are_immutable_on_update() {
+        for plural in ["deployments", "replicasets"] {
+            let mut old = obj(web(|_| {}));
+            default_and_validate(&res(plural), &mut old, None).unwrap();
+            let moved = web(|v| {
+                v["spec"]["selector"] = json!({"matchLabels": {"tier": "fe"}});
+            });
+            let (fields, message) = causes_of(plural, moved, Some(&old));
+            assert_eq!(fields, ["spec.selector"], "{plural}: {message}");
+            assert!(
+                message.contains(r#"spec.selector: Invalid value: {"matchLabels":{"tier":"fe"}}: field is immutable"#),
+                "{message}"
+            );
+            // The same selector, spelt with an empty list, is no change.
+            let same = web(|v| v["spec"]["selector"]["matchExpressions"] = json!([]));
+            assert_eq!(causes_of(plural, same, Some(&old)).0, Vec::<String>::new());
+            let scaled = web(|v| v["spec"]["replicas"] = json!(5));
+            assert_eq!(
+                causes_of(plural, scaled, Some(&old)).0,
+                Vec::<String>::new()
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub use client::{
     CreateRequest, DeleteRequest, PatchRequest, PatchType, Propagation, UpdateRequest, Write,
 };
 pub use events::EventType;
-pub use types::{Action, ApiError, Cause, ObjectKey};
+pub use types::{Action, ApiError, Cause, ObjectKey, ServedResource};
 
 /// Writes of one `batch` call in flight at once.
 const BATCH_CONCURRENCY: usize = 64;
@@ -28,6 +28,20 @@ pub trait ControllerHost: ClusterReader {
         resource: &GroupVersionResource,
         owner_uid: &str,
     ) -> Result<Vec<String>, String>;
+
+    /// Objects of every cached resource whose ownerReferences name `owner_uid`.
+    async fn dependents(&self, owner_uid: &str) -> Result<Vec<String>, String>;
+
+    /// What serves `kind` of `api_version`, as discovery says.
+    async fn resource_of(&self, api_version: &str, kind: &str) -> Option<ServedResource>;
+
+    /// One object as the API server has it now (not the cache's copy).
+    async fn read(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, ApiError>;
 
     /// One write; the object as stored, or the API server's refusal.
     async fn write(&self, write: Write) -> Result<String, ApiError>;
@@ -98,9 +112,31 @@ impl cache::Host for PluginState {
     ) -> Result<Vec<String>, String> {
         self.controller()?.owned_by(&resource, &owner_uid).await
     }
+
+    async fn dependents(&mut self, owner_uid: String) -> Result<Vec<String>, String> {
+        self.controller()?.dependents(&owner_uid).await
+    }
+
+    async fn resource_of(&mut self, api_version: String, kind: String) -> Option<ServedResource> {
+        self.controller()
+            .ok()?
+            .resource_of(&api_version, &kind)
+            .await
+    }
 }
 
 impl client::Host for PluginState {
+    async fn read(
+        &mut self,
+        resource: GroupVersionResource,
+        namespace: Option<String>,
+        name: String,
+    ) -> Result<Option<String>, ApiError> {
+        self.writer()?
+            .read(&resource, namespace.as_deref(), &name)
+            .await
+    }
+
     async fn create(&mut self, request: CreateRequest) -> Result<String, ApiError> {
         write(self.writer(), Write::Create(request)).await
     }

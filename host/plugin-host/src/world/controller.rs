@@ -149,6 +149,23 @@ mod tests {
                 .collect())
         }
 
+        async fn dependents(&self, _: &str) -> Result<Vec<String>, String> {
+            Err("not used".into())
+        }
+
+        async fn resource_of(&self, _: &str, _: &str) -> Option<crate::ServedResource> {
+            None
+        }
+
+        async fn read(
+            &self,
+            resource: &GroupVersionResource,
+            namespace: Option<&str>,
+            name: &str,
+        ) -> Result<Option<String>, ApiError> {
+            Ok(self.get(resource, namespace, name).await.unwrap_or(None))
+        }
+
         async fn write(&self, write: Write) -> Result<String, ApiError> {
             self.writes.lock().unwrap().push(write.clone());
             match write {

@@ -16,6 +16,7 @@
 pub(crate) mod api;
 mod compaction;
 mod controller;
+mod controllers;
 mod informer;
 mod reload;
 mod store;
@@ -61,6 +62,9 @@ enum BenchCommand {
     /// A controller plugin creating many objects: batched writes against one host
     /// call per write.
     Controller(controller::ControllerArgs),
+    /// The built-in controllers: a Deployment's pods created, a rollout, and the cost
+    /// of one reconcile at the WASM boundary.
+    Controllers(controllers::ControllersArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -86,6 +90,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Controller(args) => controller::run(args)
             .await
             .context("run the controller benchmark"),
+        BenchCommand::Controllers(args) => controllers::run(args)
+            .await
+            .context("run the controllers benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),

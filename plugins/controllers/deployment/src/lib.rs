@@ -1011,7 +1011,14 @@ impl Pass<'_> {
                 json!({"status": patch}),
                 true,
             )
-            .map_err(|e| format!("update the status: {e}"))?;
+            .or_else(|e| {
+                // Deleted meanwhile: nothing left to report on.
+                if e.is_not_found() {
+                    Ok(Value::Null)
+                } else {
+                    Err(format!("update the status: {e}"))
+                }
+            })?;
         }
         Ok(again.map_or(Action::Done, Action::RequeueAfter))
     }

@@ -320,7 +320,14 @@ impl Reconcile for ReplicaSets {
                 json!({"status": status}),
                 true,
             )
-            .map_err(|e| format!("update the status: {e}"))?;
+            .or_else(|e| {
+                // Deleted meanwhile: nothing left to report on.
+                if e.is_not_found() {
+                    Ok(Value::Null)
+                } else {
+                    Err(format!("update the status: {e}"))
+                }
+            })?;
         }
         if let Some(e) = create_failure {
             failures.push(e);
