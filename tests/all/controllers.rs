@@ -1,7 +1,8 @@
 //! `trellis-controllers` against a real server: the `children` fixture (a controller
 //! plugin built from `plugins/fixtures/children`) keeps a ConfigMap's children, read
 //! from shared informers and written in one batch as the controller's own user, held to
-//! the RBAC it is granted; a key whose reconcile traps is named and stops no other.
+//! the RBAC it is granted; a key whose reconcile traps or spins is named and stops no
+//! other.
 //! One server for the module.
 
 use std::sync::Arc;
@@ -89,6 +90,8 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
         configmaps(),
     );
     config.owns = vec![configmaps()];
+    // Short enough for the test to see a spinning reconcile stopped.
+    config.spec.timeout = Duration::from_millis(500);
     config.rate_limits = RateLimits {
         base_delay: Duration::from_millis(5),
         max_delay: Duration::from_millis(200),
@@ -258,6 +261,36 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
     ensure!(
         trapped.contains("plugin children (controller") && trapped.contains("trapped"),
         "{trapped}"
+    );
+    // A key whose reconcile spins: stopped at the deadline and named.
+    create(
+        &api,
+        json!({"metadata": {"name": "spin", "annotations": {"trellis.dev/loop": "yes"}}}),
+    )
+    .await?;
+    let spin = ObjectKey {
+        resource: configmaps(),
+        namespace: Some("ctl".into()),
+        name: "spin".into(),
+    };
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while cache.get("ctl/spin").is_none() {
+            cached.recv().await.context("the informer stopped")?;
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .context("the controller's cache holds ctl/spin within 20 s")??;
+    let spun = running
+        .plugin
+        .reconcile(&plugins, &spin)
+        .await
+        .err()
+        .context("a spinning reconcile succeeded")?
+        .to_string();
+    ensure!(
+        spun.contains("plugin children (controller") && spun.contains("timed out"),
+        "{spun}"
     );
     create(
         &api,

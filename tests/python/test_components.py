@@ -1,7 +1,10 @@
 """`trellis controllers` as separate processes, the control plane on etcd with two API
-servers: each component talks to a different server, exactly one leads its Lease, a
-standby takes over once a killed leader's lease has run out, a leader stopped by
-SIGTERM hands the lease back, and each process's /metrics says whether it leads."""
+servers: each component talks to a different server, exactly one leads its Lease, its
+built-in controllers work through the server with ServiceAccount tokens of their own
+(a Deployment becomes a ReplicaSet and pods; a foreground delete from the Python
+client removes them in order), a standby takes over once a killed leader's lease has
+run out, a leader stopped by SIGTERM hands the lease back, and each process's /metrics
+says whether it leads."""
 
 import re
 import shutil
@@ -147,6 +150,48 @@ def holder_becomes(coordination, accept, timeout=15) -> str:
     raise AssertionError(f"the {LEASE} lease never got the holder expected")
 
 
+def pods_of_web(core, accept, timeout=15):
+    """Watches the pods labelled app=web until `accept` takes their number."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = core.list_namespaced_pod("default", label_selector="app=web")
+        names = {p.metadata.name for p in listed.items}
+        if accept(len(names)):
+            return
+        stream = watch.Watch().stream(
+            core.list_namespaced_pod, "default", label_selector="app=web",
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=max(1, int(deadline - time.monotonic())))
+        for event in stream:
+            name = event["object"].metadata.name
+            if event["type"] == "DELETED":
+                names.discard(name)
+            else:
+                names.add(name)
+            if accept(len(names)):
+                return
+    raise AssertionError("the pods of web never reached the number expected")
+
+
+def deployment_gone(apps, name, timeout=15):
+    """Watches Deployment `name` until it is deleted."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = apps.list_namespaced_deployment(
+            "default", field_selector=f"metadata.name={name}")
+        if not listed.items:
+            return
+        stream = watch.Watch().stream(
+            apps.list_namespaced_deployment, "default",
+            field_selector=f"metadata.name={name}",
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=max(1, int(deadline - time.monotonic())))
+        for event in stream:
+            if event["type"] == "DELETED":
+                return
+    raise AssertionError(f"Deployment {name} still there after {timeout} s")
+
+
 def test_one_leader_across_two_api_servers_a_standby_takes_over_and_sigterm_hands_back(
         two_servers_on_etcd):
     first_dir, second_dir = two_servers_on_etcd
@@ -171,6 +216,33 @@ def test_one_leader_across_two_api_servers_a_standby_takes_over_and_sigterm_hand
                 client.V1SelfSubjectReview())
             assert review.status.user_info.username == "system:kube-controller-manager"
             assert "system:masters" not in (review.status.user_info.groups or [])
+
+        # The leader's built-in controllers, each as its own ServiceAccount through its
+        # own server: a Deployment becomes a ReplicaSet and its pods.
+        apps, core = client.AppsV1Api(admin), client.CoreV1Api(admin)
+        apps.create_namespaced_deployment("default", {
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}},
+                                  "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+        pods_of_web(core, lambda n: n == 2)
+        sets = apps.list_namespaced_replica_set("default", label_selector="app=web").items
+        assert len(sets) == 1 and sets[0].metadata.owner_references[0].kind == "Deployment"
+        accounts = {a.metadata.name for a in
+                    core.list_namespaced_service_account("kube-system").items}
+        assert {"deployment-controller", "replicaset-controller"} <= accounts, accounts
+        # Foreground deletion through the Python client: the Deployment is held by the
+        # `foregroundDeletion` finalizer until its ReplicaSet and pods are gone.
+        # The answer is the marked Deployment, which the client's V1Status model
+        # leaves as a dict.
+        marked = apps.delete_namespaced_deployment(
+            "web", "default", body=client.V1DeleteOptions(propagation_policy="Foreground"))
+        finalizers = marked["metadata"].get("finalizers") or [] if isinstance(marked, dict) \
+            else marked.metadata.finalizers or []
+        assert "foregroundDeletion" in finalizers, marked
+        pods_of_web(core, lambda n: n == 0)
+        deployment_gone(apps, "web")
+        assert not apps.list_namespaced_replica_set("default", label_selector="app=web").items
 
         components[leader].proc.send_signal(signal.SIGKILL)
         components[leader].proc.wait()

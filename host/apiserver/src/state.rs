@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
-use serde_json::json;
+use serde_json::{Value, json};
 use tracing::warn;
 use trellis_api::ApiError;
 use trellis_api::registry::{ResourceInfo, builtins};
@@ -407,7 +407,10 @@ impl AppState {
             obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
             obj["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
             match self.store.create(&key, Bytes::from(obj.to_string())).await {
-                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                Ok(_) => {}
+                Err(trellis_store::Error::AlreadyExists { .. }) => {
+                    self.reconcile_bootstrap_role(&key, &obj).await?;
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -431,6 +434,38 @@ impl AppState {
             }
         }
         Ok(())
+    }
+
+    /// Brings a bootstrap role or binding of an older version up to this one's, as
+    /// kube-apiserver reconciles its defaults at start: rules, role and subjects are
+    /// replaced, unless the object no longer carries the bootstrapping label (an
+    /// administrator took it over).
+    async fn reconcile_bootstrap_role(&self, key: &str, wanted: &Value) -> anyhow::Result<()> {
+        let Some(kv) = self.store.get(key).await? else {
+            return Ok(());
+        };
+        let mut stored: Value = serde_json::from_slice(&kv.value)?;
+        if stored["metadata"]["labels"]["kubernetes.io/bootstrapping"] != "rbac-defaults" {
+            return Ok(());
+        }
+        let fields = ["rules", "roleRef", "subjects"];
+        if fields.iter().all(|f| stored.get(*f) == wanted.get(*f)) {
+            return Ok(());
+        }
+        for field in fields {
+            if let Some(v) = wanted.get(field) {
+                stored[field] = v.clone();
+            }
+        }
+        match self
+            .store
+            .update(key, Bytes::from(stored.to_string()), Some(kv.mod_revision))
+            .await
+        {
+            // Another server of the same version did it first.
+            Ok(_) | Err(trellis_store::Error::Conflict { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Creates (or brings up to date) the CRD serving `plugins.trellis.dev`.

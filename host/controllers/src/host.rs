@@ -85,6 +85,8 @@ pub struct KubeHost {
     pub(crate) primary: Option<Primary>,
     /// Where each write is noted against the key it belongs to.
     pub(crate) expectations: Arc<Expectations>,
+    /// The controller manager's runtime, where requests are sent.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for KubeHost {
@@ -113,6 +115,53 @@ fn api_error(code: u16, reason: &str, message: String) -> ApiError {
         reason: reason.into(),
         message,
         causes: Vec::new(),
+    }
+}
+
+/// Sends one request as the controller; the body the API server stored, or its
+/// refusal. A 429 (too many requests in flight) is retried after the `Retry-After`
+/// the server asks for, a few times, as client-go does.
+async fn send(
+    client: kube::Client,
+    method: http::Method,
+    url: String,
+    content_type: String,
+    body: Vec<u8>,
+) -> Result<String, ApiError> {
+    let mut attempt = 0;
+    loop {
+        let request = http::Request::builder()
+            .method(method.clone())
+            .uri(url.as_str())
+            .header(http::header::CONTENT_TYPE, content_type.as_str())
+            .header(http::header::ACCEPT, "application/json")
+            .body(kube::client::Body::from(body.clone()))
+            .map_err(|e| api_error(500, "InternalError", format!("build the request: {e}")))?;
+        let response = client
+            .send(request)
+            .await
+            .map_err(|e| api_error(503, "ServiceUnavailable", format!("send the request: {e}")))?;
+        let code = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let body =
+            response.into_body().collect_bytes().await.map_err(|e| {
+                api_error(503, "ServiceUnavailable", format!("read the answer: {e}"))
+            })?;
+        if (200..300).contains(&code) {
+            return Ok(String::from_utf8_lossy(&body).into_owned());
+        }
+        if code == 429 && attempt < MAX_RETRIES {
+            attempt += 1;
+            let wait =
+                retry_after.map_or(RETRY_DELAY, |s| Duration::from_secs(s).min(MAX_RETRY_DELAY));
+            tokio::time::sleep(wait).await;
+            continue;
+        }
+        return Err(status_error(code, &body));
     }
 }
 
@@ -186,9 +235,7 @@ impl KubeHost {
         Ok(api.resource_url().to_owned())
     }
 
-    /// Sends one request as the controller; the body the API server stored, or its
-    /// refusal. A 429 (too many requests in flight) is retried after the `Retry-After`
-    /// the server asks for, a few times, as client-go does.
+    /// [`send`] on the controller manager's runtime.
     async fn send(
         &self,
         method: http::Method,
@@ -196,39 +243,21 @@ impl KubeHost {
         content_type: &str,
         body: Vec<u8>,
     ) -> Result<String, ApiError> {
-        let mut attempt = 0;
-        loop {
-            let request = http::Request::builder()
-                .method(method.clone())
-                .uri(url.as_str())
-                .header(http::header::CONTENT_TYPE, content_type)
-                .header(http::header::ACCEPT, "application/json")
-                .body(kube::client::Body::from(body.clone()))
-                .map_err(|e| api_error(500, "InternalError", format!("build the request: {e}")))?;
-            let response = self.client.send(request).await.map_err(|e| {
-                api_error(503, "ServiceUnavailable", format!("send the request: {e}"))
-            })?;
-            let code = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            let body = response.into_body().collect_bytes().await.map_err(|e| {
-                api_error(503, "ServiceUnavailable", format!("read the answer: {e}"))
-            })?;
-            if (200..300).contains(&code) {
-                return Ok(String::from_utf8_lossy(&body).into_owned());
-            }
-            if code == 429 && attempt < MAX_RETRIES {
-                attempt += 1;
-                let wait = retry_after
-                    .map_or(RETRY_DELAY, |s| Duration::from_secs(s).min(MAX_RETRY_DELAY));
-                tokio::time::sleep(wait).await;
-                continue;
-            }
-            return Err(status_error(code, &body));
-        }
+        // On the controller manager's runtime: the plugin's calls run on threads
+        // without an I/O driver (a plugin is granted no sockets), and a remote
+        // client's connections need one.
+        let client = self.client.clone();
+        let content_type = content_type.to_owned();
+        self.runtime
+            .spawn(send(client, method, url, content_type, body))
+            .await
+            .unwrap_or_else(|e| {
+                Err(api_error(
+                    500,
+                    "InternalError",
+                    format!("the request stopped: {e}"),
+                ))
+            })
     }
 
     async fn send_write(&self, write: Write) -> Result<String, ApiError> {

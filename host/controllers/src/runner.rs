@@ -174,6 +174,20 @@ impl Caches {
             .collect()
     }
 
+    /// Whether every owner `obj` names is in the cache with the uid named: then a
+    /// controller of every resource has nothing to do for it (most objects, most of
+    /// the time), and is not called.
+    fn owners_present(&self, obj: &DynamicObject) -> bool {
+        obj.metadata.owner_references.iter().flatten().all(|r| {
+            self.owner_key(obj, r).is_some_and(|key| {
+                self.by_resource[&*key.resource]
+                    .informer
+                    .get(&key.cache_key())
+                    .is_some_and(|o| o.metadata.uid.as_deref() == Some(r.uid.as_str()))
+            })
+        })
+    }
+
     /// The key of `obj`'s controller (the reference with `controller: true`).
     fn controller_of(&self, obj: &DynamicObject) -> Option<Key> {
         let reference = obj
@@ -340,6 +354,7 @@ impl Manager {
             events,
             primary,
             expectations: expectations.clone(),
+            runtime: tokio::runtime::Handle::current(),
         };
         let plugin = self
             .plugins
@@ -469,7 +484,9 @@ async fn feed_every(
     while let Some(change) = changes.recv().await {
         match &change {
             Change::Added(obj) => {
-                if has_refs(obj) || obj.metadata.deletion_timestamp.is_some() {
+                if obj.metadata.deletion_timestamp.is_some()
+                    || (has_refs(obj) && !caches.owners_present(obj))
+                {
                     queue.add(key_of(&resource, obj));
                 }
             }
@@ -478,7 +495,7 @@ async fn feed_every(
                 let deleting = new.metadata.deletion_timestamp.is_some()
                     && (old.metadata.deletion_timestamp.is_none()
                         || old.metadata.finalizers != new.metadata.finalizers);
-                if refs_changed || deleting {
+                if deleting || (refs_changed && !caches.owners_present(new)) {
                     queue.add(key_of(&resource, new));
                 }
                 if refs_changed || new.metadata.deletion_timestamp.is_some() {

@@ -177,6 +177,7 @@ pub async fn run_controllers(
     let config = trellis_client::remote_config(&args.component.kubeconfig).await?;
     let setup = ControllerSetup {
         plugins,
+        modules_dir: crate::plugin_controllers::modules_dir(args.plugin_cache_dir.as_deref()),
         credentials: Credentials::ServiceAccounts {
             config: Box::new(config),
             dir: tokens.path().to_owned(),
@@ -253,6 +254,8 @@ pub struct ControllerSetup {
     pub plugins: Arc<PluginHost>,
     pub credentials: Credentials,
     pub builtins: Vec<&'static Builtin>,
+    /// Where modules of controller Plugins are fetched to.
+    pub modules_dir: PathBuf,
 }
 
 impl std::fmt::Debug for ControllerSetup {
@@ -287,7 +290,7 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 impl Credentials {
     /// A client acting as controller `name`, made with `manager` (the controller
     /// manager's own client) where tokens are needed; renewals stop with `stopped`.
-    async fn client(
+    pub(crate) async fn client(
         &self,
         manager: &kube::Client,
         name: &str,
@@ -362,19 +365,25 @@ async fn write_token(
     Ok(())
 }
 
-/// Starts the setup's controllers; each that cannot start is named and left out.
-pub(crate) async fn start_controllers(
-    setup: &ControllerSetup,
-    client: &kube::Client,
-    shared: &Shared,
-    stopped: &tokio::sync::watch::Receiver<bool>,
-) -> Vec<Running> {
-    let manager = Manager {
+/// The controller manager of this process: its plugin host, the shared informers
+/// (listing as `client`) and the queues' metrics.
+pub(crate) fn manager(setup: &ControllerSetup, client: &kube::Client, shared: &Shared) -> Manager {
+    Manager {
         plugins: setup.plugins.clone(),
         informers: shared.informers.clone(),
         lister: client.clone(),
         queues: shared.metrics.queues.clone(),
-    };
+    }
+}
+
+/// Starts the setup's built-in controllers; each that cannot start is named and left
+/// out.
+pub(crate) async fn start_controllers(
+    setup: &ControllerSetup,
+    manager: &Manager,
+    client: &kube::Client,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<Running> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
@@ -434,21 +443,27 @@ pub async fn run(
         let client = client.clone();
         async move {
             let _leading = Leading::new(shared.metrics.clone(), component.lease());
-            let running = match (&shared.controllers, component) {
-                (Some(setup), Component::Controllers) => {
-                    start_controllers(setup, &client, &shared, &stopped).await
-                }
-                _ => Vec::new(),
+            let setup = match (&shared.controllers, component) {
+                (Some(setup), Component::Controllers) => Some(setup.clone()),
+                _ => None,
             };
+            let Some(setup) = setup else {
+                info!(component = component.name(), "running; 0 loops");
+                let _ = stopped.wait_for(|s| *s).await;
+                return;
+            };
+            let manager = manager(&setup, &client, &shared);
+            let running = start_controllers(&setup, &manager, &client, &stopped).await;
             info!(
                 component = component.name(),
                 loops = ?running.iter().map(|r| r.plugin.name().to_owned()).collect::<Vec<_>>(),
-                "running"
+                "running; {} loops",
+                running.len()
             );
-            let _ = stopped.wait_for(|s| *s).await;
-            for r in running {
-                r.stop().await;
-            }
+            // Plugin objects of kind controller join them (and may replace them) until
+            // the work ends.
+            crate::plugin_controllers::follow(setup, manager, client, shared, running, stopped)
+                .await;
         }
     };
     let Some(config) = election else {

@@ -24,6 +24,7 @@
 mod bench;
 mod components;
 mod plugin;
+mod plugin_controllers;
 mod up;
 
 /// mimalloc rather than the system's malloc: see `mimalloc` in the workspace manifest.

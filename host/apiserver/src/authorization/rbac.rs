@@ -279,7 +279,7 @@ fn read_error(e: trellis_store::Error) -> ApiError {
     ApiError::internal(format!("read RBAC objects: {e}"))
 }
 
-const RBAC: &str = "/registry/rbac.authorization.k8s.io/";
+pub(crate) const RBAC: &str = "/registry/rbac.authorization.k8s.io/";
 
 /// The role a binding's `roleRef` names, shared with the cache (its rules are read in
 /// place, not copied, on every check).
@@ -566,7 +566,9 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
                 {"apiGroups": [""], "resources": ["secrets", "serviceaccounts"], "verbs": ["create", "get", "update"]},
                 {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
                 {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+                // It reports on the controller plugins it runs.
+                {"apiGroups": ["trellis.dev"], "resources": ["plugins/status"], "verbs": ["patch", "update"]}
             ]),
         ),
         binding(

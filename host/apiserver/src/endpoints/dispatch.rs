@@ -263,12 +263,14 @@ async fn handle(
         .inflight
         .admit(&user, mutating_method(&method), long_running)
         .inspect_err(|_| state.metrics.rejected(&lock(info).labels))?;
-    let segments: Vec<&str> = uri
+    let decoded: Vec<std::borrow::Cow<'_, str>> = uri
         .path()
         .trim_end_matches('/')
         .split('/')
         .skip(1)
+        .map(crate::endpoints::request::path_segment)
         .collect();
+    let segments: Vec<&str> = decoded.iter().map(AsRef::as_ref).collect();
     let names_resource = matches!(
         segments.as_slice(),
         ["api", "v1", _, ..] | ["apis", _, _, _, ..]

@@ -128,13 +128,27 @@ pub fn form_pairs(raw: &str) -> HashMap<String, String> {
         .collect()
 }
 
+/// One segment of a URL's path, percent-decoded (`system%3Anodes`: `system:nodes`,
+/// as clients escape names with colons); a `+` stays a `+`.
+pub fn path_segment(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('%') {
+        std::borrow::Cow::Owned(decode(s, false))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 fn percent_decode(s: &str) -> String {
+    decode(s, true)
+}
+
+fn decode(s: &str, plus_is_space: bool) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
                 let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
                     .ok()
@@ -266,6 +280,17 @@ pub fn wants_table(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_segments_are_percent_decoded_but_keep_plus() {
+        assert_eq!(
+            path_segment("system%3Acontroller%3Ax"),
+            "system:controller:x"
+        );
+        assert_eq!(path_segment("a+b"), "a+b");
+        assert_eq!(path_segment("plain"), "plain");
+        assert_eq!(form_pairs("q=a+b")["q"], "a b");
+    }
 
     #[test]
     fn parses_query_options() {

@@ -176,8 +176,9 @@ pub async fn create(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
 /// none): the server's fields, defaults, admission and validation, then the store and
 /// the initializers.
 pub async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) -> ApiResult {
-    let key = prepare_create(state, req, &mut obj).await?;
-    let name = object::name(&obj).unwrap_or_default().to_owned();
+    let generated = object::name(&obj).is_none();
+    let mut key = prepare_create(state, req, &mut obj).await?;
+    let mut name = object::name(&obj).unwrap_or_default().to_owned();
     let stored = async {
         if req.body_format != BodyFormat::Patch(PatchType::Apply) {
             crate::fieldmanager::apply::record_write(state, req, None, &mut obj)?;
@@ -185,13 +186,30 @@ pub async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) 
         if req.dry_run {
             return Ok(None);
         }
-        let stored = object::encode(&obj)?;
-        state
-            .store
-            .create(&key, stored)
-            .await
-            .map(Some)
-            .map_err(|e| ErrorResponse(store_error(e, &req.resource, &name)))
+        // A generated name that is taken is generated again, as Kubernetes does
+        // (five random characters collide within a few thousand objects).
+        let mut attempts = 0;
+        loop {
+            let stored = object::encode(&obj)?;
+            match state.store.create(&key, stored).await {
+                Err(trellis_store::Error::AlreadyExists { .. })
+                    if generated && attempts < GENERATE_NAME_RETRIES =>
+                {
+                    attempts += 1;
+                    let base = meta_str(&obj, "generateName")
+                        .unwrap_or_default()
+                        .to_owned();
+                    name = format!("{base}{}", object::name_suffix());
+                    set_meta(&mut obj, "name", name.clone());
+                    key = req.resource.key(req.namespace.as_deref(), &name);
+                }
+                result => {
+                    return result
+                        .map(Some)
+                        .map_err(|e| ErrorResponse(store_error(e, &req.resource, &name)));
+                }
+            }
+        }
     }
     .await;
     let kv = match stored {
@@ -213,6 +231,9 @@ pub async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) 
     }
     Ok(created(&obj, req, name))
 }
+
+/// How many times a create whose generated name is taken tries another.
+const GENERATE_NAME_RETRIES: u32 = 7;
 
 /// The largest object the store takes: its value limit, checked before admission
 /// accounts for the object.

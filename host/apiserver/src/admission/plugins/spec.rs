@@ -16,6 +16,8 @@ pub const VERSION: &str = "v1";
 
 /// Longest deadline a plugin may ask for: a request waits for every plugin.
 const MAX_TIMEOUT_MS: u64 = 30_000;
+/// Longest deadline of one reconcile: it waits on writes, not on a client.
+const MAX_RECONCILE_MS: u64 = 300_000;
 /// Largest memory cap a plugin may ask for (the host's pool is sized for it).
 pub const MAX_MEMORY_MIB: u64 = 1024;
 
@@ -48,6 +50,44 @@ struct Doc {
     memory_limit_mib: Option<u64>,
     #[serde(default)]
     capabilities: Capabilities,
+    #[serde(default)]
+    controller: Option<ControllerDoc>,
+}
+
+/// A resource as a controller names it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceRef {
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+}
+
+/// `spec.controller`: what a controller plugin reconciles, owns, and may do.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerDoc {
+    /// The primary resource: each of its objects is a key.
+    #[serde(rename = "for")]
+    pub primary: ResourceRef,
+    /// Resources whose objects it owns (a change of one reconciles its controller).
+    #[serde(default)]
+    pub owns: Vec<ResourceRef>,
+    /// Keys reconciled at once.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Every primary object is reconciled again this often (0: never).
+    #[serde(default)]
+    pub resync_seconds: u64,
+    /// The RBAC rules (`rbac.authorization.k8s.io/v1` PolicyRules) its writes are
+    /// held to: the server grants them to its ServiceAccount.
+    #[serde(default)]
+    pub rules: Vec<Value>,
+}
+
+fn default_workers() -> usize {
+    2
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -93,6 +133,8 @@ pub struct Parsed {
     pub order: i32,
     pub failure_policy: FailurePolicy,
     pub cluster_read: bool,
+    /// `spec.controller`, for a plugin of kind `controller`.
+    pub controller: Option<ControllerDoc>,
 }
 
 /// Reads a Plugin's `spec`; the error names the field.
@@ -102,12 +144,34 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
         "mutating" => PluginKind::Mutating,
         "validating" => PluginKind::Validating,
         "initializer" => PluginKind::Initializer,
+        "controller" => PluginKind::Controller,
         other => {
             return Err(format!(
-                "spec.kind: Unsupported value: {other:?}: supported values: \"mutating\", \"validating\", \"initializer\""
+                "spec.kind: Unsupported value: {other:?}: supported values: \"mutating\", \"validating\", \"initializer\", \"controller\""
             ));
         }
     };
+    let controller = kind == PluginKind::Controller;
+    match (&doc.controller, controller) {
+        (None, true) => {
+            return Err("spec.controller: Required value: a controller plugin names the resource it reconciles".into());
+        }
+        (Some(_), false) => {
+            return Err("spec.controller: Forbidden: only for plugins of kind controller".into());
+        }
+        (Some(c), true) => {
+            if c.primary.resource.is_empty() || c.primary.version.is_empty() {
+                return Err("spec.controller.for: Required value: version and resource".into());
+            }
+            if c.workers == 0 || c.workers > 64 {
+                return Err(format!(
+                    "spec.controller.workers: Invalid value: {}: must be between 1 and 64",
+                    c.workers
+                ));
+            }
+        }
+        (None, false) => {}
+    }
     let failure_policy = match doc.failure_policy.as_deref() {
         None | Some("Fail") => FailurePolicy::Fail,
         Some("Ignore") => FailurePolicy::Ignore,
@@ -117,7 +181,7 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
             ));
         }
     };
-    if kind != PluginKind::Initializer && doc.rules.is_empty() {
+    if matches!(kind, PluginKind::Mutating | PluginKind::Validating) && doc.rules.is_empty() {
         return Err(
             "spec.rules: Required value: an admission plugin needs at least one rule".into(),
         );
@@ -134,10 +198,15 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
             }
         }
     }
-    let timeout_ms = doc.timeout_ms.unwrap_or(100);
-    if timeout_ms == 0 || timeout_ms > MAX_TIMEOUT_MS {
+    let (default_ms, max_ms) = if controller {
+        (10_000, MAX_RECONCILE_MS)
+    } else {
+        (100, MAX_TIMEOUT_MS)
+    };
+    let timeout_ms = doc.timeout_ms.unwrap_or(default_ms);
+    if timeout_ms == 0 || timeout_ms > max_ms {
         return Err(format!(
-            "spec.timeoutMs: Invalid value: {timeout_ms}: must be between 1 and {MAX_TIMEOUT_MS}"
+            "spec.timeoutMs: Invalid value: {timeout_ms}: must be between 1 and {max_ms}"
         ));
     }
     let memory = doc.memory_limit_mib.unwrap_or(64);
@@ -169,6 +238,7 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
         order: doc.order,
         failure_policy,
         cluster_read: doc.capabilities.cluster_read,
+        controller: doc.controller,
     })
 }
 
@@ -254,6 +324,15 @@ pub fn crd() -> Value {
             }},
         },
     });
+    let resource_ref = json!({
+        "type": "object",
+        "required": ["version", "resource"],
+        "properties": {
+            "group": {"type": "string"},
+            "version": {"type": "string"},
+            "resource": {"type": "string"},
+        },
+    });
     let condition = json!({
         "type": "object",
         "required": ["type", "status"],
@@ -270,8 +349,8 @@ pub fn crd() -> Value {
         "type": "object",
         "required": ["kind", "module"],
         "properties": {
-            "kind": {"type": "string", "enum": ["mutating", "validating", "initializer"],
-                     "description": "Which chain the plugin joins."},
+            "kind": {"type": "string", "enum": ["mutating", "validating", "initializer", "controller"],
+                     "description": "Which chain the plugin joins, or `controller` for one the controller manager runs."},
             "module": {
                 "type": "object",
                 "required": ["url"],
@@ -297,7 +376,28 @@ pub fn crd() -> Value {
             "objectSelector": selector,
             "order": {"type": "integer", "description": "Lower runs first; ties by name."},
             "failurePolicy": {"type": "string", "enum": ["Fail", "Ignore"]},
-            "timeoutMs": {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_MS},
+            "timeoutMs": {"type": "integer", "minimum": 1, "maximum": MAX_RECONCILE_MS,
+                          "description": "Deadline of one call: at most 30000 for admission and initializers, 300000 for a reconcile."},
+            "controller": {
+                "type": "object",
+                "required": ["for"],
+                "description": "For kind controller: what it reconciles and owns, and the RBAC rules its writes are held to.",
+                "properties": {
+                    "for": resource_ref,
+                    "owns": {"type": "array", "items": resource_ref},
+                    "workers": {"type": "integer", "minimum": 1, "maximum": 64},
+                    "resyncSeconds": {"type": "integer", "minimum": 0},
+                    "rules": {"type": "array", "items": {
+                        "type": "object",
+                        "properties": {
+                            "apiGroups": string_list,
+                            "resources": string_list,
+                            "resourceNames": string_list,
+                            "verbs": string_list,
+                        },
+                    }},
+                },
+            },
             "memoryLimitMiB": {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_MIB},
             "capabilities": {"type": "object", "properties": {
                 "clusterRead": {"type": "boolean"},
@@ -347,7 +447,7 @@ pub fn crd() -> Value {
                 ],
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
-                    "description": "A WebAssembly plugin in the API server's admission or initializer chain.",
+                    "description": "A WebAssembly plugin: in the API server's admission or initializer chain, or a controller.",
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

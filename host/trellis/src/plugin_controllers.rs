@@ -1,0 +1,270 @@
+//! Controllers declared as `Plugin` objects of kind `controller`: the controller
+//! manager follows them as the API server follows admission plugins.
+//!
+//! A Plugin names its module (`file://`, `https://` with its digest, `oci://`), its
+//! configuration, deadline and memory cap, and in `spec.controller` the resource it
+//! reconciles (`for`), what it owns, its workers and resync period, and the RBAC rules
+//! its writes are held to (the API server grants them to its ServiceAccount
+//! `kube-system/NAME`). Each generation is loaded beside the running one and replaces
+//! it only once it loaded and accepted its configuration: a version that fails leaves
+//! the last good one running, and the Plugin's `Loaded` condition says why. The new
+//! version starts from the informers' full contents, so no key is lost in the swap.
+//! A Plugin named after a built-in controller (`replicaset`, or its ServiceAccount
+//! `replicaset-controller`) replaces it while it exists.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::{info, warn};
+use trellis_apiserver::admission::plugins::{source, spec};
+use trellis_client::events::EventRecorder;
+use trellis_client::informer::Change;
+use trellis_controllers::{ControllerConfig, Manager, Running};
+use trellis_plugin_host::{GroupVersionResource, PluginKind};
+
+use crate::components::{ControllerSetup, Shared};
+
+/// The field manager of the statuses written here.
+const MANAGER: &str = "trellis-controller-manager";
+
+fn plugins_resource() -> ApiResource {
+    ApiResource {
+        group: spec::GROUP.into(),
+        version: spec::VERSION.into(),
+        api_version: format!("{}/{}", spec::GROUP, spec::VERSION),
+        kind: "Plugin".into(),
+        plural: spec::PLURAL.into(),
+    }
+}
+
+/// One controller Plugin as it runs.
+struct Followed {
+    /// uid and generation of the declaration last loaded or tried.
+    fingerprint: String,
+    running: Option<Running>,
+}
+
+/// Whether a Plugin object declares a controller.
+fn is_controller(obj: &DynamicObject) -> bool {
+    obj.data["spec"]["kind"]
+        .as_str()
+        .is_some_and(|k| k.eq_ignore_ascii_case("controller"))
+}
+
+fn gvr(r: &spec::ResourceRef) -> GroupVersionResource {
+    GroupVersionResource {
+        group: r.group.clone(),
+        version: r.version.clone(),
+        resource: r.resource.clone(),
+    }
+}
+
+/// The built-ins a Plugin of this name replaces.
+pub(crate) fn replaced_by(name: &str, builtin_name: &str, identity: &str) -> bool {
+    name == builtin_name || name == identity
+}
+
+/// Follows the Plugin objects until `stopped`; `builtins` are the built-ins running,
+/// stopped while a Plugin of their name exists.
+pub(crate) async fn follow(
+    setup: ControllerSetup,
+    manager: Manager,
+    client: kube::Client,
+    shared: Shared,
+    mut builtins: Vec<Running>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let informer = shared.informers.informer::<DynamicObject>(
+        Api::all_with(client.clone(), &plugins_resource()),
+        watcher::Config::default(),
+    );
+    let mut changes = informer.subscribe();
+    let mut followed: HashMap<String, Followed> = HashMap::new();
+    loop {
+        let change = tokio::select! {
+            change = changes.recv() => change,
+            _ = stopped.wait_for(|s| *s) => break,
+        };
+        let Some(change) = change else { break };
+        let obj = change.object().clone();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let gone = matches!(change, Change::Deleted(_))
+            || obj.metadata.deletion_timestamp.is_some()
+            || !is_controller(&obj);
+        if gone {
+            if let Some(f) = followed.remove(&name)
+                && let Some(running) = f.running
+            {
+                running.stop().await;
+                info!(plugin = %name, "controller plugin stopped");
+            }
+            continue;
+        }
+        let fingerprint = format!(
+            "{}/{}",
+            obj.metadata.uid.as_deref().unwrap_or_default(),
+            obj.metadata.generation.unwrap_or_default()
+        );
+        let entry = followed.entry(name.clone()).or_insert(Followed {
+            fingerprint: String::new(),
+            running: None,
+        });
+        if entry.fingerprint == fingerprint {
+            continue;
+        }
+        entry.fingerprint = fingerprint;
+        // A built-in of the same name gives way.
+        if let Some(i) = builtins.iter().position(|b| {
+            setup
+                .builtins
+                .iter()
+                .any(|s| s.identity == b.plugin.name() && replaced_by(&name, s.name, s.identity))
+        }) {
+            let builtin = builtins.swap_remove(i);
+            info!(plugin = %name, builtin = builtin.plugin.name(), "a Plugin replaces the built-in controller");
+            builtin.stop().await;
+        }
+        let outcome = load(&setup, &manager, &client, &obj, &stopped).await;
+        let result = match outcome {
+            Ok(running) => {
+                let digest = running.plugin.digest().to_owned();
+                if let Some(old) = entry.running.replace(running) {
+                    old.stop().await;
+                }
+                info!(plugin = %name, %digest, "controller plugin running");
+                Ok(digest)
+            }
+            Err((reason, message)) => {
+                let keeps = entry
+                    .running
+                    .as_ref()
+                    .map(|r| {
+                        format!(
+                            "; the last good version ({}) keeps running",
+                            r.plugin.digest()
+                        )
+                    })
+                    .unwrap_or_default();
+                warn!(plugin = %name, reason, "{message}{keeps}");
+                Err((reason, format!("{message}{keeps}")))
+            }
+        };
+        write_status(&client, &obj, result).await;
+    }
+    for (_, f) in followed {
+        if let Some(running) = f.running {
+            running.stop().await;
+        }
+    }
+    for builtin in builtins {
+        builtin.stop().await;
+    }
+}
+
+/// Parses, fetches and starts one controller Plugin.
+async fn load(
+    setup: &ControllerSetup,
+    manager: &Manager,
+    client: &kube::Client,
+    obj: &DynamicObject,
+    stopped: &watch::Receiver<bool>,
+) -> Result<Running, (&'static str, String)> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let parsed = spec::parse(&name, &obj.data["spec"]).map_err(|e| ("InvalidSpec", e))?;
+    let controller = parsed
+        .controller
+        .clone()
+        .ok_or(("InvalidSpec", "spec.controller: Required value".to_owned()))?;
+    let module = parsed
+        .module
+        .clone()
+        .ok_or(("InvalidSpec", "spec.module: Required value".to_owned()))?;
+    let _ = tokio::fs::create_dir_all(&setup.modules_dir).await;
+    let wasm = source::fetch(&module, &setup.modules_dir, None)
+        .await
+        .map_err(|e| ("FetchFailed", e))?;
+    let mut config =
+        ControllerConfig::new(&name, std::sync::Arc::new(wasm), gvr(&controller.primary));
+    config.spec = parsed.spec.clone();
+    config.spec.kind = PluginKind::Controller;
+    config.owns = controller.owns.iter().map(gvr).collect();
+    config.workers = controller.workers;
+    config.resync = (controller.resync_seconds > 0)
+        .then(|| std::time::Duration::from_secs(controller.resync_seconds));
+    let writer = setup
+        .credentials
+        .client(client, &name, stopped.clone())
+        .await
+        .map_err(|e| ("CredentialsFailed", format!("{e:#}")))?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let events = EventRecorder::new(writer.clone(), &name, &host);
+    manager
+        .start(config, writer, events, stopped.clone())
+        .await
+        .map_err(|e| ("LoadFailed", format!("{e:#}")))
+}
+
+/// Writes the Plugin's `Loaded` condition (and digest) through its status.
+async fn write_status(
+    client: &kube::Client,
+    obj: &DynamicObject,
+    result: Result<String, (&'static str, String)>,
+) {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let previous = obj.data["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Loaded"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let (status, reason, message, digest) = match &result {
+        Ok(digest) => (
+            "True",
+            "Loaded",
+            format!("running {digest}"),
+            Some(digest.clone()),
+        ),
+        Err((reason, message)) => ("False", *reason, message.clone(), None),
+    };
+    let since = if previous["status"] == status {
+        previous["lastTransitionTime"].clone()
+    } else {
+        json!(trellis_apiserver::object::now_timestamp())
+    };
+    let mut patch = json!({"status": {
+        "observedGeneration": obj.metadata.generation,
+        "conditions": [{
+            "type": "Loaded",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+            "observedGeneration": obj.metadata.generation,
+        }],
+    }});
+    if let Some(digest) = digest {
+        patch["status"]["digest"] = json!(digest);
+    }
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &plugins_resource());
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    if let Err(e) = api.patch_status(&name, &params, &Patch::Merge(patch)).await {
+        warn!(plugin = %name, error = %e, "writing the controller plugin's status failed");
+    }
+}
+
+/// Where fetched modules are kept: the plugin cache's `modules`, or a directory of
+/// the process's own.
+pub(crate) fn modules_dir(cache: Option<&std::path::Path>) -> PathBuf {
+    match cache {
+        Some(dir) => dir.join("modules"),
+        None => std::env::temp_dir().join(format!("trellis-modules-{}", std::process::id())),
+    }
+}

@@ -1,0 +1,153 @@
+"""Controllers declared as Plugin objects of kind `controller`, run by a separate
+`trellis controllers` process against a `trellis server`: the server grants the
+plugin the RBAC rules its spec declares (a ClusterRole owned by the Plugin), the
+controller manager loads it under its own ServiceAccount and reports `Loaded`; a new
+generation is loaded in place, a version that fails to load leaves the last good one
+running, and deleting the Plugin removes its role through the garbage collector.
+
+The component is `plugins/fixtures/children` (built by `plugins/build.sh`): for a
+ConfigMap annotated `trellis.dev/children: N` it keeps N owned child ConfigMaps."""
+
+import re
+import subprocess
+import threading
+import time
+
+from kubernetes import client, watch
+
+from conftest import REPO_ROOT, own_server, trellis_binary
+
+MODULE = REPO_ROOT / "plugins" / "target" / "dist" / "children.wasm"
+
+
+def wait_for(list_fn, accept, timeout=20, **kwargs):
+    """Lists, then watches, until `accept(items)` holds for the items listed and
+    changed since; returns them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = list_fn(**kwargs)
+        # Custom objects come as dicts, built-in ones as models.
+        if isinstance(listed, dict):
+            items = {i["metadata"]["name"]: i for i in listed["items"]}
+            rv = listed["metadata"]["resourceVersion"]
+        else:
+            items = {i.metadata.name: i for i in listed.items}
+            rv = listed.metadata.resource_version
+        if accept(items):
+            return items
+        for event in watch.Watch().stream(
+                list_fn, resource_version=rv,
+                timeout_seconds=max(1, int(deadline - time.monotonic())), **kwargs):
+            obj = event["object"]
+            name = obj["metadata"]["name"] if isinstance(obj, dict) else obj.metadata.name
+            if event["type"] == "DELETED":
+                items.pop(name, None)
+            else:
+                items[name] = obj
+            if accept(items):
+                return items
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def plugin_spec(url, configuration=None):
+    return {
+        "kind": "controller",
+        "module": {"url": url},
+        "configuration": configuration or {},
+        "controller": {
+            "for": {"version": "v1", "resource": "configmaps"},
+            "owns": [{"version": "v1", "resource": "configmaps"}],
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                       "verbs": ["create", "update", "patch", "delete"]}],
+        },
+    }
+
+
+def loaded(generation, status):
+    """Whether a Plugin's Loaded condition for `generation` has `status`."""
+    def accept(items):
+        plugin = items.get("children")
+        if not plugin:
+            return False
+        for c in (plugin.get("status") or {}).get("conditions") or []:
+            if (c["type"] == "Loaded" and c["status"] == status
+                    and c.get("observedGeneration") == generation):
+                return True
+        return False
+    return accept
+
+
+def test_a_controller_plugin_is_granted_its_rules_loaded_reloaded_and_removed():
+    assert MODULE.is_file(), f"{MODULE}: run plugins/build.sh"
+    with own_server("trellis-ctlplugin-") as (api, data_dir):
+        controllers = subprocess.Popen(
+            [str(trellis_binary()), "controllers",
+             "--kubeconfig", str(data_dir / "controller-manager.kubeconfig"),
+             "--metrics-bind-address", ""],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log: list[str] = []
+        threading.Thread(
+            target=lambda: [log.append(re.sub(r"\x1b\[[0-9;]*m", "", l)) for l in controllers.stderr],
+            daemon=True).start()
+        try:
+            custom = client.CustomObjectsApi(api)
+            core = client.CoreV1Api(api)
+            rbac = client.RbacAuthorizationV1Api(api)
+            plugins = dict(group="trellis.dev", version="v1", plural="plugins")
+            list_plugins = lambda **kw: custom.list_cluster_custom_object(**plugins, **kw)  # noqa: E731
+
+            custom.create_cluster_custom_object(**plugins, body={
+                "apiVersion": "trellis.dev/v1", "kind": "Plugin",
+                "metadata": {"name": "children"},
+                "spec": plugin_spec(f"file://{MODULE}")})
+            wait_for(list_plugins, loaded(1, "True"))
+            role = rbac.read_cluster_role("trellis:controller:children")
+            assert role.metadata.owner_references[0].kind == "Plugin"
+            assert any("configmaps" in (r.resources or []) for r in role.rules), role.rules
+
+            def children(n, label="trellis.dev/parent"):
+                def accept(items):
+                    kids = [m for name, m in items.items() if name.startswith("web-")]
+                    return len(kids) == n and all(
+                        (m.metadata.labels or {}).get(label) == "web"
+                        for name, m in items.items() if name == f"web-{n - 1}")
+                return accept
+
+            core.create_namespaced_config_map("default", {
+                "metadata": {"name": "web", "annotations": {"trellis.dev/children": "2"}}})
+            wait_for(core.list_namespaced_config_map, children(2), namespace="default")
+
+            # A new generation (another label for the children) is loaded in place.
+            custom.patch_cluster_custom_object(
+                **plugins, name="children",
+                body={"spec": {"configuration": {"label": "trellis.dev/owner"}}})
+            wait_for(list_plugins, loaded(2, "True"))
+            core.patch_namespaced_config_map(
+                "web", "default", {"metadata": {"annotations": {"trellis.dev/children": "3"}}})
+            wait_for(core.list_namespaced_config_map, children(3, "trellis.dev/owner"),
+                     namespace="default")
+
+            # A version that cannot load: Loaded False, and the last good one runs on.
+            custom.patch_cluster_custom_object(
+                **plugins, name="children",
+                body={"spec": {"module": {"url": "file:///nonexistent/children.wasm"}}})
+            items = wait_for(list_plugins, loaded(3, "False"))
+            condition = [c for c in items["children"]["status"]["conditions"]
+                         if c["type"] == "Loaded"][0]
+            assert "keeps running" in condition["message"], condition
+            core.patch_namespaced_config_map(
+                "web", "default", {"metadata": {"annotations": {"trellis.dev/children": "4"}}})
+            wait_for(core.list_namespaced_config_map, children(4, "trellis.dev/owner"),
+                     namespace="default")
+
+            # Deleted: the garbage collector removes the role it was granted.
+            custom.delete_cluster_custom_object(**plugins, name="children")
+            wait_for(rbac.list_cluster_role,
+                     lambda items: "trellis:controller:children" not in items)
+        finally:
+            controllers.terminate()
+            try:
+                controllers.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                controllers.kill()
+            print("".join(log[-30:]))
