@@ -79,6 +79,7 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
         informers: SharedInformers::new(),
         lister: cluster.in_process().client(identity::controller_manager()),
         queues: QueueMetrics::default(),
+        running: Default::default(),
     };
     let writer = cluster
         .in_process()
@@ -360,6 +361,27 @@ fn fake_kubelet(
     stop
 }
 
+/// Starts every built-in controller, each as its own ServiceAccount, held to the
+/// `system:controller:*` roles the API server bootstraps.
+async fn start_builtins(
+    manager: &Manager,
+    in_process: &trellis_client::InProcess,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<trellis_controllers::Running>> {
+    let mut running = Vec::new();
+    for builtin in trellis_controllers::bundled::BUILTINS {
+        let writer = in_process.client(identity::controller(builtin.identity));
+        let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
+        running.push(
+            manager
+                .start(builtin.config(), writer, events, stopped.clone())
+                .await
+                .with_context(|| format!("start {}", builtin.name))?,
+        );
+    }
+    Ok(running)
+}
+
 /// Waits until `done` holds, looking again at every change of the informers.
 async fn until(
     changes: &mut tokio::sync::broadcast::Receiver<()>,
@@ -385,7 +407,6 @@ async fn until(
 async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kubernetes() -> Result<()>
 {
     use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-    use trellis_controllers::bundled;
 
     let cluster = TestCluster::start().await?;
     let in_process = cluster.in_process();
@@ -400,21 +421,10 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
         informers: SharedInformers::new(),
         lister: in_process.client(identity::controller_manager()),
         queues: QueueMetrics::default(),
+        running: Default::default(),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut running = Vec::new();
-    // Each as its own ServiceAccount, held to the `system:controller:*` roles the
-    // API server bootstraps.
-    for builtin in bundled::BUILTINS {
-        let writer = in_process.client(identity::controller(builtin.identity));
-        let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
-        running.push(
-            manager
-                .start(builtin.config(), writer, events, stopped.clone())
-                .await
-                .with_context(|| format!("start {}", builtin.name))?,
-        );
-    }
+    let mut running = start_builtins(&manager, &in_process, &stopped).await?;
 
     let watching = SharedInformers::new();
     let kubelet = fake_kubelet(&watching, admin.clone());
@@ -612,10 +622,32 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
 
     // A rolling update: the ReplicaSets never ask for more than 5 pods together
     // (replicas + maxSurge, 25 % of 4 rounded up). Pods being deleted may outlive
-    // that for a moment, as in Kubernetes.
+    // that for a moment, as in Kubernetes. The controllers are restarted midway, with
+    // empty caches, as a process would be: the rollout resumes, with no pod or
+    // ReplicaSet made twice.
     cluster
         .kubectl_ok(&["set", "image", "deployment/web", "c=v2"])
         .await?;
+    until(&mut changes, "the rollout to v2 under way", || {
+        Ok(sets.list().iter().any(|rs| {
+            rs.spec.as_ref().is_some_and(|s| {
+                s.replicas.unwrap_or(0) > 0
+                    && s.template
+                        .as_ref()
+                        .and_then(|t| t.spec.as_ref())
+                        .is_some_and(|p| p.containers[0].image.as_deref() == Some("v2"))
+            })
+        }))
+    })
+    .await?;
+    for r in running.drain(..) {
+        r.stop().await;
+    }
+    let manager = Manager {
+        informers: SharedInformers::new(),
+        ..manager
+    };
+    running = start_builtins(&manager, &in_process, &stopped).await?;
     let mut most = 0;
     until(&mut changes, "Deployment web rolled out to v2", || {
         let asked: i32 = sets
@@ -637,6 +669,23 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
         most <= 5,
         "the sets asked for {most} pods at once: more than replicas + maxSurge"
     );
+    let web_sets = sets
+        .list()
+        .iter()
+        .filter(|rs| {
+            rs.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("web-"))
+        })
+        .count();
+    ensure!(web_sets == 2, "{web_sets} ReplicaSets for two templates");
+    until(
+        &mut changes,
+        "exactly 4 pods of web once the old ones are gone",
+        || Ok(of("web") == 4),
+    )
+    .await?;
     let history = cluster
         .kubectl_ok(&["rollout", "history", "deployment/web"])
         .await?;

@@ -125,10 +125,13 @@ class Component:
                 self.running.set()
                 self.anyone_running.set()
 
-    def leading_metric(self) -> str:
+    def metrics(self) -> str:
         assert self.serving.wait(10), self.log
         with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
-            text = response.read().decode()
+            return response.read().decode()
+
+    def leading_metric(self) -> str:
+        text = self.metrics()
         for line in text.splitlines():
             if line.startswith(LEADING):
                 return line.split()[-1]
@@ -228,6 +231,10 @@ def test_one_leader_across_two_api_servers_a_standby_takes_over_and_sigterm_hand
         pods_of_web(core, lambda n: n == 2)
         sets = apps.list_namespaced_replica_set("default", label_selector="app=web").items
         assert len(sets) == 1 and sets[0].metadata.owner_references[0].kind == "Deployment"
+        # Their calls are counted on the leader's /metrics.
+        calls = [line for line in components[leader].metrics().splitlines()
+                 if line.startswith('trellis_plugin_calls_total{plugin="replicaset-controller"')]
+        assert calls and int(calls[0].split()[-1]) > 0, calls
         accounts = {a.metadata.name for a in
                     core.list_namespaced_service_account("kube-system").items}
         assert {"deployment-controller", "replicaset-controller"} <= accounts, accounts

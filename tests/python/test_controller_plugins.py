@@ -1,23 +1,56 @@
 """Controllers declared as Plugin objects of kind `controller`, run by a separate
-`trellis controllers` process against a `trellis server`: the server grants the
-plugin the RBAC rules its spec declares (a ClusterRole owned by the Plugin), the
-controller manager loads it under its own ServiceAccount and reports `Loaded`; a new
-generation is loaded in place, a version that fails to load leaves the last good one
-running, and deleting the Plugin removes its role through the garbage collector.
+`trellis controllers` process against a `trellis server` (one pair for the module):
+the server grants the plugin the RBAC rules its spec declares (a ClusterRole owned by
+the Plugin), the controller manager loads it under its own ServiceAccount and reports
+`Loaded`; a new generation is loaded in place, a version that fails to load leaves
+the last good one running, and deleting the Plugin removes its role through the
+garbage collector. The greeting example is installed as its README says, with
+kubectl.
 
-The component is `plugins/fixtures/children` (built by `plugins/build.sh`): for a
-ConfigMap annotated `trellis.dev/children: N` it keeps N owned child ConfigMaps."""
+The components are `plugins/fixtures/children` (for a ConfigMap annotated
+`trellis.dev/children: N` it keeps N owned child ConfigMaps) and
+`examples/controllers/greeting`, built by `plugins/build.sh`."""
 
+import os
 import re
 import subprocess
 import threading
 import time
 
+import pytest
 from kubernetes import client, watch
 
 from conftest import REPO_ROOT, own_server, trellis_binary
 
-MODULE = REPO_ROOT / "plugins" / "target" / "dist" / "children.wasm"
+DIST = REPO_ROOT / "plugins" / "target" / "dist"
+MODULE = DIST / "children.wasm"
+GREETING = REPO_ROOT / "examples" / "controllers" / "greeting"
+
+
+@pytest.fixture(scope="module")
+def controlled():
+    """A `trellis server` and a `trellis controllers` against it; yields the admin
+    client and the data directory."""
+    with own_server("trellis-ctlplugin-") as (api, data_dir):
+        controllers = subprocess.Popen(
+            [str(trellis_binary()), "controllers",
+             "--kubeconfig", str(data_dir / "controller-manager.kubeconfig"),
+             "--metrics-bind-address", ""],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log: list[str] = []
+        threading.Thread(
+            target=lambda: [log.append(re.sub(r"\x1b\[[0-9;]*m", "", line))
+                            for line in controllers.stderr],
+            daemon=True).start()
+        try:
+            yield api, data_dir
+        finally:
+            controllers.terminate()
+            try:
+                controllers.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                controllers.kill()
+            print("".join(log[-30:]))
 
 
 def wait_for(list_fn, accept, timeout=20, **kwargs):
@@ -77,77 +110,117 @@ def loaded(generation, status):
     return accept
 
 
-def test_a_controller_plugin_is_granted_its_rules_loaded_reloaded_and_removed():
+def test_a_controller_plugin_is_granted_its_rules_loaded_reloaded_and_removed(controlled):
     assert MODULE.is_file(), f"{MODULE}: run plugins/build.sh"
-    with own_server("trellis-ctlplugin-") as (api, data_dir):
-        controllers = subprocess.Popen(
-            [str(trellis_binary()), "controllers",
-             "--kubeconfig", str(data_dir / "controller-manager.kubeconfig"),
-             "--metrics-bind-address", ""],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        log: list[str] = []
-        threading.Thread(
-            target=lambda: [log.append(re.sub(r"\x1b\[[0-9;]*m", "", l)) for l in controllers.stderr],
-            daemon=True).start()
-        try:
-            custom = client.CustomObjectsApi(api)
-            core = client.CoreV1Api(api)
-            rbac = client.RbacAuthorizationV1Api(api)
-            plugins = dict(group="trellis.dev", version="v1", plural="plugins")
-            list_plugins = lambda **kw: custom.list_cluster_custom_object(**plugins, **kw)  # noqa: E731
+    api, _ = controlled
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    plugins = dict(group="trellis.dev", version="v1", plural="plugins")
+    list_plugins = lambda **kw: custom.list_cluster_custom_object(**plugins, **kw)  # noqa: E731
 
-            custom.create_cluster_custom_object(**plugins, body={
-                "apiVersion": "trellis.dev/v1", "kind": "Plugin",
-                "metadata": {"name": "children"},
-                "spec": plugin_spec(f"file://{MODULE}")})
-            wait_for(list_plugins, loaded(1, "True"))
-            role = rbac.read_cluster_role("trellis:controller:children")
-            assert role.metadata.owner_references[0].kind == "Plugin"
-            assert any("configmaps" in (r.resources or []) for r in role.rules), role.rules
+    custom.create_cluster_custom_object(**plugins, body={
+        "apiVersion": "trellis.dev/v1", "kind": "Plugin",
+        "metadata": {"name": "children"},
+        "spec": plugin_spec(f"file://{MODULE}")})
+    wait_for(list_plugins, loaded(1, "True"))
+    role = rbac.read_cluster_role("trellis:controller:children")
+    assert role.metadata.owner_references[0].kind == "Plugin"
+    assert any("configmaps" in (r.resources or []) for r in role.rules), role.rules
 
-            def children(n, label="trellis.dev/parent"):
-                def accept(items):
-                    kids = [m for name, m in items.items() if name.startswith("web-")]
-                    return len(kids) == n and all(
-                        (m.metadata.labels or {}).get(label) == "web"
-                        for name, m in items.items() if name == f"web-{n - 1}")
-                return accept
+    def children(n, label="trellis.dev/parent"):
+        def accept(items):
+            kids = [m for name, m in items.items() if name.startswith("web-")]
+            return len(kids) == n and all(
+                (m.metadata.labels or {}).get(label) == "web"
+                for name, m in items.items() if name == f"web-{n - 1}")
+        return accept
 
-            core.create_namespaced_config_map("default", {
-                "metadata": {"name": "web", "annotations": {"trellis.dev/children": "2"}}})
-            wait_for(core.list_namespaced_config_map, children(2), namespace="default")
+    core.create_namespaced_config_map("default", {
+        "metadata": {"name": "web", "annotations": {"trellis.dev/children": "2"}}})
+    wait_for(core.list_namespaced_config_map, children(2), namespace="default")
 
-            # A new generation (another label for the children) is loaded in place.
-            custom.patch_cluster_custom_object(
-                **plugins, name="children",
-                body={"spec": {"configuration": {"label": "trellis.dev/owner"}}})
-            wait_for(list_plugins, loaded(2, "True"))
-            core.patch_namespaced_config_map(
-                "web", "default", {"metadata": {"annotations": {"trellis.dev/children": "3"}}})
-            wait_for(core.list_namespaced_config_map, children(3, "trellis.dev/owner"),
-                     namespace="default")
+    # A new generation (another label for the children) is loaded in place.
+    custom.patch_cluster_custom_object(
+        **plugins, name="children",
+        body={"spec": {"configuration": {"label": "trellis.dev/owner"}}})
+    wait_for(list_plugins, loaded(2, "True"))
+    core.patch_namespaced_config_map(
+        "web", "default", {"metadata": {"annotations": {"trellis.dev/children": "3"}}})
+    wait_for(core.list_namespaced_config_map, children(3, "trellis.dev/owner"),
+             namespace="default")
 
-            # A version that cannot load: Loaded False, and the last good one runs on.
-            custom.patch_cluster_custom_object(
-                **plugins, name="children",
-                body={"spec": {"module": {"url": "file:///nonexistent/children.wasm"}}})
-            items = wait_for(list_plugins, loaded(3, "False"))
-            condition = [c for c in items["children"]["status"]["conditions"]
-                         if c["type"] == "Loaded"][0]
-            assert "keeps running" in condition["message"], condition
-            core.patch_namespaced_config_map(
-                "web", "default", {"metadata": {"annotations": {"trellis.dev/children": "4"}}})
-            wait_for(core.list_namespaced_config_map, children(4, "trellis.dev/owner"),
-                     namespace="default")
+    # A version that cannot load: Loaded False, and the last good one runs on.
+    custom.patch_cluster_custom_object(
+        **plugins, name="children",
+        body={"spec": {"module": {"url": "file:///nonexistent/children.wasm"}}})
+    items = wait_for(list_plugins, loaded(3, "False"))
+    condition = [c for c in items["children"]["status"]["conditions"]
+                 if c["type"] == "Loaded"][0]
+    assert "keeps running" in condition["message"], condition
+    core.patch_namespaced_config_map(
+        "web", "default", {"metadata": {"annotations": {"trellis.dev/children": "4"}}})
+    wait_for(core.list_namespaced_config_map, children(4, "trellis.dev/owner"),
+             namespace="default")
 
-            # Deleted: the garbage collector removes the role it was granted.
-            custom.delete_cluster_custom_object(**plugins, name="children")
-            wait_for(rbac.list_cluster_role,
-                     lambda items: "trellis:controller:children" not in items)
-        finally:
-            controllers.terminate()
-            try:
-                controllers.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                controllers.kill()
-            print("".join(log[-30:]))
+    # Deleted: the garbage collector removes the role it was granted.
+    custom.delete_cluster_custom_object(**plugins, name="children")
+    wait_for(rbac.list_cluster_role,
+             lambda items: "trellis:controller:children" not in items)
+
+
+def test_the_greeting_example_works_as_its_readme_says(controlled):
+    module = DIST / "greeting.wasm"
+    assert module.is_file(), f"{module}: run plugins/build.sh"
+    _, data_dir = controlled
+    env = {**os.environ, "KUBECONFIG": str(data_dir / "admin.kubeconfig")}
+
+    def kubectl(*args, stdin=None):
+        done = subprocess.run(["kubectl", *args], input=stdin, env=env, text=True,
+                              capture_output=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    kubectl("apply", "-f", str(GREETING / "crd.yaml"))
+    plugin = (GREETING / "plugin.yaml").read_text().replace("MODULE", f"file://{module}")
+    kubectl("apply", "-f", "-", stdin=plugin)
+    kubectl("wait", "plugin/greeting", "--for=condition=Loaded", "--timeout=20s")
+    kubectl("apply", "-f", str(GREETING / "greeting.yaml"))
+    kubectl("wait", "greeting/hello", "--for=jsonpath={.status.message}=Hello, world!",
+            "--timeout=20s")
+    assert kubectl("get", "configmap", "hello-message",
+                   "-o", "jsonpath={.data.message}") == "Hello, world!"
+    assert "Greeted" in kubectl("get", "events", "--field-selector",
+                                "involvedObject.name=hello")
+    # Deleting the Greeting takes its ConfigMap with it.
+    kubectl("delete", "greeting", "hello")
+    kubectl("wait", "configmap/hello-message", "--for=delete", "--timeout=20s")
+
+
+def test_the_python_configmap_checksum_example_works_as_its_readme_says(controlled):
+    module = DIST / "configmap-checksum.wasm"
+    assert module.is_file(), f"{module}: run plugins/build.sh"
+    api, data_dir = controlled
+    env = {**os.environ, "KUBECONFIG": str(data_dir / "admin.kubeconfig")}
+    example = REPO_ROOT / "examples" / "controllers" / "configmap-checksum"
+    plugin = (example / "plugin.yaml").read_text().replace("MODULE", f"file://{module}")
+    done = subprocess.run(["kubectl", "apply", "-f", "-"], input=plugin, env=env,
+                          text=True, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    core = client.CoreV1Api(api)
+    core.create_namespaced_config_map("default", {
+        "metadata": {"name": "settings", "labels": {"trellis.dev/checksum": "true"}},
+        "data": {"mode": "fast"}})
+    annotation = "trellis.dev/sha256"
+
+    def annotated(items):
+        cm = items.get("settings")
+        return cm is not None and (cm.metadata.annotations or {}).get(annotation)
+
+    first = wait_for(core.list_namespaced_config_map, annotated, timeout=60,
+                     namespace="default")["settings"].metadata.annotations[annotation]
+    # New content, a new checksum.
+    core.patch_namespaced_config_map("settings", "default", {"data": {"mode": "slow"}})
+    wait_for(core.list_namespaced_config_map,
+             lambda items: annotated(items) not in (None, False, first),
+             namespace="default")

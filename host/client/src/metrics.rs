@@ -18,7 +18,7 @@ use crate::informer::InformerMetrics;
 use crate::workqueue::QueueMetrics;
 
 /// The metrics of the components of one process. Clones share them.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ComponentMetrics {
     pub informers: InformerMetrics,
     pub queues: QueueMetrics,
@@ -26,6 +26,18 @@ pub struct ComponentMetrics {
     leading: Family<LeaseLabel, Gauge>,
     /// The encoder is not `Sync` in every version: one render at a time.
     registry: Arc<Mutex<Registry>>,
+    /// Text expositions rendered by others (the controller plugins' call counters),
+    /// appended after the registry's.
+    sources: Arc<Mutex<Vec<Source>>>,
+}
+
+/// Appends its metrics' text exposition to the string.
+pub type Source = Box<dyn Fn(&mut String) + Send + Sync>;
+
+impl std::fmt::Debug for ComponentMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ComponentMetrics").finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +63,7 @@ impl Default for ComponentMetrics {
             queues,
             leading,
             registry: Arc::new(Mutex::new(registry)),
+            sources: Arc::default(),
         }
     }
 }
@@ -63,11 +76,28 @@ impl ComponentMetrics {
             .set(i64::from(leading));
     }
 
+    /// Adds metrics rendered elsewhere to every render.
+    pub fn add_source(&self, source: Source) {
+        self.sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(source);
+    }
+
     /// Appends the text exposition (without `# EOF`) to `out`.
     pub fn render_into(&self, out: &mut String) {
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = prometheus_client::encoding::text::encode_registry(out, &registry) {
             tracing::warn!(error = %e, "encoding the component metrics failed");
+        }
+        drop(registry);
+        for source in self
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            source(out);
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::expectations::{Expectations, Expected};
-use crate::runner::{Cached, Caches, Key};
+use crate::runner::{Cached, Key, SharedCaches};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject};
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
@@ -79,7 +79,7 @@ pub struct KubeHost {
     /// Its own identity's client: every write is its user's.
     pub(crate) client: kube::Client,
     /// The informers of the resources it reads.
-    pub(crate) caches: Arc<Caches>,
+    pub(crate) caches: SharedCaches,
     pub(crate) events: EventRecorder,
     /// Its primary resource; `None` for a controller of every resource.
     pub(crate) primary: Option<Primary>,
@@ -195,10 +195,12 @@ fn status_error(code: u16, body: &[u8]) -> ApiError {
 }
 
 impl KubeHost {
-    fn cache(&self, resource: &GroupVersionResource) -> Result<&Cached, String> {
+    fn cache(&self, resource: &GroupVersionResource) -> Result<Cached, String> {
         self.caches
+            .current()
             .by_resource
             .get(&gvr_key(resource))
+            .cloned()
             .ok_or_else(|| {
                 format!(
                     "controller {} does not watch {}: declare it in the Plugin's spec.controller",
@@ -429,7 +431,7 @@ impl ClusterReader for KubeHost {
         namespace: Option<&str>,
         label_selector: &str,
     ) -> Result<Vec<String>, String> {
-        let informer = &self.cache(resource)?.informer;
+        let informer = self.cache(resource)?.informer;
         let selector = LabelSelector::parse(label_selector)
             .map_err(|e| format!("label selector {label_selector:?}: {e}"))?;
         let none = std::collections::BTreeMap::new();
@@ -463,7 +465,7 @@ impl ControllerHost for KubeHost {
 
     async fn dependents(&self, owner_uid: &str) -> Result<Vec<String>, String> {
         let mut found = Vec::new();
-        for cached in self.caches.by_resource.values() {
+        for cached in self.caches.current().by_resource.values() {
             for obj in cached.informer.by_index(BY_OWNER, owner_uid) {
                 // Cached objects carry no kind: the dependent's is its resource's.
                 let mut value = serde_json::to_value(&*obj).unwrap_or(Value::Null);
@@ -476,11 +478,11 @@ impl ControllerHost for KubeHost {
     }
 
     async fn resource_of(&self, api_version: &str, kind: &str) -> Option<ServedResource> {
-        let key = self
-            .caches
+        let caches = self.caches.current();
+        let key = caches
             .by_kind
             .get(&(api_version.to_owned(), kind.to_owned()))?;
-        let cached = &self.caches.by_resource[key];
+        let cached = &caches.by_resource[key];
         Some(ServedResource {
             resource: cached.gvr.clone(),
             namespaced: cached.resolved.namespaced,

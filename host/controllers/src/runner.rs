@@ -115,7 +115,7 @@ pub(crate) struct Cached {
 }
 
 /// The resources a controller reads, by [`gvr_key`], and what serves each kind.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Caches {
     pub by_resource: HashMap<String, Cached>,
     /// `(apiVersion, kind)` to [`gvr_key`].
@@ -216,6 +216,26 @@ impl Caches {
     }
 }
 
+/// The caches of a controller, replaced whole when resources appear (a controller
+/// of every resource follows new CustomResourceDefinitions).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SharedCaches(Arc<std::sync::RwLock<Arc<Caches>>>);
+
+impl SharedCaches {
+    fn new(caches: Caches) -> Self {
+        Self(Arc::new(std::sync::RwLock::new(Arc::new(caches))))
+    }
+
+    /// The caches now.
+    pub fn current(&self) -> Arc<Caches> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn replace(&self, caches: Caches) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(caches);
+    }
+}
+
 /// Whether a resource is the wildcard of a controller of every resource (`*`).
 pub fn is_every(gvr: &GroupVersionResource) -> bool {
     gvr.resource == "*"
@@ -230,6 +250,36 @@ pub struct Manager {
     /// Lists and watches for the informers, and resolves resources.
     pub lister: kube::Client,
     pub queues: QueueMetrics,
+    /// The plugins of the controllers it runs, for their call metrics.
+    pub running: RunningPlugins,
+}
+
+/// The plugins of the running controllers (those stopped drop out).
+#[derive(Clone, Debug, Default)]
+pub struct RunningPlugins(Arc<std::sync::Mutex<Vec<std::sync::Weak<Plugin>>>>);
+
+impl RunningPlugins {
+    fn add(&self, plugin: &Arc<Plugin>) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|p| p.strong_count() > 0);
+        list.push(Arc::downgrade(plugin));
+    }
+
+    /// The plugins still running.
+    pub fn list(&self) -> Vec<Arc<Plugin>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
+    }
+
+    /// Their calls, denials, errors, timeouts and latencies, as the API server
+    /// exposes its admission plugins' (`trellis_plugin_*`, by plugin).
+    pub fn render(&self, out: &mut String) {
+        trellis_plugin_host::render_metrics(out, &self.list());
+    }
 }
 
 impl std::fmt::Debug for Manager {
@@ -336,6 +386,7 @@ impl Manager {
             caches.insert(gvr, resolved, informer);
         }
         let caches = Arc::new(caches);
+        let shared = SharedCaches::new(Caches::clone(&caches));
         let expectations = Arc::new(Expectations::new(config.expectations_timeout));
         let primary = if every {
             None
@@ -350,7 +401,7 @@ impl Manager {
         let host = KubeHost {
             name: name.clone(),
             client: writer,
-            caches: caches.clone(),
+            caches: shared.clone(),
             events,
             primary,
             expectations: expectations.clone(),
@@ -372,6 +423,7 @@ impl Manager {
                     e.reason.as_str()
                 )
             })?;
+        self.running.add(&plugin);
         // Reconciling from half a cache would delete what is merely not listed yet.
         for cached in caches.by_resource.values() {
             cached.informer.wait_synced().await;
@@ -386,10 +438,15 @@ impl Manager {
                 tasks.spawn(feed_every(
                     resource.as_str().into(),
                     changes,
-                    caches.clone(),
+                    shared.clone(),
                     queue.clone(),
                 ));
             }
+            tasks.spawn(follow_resources(
+                self.clone(),
+                shared.clone(),
+                queue.clone(),
+            ));
         } else {
             let primary_key: Arc<str> = gvr_key(&config.primary).into();
             let mut changes = caches.by_resource[&*primary_key].informer.subscribe();
@@ -444,7 +501,7 @@ impl Manager {
                 queue.clone(),
                 plugin.clone(),
                 self.plugins.clone(),
-                caches.clone(),
+                shared.clone(),
                 expectations.clone(),
             ));
         }
@@ -472,7 +529,7 @@ impl Manager {
 async fn feed_every(
     resource: Arc<str>,
     mut changes: tokio::sync::mpsc::UnboundedReceiver<Change<DynamicObject>>,
-    caches: Arc<Caches>,
+    shared: SharedCaches,
     queue: WorkQueue<Key>,
 ) {
     let has_refs = |o: &DynamicObject| {
@@ -482,6 +539,7 @@ async fn feed_every(
             .is_some_and(|r| !r.is_empty())
     };
     while let Some(change) = changes.recv().await {
+        let caches = shared.current();
         match &change {
             Change::Added(obj) => {
                 if obj.metadata.deletion_timestamp.is_some()
@@ -522,12 +580,101 @@ async fn feed_every(
     }
 }
 
+/// How often a controller of every resource looks for resources served since it
+/// started, when no CustomResourceDefinition change tells it sooner.
+const DISCOVERY_RESYNC: Duration = Duration::from_secs(30);
+
+/// For a controller of every resource: the resources served later (a new
+/// CustomResourceDefinition) get informers and join its caches and its feed. Looks
+/// again on every change of a CustomResourceDefinition (and a moment later, as
+/// discovery may serve the resource after the change), and every
+/// [`DISCOVERY_RESYNC`].
+async fn follow_resources(manager: Manager, shared: SharedCaches, queue: WorkQueue<Key>) {
+    let crds = manager.informers.informer::<DynamicObject>(
+        Api::all_with(
+            manager.lister.clone(),
+            &kube::api::ApiResource {
+                group: "apiextensions.k8s.io".into(),
+                version: "v1".into(),
+                api_version: "apiextensions.k8s.io/v1".into(),
+                kind: "CustomResourceDefinition".into(),
+                plural: "customresourcedefinitions".into(),
+            },
+        ),
+        watcher::Config::default(),
+    );
+    let mut changes = crds.subscribe();
+    let mut feeds = JoinSet::new();
+    let mut again: Option<tokio::time::Instant> = None;
+    loop {
+        let later = async {
+            match again {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            change = changes.recv() => {
+                if change.is_none() {
+                    return;
+                }
+                while changes.try_recv().is_ok() {}
+                again = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+            }
+            () = later => again = None,
+            () = tokio::time::sleep(DISCOVERY_RESYNC) => {}
+        }
+        let found = match manager.resolve_every().await {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "discovering new resources failed; trying again later");
+                continue;
+            }
+        };
+        let mut caches = Caches::clone(&shared.current());
+        let mut added = Vec::new();
+        for (gvr, resolved) in found {
+            let key = gvr_key(&gvr);
+            if caches.by_resource.contains_key(&key) {
+                continue;
+            }
+            let informer = manager.informers.informer::<DynamicObject>(
+                Api::all_with(manager.lister.clone(), &resolved.resource),
+                watcher::Config::default(),
+            );
+            // One that cannot be listed must not hold up the others.
+            if tokio::time::timeout(DISCOVERY_RESYNC, informer.wait_synced())
+                .await
+                .is_err()
+            {
+                warn!(resource = %key, "a new resource did not sync; left out until the next look");
+                continue;
+            }
+            caches.insert(gvr, resolved, informer.clone());
+            added.push((key, informer));
+        }
+        if added.is_empty() {
+            continue;
+        }
+        shared.replace(caches);
+        for (resource, informer) in added {
+            info!(%resource, "a new resource joins the caches");
+            feeds.spawn(feed_every(
+                resource.as_str().into(),
+                informer.subscribe(),
+                shared.clone(),
+                queue.clone(),
+            ));
+        }
+    }
+}
+
 /// One worker: takes keys until the queue shuts down.
 async fn work(
     queue: WorkQueue<Key>,
     plugin: Arc<Plugin>,
     host: Arc<PluginHost>,
-    caches: Arc<Caches>,
+    shared: SharedCaches,
     expectations: Arc<Expectations>,
 ) {
     while let Some(key) = queue.get().await {
@@ -539,6 +686,7 @@ async fn work(
             queue.add_after(key, timeout.min(EXPECTATIONS_RECHECK));
             continue;
         }
+        let caches = shared.current();
         let Some(cached) = caches.by_resource.get(&*key.resource) else {
             queue.done(&key);
             continue;

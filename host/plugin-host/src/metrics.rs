@@ -44,6 +44,16 @@ impl PluginMetrics {
         self.latency_sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
+    /// Calls completed and the time they took in all, on the call threads (from
+    /// taking an instance to the answer): what a call costs without the hand-off to
+    /// and from those threads.
+    pub fn latency(&self) -> (u64, Duration) {
+        (
+            self.completed.load(Ordering::Relaxed),
+            Duration::from_nanos(self.latency_sum_nanos.load(Ordering::Relaxed)),
+        )
+    }
+
     pub fn memory(&self, bytes: usize) {
         self.memory_peak.fetch_max(bytes as u64, Ordering::Relaxed);
     }

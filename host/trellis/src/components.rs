@@ -178,6 +178,7 @@ pub async fn run_controllers(
     let setup = ControllerSetup {
         plugins,
         modules_dir: crate::plugin_controllers::modules_dir(args.plugin_cache_dir.as_deref()),
+        running: Default::default(),
         credentials: Credentials::ServiceAccounts {
             config: Box::new(config),
             dir: tokens.path().to_owned(),
@@ -256,6 +257,8 @@ pub struct ControllerSetup {
     pub builtins: Vec<&'static Builtin>,
     /// Where modules of controller Plugins are fetched to.
     pub modules_dir: PathBuf,
+    /// The plugins running, whose calls `/metrics` shows.
+    pub running: trellis_controllers::RunningPlugins,
 }
 
 impl std::fmt::Debug for ControllerSetup {
@@ -373,6 +376,7 @@ pub(crate) fn manager(setup: &ControllerSetup, client: &kube::Client, shared: &S
         informers: shared.informers.clone(),
         lister: client.clone(),
         queues: shared.metrics.queues.clone(),
+        running: setup.running.clone(),
     }
 }
 
@@ -437,6 +441,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(setup) = &shared.controllers {
+        let running = setup.running.clone();
+        shared
+            .metrics
+            .add_source(Box::new(move |out| running.render(out)));
+    }
     let work = || {
         let mut stopped = stopped.clone();
         let shared = shared.clone();

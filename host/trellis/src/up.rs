@@ -207,6 +207,7 @@ pub async fn run(
             })?,
             credentials: crate::components::Credentials::InProcess(in_process.clone()),
             modules_dir: args.data_dir.join("plugin-cache").join("modules"),
+            running: Default::default(),
             builtins: trellis_controllers::bundled::select(&args.controllers)?,
         });
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)

@@ -141,6 +141,7 @@ async fn measure(
             informers: SharedInformers::new(),
             lister: in_process.client(identity::controller_manager()),
             queues: QueueMetrics::default(),
+            running: Default::default(),
         };
         let writer = in_process.client(identity::controller(name));
         let recorder = EventRecorder::new(writer.clone(), name, "bench");
