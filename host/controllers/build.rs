@@ -9,7 +9,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CONTROLLERS: [&str; 3] = ["replicaset", "deployment", "garbage-collector"];
+const CONTROLLERS: [&str; 5] = [
+    "replicaset",
+    "deployment",
+    "garbage-collector",
+    "serviceaccount",
+    "root-ca-cert-publisher",
+];
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() -> Result<(), String> {

@@ -224,3 +224,25 @@ def test_the_python_configmap_checksum_example_works_as_its_readme_says(controll
     wait_for(core.list_namespaced_config_map,
              lambda items: annotated(items) not in (None, False, first),
              namespace="default")
+
+
+def test_every_namespace_gets_its_default_service_account_and_the_root_ca(controlled):
+    api, data_dir = controlled
+    core = client.CoreV1Api(api)
+    ca = (data_dir / "pki" / "ca.crt").read_text()
+    core.create_namespace({"metadata": {"name": "fresh"}})
+
+    def account(items):
+        return "default" in items
+
+    def published(items):
+        cm = items.get("kube-root-ca.crt")
+        return cm is not None and (cm.data or {}).get("ca.crt", "").strip() == ca.strip()
+
+    wait_for(core.list_namespaced_service_account, account, namespace="fresh")
+    wait_for(core.list_namespaced_config_map, published, namespace="fresh")
+    # Deleted or changed, they are put back.
+    core.delete_namespaced_service_account("default", "fresh")
+    core.patch_namespaced_config_map("kube-root-ca.crt", "fresh", {"data": {"ca.crt": "x"}})
+    wait_for(core.list_namespaced_config_map, published, namespace="fresh")
+    wait_for(core.list_namespaced_service_account, account, namespace="fresh")

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use trellis_plugin_host::GroupVersionResource;
 
-use crate::runner::ControllerConfig;
+use crate::runner::{ControllerConfig, Mapping, Watch};
 
 /// One built-in controller.
 #[derive(Debug)]
@@ -25,6 +25,11 @@ pub struct Builtin {
     pub primary: (&'static str, &'static str, &'static str),
     /// What it owns: a change of one reconciles its owner.
     pub owns: &'static [(&'static str, &'static str, &'static str)],
+    /// Other resources it reads, and how their changes map to its keys.
+    pub watches: &'static [((&'static str, &'static str, &'static str), Mapping)],
+    /// Its configuration needs the cluster CA (`{"caCrt": PEM}`), which the
+    /// controller manager knows.
+    pub needs_root_ca: bool,
 }
 
 fn gvr((group, version, resource): (&str, &str, &str)) -> GroupVersionResource {
@@ -44,6 +49,14 @@ impl Builtin {
             gvr(self.primary),
         );
         config.owns = self.owns.iter().copied().map(gvr).collect();
+        config.watches = self
+            .watches
+            .iter()
+            .map(|(resource, map)| Watch {
+                resource: gvr(*resource),
+                map: *map,
+            })
+            .collect();
         // kube-controller-manager's --concurrent-*-syncs default.
         config.workers = 5;
         config
@@ -58,6 +71,8 @@ pub const BUILTINS: &[Builtin] = &[
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/deployment.wasm")),
         primary: ("apps", "v1", "deployments"),
         owns: &[("apps", "v1", "replicasets")],
+        watches: &[],
+        needs_root_ca: false,
     },
     Builtin {
         name: "garbage-collector",
@@ -66,6 +81,8 @@ pub const BUILTINS: &[Builtin] = &[
         // Every resource that can be listed, watched and deleted.
         primary: ("*", "*", "*"),
         owns: &[],
+        watches: &[],
+        needs_root_ca: false,
     },
     Builtin {
         name: "replicaset",
@@ -73,6 +90,26 @@ pub const BUILTINS: &[Builtin] = &[
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/replicaset.wasm")),
         primary: ("apps", "v1", "replicasets"),
         owns: &[("", "v1", "pods")],
+        watches: &[],
+        needs_root_ca: false,
+    },
+    Builtin {
+        name: "root-ca-cert-publisher",
+        identity: "root-ca-cert-publisher",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/root-ca-cert-publisher.wasm")),
+        primary: ("", "v1", "namespaces"),
+        owns: &[],
+        watches: &[(("", "v1", "configmaps"), Mapping::Namespace)],
+        needs_root_ca: true,
+    },
+    Builtin {
+        name: "serviceaccount",
+        identity: "service-account-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/serviceaccount.wasm")),
+        primary: ("", "v1", "namespaces"),
+        owns: &[],
+        watches: &[(("", "v1", "serviceaccounts"), Mapping::Namespace)],
+        needs_root_ca: false,
     },
 ];
 
@@ -120,9 +157,18 @@ mod tests {
     fn controllers_are_selected_as_kubernetes_flag_reads() {
         assert_eq!(
             names("*"),
-            ["deployment", "garbage-collector", "replicaset"]
+            [
+                "deployment",
+                "garbage-collector",
+                "replicaset",
+                "root-ca-cert-publisher",
+                "serviceaccount"
+            ]
         );
-        assert_eq!(names("*,-deployment,-garbage-collector"), ["replicaset"]);
+        assert_eq!(
+            names("*,-deployment,-garbage-collector,-serviceaccount"),
+            ["replicaset", "root-ca-cert-publisher"]
+        );
         assert_eq!(names("replicaset"), ["replicaset"]);
         assert!(names("").is_empty());
         let err = select("*,-nope").unwrap_err().to_string();

@@ -21,4 +21,4 @@ mod expectations;
 pub mod host;
 pub mod runner;
 
-pub use runner::{ControllerConfig, Key, Manager, Running, RunningPlugins};
+pub use runner::{ControllerConfig, Key, Manager, Mapping, Running, RunningPlugins, Watch};

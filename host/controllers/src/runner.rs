@@ -43,6 +43,9 @@ pub struct ControllerConfig {
     /// Resources whose objects it owns: a change of one reconciles its controlling
     /// owner (the ownerReference with `controller: true` of the primary's kind).
     pub owns: Vec<GroupVersionResource>,
+    /// Other resources it reads, each with how a change of one maps to keys of the
+    /// primary resource.
+    pub watches: Vec<Watch>,
     /// Keys reconciled at once.
     pub workers: usize,
     /// Every primary object is reconciled again this often, changed or not.
@@ -64,11 +67,89 @@ impl ControllerConfig {
             wasm,
             primary,
             owns: Vec::new(),
+            watches: Vec::new(),
             workers: 2,
             resync: None,
             rate_limits: RateLimits::default(),
             expectations_timeout: Duration::from_secs(300),
         }
+    }
+}
+
+/// A resource a controller watches beside its primary and owned ones.
+#[derive(Clone, Debug)]
+pub struct Watch {
+    pub resource: GroupVersionResource,
+    pub map: Mapping,
+}
+
+/// How a change of a watched object becomes keys of the primary resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mapping {
+    /// Every owner of the primary's kind its ownerReferences name (controller or not).
+    Owner,
+    /// The primary object named as the object's namespace: a change inside a
+    /// namespace reconciles the Namespace.
+    Namespace,
+    /// The primary object of the same name (in the same namespace when the primary
+    /// is namespaced): a node's Lease reconciles the Node.
+    Name,
+}
+
+impl std::str::FromStr for Mapping {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "owner" => Ok(Self::Owner),
+            "namespace" => Ok(Self::Namespace),
+            "name" => Ok(Self::Name),
+            other => Err(format!(
+                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\""
+            )),
+        }
+    }
+}
+
+/// The keys of the primary resource a watched object maps to.
+fn mapped_keys(
+    map: Mapping,
+    obj: &DynamicObject,
+    primary: &Arc<str>,
+    primary_namespaced: bool,
+    primary_kind: (&str, &str),
+) -> Vec<Key> {
+    let namespace = obj.metadata.namespace.clone().filter(|n| !n.is_empty());
+    match map {
+        Mapping::Owner => obj
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| r.api_version == primary_kind.0 && r.kind == primary_kind.1)
+            .map(|r| Key {
+                resource: primary.clone(),
+                namespace: if primary_namespaced {
+                    namespace.clone()
+                } else {
+                    None
+                },
+                name: r.name.clone(),
+            })
+            .collect(),
+        Mapping::Namespace => namespace
+            .map(|ns| Key {
+                resource: primary.clone(),
+                namespace: None,
+                name: ns,
+            })
+            .into_iter()
+            .collect(),
+        Mapping::Name => vec![Key {
+            resource: primary.clone(),
+            namespace: if primary_namespaced { namespace } else { None },
+            name: obj.metadata.name.clone().unwrap_or_default(),
+        }],
     }
 }
 
@@ -370,7 +451,11 @@ impl Manager {
             self.resolve_every().await?
         } else {
             let mut resources = Vec::new();
-            for gvr in std::iter::once(&config.primary).chain(&config.owns) {
+            let watched = config.watches.iter().map(|w| &w.resource);
+            for gvr in std::iter::once(&config.primary)
+                .chain(&config.owns)
+                .chain(watched)
+            {
                 if !resources.iter().any(|(r, _)| gvr_key(r) == gvr_key(gvr)) {
                     resources.push((gvr.clone(), self.resolve(gvr).await?));
                 }
@@ -475,6 +560,37 @@ impl Manager {
                             if let Some(key) = caches.controller_of(&obj)
                                 && key.resource == primary_key
                             {
+                                q.add(key);
+                            }
+                        }
+                    }
+                });
+            }
+            let primary_cached = caches.by_resource[&*primary_key].clone();
+            for watch in &config.watches {
+                let mut changes = caches.by_resource[&gvr_key(&watch.resource)]
+                    .informer
+                    .subscribe();
+                let q = queue.clone();
+                let primary_key = primary_key.clone();
+                let map = watch.map;
+                let namespaced = primary_cached.resolved.namespaced;
+                let api_version = primary_cached.resolved.resource.api_version.clone();
+                let kind = primary_cached.resolved.resource.kind.clone();
+                tasks.spawn(async move {
+                    while let Some(change) = changes.recv().await {
+                        let objects = match &change {
+                            Change::Updated { old, new } => vec![old.clone(), new.clone()],
+                            other => vec![other.object().clone()],
+                        };
+                        for obj in objects {
+                            for key in mapped_keys(
+                                map,
+                                &obj,
+                                &primary_key,
+                                namespaced,
+                                (&api_version, &kind),
+                            ) {
                                 q.add(key);
                             }
                         }

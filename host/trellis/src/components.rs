@@ -160,6 +160,22 @@ impl Drop for Leading {
     }
 }
 
+/// DER certificates as PEM.
+fn pem(certs: &[Vec<u8>]) -> String {
+    use base64::Engine as _;
+    let mut out = String::new();
+    for der in certs {
+        let text = base64::engine::general_purpose::STANDARD.encode(der);
+        out.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in text.as_bytes().chunks(64) {
+            out.push_str(&String::from_utf8_lossy(line));
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+    }
+    out
+}
+
 /// `trellis controllers --kubeconfig FILE`.
 pub async fn run_controllers(
     args: ControllerArgs,
@@ -175,10 +191,12 @@ pub async fn run_controllers(
         .tempdir()
         .context("make a directory for the controllers' tokens")?;
     let config = trellis_client::remote_config(&args.component.kubeconfig).await?;
+    let root_ca = config.root_cert.as_ref().map(|certs| pem(certs));
     let setup = ControllerSetup {
         plugins,
         modules_dir: crate::plugin_controllers::modules_dir(args.plugin_cache_dir.as_deref()),
         running: Default::default(),
+        root_ca,
         credentials: Credentials::ServiceAccounts {
             config: Box::new(config),
             dir: tokens.path().to_owned(),
@@ -259,6 +277,8 @@ pub struct ControllerSetup {
     pub modules_dir: PathBuf,
     /// The plugins running, whose calls `/metrics` shows.
     pub running: trellis_controllers::RunningPlugins,
+    /// The cluster CA (PEM), which the root CA publisher puts in every namespace.
+    pub root_ca: Option<String>,
 }
 
 impl std::fmt::Debug for ControllerSetup {
@@ -393,15 +413,24 @@ pub(crate) async fn start_controllers(
         .unwrap_or_default();
     let mut running = Vec::new();
     for builtin in &setup.builtins {
+        let mut config = builtin.config();
+        if builtin.needs_root_ca {
+            let Some(ca) = &setup.root_ca else {
+                info!(
+                    controller = builtin.name,
+                    "no cluster CA known: not started"
+                );
+                continue;
+            };
+            config.spec.configuration = serde_json::json!({"caCrt": ca}).to_string();
+        }
         let started = async {
             let writer = setup
                 .credentials
                 .client(client, builtin.identity, stopped.clone())
                 .await?;
             let events = EventRecorder::new(writer.clone(), builtin.identity, &host);
-            manager
-                .start(builtin.config(), writer, events, stopped.clone())
-                .await
+            manager.start(config, writer, events, stopped.clone()).await
         };
         match started.await {
             Ok(r) => running.push(r),

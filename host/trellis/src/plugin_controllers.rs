@@ -192,6 +192,21 @@ async fn load(
     config.spec = parsed.spec.clone();
     config.spec.kind = PluginKind::Controller;
     config.owns = controller.owns.iter().map(gvr).collect();
+    config.watches = controller
+        .watches
+        .iter()
+        .map(|w| {
+            Ok(trellis_controllers::Watch {
+                resource: GroupVersionResource {
+                    group: w.group.clone(),
+                    version: w.version.clone(),
+                    resource: w.resource.clone(),
+                },
+                map: w.map.parse()?,
+            })
+        })
+        .collect::<Result<_, String>>()
+        .map_err(|e| ("InvalidSpec", format!("spec.controller.watches: {e}")))?;
     config.workers = controller.workers;
     config.resync = (controller.resync_seconds > 0)
         .then(|| std::time::Duration::from_secs(controller.resync_seconds));

@@ -208,6 +208,7 @@ pub async fn run(
             credentials: crate::components::Credentials::InProcess(in_process.clone()),
             modules_dir: args.data_dir.join("plugin-cache").join("modules"),
             running: Default::default(),
+            root_ca: std::fs::read_to_string(args.data_dir.join("pki").join("ca.crt")).ok(),
             builtins: trellis_controllers::bundled::select(&args.controllers)?,
         });
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)

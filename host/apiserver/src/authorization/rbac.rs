@@ -602,6 +602,20 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            "service-account-controller",
+            json!([
+                {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["create"]},
+                events,
+            ]),
+        ),
+        (
+            "root-ca-cert-publisher",
+            json!([
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "update", "patch"]},
+                events,
+            ]),
+        ),
+        (
             "generic-garbage-collector",
             json!([
                 {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch", "patch", "update", "delete"]},

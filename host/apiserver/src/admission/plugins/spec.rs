@@ -74,6 +74,9 @@ pub struct ControllerDoc {
     /// Resources whose objects it owns (a change of one reconciles its controller).
     #[serde(default)]
     pub owns: Vec<ResourceRef>,
+    /// Other resources it reads, each with how a change maps to primary keys.
+    #[serde(default)]
+    pub watches: Vec<WatchDoc>,
     /// Keys reconciled at once.
     #[serde(default = "default_workers")]
     pub workers: usize,
@@ -84,6 +87,17 @@ pub struct ControllerDoc {
     /// held to: the server grants them to its ServiceAccount.
     #[serde(default)]
     pub rules: Vec<Value>,
+}
+
+/// A watched resource and its mapping (`owner`, `namespace` or `name`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WatchDoc {
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub map: String,
 }
 
 fn default_workers() -> usize {
@@ -162,6 +176,14 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
         (Some(c), true) => {
             if c.primary.resource.is_empty() || c.primary.version.is_empty() {
                 return Err("spec.controller.for: Required value: version and resource".into());
+            }
+            for (i, w) in c.watches.iter().enumerate() {
+                if !matches!(w.map.as_str(), "owner" | "namespace" | "name") {
+                    return Err(format!(
+                        "spec.controller.watches[{i}].map: Unsupported value: {:?}: supported values: \"owner\", \"namespace\", \"name\"",
+                        w.map
+                    ));
+                }
             }
             if c.workers == 0 || c.workers > 64 {
                 return Err(format!(
@@ -385,6 +407,17 @@ pub fn crd() -> Value {
                 "properties": {
                     "for": resource_ref,
                     "owns": {"type": "array", "items": resource_ref},
+                    "watches": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["version", "resource", "map"],
+                        "properties": {
+                            "group": {"type": "string"},
+                            "version": {"type": "string"},
+                            "resource": {"type": "string"},
+                            "map": {"type": "string", "enum": ["owner", "namespace", "name"],
+                                    "description": "owner: the owners of the primary's kind; namespace: the primary named as the object's namespace; name: the primary of the same name."},
+                        },
+                    }},
                     "workers": {"type": "integer", "minimum": 1, "maximum": 64},
                     "resyncSeconds": {"type": "integer", "minimum": 0},
                     "rules": {"type": "array", "items": {
