@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CONTROLLERS: [&str; 5] = [
+const CONTROLLERS: [&str; 6] = [
+    "node-lifecycle",
     "replicaset",
     "deployment",
     "garbage-collector",

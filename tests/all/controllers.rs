@@ -853,3 +853,176 @@ impl<K: Send + Sync + 'static> ChangeSource for tokio::sync::mpsc::UnboundedRece
         self.recv().await.is_some()
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_tolerate() -> Result<()>
+{
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Node;
+
+    let cluster = TestCluster::start().await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let manager = Manager {
+        plugins: PluginHost::new(HostConfig {
+            compilers: Compilers::Baseline,
+            max_instances: 8,
+            ..HostConfig::default()
+        })?,
+        informers: SharedInformers::new(),
+        lister: in_process.client(identity::controller_manager()),
+        queues: QueueMetrics::default(),
+        running: Default::default(),
+    };
+    let builtin = trellis_controllers::bundled::select("nodelifecycle")?[0];
+    let mut config = builtin.config();
+    // A grace period of 1 s instead of 50, looked at every second.
+    config.spec.configuration = json!({"gracePeriodSeconds": 1, "recheckSeconds": 1}).to_string();
+    let writer = in_process.client(identity::controller(builtin.identity));
+    let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = manager.start(config, writer, events, stopped).await?;
+
+    let now = || {
+        k8s_openapi::jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let nodes: Api<Node> = Api::all(admin.clone());
+    create(&nodes, json!({"metadata": {"name": "n1"}})).await?;
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "lastHeartbeatTime": now(), "lastTransitionTime": now()}]}});
+    nodes
+        .patch_status("n1", &PatchParams::default(), &Patch::Merge(ready.clone()))
+        .await?;
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let renew = || {
+        json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1",
+            "leaseDurationSeconds": 40,
+            "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string()}})
+    };
+    create(&leases, renew()).await?;
+    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let unreachable = "node.kubernetes.io/unreachable";
+    for (name, tolerations) in [
+        (
+            "zero",
+            json!([{"key": unreachable, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}]),
+        ),
+        (
+            "short",
+            json!([{"key": unreachable, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 3}]),
+        ),
+        (
+            "forever",
+            json!([{"key": unreachable, "operator": "Exists", "effect": "NoExecute"}]),
+        ),
+        // The DefaultTolerationSeconds admission gives it 300 s.
+        ("plain", json!(null)),
+    ] {
+        create(
+            &pod_api,
+            json!({"metadata": {"name": name}, "spec": {"nodeName": "n1", "tolerations": tolerations,
+                   "containers": [{"name": "c", "image": "i"}]}}),
+        )
+        .await?;
+    }
+    let plain = pod_api.get("plain").await?;
+    ensure!(
+        plain
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.as_ref())
+            .is_some_and(|t| t.iter().any(
+                |t| t.key.as_deref() == Some(unreachable) && t.toleration_seconds == Some(300)
+            )),
+        "no default toleration: {:?}",
+        plain.spec.map(|s| s.tolerations)
+    );
+
+    let watching = SharedInformers::new();
+    let node_cache = watching.informer::<Node>(Api::all(admin.clone()), watcher::Config::default());
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let (tx, mut changes) = tokio::sync::broadcast::channel(1024);
+    for mut rx in [
+        Box::new(node_cache.subscribe()) as Box<dyn ChangeSource>,
+        Box::new(pods.subscribe()),
+    ] {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while rx.next().await {
+                let _ = tx.send(());
+            }
+        });
+    }
+    let node_ready = || {
+        node_cache
+            .get("n1")
+            .and_then(|n| n.status.clone())
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status)
+    };
+    let tainted = |key: &str| {
+        node_cache.get("n1").is_some_and(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == key && t.effect == "NoExecute"))
+        })
+    };
+    let pod = |name: &str| pods.get(&format!("default/{name}"));
+
+    // Unheard for 1 s: Unknown, tainted, the intolerant pod gone at once, the others
+    // not ready.
+    until(
+        &mut changes,
+        "n1 Ready=Unknown, tainted, pod zero evicted",
+        || {
+            Ok(node_ready().as_deref() == Some("Unknown")
+                && tainted(unreachable)
+                && pod("zero").is_none())
+        },
+    )
+    .await?;
+    ensure!(pod("short").is_some(), "pod short evicted before its 2 s");
+    until(&mut changes, "pod short evicted after its 2 s", || {
+        Ok(pod("short").is_none())
+    })
+    .await?;
+    for name in ["forever", "plain"] {
+        let p = pod(name).with_context(|| format!("pod {name} was evicted"))?;
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status.clone());
+        ensure!(
+            ready.as_deref() == Some("False"),
+            "pod {name} Ready {ready:?}"
+        );
+    }
+
+    // Heard from again: Ready, untainted.
+    leases
+        .replace("n1", &PostParams::default(), &{
+            let mut lease: Lease = serde_json::from_value(renew())?;
+            lease.metadata.resource_version = leases.get("n1").await?.metadata.resource_version;
+            lease
+        })
+        .await?;
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "lastHeartbeatTime": now(), "lastTransitionTime": now()}]}});
+    nodes
+        .patch_status("n1", &PatchParams::default(), &Patch::Merge(ready))
+        .await?;
+    until(&mut changes, "n1 untainted once Ready again", || {
+        Ok(node_ready().as_deref() == Some("True") && !tainted(unreachable))
+    })
+    .await?;
+
+    let _ = stop.send(true);
+    running.stop().await;
+    Ok(())
+}

@@ -85,6 +85,20 @@ pub const BUILTINS: &[Builtin] = &[
         needs_root_ca: false,
     },
     Builtin {
+        name: "nodelifecycle",
+        identity: "node-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/node-lifecycle.wasm")),
+        primary: ("", "v1", "nodes"),
+        owns: &[],
+        // Read only: a node is looked at again when its lease would lapse, not at
+        // every renewal.
+        watches: &[
+            (("coordination.k8s.io", "v1", "leases"), Mapping::Cache),
+            (("", "v1", "pods"), Mapping::Cache),
+        ],
+        needs_root_ca: false,
+    },
+    Builtin {
         name: "replicaset",
         identity: "replicaset-controller",
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/replicaset.wasm")),
@@ -160,13 +174,14 @@ mod tests {
             [
                 "deployment",
                 "garbage-collector",
+                "nodelifecycle",
                 "replicaset",
                 "root-ca-cert-publisher",
                 "serviceaccount"
             ]
         );
         assert_eq!(
-            names("*,-deployment,-garbage-collector,-serviceaccount"),
+            names("*,-deployment,-garbage-collector,-nodelifecycle,-serviceaccount"),
             ["replicaset", "root-ca-cert-publisher"]
         );
         assert_eq!(names("replicaset"), ["replicaset"]);

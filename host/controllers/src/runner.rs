@@ -94,6 +94,8 @@ pub enum Mapping {
     /// The primary object of the same name (in the same namespace when the primary
     /// is namespaced): a node's Lease reconciles the Node.
     Name,
+    /// None: the resource is only read (cached for the controller's reads).
+    Cache,
 }
 
 impl std::str::FromStr for Mapping {
@@ -104,8 +106,9 @@ impl std::str::FromStr for Mapping {
             "owner" => Ok(Self::Owner),
             "namespace" => Ok(Self::Namespace),
             "name" => Ok(Self::Name),
+            "cache" => Ok(Self::Cache),
             other => Err(format!(
-                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\""
+                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\""
             )),
         }
     }
@@ -145,6 +148,7 @@ fn mapped_keys(
             })
             .into_iter()
             .collect(),
+        Mapping::Cache => Vec::new(),
         Mapping::Name => vec![Key {
             resource: primary.clone(),
             namespace: if primary_namespaced { namespace } else { None },
@@ -567,7 +571,7 @@ impl Manager {
                 });
             }
             let primary_cached = caches.by_resource[&*primary_key].clone();
-            for watch in &config.watches {
+            for watch in config.watches.iter().filter(|w| w.map != Mapping::Cache) {
                 let mut changes = caches.by_resource[&gvr_key(&watch.resource)]
                     .informer
                     .subscribe();

@@ -121,6 +121,11 @@ pub struct ControllerArgs {
     /// Where compiled plugins are kept between runs (none: compiled at each start).
     #[arg(long, value_name = "DIR")]
     pub plugin_cache_dir: Option<PathBuf>,
+
+    /// How long a node may go unheard (its Lease not renewed) before it is
+    /// Ready=Unknown and tainted unreachable.
+    #[arg(long, default_value_t = 50, value_name = "SECONDS")]
+    pub node_monitor_grace_period: u64,
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
@@ -197,6 +202,7 @@ pub async fn run_controllers(
         modules_dir: crate::plugin_controllers::modules_dir(args.plugin_cache_dir.as_deref()),
         running: Default::default(),
         root_ca,
+        node_monitor_grace_period: args.node_monitor_grace_period,
         credentials: Credentials::ServiceAccounts {
             config: Box::new(config),
             dir: tokens.path().to_owned(),
@@ -279,6 +285,8 @@ pub struct ControllerSetup {
     pub running: trellis_controllers::RunningPlugins,
     /// The cluster CA (PEM), which the root CA publisher puts in every namespace.
     pub root_ca: Option<String>,
+    /// `--node-monitor-grace-period`, in seconds.
+    pub node_monitor_grace_period: u64,
 }
 
 impl std::fmt::Debug for ControllerSetup {
@@ -423,6 +431,11 @@ pub(crate) async fn start_controllers(
                 continue;
             };
             config.spec.configuration = serde_json::json!({"caCrt": ca}).to_string();
+        }
+        if builtin.name == "nodelifecycle" {
+            config.spec.configuration =
+                serde_json::json!({"gracePeriodSeconds": setup.node_monitor_grace_period})
+                    .to_string();
         }
         let started = async {
             let writer = setup

@@ -88,6 +88,10 @@ pub struct UpArgs {
     /// leave one out, as kube-controller-manager's flag).
     #[arg(long, default_value = "*", value_name = "LIST")]
     controllers: String,
+
+    /// `trellis up` only: how long a node may go unheard before it is Ready=Unknown.
+    #[arg(long, default_value_t = 50, value_name = "SECONDS")]
+    node_monitor_grace_period: u64,
 }
 
 /// What `--store` names.
@@ -209,6 +213,7 @@ pub async fn run(
             modules_dir: args.data_dir.join("plugin-cache").join("modules"),
             running: Default::default(),
             root_ca: std::fs::read_to_string(args.data_dir.join("pki").join("ca.crt")).ok(),
+            node_monitor_grace_period: args.node_monitor_grace_period,
             builtins: trellis_controllers::bundled::select(&args.controllers)?,
         });
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)

@@ -22,6 +22,7 @@ pub mod limit_ranger;
 pub mod plugins;
 pub mod quota;
 pub mod serviceaccount;
+pub mod tolerations;
 
 use std::sync::Arc;
 
@@ -43,6 +44,7 @@ pub fn builtin() -> Chains {
     Chains {
         admission: vec![
             Arc::new(serviceaccount::ServiceAccountDefault),
+            Arc::new(tolerations::DefaultTolerationSeconds),
             Arc::new(limit_ranger::LimitRanger::default()),
             Arc::new(quota::ResourceQuota::default()),
         ],

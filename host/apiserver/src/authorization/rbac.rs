@@ -602,6 +602,16 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            "node-controller",
+            json!([
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "update", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["nodes/status", "pods/status"], "verbs": ["patch", "update"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]},
+                events,
+            ]),
+        ),
+        (
             "service-account-controller",
             json!([
                 {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["create"]},

@@ -132,6 +132,7 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
         modules_dir: crate::plugin_controllers::modules_dir(None),
         running: Default::default(),
         root_ca: None,
+        node_monitor_grace_period: 50,
     };
     shared.controllers = Some(setup.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
