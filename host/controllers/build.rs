@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CONTROLLERS: [&str; 6] = [
+const CONTROLLERS: [&str; 7] = [
+    "namespace",
     "node-lifecycle",
     "replicaset",
     "deployment",

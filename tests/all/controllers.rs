@@ -1026,3 +1026,127 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
     running.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_controller_empties_a_namespace_waits_for_finalizers_and_resumes()
+-> Result<()> {
+    // The server's own namespace deletion off: the plugin does it all.
+    let cluster = TestCluster::builder()
+        .without_namespace_controller()
+        .start()
+        .await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let manager = Manager {
+        plugins: PluginHost::new(HostConfig {
+            compilers: Compilers::Baseline,
+            max_instances: 8,
+            ..HostConfig::default()
+        })?,
+        informers: SharedInformers::new(),
+        lister: in_process.client(identity::controller_manager()),
+        queues: QueueMetrics::default(),
+        running: Default::default(),
+    };
+    let builtin = trellis_controllers::bundled::select("namespace")?[0];
+    let start = |manager: Manager, stopped| {
+        let writer = in_process.client(identity::controller(builtin.identity));
+        let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
+        async move {
+            manager
+                .start(builtin.config(), writer, events, stopped)
+                .await
+        }
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = start(manager.clone(), stopped.clone()).await?;
+
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    create(&namespaces, json!({"metadata": {"name": "doomed"}})).await?;
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), "doomed");
+    for i in 0..3 {
+        create(&maps, json!({"metadata": {"name": format!("cm-{i}")}})).await?;
+    }
+    create(
+        &maps,
+        json!({"metadata": {"name": "held", "finalizers": ["example.com/hold"]}}),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "doomed");
+    create(
+        &pods,
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+    )
+    .await?;
+
+    let watching = SharedInformers::new();
+    let ns_cache =
+        watching.informer::<Namespace>(Api::all(admin.clone()), watcher::Config::default());
+    let map_cache = watching.informer::<ConfigMap>(maps.clone(), watcher::Config::default());
+    let pod_cache = watching.informer::<Pod>(pods.clone(), watcher::Config::default());
+    ns_cache.wait_synced().await;
+    let (tx, mut changes) = tokio::sync::broadcast::channel(1024);
+    for mut rx in [
+        Box::new(ns_cache.subscribe()) as Box<dyn ChangeSource>,
+        Box::new(map_cache.subscribe()),
+        Box::new(pod_cache.subscribe()),
+    ] {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while rx.next().await {
+                let _ = tx.send(());
+            }
+        });
+    }
+    let condition = |kind: &str| {
+        ns_cache
+            .get("doomed")
+            .and_then(|n| n.status.clone())
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == kind))
+            .map(|c| (c.status, c.message.unwrap_or_default()))
+    };
+
+    cluster
+        .kubectl_ok(&["delete", "namespace", "doomed", "--wait=false"])
+        .await?;
+    until(
+        &mut changes,
+        "doomed emptied but for the held ConfigMap",
+        || {
+            let finalizers = condition("NamespaceFinalizersRemaining");
+            Ok(map_cache.len() == 1
+                && map_cache.get("doomed/held").is_some()
+                && pod_cache.is_empty()
+                && finalizers.is_some_and(|(s, m)| s == "True" && m.contains("example.com/hold")))
+        },
+    )
+    .await?;
+    ensure!(
+        ns_cache.get("doomed").is_some(),
+        "removed while an object waits"
+    );
+
+    // The controller restarts with empty caches; the held object lets go; the
+    // namespace goes.
+    running.stop().await;
+    let manager = Manager {
+        informers: SharedInformers::new(),
+        ..manager
+    };
+    let running = start(manager, stopped).await?;
+    maps.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    until(&mut changes, "doomed removed", || {
+        Ok(ns_cache.get("doomed").is_none())
+    })
+    .await?;
+
+    let _ = stop.send(true);
+    running.stop().await;
+    Ok(())
+}

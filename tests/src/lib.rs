@@ -124,6 +124,8 @@ pub struct TestClusterBuilder {
     etcd: bool,
     /// The watch cache's length instead of the default.
     watch_cache_events: Option<usize>,
+    /// Leaves namespaces marked for deletion to a controller outside the server.
+    no_namespace_controller: bool,
 }
 
 impl TestClusterBuilder {
@@ -175,6 +177,13 @@ impl TestClusterBuilder {
         self
     }
 
+    /// Runs the server without its namespace controller: a deleted namespace stays
+    /// marked until its `spec.finalizers` are emptied through `namespaces/finalize`.
+    pub fn without_namespace_controller(mut self) -> Self {
+        self.no_namespace_controller = true;
+        self
+    }
+
     pub async fn start(self) -> anyhow::Result<TestCluster> {
         let dir = tempfile::tempdir().context("create the cluster's directory")?;
         let data_dir = dir.path().join("data");
@@ -220,6 +229,7 @@ impl TestClusterBuilder {
         if let Some(events) = self.watch_cache_events {
             config.watch_cache_events = events;
         }
+        config.namespace_controller = !self.no_namespace_controller;
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, dyn_store, async move {
             // A send or a drop of the sender: either way, stop.

@@ -29,6 +29,9 @@ pub enum Subresource {
     Log,
     /// `serviceaccounts/token`: a TokenRequest for the account.
     Token,
+    /// `namespaces/finalize`: replaces a namespace's `spec.finalizers` (and only
+    /// those), what a namespace controller writes once it has emptied the namespace.
+    Finalize,
 }
 
 impl Subresource {
@@ -39,6 +42,7 @@ impl Subresource {
             Subresource::Binding => "binding",
             Subresource::Log => "log",
             Subresource::Token => "token",
+            Subresource::Finalize => "finalize",
         }
     }
 
@@ -49,6 +53,7 @@ impl Subresource {
             Subresource::Binding,
             Subresource::Log,
             Subresource::Token,
+            Subresource::Finalize,
         ]
         .into_iter()
         .find(|r| r.name() == s)
@@ -193,7 +198,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
             false,
             &["ns"],
             &[],
-            &[Status],
+            &[Finalize, Status],
         ),
         resource("", "Node", "nodes", false, &["no"], &[], &[Status]),
         resource(
@@ -344,6 +349,9 @@ mod tests {
         // A namespace given for a cluster-scoped resource is ignored.
         assert_eq!(nodes.key(Some("default"), "n1"), "/registry/core/nodes/n1");
         assert!(pods.has(Subresource::Binding) && !nodes.has(Subresource::Scale));
+        let namespaces = all.iter().find(|r| r.plural == "namespaces").unwrap();
+        assert!(namespaces.has(Subresource::Finalize) && !pods.has(Subresource::Finalize));
+        assert_eq!(Subresource::parse("finalize"), Some(Subresource::Finalize));
     }
 
     #[test]

@@ -401,9 +401,10 @@ impl FromStr for LabelSelector {
 
 const QUALIFIED_NAME_CHARS: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 
-/// Validates a label key as Kubernetes' `IsQualifiedName`: `[prefix/]name`, where the
-/// prefix is a DNS-1123 subdomain and the name at most 63 characters.
-fn validate_key(key: &str) -> Result<(), &'static str> {
+/// Validates a label key (or another qualified name, such as a finalizer) as
+/// Kubernetes' `IsQualifiedName`: `[prefix/]name`, where the prefix is a DNS-1123
+/// subdomain and the name at most 63 characters.
+pub fn validate_key(key: &str) -> Result<(), &'static str> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),

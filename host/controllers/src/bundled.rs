@@ -85,6 +85,16 @@ pub const BUILTINS: &[Builtin] = &[
         needs_root_ca: false,
     },
     Builtin {
+        name: "namespace",
+        identity: "namespace-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/namespace.wasm")),
+        primary: ("", "v1", "namespaces"),
+        owns: &[],
+        // Every resource: a removal in a namespace brings the namespace back.
+        watches: &[(("*", "*", "*"), Mapping::Namespace)],
+        needs_root_ca: false,
+    },
+    Builtin {
         name: "nodelifecycle",
         identity: "node-controller",
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/node-lifecycle.wasm")),
@@ -174,6 +184,7 @@ mod tests {
             [
                 "deployment",
                 "garbage-collector",
+                "namespace",
                 "nodelifecycle",
                 "replicaset",
                 "root-ca-cert-publisher",
@@ -181,7 +192,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            names("*,-deployment,-garbage-collector,-nodelifecycle,-serviceaccount"),
+            names("*,-deployment,-garbage-collector,-namespace,-nodelifecycle,-serviceaccount"),
             ["replicaset", "root-ca-cert-publisher"]
         );
         assert_eq!(names("replicaset"), ["replicaset"]);

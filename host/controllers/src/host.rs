@@ -17,7 +17,7 @@ use trellis_client::events::{EventRecorder, EventType as RecordedType};
 use trellis_client::informer::BY_OWNER;
 use trellis_plugin_host::{
     ApiError, Cause, ClusterReader, ControllerHost, EventType, GroupVersionResource, PatchType,
-    Propagation, ServedResource, Write,
+    Propagation, ServedResource, UpdateRequest, Write,
 };
 
 /// Retries of a write answered 429, and how long to wait when the answer says not.
@@ -487,6 +487,37 @@ impl ControllerHost for KubeHost {
             resource: cached.gvr.clone(),
             namespaced: cached.resolved.namespaced,
         })
+    }
+
+    async fn resources(&self) -> Vec<ServedResource> {
+        self.caches
+            .current()
+            .by_resource
+            .values()
+            .map(|c| ServedResource {
+                resource: c.gvr.clone(),
+                namespaced: c.resolved.namespaced,
+            })
+            .collect()
+    }
+
+    async fn update_subresource(
+        &self,
+        request: UpdateRequest,
+        subresource: &str,
+    ) -> Result<String, ApiError> {
+        let object: Value = serde_json::from_str(&request.object)
+            .map_err(|e| api_error(400, "BadRequest", format!("the object is not JSON: {e}")))?;
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let url = self.collection(&request.resource, request.namespace.as_deref())?;
+        let url = format!("{url}/{name}/{subresource}{}", self.query(false));
+        self.send(
+            http::Method::PUT,
+            url,
+            "application/json",
+            request.object.into_bytes(),
+        )
+        .await
     }
 
     async fn read(

@@ -451,17 +451,34 @@ impl Manager {
         check(&config)?;
         let name = config.spec.name.clone();
         let every = is_every(&config.primary);
+        // A watch of `*`: every resource, each change that removes something mapped.
+        let watch_every = config
+            .watches
+            .iter()
+            .find(|w| is_every(&w.resource))
+            .map(|w| w.map);
         let resources = if every {
             self.resolve_every().await?
         } else {
             let mut resources = Vec::new();
-            let watched = config.watches.iter().map(|w| &w.resource);
+            let watched = config
+                .watches
+                .iter()
+                .map(|w| &w.resource)
+                .filter(|r| !is_every(r));
             for gvr in std::iter::once(&config.primary)
                 .chain(&config.owns)
                 .chain(watched)
             {
                 if !resources.iter().any(|(r, _)| gvr_key(r) == gvr_key(gvr)) {
                     resources.push((gvr.clone(), self.resolve(gvr).await?));
+                }
+            }
+            if watch_every.is_some() {
+                for (gvr, resolved) in self.resolve_every().await? {
+                    if !resources.iter().any(|(r, _)| gvr_key(r) == gvr_key(&gvr)) {
+                        resources.push((gvr, resolved));
+                    }
                 }
             }
             resources
@@ -535,6 +552,7 @@ impl Manager {
                 self.clone(),
                 shared.clone(),
                 queue.clone(),
+                Feed::Every,
             ));
         } else {
             let primary_key: Arc<str> = gvr_key(&config.primary).into();
@@ -571,35 +589,48 @@ impl Manager {
                 });
             }
             let primary_cached = caches.by_resource[&*primary_key].clone();
-            for watch in config.watches.iter().filter(|w| w.map != Mapping::Cache) {
-                let mut changes = caches.by_resource[&gvr_key(&watch.resource)]
+            let target = MapTarget {
+                primary: primary_key.clone(),
+                namespaced: primary_cached.resolved.namespaced,
+                api_version: primary_cached.resolved.resource.api_version.clone(),
+                kind: primary_cached.resolved.resource.kind.clone(),
+            };
+            for watch in config
+                .watches
+                .iter()
+                .filter(|w| w.map != Mapping::Cache && !is_every(&w.resource))
+            {
+                let changes = caches.by_resource[&gvr_key(&watch.resource)]
                     .informer
                     .subscribe();
-                let q = queue.clone();
-                let primary_key = primary_key.clone();
-                let map = watch.map;
-                let namespaced = primary_cached.resolved.namespaced;
-                let api_version = primary_cached.resolved.resource.api_version.clone();
-                let kind = primary_cached.resolved.resource.kind.clone();
-                tasks.spawn(async move {
-                    while let Some(change) = changes.recv().await {
-                        let objects = match &change {
-                            Change::Updated { old, new } => vec![old.clone(), new.clone()],
-                            other => vec![other.object().clone()],
-                        };
-                        for obj in objects {
-                            for key in mapped_keys(
-                                map,
-                                &obj,
-                                &primary_key,
-                                namespaced,
-                                (&api_version, &kind),
-                            ) {
-                                q.add(key);
-                            }
-                        }
+                tasks.spawn(feed_mapped(
+                    changes,
+                    watch.map,
+                    false,
+                    target.clone(),
+                    queue.clone(),
+                ));
+            }
+            if let Some(map) = watch_every.filter(|m| *m != Mapping::Cache) {
+                for (resource, cached) in &caches.by_resource {
+                    if *resource == *primary_key {
+                        continue;
                     }
-                });
+                    let changes = cached.informer.subscribe();
+                    tasks.spawn(feed_mapped(
+                        changes,
+                        map,
+                        true,
+                        target.clone(),
+                        queue.clone(),
+                    ));
+                }
+                tasks.spawn(follow_resources(
+                    self.clone(),
+                    shared.clone(),
+                    queue.clone(),
+                    Feed::Mapped(map, target.clone()),
+                ));
             }
             if let Some(every) = config.resync {
                 let q = queue.clone();
@@ -700,6 +731,63 @@ async fn feed_every(
     }
 }
 
+/// How the changes of a resource found later feed the queue.
+enum Feed {
+    /// As a controller of every resource's ([`feed_every`]).
+    Every,
+    /// Through a mapping to primary keys, removals only (a watch of `*`).
+    Mapped(Mapping, MapTarget),
+}
+
+/// The primary resource a watch maps to.
+#[derive(Clone, Debug)]
+struct MapTarget {
+    primary: Arc<str>,
+    namespaced: bool,
+    api_version: String,
+    kind: String,
+}
+
+/// Feeds the keys a watched resource's changes map to. With `removals`, only the
+/// changes that remove something count: a delete, a deletion started, finalizers
+/// changed on an object being deleted (what a namespace being emptied waits for).
+async fn feed_mapped(
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<Change<DynamicObject>>,
+    map: Mapping,
+    removals: bool,
+    target: MapTarget,
+    queue: WorkQueue<Key>,
+) {
+    while let Some(change) = changes.recv().await {
+        let objects = match &change {
+            Change::Updated { old, new } => {
+                let removing = new.metadata.deletion_timestamp.is_some()
+                    && (old.metadata.deletion_timestamp.is_none()
+                        || old.metadata.finalizers != new.metadata.finalizers);
+                if removals && !removing {
+                    continue;
+                }
+                vec![old.clone(), new.clone()]
+            }
+            Change::Added(obj) if removals && obj.metadata.deletion_timestamp.is_none() => {
+                continue;
+            }
+            other => vec![other.object().clone()],
+        };
+        for obj in objects {
+            for key in mapped_keys(
+                map,
+                &obj,
+                &target.primary,
+                target.namespaced,
+                (&target.api_version, &target.kind),
+            ) {
+                queue.add(key);
+            }
+        }
+    }
+}
+
 /// How often a controller of every resource looks for resources served since it
 /// started, when no CustomResourceDefinition change tells it sooner.
 const DISCOVERY_RESYNC: Duration = Duration::from_secs(30);
@@ -709,7 +797,12 @@ const DISCOVERY_RESYNC: Duration = Duration::from_secs(30);
 /// again on every change of a CustomResourceDefinition (and a moment later, as
 /// discovery may serve the resource after the change), and every
 /// [`DISCOVERY_RESYNC`].
-async fn follow_resources(manager: Manager, shared: SharedCaches, queue: WorkQueue<Key>) {
+async fn follow_resources(
+    manager: Manager,
+    shared: SharedCaches,
+    queue: WorkQueue<Key>,
+    feed: Feed,
+) {
     let crds = manager.informers.informer::<DynamicObject>(
         Api::all_with(
             manager.lister.clone(),
@@ -779,12 +872,21 @@ async fn follow_resources(manager: Manager, shared: SharedCaches, queue: WorkQue
         shared.replace(caches);
         for (resource, informer) in added {
             info!(%resource, "a new resource joins the caches");
-            feeds.spawn(feed_every(
-                resource.as_str().into(),
-                informer.subscribe(),
-                shared.clone(),
-                queue.clone(),
-            ));
+            match &feed {
+                Feed::Every => feeds.spawn(feed_every(
+                    resource.as_str().into(),
+                    informer.subscribe(),
+                    shared.clone(),
+                    queue.clone(),
+                )),
+                Feed::Mapped(map, target) => feeds.spawn(feed_mapped(
+                    informer.subscribe(),
+                    *map,
+                    true,
+                    target.clone(),
+                    queue.clone(),
+                )),
+            };
         }
     }
 }

@@ -89,6 +89,12 @@ pub struct UpArgs {
     #[arg(long, default_value = "*", value_name = "LIST")]
     controllers: String,
 
+    /// `trellis server` only: whether the server empties and removes deleted
+    /// namespaces itself. `false` leaves it to a controller manager's namespace
+    /// controller (`trellis up` runs that one, and never the server's).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    namespace_controller: bool,
+
     /// `trellis up` only: how long a node may go unheard before it is Ready=Unknown.
     #[arg(long, default_value_t = 50, value_name = "SECONDS")]
     node_monitor_grace_period: u64,
@@ -160,8 +166,15 @@ pub async fn run(
     let stopped_signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let builtins = trellis_controllers::bundled::select(&args.controllers)?;
     let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
     server_config.listen = args.listen;
+    // In `trellis up` the controller manager's namespace controller does it, if run.
+    server_config.namespace_controller = if components {
+        !builtins.iter().any(|b| b.name == "namespace")
+    } else {
+        args.namespace_controller
+    };
     server_config.tls_sans = args.tls_sans.clone();
     server_config.watch_cache_events = args.watch_cache_events;
     server_config.settings = trellis_apiserver::state::Settings {
@@ -214,7 +227,7 @@ pub async fn run(
             running: Default::default(),
             root_ca: std::fs::read_to_string(args.data_dir.join("pki").join("ca.crt")).ok(),
             node_monitor_grace_period: args.node_monitor_grace_period,
-            builtins: trellis_controllers::bundled::select(&args.controllers)?,
+            builtins,
         });
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)
             .map_err(|e| anyhow::anyhow!("parse --metrics-bind-address {e}"))?

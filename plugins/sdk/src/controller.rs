@@ -208,6 +208,28 @@ pub trait ControllerHost {
         None
     }
 
+    /// Every resource cached for the controller.
+    fn resources(&self) -> Vec<ServedResource> {
+        Vec::new()
+    }
+
+    /// Replaces `subresource` of the object with the whole object.
+    fn update_subresource(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        object: &Value,
+        subresource: &str,
+    ) -> Result<String, ApiError> {
+        let _ = (resource, namespace, object);
+        Err(ApiError {
+            code: 405,
+            reason: "MethodNotAllowed".into(),
+            message: format!("this host writes no {subresource} subresource"),
+            causes: Vec::new(),
+        })
+    }
+
     /// One object as the API server has it now.
     fn read(
         &self,
@@ -301,6 +323,12 @@ pub mod cache {
         current().ok()?.resource_of(api_version, kind)
     }
 
+    /// Every resource cached for the controller (with a watch of `*`, every resource
+    /// the API server serves that can be listed, watched and deleted).
+    pub fn resources() -> Vec<ServedResource> {
+        current().map(|h| h.resources()).unwrap_or_default()
+    }
+
     /// Objects whose ownerReferences name the owner with `owner_uid`.
     pub fn owned_by_as<T: DeserializeOwned>(
         resource: &GroupVersionResource,
@@ -341,6 +369,29 @@ pub mod client {
                 })
             })
             .transpose()
+    }
+
+    /// Replaces a subresource other than `status` (`namespaces/NAME/finalize`) with
+    /// the whole object.
+    pub fn update_subresource(
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        object: &Value,
+        subresource: &str,
+    ) -> Result<Value, ApiError> {
+        let host = current().map_err(|message| ApiError {
+            code: 500,
+            reason: "InternalError".into(),
+            message,
+            causes: Vec::new(),
+        })?;
+        let json = host.update_subresource(resource, namespace, object, subresource)?;
+        serde_json::from_str(&json).map_err(|e| ApiError {
+            code: 500,
+            reason: "InternalError".into(),
+            message: format!("decode the stored object: {e}"),
+            causes: Vec::new(),
+        })
     }
 
     /// Runs `writes` concurrently in the host; results in the order given.

@@ -578,6 +578,32 @@ macro_rules! __controller_glue {
                 })
             }
 
+            fn resources(&self) -> Vec<ctl::ServedResource> {
+                wit_cache::resources()
+                    .into_iter()
+                    .map(|r| ctl::ServedResource {
+                        resource: gvr(r.resource),
+                        namespaced: r.namespaced,
+                    })
+                    .collect()
+            }
+
+            fn update_subresource(
+                &self,
+                resource: &$crate::GroupVersionResource,
+                namespace: Option<&str>,
+                object: &$crate::Value,
+                subresource: &str,
+            ) -> Result<String, ctl::ApiError> {
+                let request = wit_client::UpdateRequest {
+                    resource: to_wit_gvr(resource),
+                    namespace: namespace.map(str::to_owned),
+                    object: object.to_string(),
+                    status: false,
+                };
+                wit_client::update_subresource(&request, subresource).map_err(wit_api_error)
+            }
+
             fn read(
                 &self,
                 resource: &$crate::GroupVersionResource,

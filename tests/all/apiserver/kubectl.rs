@@ -977,6 +977,266 @@ async fn deleting_a_namespace_terminates_it_then_removes_it_and_its_objects() ->
     cluster.stop().await
 }
 
+/// Waits up to 10 s for `kubectl get ns NAME` to answer NotFound.
+async fn wait_for_namespace_gone(cluster: &TestCluster, name: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = cluster.kubectl(&["get", "ns", name, "-o", "name"]).await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains(&format!(r#"namespaces "{name}" not found"#)) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("namespace {name} still exists after 10 s: {stderr}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn namespace_json(cluster: &TestCluster, name: &str) -> Result<Value> {
+    parse_json(
+        &cluster
+            .kubectl_ok(&["get", "ns", name, "-o", "json"])
+            .await?,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_subresource_removes_a_namespace_only_it_may_release() -> Result<()> {
+    // No namespace controller in the server: a controller manager's would finalize.
+    let cluster = TestCluster::builder()
+        .with_token("finalizer-token-0123456789", "finalizer", &[])
+        .without_namespace_controller()
+        .start()
+        .await?;
+    let discovery = parse_json(&cluster.kubectl_ok(&["get", "--raw", "/api/v1"]).await?)?;
+    let finalize = discovery["resources"]
+        .as_array()
+        .context("resources")?
+        .iter()
+        .find(|r| r["name"] == "namespaces/finalize")
+        .context("namespaces/finalize is not in discovery")?;
+    assert_eq!(finalize["kind"], "Namespace");
+    assert_eq!(finalize["verbs"], json!(["update"]));
+    assert_eq!(finalize["namespaced"], false);
+
+    cluster
+        .kubectl_ok_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: held\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: inside\n  namespace: held\n",
+        )
+        .await?;
+    cluster
+        .kubectl_ok(&["delete", "ns", "held", "--wait=false"])
+        .await?;
+    // Marked, and nothing in the server empties it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let marked = namespace_json(&cluster, "held").await?;
+    assert_eq!(marked["status"]["phase"], "Terminating");
+    assert_eq!(marked["spec"]["finalizers"], json!(["kubernetes"]));
+    cluster
+        .kubectl_ok(&["get", "cm", "inside", "-n", "held"])
+        .await?;
+
+    // A plain update, or a patch, cannot release the namespace.
+    let mut update = marked.clone();
+    update["spec"]["finalizers"] = json!([]);
+    update["metadata"]["labels"]["touched"] = "yes".into();
+    let updated = cluster
+        .request(
+            "PUT",
+            "/api/v1/namespaces/held",
+            "application/json",
+            &update.to_string(),
+        )
+        .await?;
+    assert_eq!(
+        updated.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&updated.body)
+    );
+    let updated = updated.json()?;
+    assert_eq!(updated["spec"]["finalizers"], json!(["kubernetes"]));
+    assert_eq!(updated["metadata"]["labels"]["touched"], "yes");
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "ns",
+            "held",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"finalizers":null}}"#,
+        ])
+        .await?;
+    let current = namespace_json(&cluster, "held").await?;
+    assert_eq!(current["spec"]["finalizers"], json!(["kubernetes"]));
+
+    // Finalizing is its own permission: `update` on `namespaces/finalize`.
+    let finalizer = cluster.kubectl_with_token("finalizer", "finalizer-token-0123456789")?;
+    let mut body = current.clone();
+    body["spec"]["finalizers"] = json!([]);
+    let body = body.to_string();
+    let err = finalizer
+        .err(
+            &[
+                "replace",
+                "--raw",
+                "/api/v1/namespaces/held/finalize",
+                "-f",
+                "-",
+            ],
+            Some(&body),
+        )
+        .await?;
+    assert!(
+        err.contains(r#"cannot update resource "namespaces/finalize""#),
+        "{err}"
+    );
+    cluster
+        .kubectl_ok_stdin(
+            &["apply", "-f", "-"],
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: finalize-namespaces\n\
+             rules:\n- apiGroups: [\"\"]\n  resources: [namespaces/finalize]\n  verbs: [update]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: finalize-namespaces\n\
+             roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: finalize-namespaces\n\
+             subjects:\n- kind: User\n  name: finalizer\n",
+        )
+        .await?;
+    // Which does not let it update the namespace itself.
+    let err = finalizer
+        .err(
+            &["replace", "--raw", "/api/v1/namespaces/held", "-f", "-"],
+            Some(&body),
+        )
+        .await?;
+    assert!(
+        err.contains(r#"cannot update resource "namespaces""#),
+        "{err}"
+    );
+
+    // The response is the namespace as written; it is gone from the store.
+    let finalized = parse_json(
+        &finalizer
+            .ok_stdin(
+                &[
+                    "replace",
+                    "--raw",
+                    "/api/v1/namespaces/held/finalize",
+                    "-f",
+                    "-",
+                ],
+                &body,
+            )
+            .await?,
+    )?;
+    assert_eq!(finalized["kind"], "Namespace");
+    assert_eq!(finalized["metadata"]["name"], "held");
+    assert_eq!(finalized["spec"]["finalizers"], json!([]));
+    wait_for_namespace_gone(&cluster, "held").await?;
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_subresource_changes_only_spec_finalizers() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    cluster.kubectl_ok(&["create", "ns", "live"]).await?;
+    let mut body = namespace_json(&cluster, "live").await?;
+    body["spec"]["finalizers"] = json!(["kubernetes", "example.com/wait"]);
+    body["metadata"]["labels"]["ignored"] = "yes".into();
+    body["status"]["phase"] = "Terminating".into();
+    let written = parse_json(
+        &cluster
+            .kubectl_ok_stdin(
+                &[
+                    "replace",
+                    "--raw",
+                    "/api/v1/namespaces/live/finalize",
+                    "-f",
+                    "-",
+                ],
+                &body.to_string(),
+            )
+            .await?,
+    )?;
+    assert_eq!(
+        written["spec"]["finalizers"],
+        json!(["kubernetes", "example.com/wait"])
+    );
+    let stored = namespace_json(&cluster, "live").await?;
+    assert_eq!(
+        stored["spec"]["finalizers"],
+        json!(["kubernetes", "example.com/wait"])
+    );
+    assert!(
+        stored["metadata"]["labels"].get("ignored").is_none(),
+        "{stored}"
+    );
+    assert_eq!(stored["status"]["phase"], "Active");
+    assert!(stored["metadata"].get("deletionTimestamp").is_none());
+
+    // Finalizer names are checked as Kubernetes checks them.
+    let mut bad = stored.clone();
+    bad["spec"]["finalizers"] = json!(["custom"]);
+    let err = cluster
+        .kubectl_err_stdin(
+            &[
+                "replace",
+                "--raw",
+                "/api/v1/namespaces/live/finalize",
+                "-f",
+                "-",
+            ],
+            &bad.to_string(),
+        )
+        .await?;
+    assert!(
+        err.contains("name is neither a standard finalizer name nor is it fully qualified"),
+        "{err}"
+    );
+    // Only `update` is served.
+    let err = cluster
+        .kubectl_err(&["get", "--raw", "/api/v1/namespaces/live/finalize"])
+        .await?;
+    assert!(err.contains("MethodNotAllowed"), "{err}");
+
+    // Deleted: the server's controller empties it and removes its own finalizer; the
+    // other one holds it until it is finalized away.
+    cluster
+        .kubectl_ok(&["delete", "ns", "live", "--wait=false"])
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        let ns = namespace_json(&cluster, "live").await?;
+        if ns["spec"]["finalizers"] == json!(["example.com/wait"]) {
+            break ns;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the namespace controller did not remove its finalizer: {ns}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    namespace_json(&cluster, "live").await?;
+    let mut body = held;
+    body["spec"]["finalizers"] = json!([]);
+    cluster
+        .kubectl_ok_stdin(
+            &[
+                "replace",
+                "--raw",
+                "/api/v1/namespaces/live/finalize",
+                "-f",
+                "-",
+            ],
+            &body.to_string(),
+        )
+        .await?;
+    wait_for_namespace_gone(&cluster, "live").await?;
+    cluster.stop().await
+}
+
 /// Reads lines into `seen` until one satisfies `done`, for up to 10 s.
 async fn read_until(
     lines: &mut Lines<BufReader<ChildStdout>>,

@@ -602,6 +602,14 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            "namespace-controller",
+            json!([
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch", "delete", "deletecollection"]},
+                {"apiGroups": [""], "resources": ["namespaces/finalize", "namespaces/status"], "verbs": ["update", "patch"]},
+                events,
+            ]),
+        ),
+        (
             "node-controller",
             json!([
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "update", "patch", "delete"]},

@@ -221,6 +221,7 @@ fn subresource_kind(
         Subresource::Binding => ("", "", "Binding", &["create"]),
         Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest", &["create"]),
         Subresource::Log => ("", "", &r.kind, &["get"]),
+        Subresource::Finalize => ("", "", &r.kind, &["update"]),
     }
 }
 
@@ -301,6 +302,15 @@ mod tests {
             .unwrap();
         assert_eq!(scale["responseKind"]["kind"], "Scale");
         let ns = all.iter().find(|r| r.plural == "namespaces").unwrap();
-        assert_eq!(aggregated_resource(ns)["scope"], "Cluster");
+        let entry = aggregated_resource(ns);
+        assert_eq!(entry["scope"], "Cluster");
+        let finalize = entry["subresources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["subresource"] == "finalize")
+            .unwrap();
+        assert_eq!(finalize["responseKind"]["kind"], "Namespace");
+        assert_eq!(finalize["verbs"], json!(["update"]));
     }
 }

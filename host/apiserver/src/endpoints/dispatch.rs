@@ -468,6 +468,8 @@ async fn handle(
             subresources::token_request(&state, &req, body).await
         }
         ("get", Some(Subresource::Log)) => subresources::log(&state, &req).await,
+        // Only `spec.finalizers` changes: see `registry::update`'s merge.
+        ("update", Some(Subresource::Finalize)) => registry::update(&state, &req, body).await,
         _ => Err(ApiError::method_not_allowed(format!(
             "{verb} is not supported on {}{}",
             req.resource.qualified(),

@@ -1161,6 +1161,16 @@ impl<'a> ResourcePaths<'a> {
             };
             add(format!("{object}/binding"), self.object_params(), vec![op]);
         }
+        if r.has(Subresource::Finalize) {
+            let op = Operation {
+                description: format!("replace finalize of the specified {}", r.kind),
+                params: WRITE_PARAMS.to_vec(),
+                body: Some(Body::Object(self.kind_schema.clone())),
+                also: &["201"],
+                ..self.op("put", "put", self.id("replace", "Finalize"))
+            };
+            add(format!("{object}/finalize"), self.object_params(), vec![op]);
+        }
         if r.has(Subresource::Log) {
             let op = Operation {
                 description: format!("read the log of the specified {}", r.kind),
@@ -1477,6 +1487,16 @@ mod tests {
         for wanted in ["fieldValidation", "dryRun", "fieldManager"] {
             assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
         }
+        // `namespaces/finalize` is only replaced.
+        let finalize = document["paths"]["/api/v1/namespaces/{name}/finalize"]
+            .as_object()
+            .unwrap();
+        let methods: Vec<&String> = finalize.keys().filter(|k| *k != "parameters").collect();
+        assert_eq!(methods, ["put"]);
+        assert_eq!(
+            finalize["put"]["operationId"],
+            "replaceCoreV1NamespaceFinalize"
+        );
         // kubectl takes the first PATCH of a kind it meets, so all of them must agree.
         // (Reviews are only created.)
         for r in builtins().into_iter().filter(|r| r.allows("patch")) {

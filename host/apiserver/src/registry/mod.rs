@@ -16,7 +16,7 @@
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
-//! - [`namespace`]: namespace deletion.
+//! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
 //! - [`status`]: the status writes the server makes itself (quota usage, Plugin
 //!   conditions).
 
@@ -214,6 +214,50 @@ where
         }
     }
     Err(ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into())
+}
+
+/// Whether a write of `obj` removes it instead: its deletion is pending and no
+/// finalizer holds it any more (a namespace: neither `metadata.finalizers` nor
+/// `spec.finalizers`, see [`namespace::finalized`]).
+pub fn finalized(res: &ResourceInfo, obj: &Object) -> bool {
+    if res.group.is_empty() && res.plural == "namespaces" {
+        return namespace::finalized(obj);
+    }
+    object::meta_str(obj, "deletionTimestamp").is_some()
+        && object::metadata(obj)
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty())
+}
+
+/// Stores `obj` (without its resourceVersion) as `name` of `res` in `namespace` if
+/// the stored one is still at revision `expected`, or removes it there when it is
+/// [`finalized`]: where every write that empties an object's finalizers ends, a
+/// client's or the namespace controller's. The revision written and whether the
+/// object was removed.
+pub async fn store_or_remove(
+    state: &AppState,
+    res: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    obj: &Object,
+    expected: Revision,
+) -> Result<(Revision, bool), ApiError> {
+    let key = res.key(namespace, name);
+    if finalized(res, obj) {
+        let deleted = state
+            .store
+            .delete(&key, Some(expected))
+            .await
+            .map_err(|e| store_error(e, res, name))?;
+        return Ok((deleted.revision, true));
+    }
+    let kv = state
+        .store
+        .update(&key, object::encode(obj)?, Some(expected))
+        .await
+        .map_err(|e| store_error(e, res, name))?;
+    Ok((kv.mod_revision, false))
 }
 
 /// The finalizer a terminating namespace carries in `spec.finalizers` until the

@@ -17,13 +17,22 @@ use crate::object::{self, Object, meta_str, metadata, remove_meta, set_meta};
 use crate::registry::typed;
 use crate::state::AppState;
 
-/// Fields a write through the main resource may not change, and what `/status` may.
+/// Fields a write through the main resource may not change, and what `/status` (and a
+/// namespace's `/finalize`) may.
 fn merge_for_subresource(
     res: &ResourceInfo,
     sub: Option<Subresource>,
     old: &Object,
     new: &mut Object,
 ) {
+    if is_namespaces(res) && sub != Some(Subresource::Status) {
+        // `/finalize` writes `spec.finalizers` and nothing else; no other write does.
+        let finalize = sub == Some(Subresource::Finalize);
+        super::namespace::merge_finalizers(old, new, finalize);
+        if finalize {
+            return;
+        }
+    }
     if !res.has(Subresource::Status) {
         return;
     }
@@ -108,6 +117,9 @@ pub async fn prepare_update(
         }
     }
     merge_for_subresource(res, req.subresource, old, new);
+    if req.subresource == Some(Subresource::Finalize) {
+        super::namespace::validate_finalizers(new, name)?;
+    }
     let attrs = admission_attributes(req, "UPDATE", name);
     state.chains.mutate(&attrs, new, Some(old)).await?;
     check_unknown_fields(state, req, new)?;
@@ -161,15 +173,6 @@ pub async fn write_update(
     let res = &req.resource;
     let name = req.name()?;
     let key = res.key(req.namespace.as_deref(), name);
-    // A terminating namespace goes only through its controller, once it is empty.
-    let finalized = meta_str(&new, "deletionTimestamp").is_some()
-        && metadata(&new)
-            .and_then(|m| m.get("finalizers"))
-            .and_then(Value::as_array)
-            .is_none_or(|f| f.is_empty())
-        && !(res.plural == "namespaces"
-            && res.group.is_empty()
-            && super::namespace::has_finalizer(&new));
     if req.dry_run {
         // As Kubernetes: a dry run checks the version it would write against, so a
         // stale one is a conflict here too.
@@ -190,22 +193,9 @@ pub async fn write_update(
         set_meta(&mut new, "resourceVersion", expected.to_string());
         return Ok(new);
     }
-    if finalized {
-        let deleted = state
-            .store
-            .delete(&key, Some(expected))
-            .await
-            .map_err(|e| store_error(e, res, name))?;
-        set_meta(&mut new, "resourceVersion", deleted.revision.to_string());
-        return Ok(new);
-    }
-    let stored = object::encode(&new)?;
-    let kv = state
-        .store
-        .update(&key, stored, Some(expected))
-        .await
-        .map_err(|e| store_error(e, res, name))?;
-    set_meta(&mut new, "resourceVersion", kv.mod_revision.to_string());
+    let (revision, _) =
+        super::store_or_remove(state, res, req.namespace.as_deref(), name, &new, expected).await?;
+    set_meta(&mut new, "resourceVersion", revision.to_string());
     Ok(new)
 }
 
@@ -311,4 +301,8 @@ pub async fn modify(
         ApiError::MODIFIED,
     )
     .into())
+}
+
+fn is_namespaces(res: &ResourceInfo) -> bool {
+    res.group.is_empty() && res.plural == "namespaces"
 }

@@ -58,6 +58,11 @@ pub struct Config {
     pub plugins: bool,
     /// `NAME.yaml` + `NAME.wasm` pairs loaded as plugins, followed while running.
     pub plugin_dir: Option<PathBuf>,
+    /// Runs the server's own namespace controller, which empties a namespace marked
+    /// for deletion and then removes it (the default). When false, the server only
+    /// marks namespaces for deletion, and a controller manager's namespace controller
+    /// empties and finalizes them (through `namespaces/finalize`).
+    pub namespace_controller: bool,
 }
 
 impl Config {
@@ -77,6 +82,7 @@ impl Config {
             settings: crate::state::Settings::default(),
             plugins: true,
             plugin_dir: None,
+            namespace_controller: true,
         }
         .with_audit_in_data_dir()
     }
@@ -277,7 +283,9 @@ pub async fn start(
         let _ = state.plugins.set(manager.clone());
         manager.start(cluster);
     }
-    crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
+    if config.namespace_controller {
+        crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
+    }
     let stalled = state.metrics.stalled_connections.clone();
     let app = router(state);
     let in_process = app.clone();

@@ -35,6 +35,16 @@ pub trait ControllerHost: ClusterReader {
     /// What serves `kind` of `api_version`, as discovery says.
     async fn resource_of(&self, api_version: &str, kind: &str) -> Option<ServedResource>;
 
+    /// Every resource cached for the controller.
+    async fn resources(&self) -> Vec<ServedResource>;
+
+    /// Replaces `subresource` of the object with the whole object.
+    async fn update_subresource(
+        &self,
+        request: UpdateRequest,
+        subresource: &str,
+    ) -> Result<String, ApiError>;
+
     /// One object as the API server has it now (not the cache's copy).
     async fn read(
         &self,
@@ -123,6 +133,13 @@ impl cache::Host for PluginState {
             .resource_of(&api_version, &kind)
             .await
     }
+
+    async fn resources(&mut self) -> Vec<ServedResource> {
+        match self.controller() {
+            Ok(host) => host.resources().await,
+            Err(_) => Vec::new(),
+        }
+    }
 }
 
 impl client::Host for PluginState {
@@ -151,6 +168,16 @@ impl client::Host for PluginState {
 
     async fn delete(&mut self, request: DeleteRequest) -> Result<String, ApiError> {
         write(self.writer(), Write::Delete(request)).await
+    }
+
+    async fn update_subresource(
+        &mut self,
+        request: UpdateRequest,
+        subresource: String,
+    ) -> Result<String, ApiError> {
+        self.writer()?
+            .update_subresource(request, &subresource)
+            .await
     }
 
     async fn batch(&mut self, writes: Vec<Write>) -> Vec<Result<String, ApiError>> {

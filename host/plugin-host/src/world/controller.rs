@@ -157,6 +157,23 @@ mod tests {
             None
         }
 
+        async fn resources(&self) -> Vec<crate::ServedResource> {
+            Vec::new()
+        }
+
+        async fn update_subresource(
+            &self,
+            _: crate::UpdateRequest,
+            _: &str,
+        ) -> Result<String, ApiError> {
+            Err(ApiError {
+                code: 405,
+                reason: "MethodNotAllowed".into(),
+                message: String::new(),
+                causes: Vec::new(),
+            })
+        }
+
         async fn read(
             &self,
             resource: &GroupVersionResource,

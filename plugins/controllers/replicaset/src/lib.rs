@@ -351,6 +351,7 @@ fn create_pods(key: &ObjectKey, rs: &Value, n: usize) -> Result<Option<String>, 
             })
             .collect();
         let mut failure = None;
+        let mut terminating = false;
         for result in client::batch(writes)? {
             match result {
                 Ok(created) => events::record(
@@ -362,6 +363,11 @@ fn create_pods(key: &ObjectKey, rs: &Value, n: usize) -> Result<Option<String>, 
                         created["metadata"]["name"].as_str().unwrap_or_default()
                     ),
                 ),
+                // The namespace is being deleted: nothing more is created, and
+                // that is no failure (the namespace controller empties it).
+                Err(e) if e.code == 403 && e.message.contains("being terminated") => {
+                    terminating = true;
+                }
                 Err(e) => {
                     events::record(
                         rs,
@@ -372,6 +378,9 @@ fn create_pods(key: &ObjectKey, rs: &Value, n: usize) -> Result<Option<String>, 
                     failure.get_or_insert(e.to_string());
                 }
             }
+        }
+        if terminating {
+            return Ok(None);
         }
         if failure.is_some() {
             return Ok(failure);
