@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CONTROLLERS: [&str; 7] = [
+const CONTROLLERS: [&str; 8] = [
+    "endpoints",
     "namespace",
     "node-lifecycle",
     "replicaset",

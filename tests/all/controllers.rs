@@ -322,6 +322,8 @@ fn fake_kubelet(
     let pods = informers.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let mut changes = pods.subscribe();
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    // An address for each pod, as a node's network would give.
+    let next_ip = std::sync::atomic::AtomicU32::new(0);
     tokio::spawn(async move {
         loop {
             let change = tokio::select! {
@@ -346,8 +348,9 @@ fn fake_kubelet(
                 pod.metadata.namespace.as_deref().unwrap_or("default"),
             );
             let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            let status = json!({"status": {"phase": "Running", "conditions": [
-                {"type": "Ready", "status": "True", "lastTransitionTime": now}]}});
+            let ip = next_ip.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let status = json!({"status": {"phase": "Running", "podIP": format!("10.1.{}.{}", ip / 250, ip % 250 + 1),
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}});
             // A pod deleted meanwhile is no failure of the test.
             let _ = api
                 .patch_status(
@@ -729,6 +732,44 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
         events.contains("ScalingReplicaSet") && events.contains("Scaled up replica set web-"),
         "{events}"
     );
+
+    // A Service selecting the Deployment's pods: its Endpoints list the four, ready,
+    // with the named target port resolved.
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(admin.clone(), "default");
+    create(
+        &services,
+        json!({"metadata": {"name": "web"}, "spec": {"selector": {"set": "web"},
+               "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}),
+    )
+    .await?;
+    let endpoints = watching.informer::<k8s_openapi::api::core::v1::Endpoints>(
+        Api::all(admin.clone()),
+        watcher::Config::default(),
+    );
+    let mut endpoint_changes = endpoints.subscribe();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let ready = endpoints
+                .get("default/web")
+                .and_then(|e| e.subsets.clone())
+                .map(|s| {
+                    s.iter()
+                        .filter(|s| s.ports.as_ref().is_some_and(|p| p[0].port == 8080))
+                        .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
+                        .sum::<usize>()
+                });
+            if ready == Some(4) {
+                return anyhow::Ok(());
+            }
+            endpoint_changes
+                .recv()
+                .await
+                .context("the informer stopped")?;
+        }
+    })
+    .await
+    .context("Endpoints web with 4 ready addresses within 30 s")??;
 
     // The garbage collector. An object whose only owner never existed goes; one
     // with a live owner beside the missing one only loses the dangling reference.

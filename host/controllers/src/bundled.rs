@@ -75,6 +75,16 @@ pub const BUILTINS: &[Builtin] = &[
         needs_root_ca: false,
     },
     Builtin {
+        name: "endpoint",
+        identity: "endpoint-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/endpoints.wasm")),
+        primary: ("", "v1", "services"),
+        // Endpoints named after their Service, owned by it.
+        owns: &[("", "v1", "endpoints")],
+        watches: &[(("", "v1", "pods"), Mapping::Selector)],
+        needs_root_ca: false,
+    },
+    Builtin {
         name: "garbage-collector",
         identity: "generic-garbage-collector",
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/garbage-collector.wasm")),
@@ -183,6 +193,7 @@ mod tests {
             names("*"),
             [
                 "deployment",
+                "endpoint",
                 "garbage-collector",
                 "namespace",
                 "nodelifecycle",
@@ -192,7 +203,9 @@ mod tests {
             ]
         );
         assert_eq!(
-            names("*,-deployment,-garbage-collector,-namespace,-nodelifecycle,-serviceaccount"),
+            names(
+                "*,-deployment,-endpoint,-garbage-collector,-namespace,-nodelifecycle,-serviceaccount"
+            ),
             ["replicaset", "root-ca-cert-publisher"]
         );
         assert_eq!(names("replicaset"), ["replicaset"]);

@@ -16,8 +16,9 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
+use trellis_api::selector::LabelSelector;
 use trellis_client::events::EventRecorder;
-use trellis_client::informer::{BY_OWNER, Change, Informer, SharedInformers};
+use trellis_client::informer::{BY_NAMESPACE, BY_OWNER, Change, Informer, SharedInformers};
 use trellis_client::workqueue::{QueueMetrics, RateLimits, WorkQueue};
 use trellis_plugin_host::{
     Action, GroupVersionResource, ObjectKey, Plugin, PluginHost, PluginKind, PluginSpec,
@@ -96,6 +97,10 @@ pub enum Mapping {
     Name,
     /// None: the resource is only read (cached for the controller's reads).
     Cache,
+    /// The primary objects in the object's namespace whose `spec.selector` (a label
+    /// map, as a Service's, or `matchLabels`/`matchExpressions`) selects its labels:
+    /// a pod reconciles the Services that route to it.
+    Selector,
 }
 
 impl std::str::FromStr for Mapping {
@@ -107,11 +112,32 @@ impl std::str::FromStr for Mapping {
             "namespace" => Ok(Self::Namespace),
             "name" => Ok(Self::Name),
             "cache" => Ok(Self::Cache),
+            "selector" => Ok(Self::Selector),
             other => Err(format!(
-                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\""
+                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\""
             )),
         }
     }
+}
+
+/// The selector of a primary object's `spec.selector`: a label map (a Service's) or
+/// a `metav1.LabelSelector`. `None` selects nothing (a Service without a selector).
+fn selector_of(obj: &DynamicObject) -> Option<LabelSelector> {
+    let selector = obj.data.get("spec")?.get("selector")?;
+    let selector =
+        if selector.get("matchLabels").is_some() || selector.get("matchExpressions").is_some() {
+            let typed: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+                serde_json::from_value(selector.clone()).ok()?;
+            LabelSelector::from_k8s(&typed).ok()?
+        } else {
+            let pairs: Vec<String> = selector
+                .as_object()?
+                .iter()
+                .filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?)))
+                .collect();
+            LabelSelector::parse(&pairs.join(",")).ok()?
+        };
+    (!selector.is_empty()).then_some(selector)
 }
 
 /// The keys of the primary resource a watched object maps to.
@@ -121,9 +147,23 @@ fn mapped_keys(
     primary: &Arc<str>,
     primary_namespaced: bool,
     primary_kind: (&str, &str),
+    primary_cache: Option<&Informer<DynamicObject>>,
 ) -> Vec<Key> {
     let namespace = obj.metadata.namespace.clone().filter(|n| !n.is_empty());
     match map {
+        Mapping::Selector => {
+            let (Some(cache), Some(ns)) = (primary_cache, namespace) else {
+                return Vec::new();
+            };
+            let none = std::collections::BTreeMap::new();
+            let labels = obj.metadata.labels.as_ref().unwrap_or(&none);
+            cache
+                .by_index(BY_NAMESPACE, &ns)
+                .iter()
+                .filter(|p| selector_of(p).is_some_and(|s| s.matches_map(labels)))
+                .map(|p| key_of(primary, p))
+                .collect()
+        }
         Mapping::Owner => obj
             .metadata
             .owner_references
@@ -591,6 +631,7 @@ impl Manager {
             let primary_cached = caches.by_resource[&*primary_key].clone();
             let target = MapTarget {
                 primary: primary_key.clone(),
+                cache: primary_cached.informer.clone(),
                 namespaced: primary_cached.resolved.namespaced,
                 api_version: primary_cached.resolved.resource.api_version.clone(),
                 kind: primary_cached.resolved.resource.kind.clone(),
@@ -743,6 +784,8 @@ enum Feed {
 #[derive(Clone, Debug)]
 struct MapTarget {
     primary: Arc<str>,
+    /// The primary resource's cache, for the `selector` mapping.
+    cache: Arc<Informer<DynamicObject>>,
     namespaced: bool,
     api_version: String,
     kind: String,
@@ -781,6 +824,7 @@ async fn feed_mapped(
                 &target.primary,
                 target.namespaced,
                 (&target.api_version, &target.kind),
+                Some(&target.cache),
             ) {
                 queue.add(key);
             }

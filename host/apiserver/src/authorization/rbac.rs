@@ -602,6 +602,14 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            "endpoint-controller",
+            json!([
+                {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["endpoints"], "verbs": ["create", "update", "delete", "get", "list", "watch"]},
+                events,
+            ]),
+        ),
+        (
             "namespace-controller",
             json!([
                 {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch", "delete", "deletecollection"]},

@@ -178,9 +178,12 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
                 return Err("spec.controller.for: Required value: version and resource".into());
             }
             for (i, w) in c.watches.iter().enumerate() {
-                if !matches!(w.map.as_str(), "owner" | "namespace" | "name" | "cache") {
+                if !matches!(
+                    w.map.as_str(),
+                    "owner" | "namespace" | "name" | "cache" | "selector"
+                ) {
                     return Err(format!(
-                        "spec.controller.watches[{i}].map: Unsupported value: {:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\"",
+                        "spec.controller.watches[{i}].map: Unsupported value: {:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\"",
                         w.map
                     ));
                 }
@@ -414,8 +417,8 @@ pub fn crd() -> Value {
                             "group": {"type": "string"},
                             "version": {"type": "string"},
                             "resource": {"type": "string"},
-                            "map": {"type": "string", "enum": ["owner", "namespace", "name", "cache"],
-                                    "description": "owner: the owners of the primary's kind; namespace: the primary named as the object's namespace; name: the primary of the same name; cache: none, only read."},
+                            "map": {"type": "string", "enum": ["owner", "namespace", "name", "cache", "selector"],
+                                    "description": "owner: the owners of the primary's kind; namespace: the primary named as the object's namespace; name: the primary of the same name; cache: none, only read; selector: the primaries in its namespace whose spec.selector selects it."},
                         },
                     }},
                     "workers": {"type": "integer", "minimum": 1, "maximum": 64},
