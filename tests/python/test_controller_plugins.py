@@ -35,7 +35,7 @@ def controlled():
         controllers = subprocess.Popen(
             [str(trellis_binary()), "controllers",
              "--kubeconfig", str(data_dir / "controller-manager.kubeconfig"),
-             "--metrics-bind-address", ""],
+             "--metrics-bind-address", "", "--plugin-status-interval", "0.2"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         log: list[str] = []
         threading.Thread(
@@ -246,3 +246,32 @@ def test_every_namespace_gets_its_default_service_account_and_the_root_ca(contro
     core.patch_namespaced_config_map("kube-root-ca.crt", "fresh", {"data": {"ca.crt": "x"}})
     wait_for(core.list_namespaced_config_map, published, namespace="fresh")
     wait_for(core.list_namespaced_service_account, account, namespace="fresh")
+
+
+def test_a_controller_refused_by_rbac_says_so_in_its_status_and_keeps_running(controlled):
+    api, _ = controlled
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    plugins = dict(group="trellis.dev", version="v1", plural="plugins")
+    spec = plugin_spec(f"file://{MODULE}", {"label": "trellis.dev/refused"})
+    # It may read ConfigMaps (the controller manager's informers do) but not write.
+    spec["controller"]["rules"] = [{"apiGroups": [""], "resources": ["configmaps"],
+                                    "verbs": ["get"]}]
+    custom.create_cluster_custom_object(**plugins, body={
+        "apiVersion": "trellis.dev/v1", "kind": "Plugin",
+        "metadata": {"name": "refused"}, "spec": spec})
+    core.create_namespaced_config_map("default", {
+        "metadata": {"name": "wants-kids", "annotations": {"trellis.dev/children": "1"}}})
+
+    def refused(items):
+        plugin = items.get("refused")
+        status = (plugin or {}).get("status") or {}
+        loaded = any(c["type"] == "Loaded" and c["status"] == "True"
+                     for c in status.get("conditions") or [])
+        return loaded and (status.get("denials") or 0) >= 1
+
+    list_plugins = lambda **kw: custom.list_cluster_custom_object(**plugins, **kw)  # noqa: E731
+    wait_for(list_plugins, refused)
+    assert not [m for m in core.list_namespaced_config_map("default").items
+                if m.metadata.name.startswith("wants-kids-")]
+    custom.delete_cluster_custom_object(**plugins, name="refused")

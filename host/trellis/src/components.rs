@@ -126,6 +126,11 @@ pub struct ControllerArgs {
     /// Ready=Unknown and tainted unreachable.
     #[arg(long, default_value_t = 50, value_name = "SECONDS")]
     pub node_monitor_grace_period: u64,
+
+    /// How often the counters of controller Plugins (calls, failed reconciles,
+    /// failures) are copied into their status.
+    #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = seconds)]
+    pub plugin_status_interval: Duration,
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
@@ -203,6 +208,7 @@ pub async fn run_controllers(
         running: Default::default(),
         root_ca,
         node_monitor_grace_period: args.node_monitor_grace_period,
+        plugin_status_interval: args.plugin_status_interval,
         credentials: Credentials::ServiceAccounts {
             config: Box::new(config),
             dir: tokens.path().to_owned(),
@@ -287,6 +293,8 @@ pub struct ControllerSetup {
     pub root_ca: Option<String>,
     /// `--node-monitor-grace-period`, in seconds.
     pub node_monitor_grace_period: u64,
+    /// How often controller Plugins' counters are copied into their status.
+    pub plugin_status_interval: Duration,
 }
 
 impl std::fmt::Debug for ControllerSetup {

@@ -46,6 +46,21 @@ struct Followed {
     /// uid and generation of the declaration last loaded or tried.
     fingerprint: String,
     running: Option<Running>,
+    /// The counters last written to its status.
+    reported: [u64; 4],
+}
+
+/// A plugin's calls, failed reconciles (`denials`: it returned an error), failures
+/// in the plugin (traps, deadlines, memory) and timeouts.
+fn counters(running: &Running) -> [u64; 4] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let m = &running.plugin.metrics;
+    [
+        m.calls.load(Relaxed),
+        m.denials.load(Relaxed),
+        m.errors.load(Relaxed),
+        m.timeouts.load(Relaxed),
+    ]
 }
 
 /// Whether a Plugin object declares a controller.
@@ -84,10 +99,17 @@ pub(crate) async fn follow(
     );
     let mut changes = informer.subscribe();
     let mut followed: HashMap<String, Followed> = HashMap::new();
+    let mut status_tick = tokio::time::interval(setup.plugin_status_interval);
+    status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let change = tokio::select! {
-            change = changes.recv() => change,
+            change = changes.recv() => Some(change),
+            _ = status_tick.tick() => None,
             _ = stopped.wait_for(|s| *s) => break,
+        };
+        let Some(change) = change else {
+            report_counters(&client, &mut followed).await;
+            continue;
         };
         let Some(change) = change else { break };
         let obj = change.object().clone();
@@ -112,6 +134,7 @@ pub(crate) async fn follow(
         let entry = followed.entry(name.clone()).or_insert(Followed {
             fingerprint: String::new(),
             running: None,
+            reported: [0; 4],
         });
         if entry.fingerprint == fingerprint {
             continue;
@@ -272,6 +295,32 @@ async fn write_status(
     };
     if let Err(e) = api.patch_status(&name, &params, &Patch::Merge(patch)).await {
         warn!(plugin = %name, error = %e, "writing the controller plugin's status failed");
+    }
+}
+
+/// Copies each running plugin's counters into its Plugin's status when they changed,
+/// as the API server does for admission plugins: how a controller whose writes are
+/// refused shows it (`denials` counts reconciles that returned an error).
+async fn report_counters(client: &kube::Client, followed: &mut HashMap<String, Followed>) {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &plugins_resource());
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    for (name, f) in followed.iter_mut() {
+        let Some(running) = &f.running else { continue };
+        let now = counters(running);
+        if now == f.reported {
+            continue;
+        }
+        let [calls, denials, errors, timeouts] = now;
+        let patch = json!({"status": {"calls": calls, "denials": denials, "errors": errors, "timeouts": timeouts}});
+        match api.patch_status(name, &params, &Patch::Merge(patch)).await {
+            Ok(_) => f.reported = now,
+            Err(e) => {
+                warn!(plugin = %name, error = %e, "writing the controller plugin's counters failed")
+            }
+        }
     }
 }
 

@@ -227,6 +227,7 @@ pub async fn run(
             running: Default::default(),
             root_ca: std::fs::read_to_string(args.data_dir.join("pki").join("ca.crt")).ok(),
             node_monitor_grace_period: args.node_monitor_grace_period,
+            plugin_status_interval: Duration::from_secs(10),
             builtins,
         });
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)

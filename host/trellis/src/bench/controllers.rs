@@ -133,6 +133,7 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
         running: Default::default(),
         root_ca: None,
         node_monitor_grace_period: 50,
+        plugin_status_interval: Duration::from_secs(10),
     };
     shared.controllers = Some(setup.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
