@@ -232,67 +232,43 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
     );
     ensure!(other.list(&ListParams::default()).await?.items.len() == 1);
 
-    // A key whose reconcile traps: the failure names the plugin, the instance is
-    // replaced, and other keys go on being reconciled.
-    create(
-        &api,
-        json!({"metadata": {"name": "boom", "annotations": {"trellis.dev/panic": "on purpose"}}}),
-    )
-    .await?;
-    let boom = ObjectKey {
-        resource: configmaps(),
-        namespace: Some("ctl".into()),
-        name: "boom".into(),
-    };
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while cache.get("ctl/boom").is_none() {
-            cached.recv().await.context("the informer stopped")?;
-        }
-        anyhow::Ok(())
-    })
-    .await
-    .context("the controller's cache holds ctl/boom within 20 s")??;
-    let trapped = running
-        .plugin
-        .reconcile(&plugins, &boom)
+    // A key whose reconcile traps, and one whose reconcile spins until its deadline:
+    // each failure names the plugin, the instance is replaced, and other keys go on
+    // being reconciled.
+    for (name, annotation, failure) in [
+        ("boom", "trellis.dev/panic", "trapped"),
+        ("spin", "trellis.dev/loop", "timed out"),
+    ] {
+        create(
+            &api,
+            json!({"metadata": {"name": name, "annotations": {annotation: "on purpose"}}}),
+        )
+        .await?;
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while cache.get(&format!("ctl/{name}")).is_none() {
+                cached.recv().await.context("the informer stopped")?;
+            }
+            anyhow::Ok(())
+        })
         .await
-        .err()
-        .context("a trapping reconcile succeeded")?
-        .to_string();
-    ensure!(
-        trapped.contains("plugin children (controller") && trapped.contains("trapped"),
-        "{trapped}"
-    );
-    // A key whose reconcile spins: stopped at the deadline and named.
-    create(
-        &api,
-        json!({"metadata": {"name": "spin", "annotations": {"trellis.dev/loop": "yes"}}}),
-    )
-    .await?;
-    let spin = ObjectKey {
-        resource: configmaps(),
-        namespace: Some("ctl".into()),
-        name: "spin".into(),
-    };
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while cache.get("ctl/spin").is_none() {
-            cached.recv().await.context("the informer stopped")?;
-        }
-        anyhow::Ok(())
-    })
-    .await
-    .context("the controller's cache holds ctl/spin within 20 s")??;
-    let spun = running
-        .plugin
-        .reconcile(&plugins, &spin)
-        .await
-        .err()
-        .context("a spinning reconcile succeeded")?
-        .to_string();
-    ensure!(
-        spun.contains("plugin children (controller") && spun.contains("timed out"),
-        "{spun}"
-    );
+        .with_context(|| format!("the controller's cache holds ctl/{name} within 20 s"))??;
+        let key = ObjectKey {
+            resource: configmaps(),
+            namespace: Some("ctl".into()),
+            name: name.into(),
+        };
+        let failed = running
+            .plugin
+            .reconcile(&plugins, &key)
+            .await
+            .err()
+            .with_context(|| format!("reconciling {name} succeeded"))?
+            .to_string();
+        ensure!(
+            failed.contains("plugin children (controller") && failed.contains(failure),
+            "{failed}"
+        );
+    }
     create(
         &api,
         json!({"metadata": {"name": "after", "annotations": {"trellis.dev/children": "1"}}}),

@@ -476,6 +476,29 @@ pub mod client {
         })
     }
 
+    /// Merge-patches the object's status with `status`; `Ok(None)` when the object is
+    /// gone (deleted while it was reconciled: nothing left to report on).
+    pub fn patch_status(
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+        status: Value,
+    ) -> Result<Option<Value>, ApiError> {
+        let written = patch(
+            resource,
+            namespace,
+            name,
+            PatchType::Merge,
+            serde_json::json!({ "status": status }),
+            true,
+        );
+        match written {
+            Ok(object) => Ok(Some(object)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     pub fn delete(
         resource: &GroupVersionResource,
         namespace: Option<&str>,
@@ -503,6 +526,13 @@ pub mod events {
             host.record(&object.to_string(), event_type, reason, message);
         }
     }
+}
+
+/// Whether a namespace (as the cache holds it) is active: not being deleted. What
+/// controllers that put objects in every namespace ask first.
+pub fn namespace_is_active(namespace: &Value) -> bool {
+    namespace["metadata"]["deletionTimestamp"].is_null()
+        && namespace["status"]["phase"] != "Terminating"
 }
 
 /// Owned objects: ownerReferences and label selectors, as controllers read them.

@@ -1003,22 +1003,8 @@ impl Pass<'_> {
         .iter()
         .all(|f| old.get(f).unwrap_or(&Value::Null) == status.get(f).unwrap_or(&Value::Null));
         if !unchanged {
-            client::patch(
-                &self.key.resource,
-                self.ns(),
-                &self.key.name,
-                PatchType::Merge,
-                json!({"status": patch}),
-                true,
-            )
-            .or_else(|e| {
-                // Deleted meanwhile: nothing left to report on.
-                if e.is_not_found() {
-                    Ok(Value::Null)
-                } else {
-                    Err(format!("update the status: {e}"))
-                }
-            })?;
+            client::patch_status(&self.key.resource, self.ns(), &self.key.name, patch)
+                .map_err(|e| format!("update the status: {e}"))?;
         }
         Ok(again.map_or(Action::Done, Action::RequeueAfter))
     }

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use trellis_plugin::GroupVersionResource;
 use trellis_plugin::controller::{
-    Action, EventType, ObjectKey, PatchType, Reconcile, Write, cache, client, events, owned, time,
+    Action, EventType, ObjectKey, Reconcile, Write, cache, client, events, owned, time,
 };
 
 /// The most pods created or deleted in one pass (Kubernetes' `burstReplicas`).
@@ -312,22 +312,8 @@ impl Reconcile for ReplicaSets {
 
         let (status, recheck) = status_of(&rs, &mine, create_failure.as_deref());
         if status != rs["status"] {
-            client::patch(
-                &key.resource,
-                ns,
-                &key.name,
-                PatchType::Merge,
-                json!({"status": status}),
-                true,
-            )
-            .or_else(|e| {
-                // Deleted meanwhile: nothing left to report on.
-                if e.is_not_found() {
-                    Ok(Value::Null)
-                } else {
-                    Err(format!("update the status: {e}"))
-                }
-            })?;
+            client::patch_status(&key.resource, ns, &key.name, status)
+                .map_err(|e| format!("update the status: {e}"))?;
         }
         if let Some(e) = create_failure {
             failures.push(e);

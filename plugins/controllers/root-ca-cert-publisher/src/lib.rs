@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::json;
 use trellis_plugin::GroupVersionResource;
-use trellis_plugin::controller::{Action, ObjectKey, PatchType, Reconcile, cache, client};
+use trellis_plugin::controller::{self, Action, ObjectKey, PatchType, Reconcile, cache, client};
 
 pub const NAME: &str = "kube-root-ca.crt";
 const DESCRIPTION: &str = "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters.";
@@ -38,9 +38,7 @@ impl Reconcile for RootCa {
         let Some(namespace) = cache::get(&key.resource, None, &key.name)? else {
             return Ok(Action::Done);
         };
-        if !namespace["metadata"]["deletionTimestamp"].is_null()
-            || namespace["status"]["phase"] == "Terminating"
-        {
+        if !controller::namespace_is_active(&namespace) {
             return Ok(Action::Done);
         }
         let ns = Some(key.name.as_str());

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use serde_json::json;
 use trellis_plugin::GroupVersionResource;
-use trellis_plugin::controller::{Action, ObjectKey, Reconcile, cache, client};
+use trellis_plugin::controller::{self, Action, ObjectKey, Reconcile, cache, client};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -38,9 +38,7 @@ impl Reconcile for ServiceAccounts {
         let Some(namespace) = cache::get(&key.resource, None, &key.name)? else {
             return Ok(Action::Done);
         };
-        if !namespace["metadata"]["deletionTimestamp"].is_null()
-            || namespace["status"]["phase"] == "Terminating"
-        {
+        if !controller::namespace_is_active(&namespace) {
             return Ok(Action::Done);
         }
         for name in &self.service_accounts {
