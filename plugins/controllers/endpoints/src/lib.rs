@@ -150,12 +150,16 @@ impl Reconcile for Endpoints {
                 "labels": service["metadata"]["labels"],
                 "ownerReferences": [owned::controller_reference("v1", "Service", &service)],
             },
-            "subsets": subsets,
         });
+        // No address: no subsets at all, as Kubernetes writes it.
+        if !subsets.is_empty() {
+            wanted["subsets"] = Value::Array(subsets.clone());
+        }
         let write = match existing {
             Some(current)
                 if current["subsets"] == wanted["subsets"]
-                    || (current["subsets"].is_null() && subsets.is_empty()) =>
+                    || (current["subsets"].as_array().is_none_or(Vec::is_empty)
+                        && subsets.is_empty()) =>
             {
                 return Ok(Action::Done);
             }
