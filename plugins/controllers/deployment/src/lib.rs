@@ -229,7 +229,8 @@ impl Reconcile for Deployments {
             return pass.sync_status();
         }
         let paused = pass.d["spec"]["paused"] == true;
-        pass.sync_revision(!paused)?;
+        // Recreate makes its new set only once the old pods are gone (see `recreate`).
+        pass.sync_revision(!paused && is_rolling(&pass.d))?;
         if paused || pass.is_scaling_event() {
             pass.scale()?;
             if paused {
@@ -1029,6 +1030,124 @@ trellis_plugin::controller!(Deployments);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trellis_plugin::testing::ControllerHarness;
+
+    fn deployments() -> GroupVersionResource {
+        GroupVersionResource {
+            group: "apps".into(),
+            version: "v1".into(),
+            resource: "deployments".into(),
+        }
+    }
+
+    fn template(image: &str) -> Value {
+        json!({"metadata": {"labels": {"app": "web"}},
+               "spec": {"containers": [{"name": "c", "image": image}]}})
+    }
+
+    fn deployment(replicas: i64, image: &str, strategy: Value) -> Value {
+        json!({"metadata": {"name": "web", "namespace": "ns", "uid": "d-uid", "generation": 2},
+               "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                        "template": template(image), "strategy": strategy}})
+    }
+
+    /// A ReplicaSet of the Deployment for `image`, with its pods all available.
+    fn set(name: &str, image: &str, replicas: i64, revision: i64, annotations: Value) -> Value {
+        let mut t = template(image);
+        t["metadata"]["labels"][HASH_LABEL] = json!(name);
+        let mut annotations = annotations;
+        annotations[REVISION] = json!(revision.to_string());
+        json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid"),
+                            "labels": {"app": "web"}, "annotations": annotations,
+                            "creationTimestamp": format!("2026-01-0{revision}T00:00:00Z"),
+                            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                "name": "web", "uid": "d-uid", "controller": true}]},
+               "spec": {"replicas": replicas, "template": t},
+               "status": {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas}})
+    }
+
+    fn replicas_of_set(h: &ControllerHarness, name: &str) -> i64 {
+        h.object(&replicasets(), Some("ns"), name).unwrap()["spec"]["replicas"]
+            .as_i64()
+            .unwrap()
+    }
+
+    #[test]
+    fn recreate_scales_the_old_set_to_zero_and_waits_for_its_pods_before_the_new() {
+        let h = ControllerHarness::new()
+            .with_object(
+                deployments(),
+                deployment(3, "v2", json!({"type": "Recreate"})),
+            )
+            .with_object(replicasets(), set("old", "v1", 3, 1, json!({})));
+        h.reconcile::<Deployments>(&deployments(), Some("ns"), "web")
+            .unwrap();
+        assert_eq!(replicas_of_set(&h, "old"), 0);
+        let sets = h
+            .writes()
+            .iter()
+            .filter(|w| matches!(w, Write::Create { .. }))
+            .count();
+        assert_eq!(sets, 0, "a new set before the old pods are gone");
+        // Its pods gone (status replicas 0): now the new set, at full size.
+        let mut old = h.object(&replicasets(), Some("ns"), "old").unwrap();
+        old["status"] = json!({"replicas": 0});
+        let h = h.with_object(replicasets(), old);
+        h.reconcile::<Deployments>(&deployments(), Some("ns"), "web")
+            .unwrap();
+        let created = h
+            .writes()
+            .into_iter()
+            .find_map(|w| match w {
+                Write::Create { object, .. } => Some(object),
+                _ => None,
+            })
+            .expect("the new set");
+        assert_eq!(created["spec"]["replicas"], 3);
+        assert_eq!(created["metadata"]["annotations"][REVISION], "2");
+    }
+
+    #[test]
+    fn a_resize_mid_rollout_is_shared_in_proportion() {
+        let sized = json!({DESIRED_REPLICAS: "10", MAX_REPLICAS: "13"});
+        let strategy = json!({"type": "RollingUpdate",
+                              "rollingUpdate": {"maxSurge": 3, "maxUnavailable": 2}});
+        let h = ControllerHarness::new()
+            .with_object(deployments(), deployment(20, "v2", strategy))
+            .with_object(replicasets(), set("old", "v1", 8, 1, sized.clone()))
+            .with_object(replicasets(), set("new", "v2", 5, 2, sized));
+        h.reconcile::<Deployments>(&deployments(), Some("ns"), "web")
+            .unwrap();
+        let (old, new) = (replicas_of_set(&h, "old"), replicas_of_set(&h, "new"));
+        // 13 pods for a Deployment of 10 (+3) become 23 for 20 (+3), in proportion.
+        assert_eq!(old + new, 23, "old {old}, new {new}");
+        assert_eq!((old, new), (14, 9));
+    }
+
+    #[test]
+    fn a_paused_deployment_gets_no_new_set_and_says_it_is_paused() {
+        let mut d = deployment(3, "v2", json!({"type": "RollingUpdate"}));
+        d["spec"]["paused"] = json!(true);
+        let h = ControllerHarness::new()
+            .with_object(deployments(), d)
+            .with_object(
+                replicasets(),
+                set("old", "v1", 3, 1, json!({DESIRED_REPLICAS: "3"})),
+            );
+        h.reconcile::<Deployments>(&deployments(), Some("ns"), "web")
+            .unwrap();
+        assert!(!h.writes().iter().any(|w| matches!(w, Write::Create { .. })));
+        let d = h.object(&deployments(), Some("ns"), "web").unwrap();
+        let progressing = d["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Progressing")
+            .unwrap()
+            .clone();
+        assert_eq!(progressing["reason"], "DeploymentPaused");
+        assert_eq!(progressing["status"], "Unknown");
+    }
 
     #[test]
     fn surge_rounds_up_and_unavailability_down() {
