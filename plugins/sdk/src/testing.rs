@@ -763,6 +763,8 @@ pub struct ControllerHarness {
 
 #[derive(Default)]
 struct ControllerState {
+    /// What serves each kind: `(apiVersion, kind)`.
+    kinds: Vec<(String, String, crate::controller::ServedResource)>,
     /// By `group/version/resource`, then `namespace/name`.
     objects: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Value>>,
     writes: Vec<crate::controller::Write>,
@@ -797,6 +799,26 @@ impl ControllerHarness {
     /// The controller's configuration.
     pub fn with_configuration(mut self, configuration: Value) -> Self {
         self.configuration = Some(configuration.to_string());
+        self
+    }
+
+    /// Says which resource serves `kind` of `api_version` (what `cache::resource_of`
+    /// and `cache::resources` answer).
+    pub fn with_kind(
+        self,
+        api_version: &str,
+        kind: &str,
+        resource: GroupVersionResource,
+        namespaced: bool,
+    ) -> Self {
+        self.state.borrow_mut().kinds.push((
+            api_version.to_owned(),
+            kind.to_owned(),
+            crate::controller::ServedResource {
+                resource,
+                namespaced,
+            },
+        ));
         self
     }
 
@@ -912,7 +934,27 @@ impl ControllerHarness {
                     (None, PatchType::Apply) => serde_json::json!({"metadata": {"name": name}}),
                     (None, _) => return Err(not_found(name)),
                 };
-                json_patch::merge(&mut object, patch);
+                match patch_type {
+                    // RFC 6902, applied as the API server applies it.
+                    PatchType::Json => {
+                        let ops: json_patch::Patch = serde_json::from_value(patch.clone())
+                            .map_err(|e| ApiError {
+                                code: 400,
+                                reason: "BadRequest".into(),
+                                message: format!("not a JSON patch: {e}"),
+                                causes: Vec::new(),
+                            })?;
+                        json_patch::patch(&mut object, &ops).map_err(|e| ApiError {
+                            code: 422,
+                            reason: "Invalid".into(),
+                            message: e.to_string(),
+                            causes: Vec::new(),
+                        })?;
+                    }
+                    // Strategic merge and apply patches are merged as JSON merge
+                    // patches here: list merge keys and directives are not followed.
+                    _ => json_patch::merge(&mut object, patch),
+                }
                 object["metadata"]["name"] = Value::String(name.clone());
                 if let Some(ns) = namespace {
                     object["metadata"]["namespace"] = Value::String(ns.clone());
@@ -936,6 +978,58 @@ impl ControllerHarness {
 }
 
 impl crate::controller::ControllerHost for ControllerHarness {
+    fn resource_of(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Option<crate::controller::ServedResource> {
+        self.state
+            .borrow()
+            .kinds
+            .iter()
+            .find(|(v, k, _)| v == api_version && k == kind)
+            .map(|(_, _, r)| r.clone())
+    }
+
+    fn resources(&self) -> Vec<crate::controller::ServedResource> {
+        self.state
+            .borrow()
+            .kinds
+            .iter()
+            .map(|(_, _, r)| r.clone())
+            .collect()
+    }
+
+    fn dependents(&self, owner_uid: &str) -> Result<Vec<String>, String> {
+        let state = self.state.borrow();
+        let kind_of = |resource: &str| {
+            state
+                .kinds
+                .iter()
+                .find(|(_, _, r)| gvr_key(&r.resource) == resource)
+                .map(|(v, k, _)| (v.clone(), k.clone()))
+        };
+        Ok(state
+            .objects
+            .iter()
+            .flat_map(|(resource, objects)| {
+                let kind = kind_of(resource);
+                objects.values().filter_map(move |o| {
+                    let owned = o["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == owner_uid));
+                    let (api_version, kind) = kind.clone()?;
+                    owned.then(|| {
+                        let mut o = o.clone();
+                        o["apiVersion"] = Value::String(api_version);
+                        o["kind"] = Value::String(kind);
+                        o.to_string()
+                    })
+                })
+            })
+            .collect())
+    }
+
     fn get(
         &self,
         resource: &GroupVersionResource,

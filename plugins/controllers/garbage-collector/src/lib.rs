@@ -309,3 +309,106 @@ fn foreground(key: &ObjectKey, obj: &Value) -> Result<Action, String> {
 }
 
 trellis_plugin::controller!(GarbageCollector);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trellis_plugin::testing::ControllerHarness;
+
+    fn configmaps() -> GroupVersionResource {
+        GroupVersionResource {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "configmaps".into(),
+        }
+    }
+
+    fn harness() -> ControllerHarness {
+        ControllerHarness::new().with_kind("v1", "ConfigMap", configmaps(), true)
+    }
+
+    fn reference(name: &str, uid: &str, block: bool) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": uid,
+               "blockOwnerDeletion": block})
+    }
+
+    fn map(name: &str, uid: &str, owners: Value) -> Value {
+        json!({"metadata": {"name": name, "namespace": "ns", "uid": uid, "ownerReferences": owners}})
+    }
+
+    fn reconcile(h: &ControllerHarness, name: &str) {
+        h.reconcile::<GarbageCollector>(&configmaps(), Some("ns"), name)
+            .unwrap();
+    }
+
+    #[test]
+    fn an_object_whose_owners_are_all_gone_is_deleted() {
+        let h = harness().with_object(
+            configmaps(),
+            map("child", "c", json!([reference("ghost", "g", false)])),
+        );
+        reconcile(&h, "child");
+        assert!(h.object(&configmaps(), Some("ns"), "child").is_none());
+    }
+
+    #[test]
+    fn a_dangling_reference_beside_a_live_owner_is_removed_not_the_object() {
+        let h = harness()
+            .with_object(configmaps(), map("live", "l", json!([])))
+            .with_object(
+                configmaps(),
+                map(
+                    "child",
+                    "c",
+                    json!([
+                        reference("ghost", "g", false),
+                        reference("live", "l", false)
+                    ]),
+                ),
+            );
+        reconcile(&h, "child");
+        assert!(h.object(&configmaps(), Some("ns"), "child").is_some());
+        let released = h.writes().into_iter().any(|w| match w {
+            Write::Patch { patch, .. } => {
+                patch["metadata"]["ownerReferences"][0] == json!({"$patch": "delete", "uid": "g"})
+            }
+            _ => false,
+        });
+        assert!(released, "{:?}", h.writes());
+    }
+
+    #[test]
+    fn orphan_deletion_releases_the_dependents_then_the_finalizer() {
+        let mut owner = map("owner", "o", json!([]));
+        owner["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        owner["metadata"]["finalizers"] = json!([ORPHAN]);
+        let h = harness().with_object(configmaps(), owner).with_object(
+            configmaps(),
+            map("child", "c", json!([reference("owner", "o", true)])),
+        );
+        reconcile(&h, "owner");
+        assert!(h.object(&configmaps(), Some("ns"), "child").is_some());
+        let owner = h.object(&configmaps(), Some("ns"), "owner").unwrap();
+        assert_eq!(owner["metadata"]["finalizers"], json!([]));
+    }
+
+    #[test]
+    fn foreground_deletion_deletes_blocking_dependents_first() {
+        let mut owner = map("owner", "o", json!([]));
+        owner["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        owner["metadata"]["finalizers"] = json!([FOREGROUND]);
+        let h = harness().with_object(configmaps(), owner).with_object(
+            configmaps(),
+            map("child", "c", json!([reference("owner", "o", true)])),
+        );
+        reconcile(&h, "owner");
+        assert!(h.object(&configmaps(), Some("ns"), "child").is_none());
+        // The dependent went in this pass: the owner still waits for it.
+        let owner = h.object(&configmaps(), Some("ns"), "owner").unwrap();
+        assert_eq!(owner["metadata"]["finalizers"], json!([FOREGROUND]));
+        // Its removal brings the owner back: nothing blocks, the finalizer goes.
+        reconcile(&h, "owner");
+        let owner = h.object(&configmaps(), Some("ns"), "owner").unwrap();
+        assert_eq!(owner["metadata"]["finalizers"], json!([]));
+    }
+}
