@@ -746,6 +746,32 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     })
     .await
     .context("Endpoints web with 4 ready addresses within 30 s")??;
+    // And the same as an EndpointSlice, labelled with the Service's name.
+    let slices = watching.informer::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+        Api::all(admin.clone()),
+        watcher::Config::default(),
+    );
+    let mut slice_changes = slices.subscribe();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let ready: usize = slices
+                .by_index(BY_LABEL, "kubernetes.io/service-name=web")
+                .iter()
+                .map(|s| {
+                    s.endpoints
+                        .iter()
+                        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                        .count()
+                })
+                .sum();
+            if ready == 4 {
+                return anyhow::Ok(());
+            }
+            slice_changes.recv().await.context("the informer stopped")?;
+        }
+    })
+    .await
+    .context("EndpointSlices of web with 4 ready endpoints within 30 s")??;
 
     // The garbage collector. An object whose only owner never existed goes; one
     // with a live owner beside the missing one only loses the dangling reference.

@@ -266,6 +266,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         resource(
+            "discovery.k8s.io",
+            "EndpointSlice",
+            "endpointslices",
+            true,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
             "rbac.authorization.k8s.io",
             "ClusterRoleBinding",
             "clusterrolebindings",

@@ -30,6 +30,8 @@ pub struct Builtin {
     /// Its configuration needs the cluster CA (`{"caCrt": PEM}`), which the
     /// controller manager knows.
     pub needs_root_ca: bool,
+    /// Its configuration otherwise (JSON).
+    pub configuration: &'static str,
 }
 
 fn gvr((group, version, resource): (&str, &str, &str)) -> GroupVersionResource {
@@ -48,6 +50,7 @@ impl Builtin {
             Arc::new(self.wasm.to_vec()),
             gvr(self.primary),
         );
+        config.spec.configuration = self.configuration.to_owned();
         config.owns = self.owns.iter().copied().map(gvr).collect();
         config.watches = self
             .watches
@@ -73,6 +76,7 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[("apps", "v1", "replicasets")],
         watches: &[],
         needs_root_ca: false,
+        configuration: "{}",
     },
     Builtin {
         name: "endpoint",
@@ -83,6 +87,18 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[("", "v1", "endpoints")],
         watches: &[(("", "v1", "pods"), Mapping::Selector)],
         needs_root_ca: false,
+        configuration: "{}",
+    },
+    Builtin {
+        name: "endpointslice",
+        identity: "endpointslice-controller",
+        // The Endpoints controller's component, writing EndpointSlices.
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/endpoints.wasm")),
+        primary: ("", "v1", "services"),
+        owns: &[("discovery.k8s.io", "v1", "endpointslices")],
+        watches: &[(("", "v1", "pods"), Mapping::Selector)],
+        needs_root_ca: false,
+        configuration: r#"{"write": "endpointslices"}"#,
     },
     Builtin {
         name: "garbage-collector",
@@ -93,6 +109,7 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[],
         watches: &[],
         needs_root_ca: false,
+        configuration: "{}",
     },
     Builtin {
         name: "namespace",
@@ -103,6 +120,7 @@ pub const BUILTINS: &[Builtin] = &[
         // Every resource: a removal in a namespace brings the namespace back.
         watches: &[(("*", "*", "*"), Mapping::Namespace)],
         needs_root_ca: false,
+        configuration: "{}",
     },
     Builtin {
         name: "nodelifecycle",
@@ -117,6 +135,7 @@ pub const BUILTINS: &[Builtin] = &[
             (("", "v1", "pods"), Mapping::Cache),
         ],
         needs_root_ca: false,
+        configuration: "{}",
     },
     Builtin {
         name: "replicaset",
@@ -126,6 +145,7 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[("", "v1", "pods")],
         watches: &[],
         needs_root_ca: false,
+        configuration: "{}",
     },
     Builtin {
         name: "root-ca-cert-publisher",
@@ -135,6 +155,7 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[],
         watches: &[(("", "v1", "configmaps"), Mapping::Namespace)],
         needs_root_ca: true,
+        configuration: "{}",
     },
     Builtin {
         name: "serviceaccount",
@@ -144,6 +165,7 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[],
         watches: &[(("", "v1", "serviceaccounts"), Mapping::Namespace)],
         needs_root_ca: false,
+        configuration: "{}",
     },
 ];
 
@@ -194,6 +216,7 @@ mod tests {
             [
                 "deployment",
                 "endpoint",
+                "endpointslice",
                 "garbage-collector",
                 "namespace",
                 "nodelifecycle",
@@ -204,7 +227,7 @@ mod tests {
         );
         assert_eq!(
             names(
-                "*,-deployment,-endpoint,-garbage-collector,-namespace,-nodelifecycle,-serviceaccount"
+                "*,-deployment,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodelifecycle,-serviceaccount"
             ),
             ["replicaset", "root-ca-cert-publisher"]
         );

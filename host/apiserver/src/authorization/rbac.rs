@@ -610,6 +610,14 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            "endpointslice-controller",
+            json!([
+                {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["create", "update", "delete", "get", "list", "watch"]},
+                events,
+            ]),
+        ),
+        (
             "namespace-controller",
             json!([
                 {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch", "delete", "deletecollection"]},

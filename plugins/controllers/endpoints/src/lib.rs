@@ -5,6 +5,10 @@
 //! the Service's ports to (a named `targetPort` is looked up in each pod's
 //! containers). Pods being deleted or finished are left out. A Service without a
 //! selector keeps the Endpoints its owner writes.
+//!
+//! Configured `{"write": "endpointslices"}`, the same component is the EndpointSlice
+//! controller: the same addresses as `discovery.k8s.io/v1` EndpointSlices labelled
+//! `kubernetes.io/service-name`, one per set of resolved ports, owned by the Service.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +19,125 @@ use trellis_plugin::controller::{Action, ObjectKey, Reconcile, Write, cache, cli
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Endpoints {}
+pub struct Endpoints {
+    /// What it writes: `endpoints` (the default) or `endpointslices`.
+    #[serde(default)]
+    write: Target,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    #[default]
+    Endpoints,
+    EndpointSlices,
+}
+
+pub const SERVICE_NAME: &str = "kubernetes.io/service-name";
+const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+
+fn slices() -> GroupVersionResource {
+    GroupVersionResource {
+        group: "discovery.k8s.io".into(),
+        version: "v1".into(),
+        resource: "endpointslices".into(),
+    }
+}
+
+/// The EndpointSlices a Service's subsets make, by name: one per set of ports (a
+/// Service with no address gets one with no endpoints, as Kubernetes keeps).
+pub fn slices_of(service: &Value, subsets: &[Value]) -> BTreeMap<String, Value> {
+    use std::hash::{Hash, Hasher};
+    let name = service["metadata"]["name"].as_str().unwrap_or_default();
+    let endpoint = |address: &Value, ready: bool| {
+        let mut e = json!({
+            "addresses": [address["ip"]],
+            "conditions": {"ready": ready, "serving": ready, "terminating": false},
+            "targetRef": address["targetRef"],
+        });
+        if let Some(node) = address["nodeName"].as_str() {
+            e["nodeName"] = json!(node);
+        }
+        e
+    };
+    let mut out = BTreeMap::new();
+    let groups: Vec<Value> = if subsets.is_empty() {
+        vec![json!({})]
+    } else {
+        subsets.to_vec()
+    };
+    for subset in groups {
+        let ports = subset["ports"].clone();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        ports.to_string().hash(&mut hasher);
+        let slice_name = format!("{name}-{:08x}", hasher.finish() as u32);
+        let mut endpoints: Vec<Value> = Vec::new();
+        for a in subset["addresses"].as_array().into_iter().flatten() {
+            endpoints.push(endpoint(a, true));
+        }
+        for a in subset["notReadyAddresses"].as_array().into_iter().flatten() {
+            endpoints.push(endpoint(a, false));
+        }
+        let mut slice = json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": slice_name,
+                "labels": {SERVICE_NAME: name, MANAGED_BY: "endpointslice-controller.k8s.io"},
+                "ownerReferences": [owned::controller_reference("v1", "Service", service)],
+            },
+            "addressType": "IPv4",
+            "endpoints": endpoints,
+        });
+        if ports.is_array() {
+            slice["ports"] = ports;
+        }
+        out.insert(slice_name, slice);
+    }
+    out
+}
+
+/// Writes the slices `wanted` against those that exist; the writes it takes.
+fn slice_writes(key: &ObjectKey, wanted: BTreeMap<String, Value>) -> Result<Vec<Write>, String> {
+    let selector = format!("{SERVICE_NAME}={}", key.name);
+    let existing: Vec<Value> = cache::list_as(&slices(), key.namespace.as_deref(), &selector)?;
+    let mut writes = Vec::new();
+    for current in &existing {
+        let name = current["metadata"]["name"].as_str().unwrap_or_default();
+        if !wanted.contains_key(name) {
+            writes.push(Write::Delete {
+                resource: slices(),
+                namespace: key.namespace.clone(),
+                name: name.to_owned(),
+                propagation: None,
+                uid: current["metadata"]["uid"].as_str().map(str::to_owned),
+            });
+        }
+    }
+    for (name, mut slice) in wanted {
+        let current = existing
+            .iter()
+            .find(|c| c["metadata"]["name"] == name.as_str());
+        match current {
+            Some(c) if c["endpoints"] == slice["endpoints"] && c["ports"] == slice["ports"] => {}
+            Some(c) => {
+                slice["metadata"]["resourceVersion"] = c["metadata"]["resourceVersion"].clone();
+                writes.push(Write::Update {
+                    resource: slices(),
+                    namespace: key.namespace.clone(),
+                    object: slice,
+                    status: false,
+                });
+            }
+            None => writes.push(Write::Create {
+                resource: slices(),
+                namespace: key.namespace.clone(),
+                object: slice,
+            }),
+        }
+    }
+    Ok(writes)
+}
 
 fn gvr(resource: &str) -> GroupVersionResource {
     GroupVersionResource {
@@ -141,6 +263,18 @@ impl Reconcile for Endpoints {
         let selector = owned::selector_string(&json!({"matchLabels": selector}))?;
         let pods: Vec<Value> = cache::list_as(&gvr("pods"), ns, &selector)?;
         let subsets = subsets(&service, &pods);
+        if self.write == Target::EndpointSlices {
+            let writes = slice_writes(key, slices_of(&service, &subsets))?;
+            for result in client::batch(writes)? {
+                match result {
+                    Ok(_) => {}
+                    Err(e) if e.is_not_found() || e.is_already_exists() => {}
+                    Err(e) if e.code == 403 && e.message.contains("being terminated") => {}
+                    Err(e) => return Err(format!("write EndpointSlices of {}: {e}", key.name)),
+                }
+            }
+            return Ok(Action::Done);
+        }
         let existing = cache::get(&gvr("endpoints"), ns, &key.name)?;
         let mut wanted = json!({
             "apiVersion": "v1",
@@ -224,6 +358,28 @@ mod tests {
             .collect();
         assert_eq!(ips, ["10.0.0.1", "10.0.0.2"]);
         assert_eq!(s[0]["notReadyAddresses"][0]["targetRef"]["name"], "c");
+    }
+
+    #[test]
+    fn slices_carry_the_same_addresses_with_their_conditions() {
+        let service = json!({"metadata": {"name": "web", "uid": "s"},
+                             "spec": {"ports": [{"name": "web", "port": 80, "targetPort": "http"}]}});
+        let pods = [pod("a", "10.0.0.1", true), pod("c", "10.0.0.3", false)];
+        let slices = slices_of(&service, &subsets(&service, &pods));
+        assert_eq!(slices.len(), 1);
+        let slice = slices.values().next().unwrap();
+        assert_eq!(slice["metadata"]["labels"][SERVICE_NAME], "web");
+        assert_eq!(slice["ports"][0]["port"], 8080);
+        let ready: Vec<bool> = slice["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["conditions"]["ready"].as_bool().unwrap())
+            .collect();
+        assert_eq!(ready, [true, false]);
+        // No address: one slice with no endpoints.
+        let empty = slices_of(&service, &[]);
+        assert_eq!(empty.values().next().unwrap()["endpoints"], json!([]));
     }
 
     #[test]
