@@ -863,6 +863,9 @@ async fn follow_resources(
     let mut changes = crds.subscribe();
     let mut feeds = JoinSet::new();
     let mut again: Option<tokio::time::Instant> = None;
+    // After a CustomResourceDefinition changes, discovery may serve its resource a
+    // moment later: looked at again after 1, 2, 4 and 8 s until it appears.
+    let mut retry = Duration::ZERO;
     loop {
         let later = async {
             match again {
@@ -876,9 +879,14 @@ async fn follow_resources(
                     return;
                 }
                 while changes.try_recv().is_ok() {}
-                again = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                retry = Duration::from_secs(1);
+                again = Some(tokio::time::Instant::now() + retry);
             }
-            () = later => again = None,
+            () = later => {
+                retry *= 2;
+                again = (retry <= Duration::from_secs(8))
+                    .then(|| tokio::time::Instant::now() + retry);
+            }
             () = tokio::time::sleep(DISCOVERY_RESYNC) => {}
         }
         let found = match manager.resolve_every().await {
@@ -890,6 +898,7 @@ async fn follow_resources(
         };
         let mut caches = Caches::clone(&shared.current());
         let mut added = Vec::new();
+        let mut new_kinds: Vec<(String, String)> = Vec::new();
         for (gvr, resolved) in found {
             let key = gvr_key(&gvr);
             if caches.by_resource.contains_key(&key) {
@@ -907,12 +916,17 @@ async fn follow_resources(
                 warn!(resource = %key, "a new resource did not sync; left out until the next look");
                 continue;
             }
+            new_kinds.push((
+                resolved.resource.api_version.clone(),
+                resolved.resource.kind.clone(),
+            ));
             caches.insert(gvr, resolved, informer.clone());
             added.push((key, informer));
         }
         if added.is_empty() {
             continue;
         }
+        again = None;
         shared.replace(caches);
         for (resource, informer) in added {
             info!(%resource, "a new resource joins the caches");
@@ -931,6 +945,24 @@ async fn follow_resources(
                     queue.clone(),
                 )),
             };
+        }
+        // Objects owned by one of the new kinds were judged while their owners'
+        // kind was unknown: they are judged again.
+        if matches!(feed, Feed::Every) {
+            let caches = shared.current();
+            for (resource, cached) in &caches.by_resource {
+                let resource: Arc<str> = resource.as_str().into();
+                for obj in cached.informer.list() {
+                    let owned_by_new = obj.metadata.owner_references.iter().flatten().any(|r| {
+                        new_kinds
+                            .iter()
+                            .any(|(v, k)| *v == r.api_version && *k == r.kind)
+                    });
+                    if owned_by_new {
+                        queue.add(key_of(&resource, &obj));
+                    }
+                }
+            }
         }
     }
 }
