@@ -7,12 +7,18 @@
 //! as a user's would; tests of the server's refusals pass `--validate=false` so that
 //! the server, not kubectl, is what refuses.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
 use tokio::process::ChildStdout;
+use trellis_api::UserInfo;
+use trellis_client::informer::SharedInformers;
 use trellis_tests::TestCluster;
 
 /// A Deployment, a ConfigMap and a Secret with `stringData`, as one YAML stream.
@@ -947,20 +953,7 @@ async fn deleting_a_namespace_terminates_it_then_removes_it_and_its_objects() ->
         .unwrap_or_default();
     assert!(is_timestamp(deleted_at), "deletionTimestamp {deleted_at:?}");
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = cluster
-            .kubectl(&["get", "ns", "doomed", "-o", "name"])
-            .await?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if stderr.contains(r#"namespaces "doomed" not found"#) {
-            break;
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("namespace doomed still exists after 10 s: {stderr}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_namespace(&cluster, "doomed", Option::is_none).await?;
     // Raw, because kubectl reports a named get in a missing namespace as the
     // namespace not being found.
     let err = cluster
@@ -977,20 +970,34 @@ async fn deleting_a_namespace_terminates_it_then_removes_it_and_its_objects() ->
     cluster.stop().await
 }
 
-/// Waits up to 10 s for `kubectl get ns NAME` to answer NotFound.
-async fn wait_for_namespace_gone(cluster: &TestCluster, name: &str) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = cluster.kubectl(&["get", "ns", name, "-o", "name"]).await?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if stderr.contains(&format!(r#"namespaces "{name}" not found"#)) {
-            return Ok(());
+/// Waits, on a watch of namespaces, up to 10 s for namespace `name` to be as `done`
+/// says (`None`: gone); the namespace then.
+async fn wait_for_namespace(
+    cluster: &TestCluster,
+    name: &str,
+    done: impl Fn(&Option<Arc<Namespace>>) -> bool,
+) -> Result<Option<Arc<Namespace>>> {
+    let admin = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    let informers = SharedInformers::new();
+    let namespaces = informers.informer::<Namespace>(Api::all(admin), watcher::Config::default());
+    let mut changes = namespaces.subscribe();
+    namespaces.wait_synced().await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let now = namespaces.get(name);
+            if done(&now) {
+                return Ok(now);
+            }
+            changes
+                .recv()
+                .await
+                .context("the namespace informer stopped")?;
         }
-        if tokio::time::Instant::now() > deadline {
-            bail!("namespace {name} still exists after 10 s: {stderr}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .with_context(|| format!("namespace {name} not as expected within 10 s"))?
 }
 
 async fn namespace_json(cluster: &TestCluster, name: &str) -> Result<Value> {
@@ -1030,14 +1037,11 @@ async fn finalize_subresource_removes_a_namespace_only_it_may_release() -> Resul
     cluster
         .kubectl_ok(&["delete", "ns", "held", "--wait=false"])
         .await?;
-    // Marked, and nothing in the server empties it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Marked; nothing in the server empties it (checked again below, after the
+    // requests that follow).
     let marked = namespace_json(&cluster, "held").await?;
     assert_eq!(marked["status"]["phase"], "Terminating");
     assert_eq!(marked["spec"]["finalizers"], json!(["kubernetes"]));
-    cluster
-        .kubectl_ok(&["get", "cm", "inside", "-n", "held"])
-        .await?;
 
     // A plain update, or a patch, cannot release the namespace.
     let mut update = marked.clone();
@@ -1072,6 +1076,10 @@ async fn finalize_subresource_removes_a_namespace_only_it_may_release() -> Resul
         .await?;
     let current = namespace_json(&cluster, "held").await?;
     assert_eq!(current["spec"]["finalizers"], json!(["kubernetes"]));
+
+    cluster
+        .kubectl_ok(&["get", "cm", "inside", "-n", "held"])
+        .await?;
 
     // Finalizing is its own permission: `update` on `namespaces/finalize`.
     let finalizer = cluster.kubectl_with_token("finalizer", "finalizer-token-0123456789")?;
@@ -1134,7 +1142,7 @@ async fn finalize_subresource_removes_a_namespace_only_it_may_release() -> Resul
     assert_eq!(finalized["kind"], "Namespace");
     assert_eq!(finalized["metadata"]["name"], "held");
     assert_eq!(finalized["spec"]["finalizers"], json!([]));
-    wait_for_namespace_gone(&cluster, "held").await?;
+    wait_for_namespace(&cluster, "held", Option::is_none).await?;
     cluster.stop().await
 }
 
@@ -1206,20 +1214,16 @@ async fn finalize_subresource_changes_only_spec_finalizers() -> Result<()> {
     cluster
         .kubectl_ok(&["delete", "ns", "live", "--wait=false"])
         .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let held = loop {
-        let ns = namespace_json(&cluster, "live").await?;
-        if ns["spec"]["finalizers"] == json!(["example.com/wait"]) {
-            break ns;
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("the namespace controller did not remove its finalizer: {ns}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    namespace_json(&cluster, "live").await?;
-    let mut body = held;
+    wait_for_namespace(&cluster, "live", |ns| {
+        ns.as_ref()
+            .and_then(|n| n.spec.as_ref())
+            .and_then(|s| s.finalizers.clone())
+            == Some(vec!["example.com/wait".to_owned()])
+    })
+    .await
+    .context("the namespace controller did not remove its finalizer")?;
+    // Held by the other finalizer: still there.
+    let mut body = namespace_json(&cluster, "live").await?;
     body["spec"]["finalizers"] = json!([]);
     cluster
         .kubectl_ok_stdin(
@@ -1233,7 +1237,7 @@ async fn finalize_subresource_changes_only_spec_finalizers() -> Result<()> {
             &body.to_string(),
         )
         .await?;
-    wait_for_namespace_gone(&cluster, "live").await?;
+    wait_for_namespace(&cluster, "live", Option::is_none).await?;
     cluster.stop().await
 }
 
