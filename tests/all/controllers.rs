@@ -366,6 +366,36 @@ async fn start_builtins(
     Ok(running)
 }
 
+/// A controller manager over the in-process transport, its plugins on the baseline
+/// compiler (no background optimization competing with the test).
+fn test_manager(in_process: &trellis_client::InProcess, max_instances: u32) -> Result<Manager> {
+    Ok(Manager {
+        plugins: PluginHost::new(HostConfig {
+            compilers: Compilers::Baseline,
+            max_instances,
+            ..HostConfig::default()
+        })?,
+        informers: SharedInformers::new(),
+        lister: in_process.client(identity::controller_manager()),
+        queues: QueueMetrics::default(),
+        running: Default::default(),
+    })
+}
+
+/// One channel that hears every change of several informers.
+fn fan_in(sources: Vec<Box<dyn ChangeSource>>) -> tokio::sync::broadcast::Receiver<()> {
+    let (tx, changes) = tokio::sync::broadcast::channel(1024);
+    for mut rx in sources {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while rx.next().await {
+                let _ = tx.send(());
+            }
+        });
+    }
+    changes
+}
+
 /// Waits until `done` holds, looking again at every change of the informers.
 async fn until(
     changes: &mut tokio::sync::broadcast::Receiver<()>,
@@ -395,18 +425,7 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     let cluster = TestCluster::start().await?;
     let in_process = cluster.in_process();
     let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
-    let plugins = PluginHost::new(HostConfig {
-        compilers: Compilers::Baseline,
-        max_instances: 32,
-        ..HostConfig::default()
-    })?;
-    let manager = Manager {
-        plugins,
-        informers: SharedInformers::new(),
-        lister: in_process.client(identity::controller_manager()),
-        queues: QueueMetrics::default(),
-        running: Default::default(),
-    };
+    let manager = test_manager(&in_process, 32)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut running = start_builtins(&manager, &in_process, &stopped).await?;
 
@@ -417,19 +436,11 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     let deployments =
         watching.informer::<Deployment>(Api::all(admin.clone()), watcher::Config::default());
     // Any change of the three wakes the waits below.
-    let (tx, mut changes) = tokio::sync::broadcast::channel(1024);
-    for mut rx in [
+    let mut changes = fan_in(vec![
         Box::new(pods.subscribe()) as Box<dyn ChangeSource>,
         Box::new(sets.subscribe()),
         Box::new(deployments.subscribe()),
-    ] {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while rx.next().await {
-                let _ = tx.send(());
-            }
-        });
-    }
+    ]);
     pods.wait_synced().await;
     sets.wait_synced().await;
     deployments.wait_synced().await;
@@ -906,17 +917,7 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
     let cluster = TestCluster::start().await?;
     let in_process = cluster.in_process();
     let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
-    let manager = Manager {
-        plugins: PluginHost::new(HostConfig {
-            compilers: Compilers::Baseline,
-            max_instances: 8,
-            ..HostConfig::default()
-        })?,
-        informers: SharedInformers::new(),
-        lister: in_process.client(identity::controller_manager()),
-        queues: QueueMetrics::default(),
-        running: Default::default(),
-    };
+    let manager = test_manager(&in_process, 8)?;
     let builtin = trellis_controllers::bundled::select("nodelifecycle")?[0];
     let mut config = builtin.config();
     // A grace period of 1 s instead of 50, looked at every second.
@@ -986,18 +987,10 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
     let watching = SharedInformers::new();
     let node_cache = watching.informer::<Node>(Api::all(admin.clone()), watcher::Config::default());
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
-    let (tx, mut changes) = tokio::sync::broadcast::channel(1024);
-    for mut rx in [
+    let mut changes = fan_in(vec![
         Box::new(node_cache.subscribe()) as Box<dyn ChangeSource>,
         Box::new(pods.subscribe()),
-    ] {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while rx.next().await {
-                let _ = tx.send(());
-            }
-        });
-    }
+    ]);
     let node_ready = || {
         node_cache
             .get("n1")
@@ -1080,17 +1073,7 @@ async fn the_namespace_controller_empties_a_namespace_waits_for_finalizers_and_r
         .await?;
     let in_process = cluster.in_process();
     let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
-    let manager = Manager {
-        plugins: PluginHost::new(HostConfig {
-            compilers: Compilers::Baseline,
-            max_instances: 8,
-            ..HostConfig::default()
-        })?,
-        informers: SharedInformers::new(),
-        lister: in_process.client(identity::controller_manager()),
-        queues: QueueMetrics::default(),
-        running: Default::default(),
-    };
+    let manager = test_manager(&in_process, 8)?;
     let builtin = trellis_controllers::bundled::select("namespace")?[0];
     let start = |manager: Manager, stopped| {
         let writer = in_process.client(identity::controller(builtin.identity));
@@ -1128,19 +1111,11 @@ async fn the_namespace_controller_empties_a_namespace_waits_for_finalizers_and_r
     let map_cache = watching.informer::<ConfigMap>(maps.clone(), watcher::Config::default());
     let pod_cache = watching.informer::<Pod>(pods.clone(), watcher::Config::default());
     ns_cache.wait_synced().await;
-    let (tx, mut changes) = tokio::sync::broadcast::channel(1024);
-    for mut rx in [
+    let mut changes = fan_in(vec![
         Box::new(ns_cache.subscribe()) as Box<dyn ChangeSource>,
         Box::new(map_cache.subscribe()),
         Box::new(pod_cache.subscribe()),
-    ] {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while rx.next().await {
-                let _ = tx.send(());
-            }
-        });
-    }
+    ]);
     let condition = |kind: &str| {
         ns_cache
             .get("doomed")

@@ -98,7 +98,7 @@ impl std::fmt::Debug for KubeHost {
 }
 
 /// An object's key in an informer's cache.
-fn object_key(namespace: Option<&str>, name: &str) -> String {
+pub(crate) fn object_key(namespace: Option<&str>, name: &str) -> String {
     match namespace {
         Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
         _ => name.to_owned(),

@@ -210,10 +210,7 @@ pub struct Key {
 impl Key {
     /// The object's key in its informer's cache.
     pub fn cache_key(&self) -> String {
-        match &self.namespace {
-            Some(ns) => format!("{ns}/{}", self.name),
-            None => self.name.clone(),
-        }
+        crate::host::object_key(self.namespace.as_deref(), &self.name)
     }
 }
 

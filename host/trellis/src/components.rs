@@ -138,12 +138,15 @@ fn seconds(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// This machine's name, as events and leases name their source.
+pub(crate) fn host_name() -> String {
+    trellis_apiserver::server::pki::hostname().unwrap_or_else(|| "localhost".to_owned())
+}
+
 /// The holder identity of this process: host name and a unique suffix, as Kubernetes'
 /// components use.
 fn holder_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned());
+    let host = host_name();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -424,9 +427,7 @@ pub(crate) async fn start_controllers(
     client: &kube::Client,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Vec<Running> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
+    let host = host_name();
     let mut running = Vec::new();
     for builtin in &setup.builtins {
         let mut config = builtin.config();

@@ -238,10 +238,7 @@ async fn load(
         .client(client, &name, stopped.clone())
         .await
         .map_err(|e| ("CredentialsFailed", format!("{e:#}")))?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
-    let events = EventRecorder::new(writer.clone(), &name, &host);
+    let events = EventRecorder::new(writer.clone(), &name, &crate::components::host_name());
     manager
         .start(config, writer, events, stopped.clone())
         .await

@@ -93,6 +93,26 @@ impl ApiError {
     pub fn is_not_found(&self) -> bool {
         self.code == 404
     }
+
+    /// A failure on this side of the API server (500 `InternalError`).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            code: 500,
+            reason: "InternalError".into(),
+            message: message.into(),
+            causes: Vec::new(),
+        }
+    }
+
+    /// A create refused because its namespace is being deleted (the `Status` cause
+    /// `NamespaceTerminating`): nothing to retry, the namespace controller empties it.
+    pub fn is_namespace_terminating(&self) -> bool {
+        self.code == 403
+            && self
+                .causes
+                .iter()
+                .any(|c| c.reason == "NamespaceTerminating")
+    }
 }
 
 impl std::fmt::Display for ApiError {
@@ -238,12 +258,7 @@ pub trait ControllerHost {
         name: &str,
     ) -> Result<Option<String>, ApiError> {
         self.get(resource, namespace, name)
-            .map_err(|message| ApiError {
-                code: 500,
-                reason: "InternalError".into(),
-                message,
-                causes: Vec::new(),
-            })
+            .map_err(ApiError::internal)
     }
 
     /// Runs the writes (concurrently, in the host) and returns their results in order.
@@ -353,20 +368,11 @@ pub mod client {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<Value>, ApiError> {
-        let host = current().map_err(|message| ApiError {
-            code: 500,
-            reason: "InternalError".into(),
-            message,
-            causes: Vec::new(),
-        })?;
+        let host = current().map_err(ApiError::internal)?;
         host.read(resource, namespace, name)?
             .map(|json| {
-                serde_json::from_str(&json).map_err(|e| ApiError {
-                    code: 500,
-                    reason: "InternalError".into(),
-                    message: format!("decode the object read: {e}"),
-                    causes: Vec::new(),
-                })
+                serde_json::from_str(&json)
+                    .map_err(|e| ApiError::internal(format!("decode the object read: {e}")))
             })
             .transpose()
     }
@@ -379,19 +385,10 @@ pub mod client {
         object: &Value,
         subresource: &str,
     ) -> Result<Value, ApiError> {
-        let host = current().map_err(|message| ApiError {
-            code: 500,
-            reason: "InternalError".into(),
-            message,
-            causes: Vec::new(),
-        })?;
+        let host = current().map_err(ApiError::internal)?;
         let json = host.update_subresource(resource, namespace, object, subresource)?;
-        serde_json::from_str(&json).map_err(|e| ApiError {
-            code: 500,
-            reason: "InternalError".into(),
-            message: format!("decode the stored object: {e}"),
-            causes: Vec::new(),
-        })
+        serde_json::from_str(&json)
+            .map_err(|e| ApiError::internal(format!("decode the stored object: {e}")))
     }
 
     /// Runs `writes` concurrently in the host; results in the order given.
@@ -401,12 +398,8 @@ pub mod client {
             .into_iter()
             .map(|r| {
                 r.and_then(|json| {
-                    serde_json::from_str(&json).map_err(|e| ApiError {
-                        code: 500,
-                        reason: "InternalError".into(),
-                        message: format!("decode the stored object: {e}"),
-                        causes: Vec::new(),
-                    })
+                    serde_json::from_str(&json)
+                        .map_err(|e| ApiError::internal(format!("decode the stored object: {e}")))
                 })
             })
             .collect())
@@ -414,20 +407,10 @@ pub mod client {
 
     /// One write.
     pub fn write(write: Write) -> Result<Value, ApiError> {
-        let mut results = batch(vec![write]).map_err(|message| ApiError {
-            code: 500,
-            reason: "InternalError".into(),
-            message,
-            causes: Vec::new(),
-        })?;
-        results.pop().unwrap_or_else(|| {
-            Err(ApiError {
-                code: 500,
-                reason: "InternalError".into(),
-                message: "the host answered no write".into(),
-                causes: Vec::new(),
-            })
-        })
+        let mut results = batch(vec![write]).map_err(ApiError::internal)?;
+        results
+            .pop()
+            .unwrap_or_else(|| Err(ApiError::internal("the host answered no write")))
     }
 
     pub fn create(

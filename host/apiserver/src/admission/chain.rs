@@ -25,6 +25,17 @@ pub struct Attributes<'a> {
     pub dry_run: bool,
 }
 
+impl Attributes<'_> {
+    /// Whether the request creates an object of the core resource `plural` itself
+    /// (not a subresource of one).
+    pub fn creates_core(&self, plural: &str) -> bool {
+        self.operation == "CREATE"
+            && self.resource.group.is_empty()
+            && self.resource.plural == plural
+            && self.subresource.is_none()
+    }
+}
+
 /// One admission step.
 #[async_trait]
 pub trait Admission: Send + Sync + std::fmt::Debug {

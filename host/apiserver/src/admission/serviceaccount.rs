@@ -23,10 +23,7 @@ impl Admission for ServiceAccountDefault {
         obj: &mut Object,
         _old: Option<&Object>,
     ) -> Result<(), ApiError> {
-        if attrs.operation != "CREATE"
-            || attrs.resource.plural != "pods"
-            || !attrs.resource.group.is_empty()
-        {
+        if !attrs.creates_core("pods") {
             return Ok(());
         }
         if let Some(Value::Object(spec)) = obj.get_mut("spec") {

@@ -43,11 +43,7 @@ impl Admission for DefaultTolerationSeconds {
         obj: &mut Object,
         _old: Option<&Object>,
     ) -> Result<(), ApiError> {
-        if attrs.operation != "CREATE"
-            || attrs.resource.plural != "pods"
-            || !attrs.resource.group.is_empty()
-            || attrs.subresource.is_some()
-        {
+        if !attrs.creates_core("pods") {
             return Ok(());
         }
         let Some(Value::Object(spec)) = obj.get_mut("spec") else {

@@ -37,11 +37,21 @@ async fn check_namespace(state: &AppState, ns: &str) -> ApiResult<()> {
                     .and_then(Value::as_str)
                     == Some("Terminating");
             if terminating {
-                return Err(ApiError::new(
-                    403,
-                    trellis_api::status::Reason::Forbidden,
-                    format!("unable to create new content in namespace {ns} because it is being terminated"),
-                )
+                let message = format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                );
+                // The cause Kubernetes gives, which clients test for rather than the text.
+                let cause =
+                    StatusCause::new("NamespaceTerminating", "metadata.namespace", &message);
+                return Err(ApiError {
+                    details: Some(Box::new(trellis_api::status::StatusDetails {
+                        name: ns.to_owned(),
+                        kind: "namespaces".into(),
+                        causes: vec![cause],
+                        ..Default::default()
+                    })),
+                    ..ApiError::new(403, trellis_api::status::Reason::Forbidden, message)
+                }
                 .into());
             }
             Ok(())

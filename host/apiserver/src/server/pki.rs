@@ -638,7 +638,7 @@ fn normalize_dns_name(name: &str) -> anyhow::Result<String> {
 }
 
 /// The machine's hostname, read where Linux publishes it (no libc dependency).
-fn hostname() -> Option<String> {
+pub fn hostname() -> Option<String> {
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
         .iter()
         .filter_map(|path| std::fs::read_to_string(path).ok())

@@ -269,7 +269,7 @@ impl Reconcile for Endpoints {
                 match result {
                     Ok(_) => {}
                     Err(e) if e.is_not_found() || e.is_already_exists() => {}
-                    Err(e) if e.code == 403 && e.message.contains("being terminated") => {}
+                    Err(e) if e.is_namespace_terminating() => {}
                     Err(e) => return Err(format!("write EndpointSlices of {}: {e}", key.name)),
                 }
             }
@@ -315,7 +315,7 @@ impl Reconcile for Endpoints {
         };
         match client::write(write) {
             Ok(_) => Ok(Action::Done),
-            Err(e) if e.code == 403 && e.message.contains("being terminated") => Ok(Action::Done),
+            Err(e) if e.is_namespace_terminating() => Ok(Action::Done),
             Err(e) => Err(format!("write Endpoints {}: {e}", key.name)),
         }
     }

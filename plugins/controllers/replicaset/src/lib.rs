@@ -351,7 +351,7 @@ fn create_pods(key: &ObjectKey, rs: &Value, n: usize) -> Result<Option<String>, 
                 ),
                 // The namespace is being deleted: nothing more is created, and
                 // that is no failure (the namespace controller empties it).
-                Err(e) if e.code == 403 && e.message.contains("being terminated") => {
+                Err(e) if e.is_namespace_terminating() => {
                     terminating = true;
                 }
                 Err(e) => {

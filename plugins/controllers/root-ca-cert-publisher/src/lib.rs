@@ -67,7 +67,7 @@ impl Reconcile for RootCa {
         match result {
             Ok(_) => Ok(Action::Done),
             Err(e) if e.is_already_exists() || e.is_not_found() => Ok(Action::Done),
-            Err(e) if e.code == 403 && e.message.contains("terminat") => Ok(Action::Done),
+            Err(e) if e.is_namespace_terminating() => Ok(Action::Done),
             Err(e) => Err(format!("publish {}/{NAME}: {e}", key.name)),
         }
     }

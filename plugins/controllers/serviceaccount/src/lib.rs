@@ -52,9 +52,7 @@ impl Reconcile for ServiceAccounts {
             ) {
                 Ok(_) => {}
                 // Made meanwhile, or the namespace started terminating.
-                Err(e)
-                    if e.is_already_exists() || e.code == 403 && e.message.contains("terminat") => {
-                }
+                Err(e) if e.is_already_exists() || e.is_namespace_terminating() => {}
                 Err(e) => return Err(format!("create ServiceAccount {}/{name}: {e}", key.name)),
             }
         }
