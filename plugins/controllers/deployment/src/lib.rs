@@ -444,6 +444,8 @@ impl Pass<'_> {
                 ));
                 Ok(())
             }
+            // Its namespace is being deleted: nothing to roll out.
+            Err(e) if e.is_namespace_terminating() => Ok(()),
             Err(e) if e.is_already_exists() => {
                 // Another template with the same hash: count the collision, so the
                 // next pass hashes differently.
