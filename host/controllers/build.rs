@@ -31,6 +31,7 @@ fn main() -> Result<(), String> {
     for input in [
         "plugins/controllers",
         "plugins/sdk",
+        "host/quantity",
         "plugins/Cargo.toml",
         "plugins/Cargo.lock",
         "wit",

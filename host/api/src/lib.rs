@@ -12,7 +12,7 @@
 //! - [`user`]: who is asking: [`UserInfo`].
 //! - [`quantity`]: exact resource quantities (`500m`, `1Gi`) for limits and quotas.
 
-pub mod quantity;
+pub use trellis_quantity as quantity;
 pub mod registry;
 pub mod selector;
 pub mod status;

@@ -59,6 +59,8 @@ pub mod plugin;
 pub mod request;
 pub mod testing;
 pub mod verdict;
+/// Resource quantities (`500m`, `1Gi`), exact, as the host parses and writes them.
+pub use trellis_quantity as quantity;
 
 #[cfg(feature = "k8s-openapi")]
 pub use k8s_openapi as k8s;

@@ -8,6 +8,8 @@
 //! suffix that keeps it an integer (`1500m`, `2`, `1Gi`), binary suffixes only for
 //! quantities read in binary notation and whole multiples of 1024.
 
+#![forbid(unsafe_code)]
+
 use std::cmp::Ordering;
 use std::fmt;
 
