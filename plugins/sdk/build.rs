@@ -17,7 +17,7 @@ use std::{env, fs, path::Path, path::PathBuf};
 
 /// A world the SDK exports: its name, its package's folder under `wit/`, and the
 /// names its glue uses beyond the shared ones.
-const WORLDS: [(&str, &str, &str); 3] = [
+const WORLDS: [(&str, &str, &str); 4] = [
     ("admission", "admission/0.1.0", ""),
     ("initializer", "initializer/0.1.0", ""),
     (
@@ -25,6 +25,11 @@ const WORLDS: [(&str, &str, &str); 3] = [
         "controller/0.1.0",
         "use trellis::controller::{cache as wit_cache, client as wit_client, \
          events as wit_events, types as wit_controller};",
+    ),
+    (
+        "scheduler",
+        "scheduler/0.1.0",
+        "use trellis::scheduler::types as wit_scheduler;",
     ),
 ];
 

@@ -1168,3 +1168,109 @@ async fn the_namespace_controller_empties_a_namespace_waits_for_finalizers_and_r
     running.stop().await;
     Ok(())
 }
+
+/// The ResourceQuota controller keeps a quota's status by itself: the server runs
+/// without its own quota step, as if it had stopped after each write and before its
+/// recount. Usage is counted, written wrong by hand and put right, and lowered after
+/// a delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_resourcequota_controller_puts_usage_left_wrong_right() -> Result<()> {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+
+    let mut chains = trellis_apiserver::admission::builtin();
+    chains
+        .admission
+        .retain(|step| step.name() != trellis_apiserver::admission::chain::RESOURCE_QUOTA);
+    let cluster = TestCluster::builder().with_chains(chains).start().await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let manager = test_manager(&in_process, 8)?;
+    let builtin = trellis_controllers::bundled::select("resourcequota")?[0];
+    let writer = in_process.client(identity::controller(builtin.identity));
+    let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = manager
+        .start(builtin.config(), writer, events, stopped)
+        .await?;
+
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    create(&namespaces, json!({"metadata": {"name": "quota"}})).await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "quota");
+    for i in 0..3 {
+        create(
+            &pods,
+            json!({"metadata": {"name": format!("p{i}")},
+                   "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+        )
+        .await?;
+    }
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), "quota");
+    for i in 0..2 {
+        create(&maps, json!({"metadata": {"name": format!("cm-{i}")}})).await?;
+    }
+    // After what it counts, so that its first count is the whole one: the controller
+    // leaves a status it wrote itself alone for a second before writing it again.
+    let quota_api: Api<ResourceQuota> = Api::namespaced(admin.clone(), "quota");
+    create(
+        &quota_api,
+        json!({"metadata": {"name": "q"}, "spec": {"hard": {"pods": "10", "count/configmaps": "5"}}}),
+    )
+    .await?;
+
+    let watching = SharedInformers::new();
+    let quotas = watching.informer::<ResourceQuota>(quota_api.clone(), watcher::Config::default());
+    let mut changes = fan_in(vec![Box::new(quotas.subscribe()) as Box<dyn ChangeSource>]);
+    let used = |name: &str| {
+        quotas
+            .get("quota/q")
+            .and_then(|q| q.status.clone()?.used?.get(name).map(|q| q.0.clone()))
+    };
+    // The version of the quota the informer shows: a wait for the controller's
+    // answer to a write looks past that write.
+    let version = || {
+        quotas
+            .get("quota/q")
+            .and_then(|q| q.metadata.resource_version.clone()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    until(&mut changes, "3 pods and 2 ConfigMaps counted", || {
+        Ok(
+            used("pods").as_deref() == Some("3")
+                && used("count/configmaps").as_deref() == Some("2"),
+        )
+    })
+    .await?;
+
+    // Written wrong by hand: put right.
+    let wrong = quota_api
+        .patch_status(
+            "q",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"used": {"pods": "7"}}})),
+        )
+        .await?;
+    let wrong_version: u64 = wrong
+        .metadata
+        .resource_version
+        .context("no resourceVersion")?
+        .parse()?;
+    until(&mut changes, "pods put back to 3", || {
+        Ok(version() > wrong_version && used("pods").as_deref() == Some("3"))
+    })
+    .await?;
+
+    // A delete no recount followed: the usage comes down (a second after the
+    // controller's last write at most).
+    pods.delete("p0", &Default::default()).await?;
+    until(&mut changes, "pods down to 2", || {
+        Ok(
+            used("pods").as_deref() == Some("2")
+                && used("count/configmaps").as_deref() == Some("2"),
+        )
+    })
+    .await?;
+
+    let _ = stop.send(true);
+    running.stop().await;
+    Ok(())
+}

@@ -10,6 +10,7 @@
 //!   key mapping, batched writes under the controller's identity, events.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
+//! - `scheduler`: the scheduler with the bundled default plugins against a server.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
 
@@ -17,4 +18,5 @@ mod apiserver;
 mod client;
 mod controllers;
 mod plugins;
+mod scheduler;
 mod store;

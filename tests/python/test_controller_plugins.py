@@ -274,4 +274,47 @@ def test_a_controller_refused_by_rbac_says_so_in_its_status_and_keeps_running(co
     wait_for(list_plugins, refused)
     assert not [m for m in core.list_namespaced_config_map("default").items
                 if m.metadata.name.startswith("wants-kids-")]
+    # And in an event on the ConfigMap it was reconciling, as `kubectl describe` shows.
+    wait_for(core.list_namespaced_event, lambda items: any(
+        e.involved_object.name == "wants-kids" and e.reason == "Forbidden"
+        and "the controller refused may not create configmaps" in e.message
+        for e in items.values()), namespace="default")
     custom.delete_cluster_custom_object(**plugins, name="refused")
+
+
+def test_kubectl_get_plugins_lists_the_built_in_controllers_and_their_calls(controlled):
+    _, data_dir = controlled
+    kubeconfig = str(data_dir / "admin.kubeconfig")
+    table = subprocess.run(
+        ["kubectl", "--kubeconfig", kubeconfig, "get", "plugins", "-l", "trellis.dev/builtin=true"],
+        capture_output=True, text=True, check=True).stdout
+    for name in ("deployment-controller", "replicaset-controller", "generic-garbage-collector",
+                 "namespace-controller", "node-controller", "service-account-controller"):
+        assert re.search(rf"^{name}\s+controller\s+True\s", table, re.M), table
+
+    # The counters of the built-in running are copied into its entry: the
+    # ServiceAccount controller has reconciled at least the initial namespaces.
+    api, _ = controlled
+    custom = client.CustomObjectsApi(api)
+    list_plugins = lambda **kw: custom.list_cluster_custom_object(  # noqa: E731
+        group="trellis.dev", version="v1", plural="plugins", **kw)
+    items = wait_for(list_plugins, lambda items: (
+        (items.get("service-account-controller", {}).get("status") or {}).get("calls", 0) > 0))
+    entry = items["service-account-controller"]
+    assert entry["spec"]["module"]["url"] == "builtin:serviceaccount"
+    assert [c["reason"] for c in entry["status"]["conditions"] if c["type"] == "Loaded"] == ["Builtin"]
+
+    # Any Plugin may run a bundled controller under its own name; an unknown one is
+    # refused by name.
+    custom.create_cluster_custom_object(
+        group="trellis.dev", version="v1", plural="plugins", body={
+            "apiVersion": "trellis.dev/v1", "kind": "Plugin", "metadata": {"name": "nosuch"},
+            "spec": {"kind": "controller", "module": {"url": "builtin:nosuch"},
+                     "controller": {"for": {"version": "v1", "resource": "configmaps"}}}})
+    items = wait_for(list_plugins, lambda items: any(
+        c["type"] == "Loaded" and c["status"] == "False"
+        for c in (items.get("nosuch", {}).get("status") or {}).get("conditions") or []))
+    condition = [c for c in items["nosuch"]["status"]["conditions"] if c["type"] == "Loaded"][0]
+    assert "bundled controllers" in condition["message"] and "replicaset" in condition["message"]
+    custom.delete_cluster_custom_object(
+        group="trellis.dev", version="v1", plural="plugins", name="nosuch")

@@ -468,6 +468,50 @@ impl AppState {
         }
     }
 
+    /// Creates the Plugin objects of the built-in controllers, and brings those still
+    /// marked built-in up to date; one an administrator took over (its label or
+    /// module changed) is left alone, as bootstrap roles are.
+    pub async fn publish_builtin_plugins(&self, plugins: &[Value]) -> anyhow::Result<()> {
+        use crate::admission::plugins::spec;
+        let resource = self.resource(spec::GROUP, spec::VERSION, spec::PLURAL)?;
+        for wanted in plugins {
+            let name = wanted["metadata"]["name"].as_str().unwrap_or_default();
+            let key = resource.key(None, name);
+            match self.store.get(&key).await? {
+                Some(kv) => {
+                    let mut stored: Value = serde_json::from_slice(&kv.value)?;
+                    let still_builtin = stored["metadata"]["labels"][spec::BUILTIN_LABEL] == "true"
+                        && stored["spec"]["module"] == wanted["spec"]["module"];
+                    if !still_builtin || stored["spec"] == wanted["spec"] {
+                        continue;
+                    }
+                    stored["spec"] = wanted["spec"].clone();
+                    let generation = stored["metadata"]["generation"].as_i64().unwrap_or(1);
+                    stored["metadata"]["generation"] = (generation + 1).into();
+                    match self
+                        .store
+                        .update(&key, Bytes::from(stored.to_string()), Some(kv.mod_revision))
+                        .await
+                    {
+                        Ok(_) | Err(trellis_store::Error::Conflict { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                None => {
+                    let mut obj = wanted.clone();
+                    obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
+                    obj["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
+                    obj["metadata"]["generation"] = 1.into();
+                    match self.store.create(&key, Bytes::from(obj.to_string())).await {
+                        Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Creates (or brings up to date) the CRD serving `plugins.trellis.dev`.
     pub async fn install_plugin_crd(&self) -> anyhow::Result<()> {
         let mut crd = crate::admission::plugins::spec::crd();

@@ -7,6 +7,7 @@
 //! binds to `system:controller:NAME-controller` at bootstrap.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::bail;
 use trellis_plugin_host::GroupVersionResource;
@@ -27,6 +28,8 @@ pub struct Builtin {
     pub owns: &'static [(&'static str, &'static str, &'static str)],
     /// Other resources it reads, and how their changes map to its keys.
     pub watches: &'static [((&'static str, &'static str, &'static str), Mapping)],
+    /// Every primary object is reconciled again this often, changed or not.
+    pub resync: Option<Duration>,
     /// Its configuration needs the cluster CA (`{"caCrt": PEM}`), which the
     /// controller manager knows.
     pub needs_root_ca: bool,
@@ -60,6 +63,7 @@ impl Builtin {
                 map: *map,
             })
             .collect();
+        config.resync = self.resync;
         // kube-controller-manager's --concurrent-*-syncs default.
         config.workers = 5;
         config
@@ -75,6 +79,7 @@ pub const BUILTINS: &[Builtin] = &[
         primary: ("apps", "v1", "deployments"),
         owns: &[("apps", "v1", "replicasets")],
         watches: &[],
+        resync: None,
         needs_root_ca: false,
         configuration: "{}",
     },
@@ -86,6 +91,7 @@ pub const BUILTINS: &[Builtin] = &[
         // Endpoints named after their Service, owned by it.
         owns: &[("", "v1", "endpoints")],
         watches: &[(("", "v1", "pods"), Mapping::Selector)],
+        resync: None,
         needs_root_ca: false,
         configuration: "{}",
     },
@@ -97,6 +103,7 @@ pub const BUILTINS: &[Builtin] = &[
         primary: ("", "v1", "services"),
         owns: &[("discovery.k8s.io", "v1", "endpointslices")],
         watches: &[(("", "v1", "pods"), Mapping::Selector)],
+        resync: None,
         needs_root_ca: false,
         configuration: r#"{"write": "endpointslices"}"#,
     },
@@ -108,6 +115,7 @@ pub const BUILTINS: &[Builtin] = &[
         primary: ("*", "*", "*"),
         owns: &[],
         watches: &[],
+        resync: None,
         needs_root_ca: false,
         configuration: "{}",
     },
@@ -119,6 +127,7 @@ pub const BUILTINS: &[Builtin] = &[
         owns: &[],
         // Every resource: a removal in a namespace brings the namespace back.
         watches: &[(("*", "*", "*"), Mapping::Namespace)],
+        resync: None,
         needs_root_ca: false,
         configuration: "{}",
     },
@@ -134,6 +143,7 @@ pub const BUILTINS: &[Builtin] = &[
             (("coordination.k8s.io", "v1", "leases"), Mapping::Cache),
             (("", "v1", "pods"), Mapping::Cache),
         ],
+        resync: None,
         needs_root_ca: false,
         configuration: "{}",
     },
@@ -144,6 +154,31 @@ pub const BUILTINS: &[Builtin] = &[
         primary: ("apps", "v1", "replicasets"),
         owns: &[("", "v1", "pods")],
         watches: &[],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+    },
+    Builtin {
+        name: "resourcequota",
+        identity: "resourcequota-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/resourcequota.wasm")),
+        primary: ("", "v1", "resourcequotas"),
+        owns: &[],
+        // What quotas count: any change of one reconciles every quota of its
+        // namespace. The quotas themselves too, for `resourcequotas`.
+        watches: &[
+            (("", "v1", "pods"), Mapping::Namespaced),
+            (("", "v1", "configmaps"), Mapping::Namespaced),
+            (("", "v1", "secrets"), Mapping::Namespaced),
+            (("", "v1", "services"), Mapping::Namespaced),
+            (("", "v1", "resourcequotas"), Mapping::Namespaced),
+            // `count/<resource>` may name any resource: all are cached, and their
+            // removals reach the namespace's quotas (creates are charged by the API
+            // server; the resync catches the rest).
+            (("*", "*", "*"), Mapping::Namespaced),
+        ],
+        // Kubernetes' --resource-quota-sync-period.
+        resync: Some(Duration::from_secs(300)),
         needs_root_ca: false,
         configuration: "{}",
     },
@@ -154,6 +189,7 @@ pub const BUILTINS: &[Builtin] = &[
         primary: ("", "v1", "namespaces"),
         owns: &[],
         watches: &[(("", "v1", "configmaps"), Mapping::Namespace)],
+        resync: None,
         needs_root_ca: true,
         configuration: "{}",
     },
@@ -164,6 +200,7 @@ pub const BUILTINS: &[Builtin] = &[
         primary: ("", "v1", "namespaces"),
         owns: &[],
         watches: &[(("", "v1", "serviceaccounts"), Mapping::Namespace)],
+        resync: None,
         needs_root_ca: false,
         configuration: "{}",
     },
@@ -221,13 +258,14 @@ mod tests {
                 "namespace",
                 "nodelifecycle",
                 "replicaset",
+                "resourcequota",
                 "root-ca-cert-publisher",
                 "serviceaccount"
             ]
         );
         assert_eq!(
             names(
-                "*,-deployment,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodelifecycle,-serviceaccount"
+                "*,-deployment,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodelifecycle,-resourcequota,-serviceaccount"
             ),
             ["replicaset", "root-ca-cert-publisher"]
         );

@@ -105,6 +105,20 @@ pub(crate) fn object_key(namespace: Option<&str>, name: &str) -> String {
     }
 }
 
+/// What an event names as its involved object.
+fn reference_to(obj: &Value) -> ObjectReference {
+    let text = |v: &Value| v.as_str().map(str::to_owned);
+    ObjectReference {
+        api_version: text(&obj["apiVersion"]),
+        kind: text(&obj["kind"]),
+        namespace: text(&obj["metadata"]["namespace"]),
+        name: text(&obj["metadata"]["name"]),
+        uid: text(&obj["metadata"]["uid"]),
+        resource_version: text(&obj["metadata"]["resourceVersion"]),
+        field_path: None,
+    }
+}
+
 fn to_json(obj: &DynamicObject) -> String {
     serde_json::to_string(obj).unwrap_or_default()
 }
@@ -401,6 +415,54 @@ impl KubeHost {
         );
     }
 
+    /// A write refused by authorization is told in a Warning event on the object it
+    /// was for: the primary object that controls the written one, or the written one
+    /// itself. So an operator sees a controller short of RBAC rules in `kubectl
+    /// describe`, not only in its Plugin's counters.
+    fn refused(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        verb: &str,
+        written: Option<Value>,
+        error: &ApiError,
+    ) {
+        tracing::warn!(controller = %self.name, verb, resource = %gvr_key(resource), "{}", error.message);
+        let Some(written) = written else { return };
+        // A create names its namespace in the request, not always in the object.
+        let namespace = written["metadata"]["namespace"].as_str().or(namespace);
+        let controlling = self.primary.as_ref().and_then(|primary| {
+            let owner = written["metadata"]["ownerReferences"]
+                .as_array()?
+                .iter()
+                .find(|o| {
+                    o["controller"] == true
+                        && o["kind"] == primary.kind.as_str()
+                        && o["apiVersion"] == primary.api_version.as_str()
+                })?;
+            let cached = self.caches.current().by_resource.get(&primary.gvr)?.clone();
+            let obj = cached
+                .informer
+                .get(&object_key(namespace, owner["name"].as_str()?))?;
+            serde_json::to_value(&*obj).ok()
+        });
+        let about = match controlling {
+            Some(owner) => owner,
+            // A create's object does not exist: only an owner can be told.
+            None if verb == "create" => return,
+            None => written,
+        };
+        self.events.record_for(
+            reference_to(&about),
+            RecordedType::Warning,
+            "Forbidden",
+            &format!(
+                "the controller {} may not {verb} {}: {}",
+                self.name, resource.resource, error.message
+            ),
+        );
+    }
+
     fn query(&self, force: bool) -> String {
         let mut q = format!("?fieldManager={}", self.name);
         if force {
@@ -553,7 +615,30 @@ impl ControllerHost for KubeHost {
             let cached = self.cache(&resource).ok()?;
             cached.informer.get(&object_key(namespace.as_deref(), name))
         });
-        let answer = self.send_write(write).await?;
+        let verb = match &write {
+            Write::Create(_) => "create",
+            Write::Update(_) => "update",
+            Write::Patch(_) => "patch",
+            Write::Delete(_) => "delete",
+        };
+        let written = match &write {
+            Write::Create(c) => serde_json::from_str(&c.object).ok(),
+            Write::Update(u) => serde_json::from_str(&u.object).ok(),
+            Write::Patch(p) => self
+                .cache(&resource)
+                .ok()
+                .and_then(|c| c.informer.get(&object_key(namespace.as_deref(), &p.name)))
+                .and_then(|o| serde_json::to_value(&*o).ok()),
+            Write::Delete(_) => before.as_deref().and_then(|o| serde_json::to_value(o).ok()),
+        };
+        let answer = match self.send_write(write).await {
+            Ok(answer) => answer,
+            Err(e) if e.code == 403 => {
+                self.refused(&resource, namespace.as_deref(), verb, written, &e);
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         self.note(
             &resource,
             namespace.as_deref(),
@@ -569,16 +654,7 @@ impl ControllerHost for KubeHost {
             tracing::warn!(controller = %self.name, reason, "an event about something that is not JSON: dropped");
             return;
         };
-        let text = |v: &Value| v.as_str().map(str::to_owned);
-        let involved = ObjectReference {
-            api_version: text(&obj["apiVersion"]),
-            kind: text(&obj["kind"]),
-            namespace: text(&obj["metadata"]["namespace"]),
-            name: text(&obj["metadata"]["name"]),
-            uid: text(&obj["metadata"]["uid"]),
-            resource_version: text(&obj["metadata"]["resourceVersion"]),
-            field_path: None,
-        };
+        let involved = reference_to(&obj);
         let kind = match event_type {
             EventType::Normal => RecordedType::Normal,
             EventType::Warning => RecordedType::Warning,

@@ -101,6 +101,23 @@ pub enum Mapping {
     /// map, as a Service's, or `matchLabels`/`matchExpressions`) selects its labels:
     /// a pod reconciles the Services that route to it.
     Selector,
+    /// Every primary object in the object's namespace: a pod's change reconciles its
+    /// namespace's quotas.
+    Namespaced,
+}
+
+impl Mapping {
+    /// Its name in a Plugin's `spec.controller.watches[].map`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Owner => "owner",
+            Self::Namespace => "namespace",
+            Self::Name => "name",
+            Self::Cache => "cache",
+            Self::Selector => "selector",
+            Self::Namespaced => "namespaced",
+        }
+    }
 }
 
 impl std::str::FromStr for Mapping {
@@ -113,8 +130,9 @@ impl std::str::FromStr for Mapping {
             "name" => Ok(Self::Name),
             "cache" => Ok(Self::Cache),
             "selector" => Ok(Self::Selector),
+            "namespaced" => Ok(Self::Namespaced),
             other => Err(format!(
-                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\""
+                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\", \"namespaced\""
             )),
         }
     }
@@ -161,6 +179,16 @@ fn mapped_keys(
                 .by_index(BY_NAMESPACE, &ns)
                 .iter()
                 .filter(|p| selector_of(p).is_some_and(|s| s.matches_map(labels)))
+                .map(|p| key_of(primary, p))
+                .collect()
+        }
+        Mapping::Namespaced => {
+            let (Some(cache), Some(ns)) = (primary_cache, namespace) else {
+                return Vec::new();
+            };
+            cache
+                .by_index(BY_NAMESPACE, &ns)
+                .iter()
                 .map(|p| key_of(primary, p))
                 .collect()
         }
@@ -781,7 +809,7 @@ enum Feed {
 #[derive(Clone, Debug)]
 struct MapTarget {
     primary: Arc<str>,
-    /// The primary resource's cache, for the `selector` mapping.
+    /// The primary resource's cache, for the `selector` and `namespaced` mappings.
     cache: Arc<Informer<DynamicObject>>,
     namespaced: bool,
     api_version: String,

@@ -54,6 +54,16 @@ pub mod controller {
     });
 }
 
+/// `trellis:scheduler@0.1.0`.
+pub mod scheduler {
+    wasmtime::component::bindgen!({
+        path: "../../wit/scheduler/0.1.0",
+        world: "scheduler",
+        exports: { default: async },
+        with: { "trellis:core": super::core::trellis::core },
+    });
+}
+
 /// `trellis:plugin@0.1.0`, frozen; both of its worlds.
 pub mod plugin_0_1 {
     pub mod admission {

@@ -35,6 +35,7 @@ mod metrics;
 mod plugin;
 mod pool;
 pub mod review;
+mod session;
 mod state;
 mod stdio;
 #[cfg(test)]
@@ -53,5 +54,12 @@ pub use imports::controller::{
 };
 pub use imports::{ClusterReader, ControllerHost};
 pub use metrics::{PluginMetrics, render_metrics};
-pub use plugin::{LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginSpec};
+pub use plugin::{
+    LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginSpec, SchedulerSession,
+};
+/// The `scheduler` world's types, as a [`SchedulerSession`]'s calls take and return
+/// them.
+pub mod scheduler {
+    pub use crate::bindings::scheduler::trellis::scheduler::types::*;
+}
 pub use world::PluginKind;

@@ -21,6 +21,7 @@ use crate::stdio::LogStream;
 use crate::world::admission::{Admission, Admit};
 use crate::world::controller::{Controller, Reconcile};
 use crate::world::initializer::{Initialize, Initializer};
+use crate::world::scheduler::Scheduler;
 use crate::world::{Call, PluginKind, World};
 use crate::{Action, AdmissionRequest, AdmissionResponse, InitializeRequest, ObjectKey};
 
@@ -348,6 +349,10 @@ impl PluginHost {
             }
             PluginKind::Controller => {
                 self.load_world::<Controller>(spec, wasm, grants, metrics, previous)
+                    .await
+            }
+            PluginKind::Scheduler => {
+                self.load_world::<Scheduler>(spec, wasm, grants, metrics, previous)
                     .await
             }
         }
@@ -913,5 +918,109 @@ impl<'a> Running<'a> {
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One instance of a scheduler plugin, held by one scheduler for as long as it
+/// schedules with the plugin: the instance keeps its view of the cluster and the pod
+/// of the cycle between calls, which therefore run one at a time, in the caller's
+/// task (no hop to the call threads: a scheduling cycle makes several calls).
+///
+/// Each call has the plugin's deadline and memory cap. A call that fails (trap,
+/// deadline, memory) ends the session: the instance cannot be entered again, and its
+/// view is gone, so the scheduler starts a new session and sends the whole cluster.
+pub struct SchedulerSession {
+    plugin: Arc<Plugin>,
+    instance: Option<Instance<Scheduler>>,
+}
+
+impl std::fmt::Debug for SchedulerSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerSession")
+            .field("plugin", &self.plugin.spec.name)
+            .field("alive", &self.instance.is_some())
+            .finish()
+    }
+}
+
+impl Plugin {
+    /// A new instance of a scheduler plugin for one scheduler's own use.
+    pub async fn scheduler_session(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+    ) -> Result<SchedulerSession, PluginError> {
+        let Some(runner) = self.runner::<Scheduler>() else {
+            return Err(self.not_of::<Scheduler>());
+        };
+        let instance = self.bounded(runner.take(self, host)).await?;
+        Ok(SchedulerSession {
+            plugin: self.clone(),
+            instance: Some(instance),
+        })
+    }
+}
+
+impl SchedulerSession {
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// Whether the session can still be called: false after a failed call.
+    pub fn is_alive(&self) -> bool {
+        self.instance.is_some()
+    }
+
+    /// Whether the plugin now serves other code than the instance runs (it moved to
+    /// optimized code): a new session would be faster.
+    pub fn outdated(&self) -> bool {
+        self.instance
+            .as_ref()
+            .is_some_and(|i| i.tier != self.plugin.tier())
+    }
+
+    /// Runs one call on the session's instance.
+    pub(crate) async fn call<T>(
+        &mut self,
+        f: impl AsyncFnOnce(
+            &crate::bindings::scheduler::exports::trellis::scheduler::handler::Guest,
+            &mut Store<PluginState>,
+        ) -> wasmtime::Result<T>,
+    ) -> Result<T, PluginError> {
+        let plugin = self.plugin.clone();
+        let Some(instance) = self.instance.as_mut() else {
+            return Err(plugin.error(PluginErrorKind::Trapped(
+                "the session ended with an earlier failure".into(),
+            )));
+        };
+        plugin.metrics.calls.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        instance.arm(started + plugin.spec.timeout);
+        let answer = plugin
+            .bounded(async {
+                let Instance { exports, store, .. } = &mut *instance;
+                Ok(f(exports.handler(), store).await)
+            })
+            .await;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                plugin.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                self.instance = None;
+                return Err(e);
+            }
+        };
+        plugin.metrics.memory(instance.store.data().limits.peak);
+        match answer {
+            Ok(value) => {
+                plugin.metrics.observe(started.elapsed());
+                Ok(value)
+            }
+            Err(e) => {
+                let e = plugin.failure(e, &instance.store);
+                plugin.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                self.instance = None;
+                Err(e)
+            }
+        }
     }
 }

@@ -192,6 +192,19 @@ impl Quantity {
         }
     }
 
+    /// In thousandths of a unit, rounded up, as Kubernetes' `MilliValue` (CPU).
+    pub fn milli_value(&self) -> i64 {
+        let milli = self.nanos.div_euclid(NANO / 1000)
+            + i128::from(self.nanos.rem_euclid(NANO / 1000) != 0);
+        i64::try_from(milli).unwrap_or(if milli < 0 { i64::MIN } else { i64::MAX })
+    }
+
+    /// In whole units, rounded up, as Kubernetes' `Value` (memory, storage, counts).
+    pub fn value(&self) -> i64 {
+        let units = self.nanos.div_euclid(NANO) + i128::from(self.nanos.rem_euclid(NANO) != 0);
+        i64::try_from(units).unwrap_or(if units < 0 { i64::MIN } else { i64::MAX })
+    }
+
     /// `self / other` as a ratio, for limit-to-request ratios.
     pub fn ratio(self, other: Quantity) -> Option<f64> {
         (other.nanos != 0).then(|| self.nanos as f64 / other.nanos as f64)
@@ -246,6 +259,16 @@ mod tests {
 
     fn q(s: &str) -> Quantity {
         Quantity::parse(s).unwrap()
+    }
+
+    #[test]
+    fn milli_value_and_value_round_up_as_kubernetes() {
+        assert_eq!(q("100m").milli_value(), 100);
+        assert_eq!(q("1.5").milli_value(), 1500);
+        assert_eq!(q("1n").milli_value(), 1);
+        assert_eq!(q("1Gi").value(), 1 << 30);
+        assert_eq!(q("1500m").value(), 2);
+        assert_eq!(q("-1500m").value(), -1);
     }
 
     #[test]

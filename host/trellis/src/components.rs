@@ -222,6 +222,7 @@ pub async fn run_controllers(
         Component::Controllers,
         args.component,
         Some(setup),
+        None,
         shutdown,
     )
     .await
@@ -232,6 +233,7 @@ pub async fn run_remote(
     component: Component,
     args: ComponentArgs,
     controllers: Option<ControllerSetup>,
+    scheduler: Option<crate::scheduler::SchedulerSetup>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let client = trellis_client::remote(&args.kubeconfig).await?;
@@ -263,6 +265,7 @@ pub async fn run_remote(
             informers,
             metrics,
             controllers,
+            scheduler,
         },
         args.leader_elect.then_some(config),
         shutdown,
@@ -279,6 +282,7 @@ pub struct Shared {
     pub informers: SharedInformers,
     pub metrics: ComponentMetrics,
     pub controllers: Option<ControllerSetup>,
+    pub scheduler: Option<crate::scheduler::SchedulerSetup>,
 }
 
 /// The controllers of the controller manager: which built-ins, the plugin host that
@@ -419,6 +423,21 @@ pub(crate) fn manager(setup: &ControllerSetup, client: &kube::Client, shared: &S
     }
 }
 
+/// A built-in's configuration in this controller manager: the cluster CA or the grace
+/// period it takes from flags. `None` when it needs the CA and none is known.
+pub(crate) fn builtin_configuration(setup: &ControllerSetup, builtin: &Builtin) -> Option<String> {
+    if builtin.needs_root_ca {
+        let ca = setup.root_ca.as_ref()?;
+        return Some(serde_json::json!({"caCrt": ca}).to_string());
+    }
+    if builtin.name == "nodelifecycle" {
+        return Some(
+            serde_json::json!({"gracePeriodSeconds": setup.node_monitor_grace_period}).to_string(),
+        );
+    }
+    Some(builtin.configuration.to_owned())
+}
+
 /// Starts the setup's built-in controllers; each that cannot start is named and left
 /// out.
 pub(crate) async fn start_controllers(
@@ -431,21 +450,14 @@ pub(crate) async fn start_controllers(
     let mut running = Vec::new();
     for builtin in &setup.builtins {
         let mut config = builtin.config();
-        if builtin.needs_root_ca {
-            let Some(ca) = &setup.root_ca else {
-                info!(
-                    controller = builtin.name,
-                    "no cluster CA known: not started"
-                );
-                continue;
-            };
-            config.spec.configuration = serde_json::json!({"caCrt": ca}).to_string();
-        }
-        if builtin.name == "nodelifecycle" {
-            config.spec.configuration =
-                serde_json::json!({"gracePeriodSeconds": setup.node_monitor_grace_period})
-                    .to_string();
-        }
+        let Some(configuration) = builtin_configuration(setup, builtin) else {
+            info!(
+                controller = builtin.name,
+                "no cluster CA known: not started"
+            );
+            continue;
+        };
+        config.spec.configuration = configuration;
         let started = async {
             let writer = setup
                 .credentials
@@ -478,6 +490,7 @@ impl Shared {
             informers: SharedInformers::with_metrics(metrics.informers.clone()),
             metrics,
             controllers: None,
+            scheduler: None,
         }
     }
 }
@@ -498,12 +511,30 @@ pub async fn run(
             .metrics
             .add_source(Box::new(move |out| running.render(out)));
     }
+    if let Some(setup) = &shared.scheduler
+        && component == Component::Scheduler
+    {
+        let metrics = setup.metrics.clone();
+        shared
+            .metrics
+            .add_source(Box::new(move |out| metrics.render_into(out)));
+    }
     let work = || {
         let mut stopped = stopped.clone();
         let shared = shared.clone();
         let client = client.clone();
         async move {
             let _leading = Leading::new(shared.metrics.clone(), component.lease());
+            if let (Some(setup), Component::Scheduler) = (&shared.scheduler, component) {
+                let setup = setup.clone();
+                if let Err(e) =
+                    crate::scheduler::work(setup, client, shared.clone(), stopped.clone()).await
+                {
+                    warn!(error = %format!("{e:#}"), "the scheduler stopped");
+                    let _ = stopped.wait_for(|s| *s).await;
+                }
+                return;
+            }
             let setup = match (&shared.controllers, component) {
                 (Some(setup), Component::Controllers) => Some(setup.clone()),
                 _ => None,

@@ -25,6 +25,7 @@ mod bench;
 mod components;
 mod plugin;
 mod plugin_controllers;
+mod scheduler;
 mod up;
 
 /// mimalloc rather than the system's malloc: see `mimalloc` in the workspace manifest.
@@ -53,7 +54,7 @@ enum Command {
     /// Run the controllers against an API server (leader-elected).
     Controllers(components::ControllerArgs),
     /// Run the scheduler against an API server (leader-elected).
-    Scheduler(components::ComponentArgs),
+    Scheduler(scheduler::SchedulerArgs),
     /// Measure the store backends, the API server and plugins in it.
     Bench(bench::BenchArgs),
     /// Run plugins offline; manage Plugin objects.
@@ -98,12 +99,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Controllers(args) => {
             runtime()?.block_on(components::run_controllers(args, shutdown_signal()))
         }
-        Command::Scheduler(args) => runtime()?.block_on(components::run_remote(
-            components::Component::Scheduler,
-            args,
-            None,
-            shutdown_signal(),
-        )),
+        Command::Scheduler(args) => {
+            runtime()?.block_on(scheduler::run_scheduler(args, shutdown_signal()))
+        }
     }
 }
 

@@ -260,6 +260,9 @@ async fn prepare(args: &Offline, default_tier: TierArg) -> anyhow::Result<Prepar
         PluginKind::Controller => {
             anyhow::bail!("controller plugins reconcile objects: `trellis controllers` runs them")
         }
+        PluginKind::Scheduler => {
+            anyhow::bail!("scheduler plugins place pods: `trellis scheduler` runs them")
+        }
         PluginKind::Initializer => {
             let req = &review["request"];
             let object = req["object"].clone();

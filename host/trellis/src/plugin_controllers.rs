@@ -11,6 +11,13 @@
 //! version starts from the informers' full contents, so no key is lost in the swap.
 //! A Plugin named after a built-in controller (`replicaset`, or its ServiceAccount
 //! `replicaset-controller`) replaces it while it exists.
+//!
+//! The built-ins have Plugin objects too, which the API server creates so that
+//! `kubectl get plugins` lists them: named after their ServiceAccount, labelled
+//! `trellis.dev/builtin`, with the module `builtin:NAME`. Such an entry is not loaded:
+//! the controller manager reports in its status whether the built-in runs here (or
+//! was left out by `--controllers`) and its counters. Any other Plugin may name a
+//! `builtin:` module, to run a bundled controller again under its own name and rules.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -48,6 +55,8 @@ struct Followed {
     running: Option<Running>,
     /// The counters last written to its status.
     reported: [u64; 4],
+    /// The entry of a built-in: its counters are those of the built-in running.
+    entry: bool,
 }
 
 /// A plugin's calls, failed reconciles (`denials`: it returned an error), failures
@@ -108,7 +117,7 @@ pub(crate) async fn follow(
             _ = stopped.wait_for(|s| *s) => break,
         };
         let Some(change) = change else {
-            report_counters(&client, &mut followed).await;
+            report_counters(&client, &mut followed, &builtins).await;
             continue;
         };
         let Some(change) = change else { break };
@@ -135,11 +144,28 @@ pub(crate) async fn follow(
             fingerprint: String::new(),
             running: None,
             reported: [0; 4],
+            entry: false,
         });
         if entry.fingerprint == fingerprint {
             continue;
         }
         entry.fingerprint = fingerprint;
+        entry.entry = spec::is_builtin_entry(
+            &serde_json::to_value(&obj.metadata).unwrap_or_default(),
+            &obj.data["spec"],
+        );
+        if entry.entry {
+            let here = builtins.iter().find(|b| b.plugin.name() == name);
+            let result = match here {
+                Some(running) => Ok(running.plugin.digest().to_owned()),
+                None => Err((
+                    "Disabled",
+                    "not among this controller manager's --controllers, or replaced by another Plugin".to_owned(),
+                )),
+            };
+            write_status(&client, &obj, result, "Builtin").await;
+            continue;
+        }
         // A built-in of the same name gives way.
         if let Some(i) = builtins.iter().position(|b| {
             setup
@@ -176,7 +202,7 @@ pub(crate) async fn follow(
                 Err((reason, format!("{message}{keeps}")))
             }
         };
-        write_status(&client, &obj, result).await;
+        write_status(&client, &obj, result, "Loaded").await;
     }
     for (_, f) in followed {
         if let Some(running) = f.running {
@@ -206,13 +232,47 @@ async fn load(
         .module
         .clone()
         .ok_or(("InvalidSpec", "spec.module: Required value".to_owned()))?;
-    let _ = tokio::fs::create_dir_all(&setup.modules_dir).await;
-    let wasm = source::fetch(&module, &setup.modules_dir, None)
-        .await
-        .map_err(|e| ("FetchFailed", e))?;
+    let bundled = match module.url.strip_prefix(spec::BUILTIN_SCHEME) {
+        Some(builtin) => Some(
+            trellis_controllers::bundled::BUILTINS
+                .iter()
+                .find(|b| b.name == builtin)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = trellis_controllers::bundled::BUILTINS
+                        .iter()
+                        .map(|b| b.name)
+                        .collect();
+                    (
+                        "FetchFailed",
+                        format!("spec.module.url: Unsupported value: {:?}: bundled controllers: {known:?}", module.url),
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let wasm = match bundled {
+        Some(builtin) => builtin.wasm.to_vec(),
+        None => {
+            let _ = tokio::fs::create_dir_all(&setup.modules_dir).await;
+            source::fetch(&module, &setup.modules_dir, None)
+                .await
+                .map_err(|e| ("FetchFailed", e))?
+        }
+    };
     let mut config =
         ControllerConfig::new(&name, std::sync::Arc::new(wasm), gvr(&controller.primary));
     config.spec = parsed.spec.clone();
+    // A bundled controller takes the configuration it runs with as a built-in unless
+    // the Plugin gives one.
+    if let Some(builtin) = bundled
+        && obj.data["spec"].get("configuration").is_none()
+    {
+        config.spec.configuration = crate::components::builtin_configuration(setup, builtin)
+            .ok_or((
+                "LoadFailed",
+                "it needs the cluster CA, and none is known".to_owned(),
+            ))?;
+    }
     config.spec.kind = PluginKind::Controller;
     config.owns = controller.owns.iter().map(gvr).collect();
     config.watches = controller
@@ -246,10 +306,12 @@ async fn load(
 }
 
 /// Writes the Plugin's `Loaded` condition (and digest) through its status.
+/// `loaded` is the reason when it runs.
 async fn write_status(
     client: &kube::Client,
     obj: &DynamicObject,
     result: Result<String, (&'static str, String)>,
+    loaded: &'static str,
 ) {
     let name = obj.metadata.name.clone().unwrap_or_default();
     let previous = obj.data["status"]["conditions"]
@@ -260,7 +322,7 @@ async fn write_status(
     let (status, reason, message, digest) = match &result {
         Ok(digest) => (
             "True",
-            "Loaded",
+            loaded,
             format!("running {digest}"),
             Some(digest.clone()),
         ),
@@ -298,14 +360,25 @@ async fn write_status(
 /// Copies each running plugin's counters into its Plugin's status when they changed,
 /// as the API server does for admission plugins: how a controller whose writes are
 /// refused shows it (`denials` counts reconciles that returned an error).
-async fn report_counters(client: &kube::Client, followed: &mut HashMap<String, Followed>) {
+async fn report_counters(
+    client: &kube::Client,
+    followed: &mut HashMap<String, Followed>,
+    builtins: &[Running],
+) {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &plugins_resource());
     let params = PatchParams {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
     for (name, f) in followed.iter_mut() {
-        let Some(running) = &f.running else { continue };
+        let running = match &f.running {
+            Some(running) => running,
+            None if f.entry => match builtins.iter().find(|b| b.plugin.name() == name) {
+                Some(running) => running,
+                None => continue,
+            },
+            None => continue,
+        };
         let now = counters(running);
         if now == f.reported {
             continue;
@@ -328,4 +401,44 @@ pub(crate) fn modules_dir(cache: Option<&std::path::Path>) -> PathBuf {
         Some(dir) => dir.join("modules"),
         None => std::env::temp_dir().join(format!("trellis-modules-{}", std::process::id())),
     }
+}
+
+/// The Plugin objects that stand for the bundled controllers, which the API server
+/// creates (see the module's docs).
+pub(crate) fn builtin_entries() -> Vec<Value> {
+    let resource = |(group, version, resource): (&str, &str, &str)| json!({"group": group, "version": version, "resource": resource});
+    trellis_controllers::bundled::BUILTINS
+        .iter()
+        .map(|b| {
+            let config = b.config();
+            let watches: Vec<Value> = b
+                .watches
+                .iter()
+                .map(|(r, map)| {
+                    let mut w = resource(*r);
+                    w["map"] = json!(map.as_str());
+                    w
+                })
+                .collect();
+            let mut controller = json!({
+                "for": resource(b.primary),
+                "owns": b.owns.iter().copied().map(resource).collect::<Vec<_>>(),
+                "watches": watches,
+                "workers": config.workers,
+            });
+            if let Some(resync) = config.resync {
+                controller["resyncSeconds"] = json!(resync.as_secs());
+            }
+            json!({
+                "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
+                "kind": "Plugin",
+                "metadata": {"name": b.identity, "labels": {spec::BUILTIN_LABEL: "true"}},
+                "spec": {
+                    "kind": "controller",
+                    "module": {"url": format!("{}{}", spec::BUILTIN_SCHEME, b.name)},
+                    "controller": controller,
+                },
+            })
+        })
+        .collect()
 }

@@ -98,6 +98,10 @@ pub struct UpArgs {
     /// `trellis up` only: how long a node may go unheard before it is Ready=Unknown.
     #[arg(long, default_value_t = 50, value_name = "SECONDS")]
     node_monitor_grace_period: u64,
+
+    /// `trellis up` only: the scheduler's settings.
+    #[command(flatten)]
+    scheduler: crate::scheduler::SchedulerFlags,
 }
 
 /// What `--store` names.
@@ -175,6 +179,7 @@ pub async fn run(
     } else {
         args.namespace_controller
     };
+    server_config.builtin_plugins = crate::plugin_controllers::builtin_entries();
     server_config.tls_sans = args.tls_sans.clone();
     server_config.watch_cache_events = args.watch_cache_events;
     server_config.settings = trellis_apiserver::state::Settings {
@@ -229,6 +234,15 @@ pub async fn run(
             node_monitor_grace_period: args.node_monitor_grace_period,
             plugin_status_interval: Duration::from_secs(10),
             builtins,
+        });
+        shared.scheduler = Some(crate::scheduler::SchedulerSetup {
+            plugins: shared
+                .controllers
+                .as_ref()
+                .map(|c| c.plugins.clone())
+                .context("the controllers' plugin host")?,
+            flags: args.scheduler.clone(),
+            metrics: Default::default(),
         });
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)
             .map_err(|e| anyhow::anyhow!("parse --metrics-bind-address {e}"))?

@@ -636,6 +636,17 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            // Quotas may count anything (`count/<resource>`), hence every list and
+            // watch, as Kubernetes grants; `get` for the read before a status write.
+            "resourcequota-controller",
+            json!([
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["list", "watch"]},
+                {"apiGroups": [""], "resources": ["resourcequotas", "resourcequotas/status"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["resourcequotas/status"], "verbs": ["update"]},
+                events,
+            ]),
+        ),
+        (
             "service-account-controller",
             json!([
                 {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["create"]},

@@ -63,6 +63,10 @@ pub struct Config {
     /// marks namespaces for deletion, and a controller manager's namespace controller
     /// empties and finalizes them (through `namespaces/finalize`).
     pub namespace_controller: bool,
+    /// Plugin objects that stand for the controllers bundled with the binary, so
+    /// `kubectl get plugins` lists them: created when missing, and brought up to date
+    /// while they keep the `trellis.dev/builtin` label and their `builtin:` module.
+    pub builtin_plugins: Vec<serde_json::Value>,
 }
 
 impl Config {
@@ -83,6 +87,7 @@ impl Config {
             plugins: true,
             plugin_dir: None,
             namespace_controller: true,
+            builtin_plugins: Vec::new(),
         }
         .with_audit_in_data_dir()
     }
@@ -280,6 +285,10 @@ pub async fn start(
             .install_plugin_crd()
             .await
             .context("install the Plugin resource")?;
+        state
+            .publish_builtin_plugins(&config.builtin_plugins)
+            .await
+            .context("publish the built-in controllers' Plugin objects")?;
         let _ = state.plugins.set(manager.clone());
         manager.start(cluster);
     }

@@ -21,6 +21,7 @@ use crate::state::PluginState;
 pub(crate) mod admission;
 pub(crate) mod controller;
 pub(crate) mod initializer;
+pub(crate) mod scheduler;
 
 /// One kind of plugin.
 pub(crate) trait World: Sized + Send + Sync + 'static {
@@ -83,6 +84,7 @@ pub enum PluginKind {
     Validating,
     Initializer,
     Controller,
+    Scheduler,
 }
 
 impl PluginKind {
@@ -92,6 +94,7 @@ impl PluginKind {
             Self::Validating => "validating",
             Self::Initializer => "initializer",
             Self::Controller => "controller",
+            Self::Scheduler => "scheduler",
         }
     }
 
@@ -101,6 +104,7 @@ impl PluginKind {
             Self::Mutating | Self::Validating => admission::Admission::NAME,
             Self::Initializer => initializer::Initializer::NAME,
             Self::Controller => controller::Controller::NAME,
+            Self::Scheduler => scheduler::Scheduler::NAME,
         }
     }
 }

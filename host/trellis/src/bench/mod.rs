@@ -12,6 +12,7 @@
 //! - [`api`]: API request throughput and latency over HTTPS.
 //! - [`reload`]: how soon a changed plugin serves.
 //! - [`informer`]: a shared informer's sync, memory and fan-out, remote and in-process.
+//! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
 
 pub(crate) mod api;
 mod compaction;
@@ -19,6 +20,7 @@ mod controller;
 mod controllers;
 mod informer;
 mod reload;
+mod scheduler;
 mod store;
 mod watch;
 
@@ -65,6 +67,9 @@ enum BenchCommand {
     /// The built-in controllers: a Deployment's pods created, a rollout, and the cost
     /// of one reconcile at the WASM boundary.
     Controllers(controllers::ControllersArgs),
+    /// The scheduler with the default plugins (WASM): pods bound per second, the
+    /// attempt latency and the share of it in WASM, in scheduler_perf's cases.
+    Scheduler(scheduler::SchedulerArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -93,6 +98,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Controllers(args) => controllers::run(args)
             .await
             .context("run the controllers benchmark"),
+        BenchCommand::Scheduler(args) => scheduler::run(args)
+            .await
+            .context("run the scheduler benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),

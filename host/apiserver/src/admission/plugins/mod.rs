@@ -354,6 +354,10 @@ impl PluginManager {
         let Some(controller) = parsed.controller else {
             return;
         };
+        // A bundled controller's entry: its bootstrap role grants what it needs.
+        if spec::is_builtin_entry(meta, spec) {
+            return;
+        }
         let role = format!("trellis:controller:{name}");
         let owner = json!([{
             "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),

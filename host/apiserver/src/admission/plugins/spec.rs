@@ -13,6 +13,20 @@ use trellis_plugin_host::{PluginKind, PluginSpec};
 pub const GROUP: &str = "trellis.dev";
 pub const PLURAL: &str = "plugins";
 pub const VERSION: &str = "v1";
+/// The label of the Plugin objects that stand for the controllers bundled with the
+/// binary (`"true"`); their module is `builtin:NAME`.
+pub const BUILTIN_LABEL: &str = "trellis.dev/builtin";
+/// The module scheme of a bundled controller: `builtin:replicaset`.
+pub const BUILTIN_SCHEME: &str = "builtin:";
+
+/// Whether a Plugin object is the entry of a bundled controller: labelled so, with a
+/// `builtin:` module. Its controller runs under the bootstrap RBAC roles.
+pub fn is_builtin_entry(meta: &Value, spec: &Value) -> bool {
+    meta["labels"][BUILTIN_LABEL] == "true"
+        && spec["module"]["url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with(BUILTIN_SCHEME))
+}
 
 /// Longest deadline a plugin may ask for: a request waits for every plugin.
 const MAX_TIMEOUT_MS: u64 = 30_000;
@@ -180,10 +194,10 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
             for (i, w) in c.watches.iter().enumerate() {
                 if !matches!(
                     w.map.as_str(),
-                    "owner" | "namespace" | "name" | "cache" | "selector"
+                    "owner" | "namespace" | "name" | "cache" | "selector" | "namespaced"
                 ) {
                     return Err(format!(
-                        "spec.controller.watches[{i}].map: Unsupported value: {:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\"",
+                        "spec.controller.watches[{i}].map: Unsupported value: {:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\", \"namespaced\"",
                         w.map
                     ));
                 }
@@ -379,7 +393,7 @@ pub fn crd() -> Value {
             "module": {
                 "type": "object",
                 "required": ["url"],
-                "description": "Where the component comes from: file://, https:// (with sha256) or oci://.",
+                "description": "Where the component comes from: file://, https:// (with sha256), oci://, or builtin:NAME for a controller bundled with Trellis.",
                 "properties": {
                     "url": {"type": "string"},
                     "sha256": {"type": "string", "description": "Hex digest the module must have: required for https://; for oci://, the digest of the artifact's WebAssembly layer."},
@@ -417,8 +431,8 @@ pub fn crd() -> Value {
                             "group": {"type": "string"},
                             "version": {"type": "string"},
                             "resource": {"type": "string"},
-                            "map": {"type": "string", "enum": ["owner", "namespace", "name", "cache", "selector"],
-                                    "description": "owner: the owners of the primary's kind; namespace: the primary named as the object's namespace; name: the primary of the same name; cache: none, only read; selector: the primaries in its namespace whose spec.selector selects it."},
+                            "map": {"type": "string", "enum": ["owner", "namespace", "name", "cache", "selector", "namespaced"],
+                                    "description": "owner: the owners of the primary's kind; namespace: the primary named as the object's namespace; name: the primary of the same name; cache: none, only read; selector: the primaries in its namespace whose spec.selector selects it; namespaced: every primary in its namespace."},
                         },
                     }},
                     "workers": {"type": "integer", "minimum": 1, "maximum": 64},

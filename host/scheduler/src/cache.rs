@@ -1,0 +1,373 @@
+//! The scheduler's cache: the nodes, numbered as the plugins' views number them, and
+//! the pods on them, bound or assumed. Every change is also kept as a
+//! [`Change`] for the plugins' views, which the framework sends before the next
+//! cycle; a new view (a new plugin session) gets [`Cache::snapshot`] instead.
+//!
+//! A pod is *assumed* on its node as soon as the scheduler chose it, before the bind
+//! is written, so the next cycle counts it; the bind's arrival through the watch
+//! confirms it, and a failed bind forgets it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use trellis_plugin_host::scheduler::{Change, NodeUpsert, PodUpsert};
+
+pub type NodeId = u32;
+
+struct NodeEntry {
+    id: NodeId,
+    /// As JSON, as the plugins get it.
+    json: Arc<str>,
+}
+
+struct PodEntry {
+    node: String,
+    json: Arc<str>,
+    /// The pod as last sent: a later version that differs only where no plugin
+    /// looks is not sent again.
+    pod: Option<Arc<Pod>>,
+    assumed: bool,
+}
+
+#[derive(Default)]
+pub struct Cache {
+    nodes: HashMap<String, NodeEntry>,
+    /// Node names by number; `None` for a free number.
+    names: Vec<Option<String>>,
+    free: Vec<NodeId>,
+    /// Pods on nodes, by uid.
+    pods: HashMap<String, PodEntry>,
+    /// Changes not yet sent to the plugins.
+    pending: Vec<Change>,
+}
+
+fn to_json<T: serde::Serialize>(obj: &T) -> Arc<str> {
+    Arc::from(serde_json::to_string(obj).unwrap_or_default())
+}
+
+/// A pod as the plugins get it: without its managedFields, which no plugin reads and
+/// which are most of a pod's JSON (to copy into the guest and to parse there).
+pub fn pod_json(pod: &Pod) -> String {
+    let mut pod = pod.clone();
+    pod.metadata.managed_fields = None;
+    serde_json::to_string(&pod).unwrap_or_default()
+}
+
+/// A node as the plugins get it, as [`pod_json`].
+fn node_json(node: &Node) -> Arc<str> {
+    let mut node = node.clone();
+    node.metadata.managed_fields = None;
+    to_json(&node)
+}
+
+/// What the plugins read of a pod on a node: a change elsewhere (its status
+/// conditions, its resourceVersion) is not sent to them again.
+fn placement_of(
+    pod: &Pod,
+) -> (
+    Option<&k8s_openapi::api::core::v1::PodSpec>,
+    Option<&std::collections::BTreeMap<String, String>>,
+    Option<&str>,
+) {
+    (
+        pod.spec.as_ref(),
+        pod.metadata.labels.as_ref(),
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+    )
+}
+
+/// Whether a pod on a node still holds its resources (kube-scheduler drops pods that
+/// finished).
+fn holds_node(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+impl Cache {
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The numbers of every node, in number order.
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.names
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.is_some())
+            .map(|(i, _)| i as NodeId)
+            .collect()
+    }
+
+    pub fn node_name(&self, id: NodeId) -> Option<&str> {
+        self.names.get(id as usize).and_then(|n| n.as_deref())
+    }
+
+    pub fn upsert_node(&mut self, node: &Node) {
+        let Some(name) = node.metadata.name.clone() else {
+            return;
+        };
+        let json = node_json(node);
+        let id = match self.nodes.get_mut(&name) {
+            Some(entry) => {
+                entry.json = json.clone();
+                entry.id
+            }
+            None => {
+                let id = self.free.pop().unwrap_or(self.names.len() as NodeId);
+                if self.names.len() <= id as usize {
+                    self.names.resize(id as usize + 1, None);
+                }
+                self.names[id as usize] = Some(name.clone());
+                self.nodes.insert(
+                    name,
+                    NodeEntry {
+                        id,
+                        json: json.clone(),
+                    },
+                );
+                // Pods that arrived before their node join it now.
+                let on: Vec<(String, Arc<str>)> = self
+                    .pods
+                    .iter()
+                    .filter(|(_, p)| self.names[id as usize].as_deref() == Some(p.node.as_str()))
+                    .map(|(uid, p)| (uid.clone(), p.json.clone()))
+                    .collect();
+                self.pending.push(Change::NodeUpsert(NodeUpsert {
+                    node: id,
+                    object: json.to_string(),
+                }));
+                for (uid, json) in on {
+                    self.pending.push(Change::PodUpsert(PodUpsert {
+                        uid,
+                        node: id,
+                        object: json.to_string(),
+                    }));
+                }
+                return;
+            }
+        };
+        self.pending.push(Change::NodeUpsert(NodeUpsert {
+            node: id,
+            object: json.to_string(),
+        }));
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        let Some(entry) = self.nodes.remove(name) else {
+            return;
+        };
+        let on: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| p.node == name)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in on {
+            self.pending.push(Change::PodRemove(uid));
+        }
+        self.pending.push(Change::NodeRemove(entry.id));
+        self.names[entry.id as usize] = None;
+        self.free.push(entry.id);
+    }
+
+    /// A pod the watch shows on a node (or no longer: finished pods leave).
+    pub fn upsert_pod(&mut self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if node.is_empty() || !holds_node(pod) {
+            self.remove_pod(&uid);
+            return;
+        }
+        // The bind of a pod this scheduler assumed arrives: the plugins have it.
+        if let Some(entry) = self.pods.get_mut(&uid)
+            && entry.assumed
+            && entry.node == node
+            && entry.pod.as_deref().map(placement_of) == Some(placement_of(pod))
+        {
+            entry.assumed = false;
+            entry.pod = Some(Arc::new(pod.clone()));
+            return;
+        }
+        let json: Arc<str> = Arc::from(pod_json(pod));
+        self.place(uid, node, json, Some(Arc::new(pod.clone())), false);
+    }
+
+    fn place(
+        &mut self,
+        uid: String,
+        node: String,
+        json: Arc<str>,
+        pod: Option<Arc<Pod>>,
+        assumed: bool,
+    ) {
+        let id = self.nodes.get(&node).map(|n| n.id);
+        if let Some(old) = self.pods.get(&uid)
+            && old.node != node
+        {
+            self.remove_pod(&uid);
+        }
+        self.pods.insert(
+            uid.clone(),
+            PodEntry {
+                node,
+                json: json.clone(),
+                pod,
+                assumed,
+            },
+        );
+        // A pod on a node the cache has not seen yet is sent with the node.
+        if let Some(id) = id {
+            self.pending.push(Change::PodUpsert(PodUpsert {
+                uid,
+                node: id,
+                object: json.to_string(),
+            }));
+        }
+    }
+
+    pub fn remove_pod(&mut self, uid: &str) {
+        if let Some(p) = self.pods.remove(uid)
+            && self.nodes.contains_key(&p.node)
+        {
+            self.pending.push(Change::PodRemove(uid.to_owned()));
+        }
+    }
+
+    /// The pod is assumed on `node` while it is bound.
+    pub fn assume(&mut self, pod: &Pod, node: &str) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let mut bound = pod.clone();
+        bound.spec.get_or_insert_default().node_name = Some(node.to_owned());
+        let json: Arc<str> = Arc::from(pod_json(&bound));
+        self.place(uid, node.to_owned(), json, Some(Arc::new(bound)), true);
+    }
+
+    /// A failed bind: the assumed pod leaves its node.
+    pub fn forget(&mut self, uid: &str) {
+        if self.pods.get(uid).is_some_and(|p| p.assumed) {
+            self.remove_pod(uid);
+        }
+    }
+
+    /// Whether a pod is assumed or bound on a node.
+    pub fn has_pod(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
+    /// The changes since the last call.
+    pub fn take_pending(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// The whole cluster as changes, for a new view.
+    pub fn snapshot(&self) -> Vec<Change> {
+        let mut out = Vec::with_capacity(self.nodes.len() + self.pods.len());
+        for entry in self.nodes.values() {
+            out.push(Change::NodeUpsert(NodeUpsert {
+                node: entry.id,
+                object: entry.json.to_string(),
+            }));
+        }
+        for (uid, p) in &self.pods {
+            if let Some(n) = self.nodes.get(&p.node) {
+                out.push(Change::PodUpsert(PodUpsert {
+                    uid: uid.clone(),
+                    node: n.id,
+                    object: p.json.to_string(),
+                }));
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("nodes", &self.nodes.len())
+            .field("pods", &self.pods.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    }
+
+    fn pod(uid: &str, node: &str) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": uid, "uid": uid},
+                                      "spec": {"containers": [], "nodeName": node}}))
+        .unwrap()
+    }
+
+    fn kinds(changes: &[Change]) -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::NodeUpsert(n) => format!("node+{}", n.node),
+                Change::NodeRemove(n) => format!("node-{n}"),
+                Change::PodUpsert(p) => format!("pod+{}@{}", p.uid, p.node),
+                Change::PodRemove(uid) => format!("pod-{uid}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn numbers_are_reused_only_after_the_removal_and_pods_follow_their_node() {
+        let mut c = Cache::default();
+        c.upsert_node(&node("a"));
+        c.upsert_node(&node("b"));
+        c.upsert_pod(&pod("p1", "b"));
+        // A pod of a node not yet seen waits for it.
+        c.upsert_pod(&pod("p2", "c"));
+        assert_eq!(kinds(&c.take_pending()), ["node+0", "node+1", "pod+p1@1"]);
+        c.remove_node("b");
+        c.upsert_node(&node("c"));
+        assert_eq!(
+            kinds(&c.take_pending()),
+            ["pod-p1", "node-1", "node+1", "pod+p2@1"]
+        );
+        assert_eq!(c.node_name(1), Some("c"));
+        assert_eq!(c.node_ids(), [0, 1]);
+    }
+
+    #[test]
+    fn an_assumed_pod_is_forgotten_but_a_bound_one_is_not() {
+        let mut c = Cache::default();
+        c.upsert_node(&node("a"));
+        let mut unbound = pod("p", "");
+        unbound.spec.as_mut().unwrap().node_name = None;
+        c.assume(&unbound, "a");
+        c.forget("p");
+        assert!(!c.has_pod("p"));
+        c.assume(&unbound, "a");
+        c.upsert_pod(&pod("p", "a"));
+        c.forget("p");
+        assert!(c.has_pod("p"));
+        // The bind's arrival changed nothing the plugins read: not sent again.
+        assert_eq!(
+            kinds(&c.take_pending()),
+            ["node+0", "pod+p@0", "pod-p", "pod+p@0"]
+        );
+        let mut labelled = pod("p", "a");
+        labelled.metadata.labels = Some([("app".to_owned(), "x".to_owned())].into());
+        c.upsert_pod(&labelled);
+        assert_eq!(kinds(&c.take_pending()), ["pod+p@0"]);
+    }
+}

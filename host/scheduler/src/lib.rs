@@ -1,0 +1,488 @@
+//! Trellis' scheduler: kube-scheduler's scheduling framework, whose extension points
+//! are WebAssembly components of the `scheduler` world (`wit/scheduler`).
+//!
+//! - [`queue`]: activeQ by priority, backoffQ, unschedulable pods moved back on the
+//!   events their rejecting plugins declared (and after the flush interval).
+//! - [`cache`]: nodes and the pods on them (bound or assumed), and the changes the
+//!   plugins' views are sent.
+//! - [`framework`]: one scheduling cycle of a profile: PreFilter, Filter over a
+//!   sample of the nodes (`percentageOfNodesToScore`), Score with weights, Reserve,
+//!   Permit; then the bind, asynchronously.
+//! - this module: the loop that feeds them from the informers and binds.
+//!
+//! Each plugin component runs in a [`trellis_plugin_host::SchedulerSession`] of the
+//! scheduler's own: the component keeps its view of the cluster between cycles, the
+//! pod crosses once per cycle, and Filter and Score take batches of nodes.
+
+pub mod cache;
+pub mod framework;
+pub mod metrics;
+pub mod queue;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+use trellis_client::events::{EventRecorder, EventType};
+use trellis_client::informer::{Change, SharedInformers};
+use trellis_plugin_host::{Plugin, PluginHost};
+
+pub use framework::{Decision, Profile};
+pub use metrics::SchedulerMetrics;
+pub use queue::QueueSettings;
+
+use crate::queue::{Action, Event, PodKey, SchedulingQueue};
+
+/// kube-scheduler's default plugins as one component of the `scheduler` world, built
+/// from `plugins/scheduler/default-plugins`.
+pub const DEFAULT_PLUGINS: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/default-plugins.wasm"));
+
+/// The profile name of pods that name no scheduler.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// One plugin component of a profile, and the configuration its `plugins` call
+/// gets.
+#[derive(Clone, Debug)]
+pub struct Component {
+    pub plugin: Arc<Plugin>,
+    pub configuration: String,
+    /// Score weights that replace the plugins' own, by plugin name.
+    pub weights: HashMap<String, u32>,
+}
+
+/// How the scheduler runs.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Profiles by `schedulerName`; pods for other schedulers are left alone.
+    pub profiles: Vec<(String, Vec<Component>)>,
+    /// `percentageOfNodesToScore`: 0 for kube-scheduler's adaptive default.
+    pub percentage_of_nodes_to_score: u32,
+    pub queue: QueueSettings,
+}
+
+/// A bind that finished.
+struct Bound {
+    key: PodKey,
+    pod: Arc<Pod>,
+    profile: usize,
+    node: String,
+    node_id: u32,
+    queued_at: Instant,
+    result: Result<(), String>,
+}
+
+/// Runs the scheduler until `stopped`: the loop schedules one pod at a time, as
+/// kube-scheduler's `scheduleOne`; binds run beside it.
+pub async fn run(
+    config: SchedulerConfig,
+    host: Arc<PluginHost>,
+    client: kube::Client,
+    informers: SharedInformers,
+    events: EventRecorder,
+    metrics: SchedulerMetrics,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let pods = informers.informer::<Pod>(Api::all(client.clone()), watcher::Config::default());
+    let nodes = informers.informer::<Node>(Api::all(client.clone()), watcher::Config::default());
+    let mut pod_changes = pods.subscribe();
+    let mut node_changes = nodes.subscribe();
+    tokio::select! {
+        () = async { tokio::join!(pods.wait_synced(), nodes.wait_synced()); } => {}
+        () = until_stopped(&mut stopped) => return Ok(()),
+    }
+
+    let mut queue = SchedulingQueue::new(config.queue);
+    let mut cache = cache::Cache::default();
+    let mut profiles: Vec<Profile> = config
+        .profiles
+        .iter()
+        .map(|(name, components)| {
+            Profile::new(
+                name.clone(),
+                components.clone(),
+                config.percentage_of_nodes_to_score,
+            )
+        })
+        .collect();
+    let profile_of = |pod: &Pod| -> Option<usize> {
+        let wanted = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduler_name.as_deref())
+            .unwrap_or(DEFAULT_SCHEDULER);
+        config.profiles.iter().position(|(name, _)| name == wanted)
+    };
+    // When each pod was first queued, for the end-to-end latency.
+    let mut queued_at: HashMap<PodKey, Instant> = HashMap::new();
+    let (bound_tx, mut bound_rx) = mpsc::unbounded_channel::<Bound>();
+    let api: Api<Pod> = Api::all(client.clone());
+    info!(profiles = ?config.profiles.iter().map(|(n, _)| n).collect::<Vec<_>>(), "scheduler running");
+
+    loop {
+        // Every change that arrived comes first: the next cycle decides on them.
+        let now = Instant::now();
+        while let Ok(change) = node_changes.try_recv() {
+            on_node(&mut cache, &mut queue, change, now);
+        }
+        while let Ok(change) = pod_changes.try_recv() {
+            on_pod(
+                &mut cache,
+                &mut queue,
+                &mut queued_at,
+                &profile_of,
+                change,
+                now,
+            );
+        }
+        while let Ok(bound) = bound_rx.try_recv() {
+            on_bound(
+                &mut cache,
+                &mut queue,
+                &mut profiles,
+                &events,
+                &metrics,
+                bound,
+            )
+            .await;
+        }
+        queue.tick(now);
+        let (active, backoff, unschedulable) = queue.sizes();
+        for (label, n) in [
+            ("active", active),
+            ("backoff", backoff),
+            ("unschedulable", unschedulable),
+        ] {
+            metrics
+                .pending
+                .get_or_create(&metrics::QueueLabel { queue: label })
+                .set(n as i64);
+        }
+
+        if let Some((key, pod)) = queue.pop() {
+            let Some(p) = profile_of(&pod) else {
+                queue.remove(&key);
+                continue;
+            };
+            let started = Instant::now();
+            let decision = profiles[p].schedule(&host, &mut cache, &pod).await;
+            for (plugin, events) in profiles[p].take_interests() {
+                queue.set_interests(&plugin, events);
+            }
+            let elapsed = started.elapsed();
+            let result = match &decision {
+                Decision::Bind { .. } => "scheduled",
+                Decision::Unschedulable { .. } => "unschedulable",
+                Decision::Error(_) => "error",
+            };
+            let labels = metrics::ResultLabels {
+                result,
+                profile: profiles[p].name.clone(),
+            };
+            metrics.attempts.get_or_create(&labels).inc();
+            metrics
+                .attempt_duration
+                .get_or_create(&labels)
+                .observe(elapsed.as_secs_f64());
+            if let Some(samples) = &metrics.attempt_samples {
+                samples
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(elapsed);
+            }
+            for (plugin, point, took) in profiles[p].take_timings() {
+                metrics
+                    .plugin_duration
+                    .get_or_create(&metrics::PointLabels {
+                        plugin,
+                        extension_point: point,
+                    })
+                    .observe(took.as_secs_f64());
+            }
+            let now = Instant::now();
+            match decision {
+                Decision::Bind { node, node_id } => {
+                    cache.assume(&pod, &node);
+                    let bound_tx = bound_tx.clone();
+                    let api = api.clone();
+                    let first = queued_at.get(&key).copied().unwrap_or(started);
+                    tokio::spawn(async move {
+                        let result = bind(&api, &pod, &node).await;
+                        let _ = bound_tx.send(Bound {
+                            key,
+                            pod,
+                            profile: p,
+                            node,
+                            node_id,
+                            queued_at: first,
+                            result,
+                        });
+                    });
+                }
+                Decision::Unschedulable { message, plugins } => {
+                    debug!(pod = %key, %message, "unschedulable");
+                    queue.unschedulable(&key, plugins, now);
+                    events.record(&*pod, EventType::Warning, "FailedScheduling", &message);
+                    mark_unschedulable(&api, &pod, &message);
+                }
+                Decision::Error(message) => {
+                    warn!(pod = %key, %message, "scheduling failed; retrying after a back-off");
+                    queue.retry(&key, now);
+                    events.record(&*pod, EventType::Warning, "FailedScheduling", &message);
+                }
+            }
+            continue;
+        }
+
+        let wake = queue
+            .next_deadline()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            change = node_changes.recv() => match change {
+                Some(change) => on_node(&mut cache, &mut queue, change, Instant::now()),
+                None => break,
+            },
+            change = pod_changes.recv() => match change {
+                Some(change) => on_pod(&mut cache, &mut queue, &mut queued_at, &profile_of, change, Instant::now()),
+                None => break,
+            },
+            Some(bound) = bound_rx.recv() => {
+                on_bound(&mut cache, &mut queue, &mut profiles, &events, &metrics, bound).await;
+            }
+            () = tokio::time::sleep_until(wake) => {}
+            () = until_stopped(&mut stopped) => break,
+        }
+    }
+    events.flush().await;
+    Ok(())
+}
+
+/// Returns once `stopped` says so (or its sender is gone); holds no borrow of the
+/// value after, so the loop's future stays `Send`.
+async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
+fn key_of(pod: &Pod) -> PodKey {
+    Arc::from(format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    ))
+}
+
+fn on_node(
+    cache: &mut cache::Cache,
+    queue: &mut SchedulingQueue,
+    change: Change<Node>,
+    now: Instant,
+) {
+    let action = match &change {
+        Change::Added(node) => {
+            cache.upsert_node(node);
+            Action::Add
+        }
+        Change::Updated { new, .. } => {
+            cache.upsert_node(new);
+            Action::Update
+        }
+        Change::Deleted(node) => {
+            cache.remove_node(node.metadata.name.as_deref().unwrap_or_default());
+            Action::Delete
+        }
+    };
+    queue.on_event(
+        &Event {
+            resource: "nodes".into(),
+            action,
+        },
+        now,
+    );
+}
+
+fn on_pod(
+    cache: &mut cache::Cache,
+    queue: &mut SchedulingQueue,
+    queued_at: &mut HashMap<PodKey, Instant>,
+    profile_of: &impl Fn(&Pod) -> Option<usize>,
+    change: Change<Pod>,
+    now: Instant,
+) {
+    let pod = change.object().clone();
+    let key = key_of(&pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let assigned = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    if let Change::Deleted(_) = change {
+        queue.remove(&key);
+        queued_at.remove(&key);
+        if assigned || cache.has_pod(&uid) {
+            cache.remove_pod(&uid);
+            queue.on_event(
+                &Event {
+                    resource: "pods".into(),
+                    action: Action::Delete,
+                },
+                now,
+            );
+        }
+        return;
+    }
+    if assigned {
+        let finished = !cache.has_pod(&uid);
+        cache.upsert_pod(&pod);
+        queue.remove(&key);
+        queued_at.remove(&key);
+        let action = if matches!(change, Change::Added(_)) || finished {
+            Action::Add
+        } else {
+            Action::Update
+        };
+        // A pod that finished frees what it held, as a delete does.
+        let action = if cache.has_pod(&uid) {
+            action
+        } else {
+            Action::Delete
+        };
+        queue.on_event(
+            &Event {
+                resource: "pods".into(),
+                action,
+            },
+            now,
+        );
+        return;
+    }
+    // Assumed: this scheduler chose its node and the bind is on its way.
+    if cache.has_pod(&uid) {
+        return;
+    }
+    let terminal = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    if terminal || pod.metadata.deletion_timestamp.is_some() || profile_of(&pod).is_none() {
+        queue.remove(&key);
+        return;
+    }
+    queued_at.entry(key.clone()).or_insert(now);
+    queue.add_or_update(key, pod, now);
+}
+
+async fn on_bound(
+    cache: &mut cache::Cache,
+    queue: &mut SchedulingQueue,
+    profiles: &mut [Profile],
+    events: &EventRecorder,
+    metrics: &SchedulerMetrics,
+    bound: Bound,
+) {
+    let now = Instant::now();
+    let name = format!(
+        "{}/{}",
+        bound.pod.metadata.namespace.as_deref().unwrap_or_default(),
+        bound.pod.metadata.name.as_deref().unwrap_or_default()
+    );
+    match bound.result {
+        Ok(()) => {
+            queue.done(&bound.key);
+            metrics
+                .e2e
+                .observe(now.duration_since(bound.queued_at).as_secs_f64());
+            events.record(
+                &*bound.pod,
+                EventType::Normal,
+                "Scheduled",
+                &format!("Successfully assigned {name} to {}", bound.node),
+            );
+        }
+        Err(message) => {
+            let uid = bound.pod.metadata.uid.clone().unwrap_or_default();
+            cache.forget(&uid);
+            if let Some(profile) = profiles.get_mut(bound.profile) {
+                profile.unreserve(&uid, bound.node_id).await;
+            }
+            warn!(pod = %name, node = %bound.node, %message, "binding failed; retrying after a back-off");
+            events.record(
+                &*bound.pod,
+                EventType::Warning,
+                "FailedScheduling",
+                &format!("Binding rejected: {message}"),
+            );
+            queue.retry(&bound.key, now);
+        }
+    }
+}
+
+/// `POST pods/NAME/binding`, as the DefaultBinder does.
+async fn bind(api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), String> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(api.clone().into_client(), namespace);
+    let binding = json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": namespace, "uid": pod.metadata.uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    api.create_subresource::<_, serde_json::Value>(
+        "binding",
+        name,
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| match e {
+        kube::Error::Api(s) => s.message,
+        other => other.to_string(),
+    })
+}
+
+/// Sets the pod's PodScheduled condition to False (Unschedulable) with the message,
+/// as kube-scheduler does, unless it says so already.
+fn mark_unschedulable(api: &Api<Pod>, pod: &Pod, message: &str) {
+    let current = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+    if current.is_some_and(|c| c.status == "False" && c.message.as_deref() == Some(message)) {
+        return;
+    }
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(api.clone().into_client(), &namespace);
+    let patch = json!({"status": {"conditions": [{
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+        "lastTransitionTime": jiff_now(),
+    }]}});
+    tokio::spawn(async move {
+        let params = PatchParams::default();
+        if let Err(e) = api
+            .patch_status(&name, &params, &Patch::Strategic(patch))
+            .await
+        {
+            debug!(pod = %name, error = %e, "setting PodScheduled=False failed");
+        }
+    });
+}
+
+fn jiff_now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}

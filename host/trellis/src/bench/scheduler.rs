@@ -1,0 +1,321 @@
+//! `trellis bench scheduler`: scheduling throughput and latency in the style of
+//! kube-scheduler's scheduler_perf, with the default plugins as the bundled WASM
+//! component, against a server on the embedded store in this process. Nodes are API
+//! objects (no agents); the pods to measure are created first, then the scheduler
+//! starts on optimized code and binds them all.
+//!
+//! Cases:
+//! - `basic`: pods requesting 100m CPU and 100 MiB (SchedulingBasic);
+//! - `affinity`: pods with a preferred node affinity to a zone and a preferred pod
+//!   affinity to their own app, on nodes in 10 zones;
+//! - `spread`: pods spread over zones by a topologySpreadConstraint (maxSkew 1);
+//! - `unschedulable`: `--pods` schedulable pods while 2,000 pods no node fits wait
+//!   in the queue (they are created first).
+//!
+//! Reported: `pods_per_sec` (measured pods bound over the time from the scheduler's
+//! start to the last bind seen by a watch), `median_window_pods_per_sec` (the median
+//! of 1 s windows of binds), `attempt_p50_ms`/`attempt_p99_ms` (one scheduling cycle,
+//! from pop to decision), `wasm_share` (the share of the cycles' time spent in calls
+//! into the component, the copies in and out included), and `rss_mb` (this whole
+//! process: the API server with its store and watch cache, and the scheduler).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use trellis_client::informer::{Change, SharedInformers};
+use trellis_plugin_host::{HostConfig, PluginHost, PluginKind, PluginSpec};
+use trellis_scheduler::{Component, QueueSettings, SchedulerConfig, SchedulerMetrics};
+
+use super::api::LocalCluster;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Case {
+    Basic,
+    Affinity,
+    Spread,
+    Unschedulable,
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    #[arg(long, value_enum, default_value = "basic")]
+    case: Case,
+
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+
+    /// Pods measured.
+    #[arg(long, default_value_t = 5000)]
+    pods: usize,
+
+    /// Print one JSON object instead of a line of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    case: Case,
+    nodes: usize,
+    pods: usize,
+    pods_per_sec: f64,
+    median_window_pods_per_sec: f64,
+    attempt_p50_ms: f64,
+    attempt_p99_ms: f64,
+    wasm_share: f64,
+    rss_mb: f64,
+}
+
+/// Unschedulable pods waiting in the `unschedulable` case.
+const WAITING: usize = 2000;
+/// Zones the nodes are spread over.
+const ZONES: usize = 10;
+/// Creates in flight at once while setting up.
+const CREATES_IN_FLIGHT: usize = 64;
+
+pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
+    let cluster = LocalCluster::start().await?;
+    let measured = measure(&cluster, &args).await;
+    let stopped = cluster.stop().await;
+    let report = measured?;
+    stopped?;
+    super::print_report(args.json, &report, || {
+        format!(
+            "scheduler {:?}: {} pods on {} nodes at {:.0} pods/s (median 1 s window {:.0}); an attempt p50 {:.3} ms, p99 {:.3} ms; {:.1} % of it in WASM; {:.0} MB resident",
+            report.case,
+            report.pods,
+            report.nodes,
+            report.pods_per_sec,
+            report.median_window_pods_per_sec,
+            report.attempt_p50_ms,
+            report.attempt_p99_ms,
+            report.wasm_share * 100.0,
+            report.rss_mb,
+        )
+    })
+}
+
+fn node(i: usize) -> Value {
+    let name = format!("node-{i}");
+    json!({
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name,
+            "topology.kubernetes.io/zone": format!("zone-{}", i % ZONES),
+        }},
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "64Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    })
+}
+
+fn pod(case: Case, i: usize) -> Value {
+    let mut pod = json!({
+        "metadata": {"name": format!("pod-{i}"), "labels": {"app": format!("app-{}", i % 50)}},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"requests": {"cpu": "100m", "memory": "100Mi"}}}]},
+    });
+    match case {
+        Case::Basic | Case::Unschedulable => {}
+        Case::Affinity => {
+            pod["spec"]["affinity"] = json!({
+                "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 10,
+                    "preference": {"matchExpressions": [{"key": "topology.kubernetes.io/zone",
+                        "operator": "In", "values": [format!("zone-{}", i % ZONES)]}]},
+                }]},
+                "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 5,
+                    "podAffinityTerm": {"topologyKey": "topology.kubernetes.io/zone",
+                        "labelSelector": {"matchLabels": {"app": format!("app-{}", i % 50)}}},
+                }]},
+            });
+        }
+        Case::Spread => {
+            pod["spec"]["topologySpreadConstraints"] = json!([{
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": format!("app-{}", i % 50)}},
+            }]);
+        }
+    }
+    pod
+}
+
+/// Creates the objects, `CREATES_IN_FLIGHT` at a time.
+async fn create_all<K>(api: &Api<K>, objects: Vec<Value>) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(objects)
+        .map(|value| async move {
+            let obj: K = serde_json::from_value(value)?;
+            api.create(&PostParams::default(), &obj).await?;
+            Ok(())
+        })
+        .buffer_unordered(CREATES_IN_FLIGHT)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+fn rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result<Report> {
+    let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
+    let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
+    let nodes: Api<Node> = Api::all(admin.clone());
+    create_all(&nodes, (0..args.nodes).map(node).collect())
+        .await
+        .context("create the nodes")?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    if args.case == Case::Unschedulable {
+        let waiting = (0..WAITING)
+            .map(|i| {
+                let mut p = pod(Case::Basic, i);
+                p["metadata"]["name"] = json!(format!("waiting-{i}"));
+                p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("1000");
+                p
+            })
+            .collect();
+        create_all(&pods, waiting)
+            .await
+            .context("create the unschedulable pods")?;
+    }
+
+    // The scheduler, on optimized code before it starts.
+    let host = PluginHost::new(HostConfig::default())?;
+    let mut spec = PluginSpec::new("default-plugins", PluginKind::Scheduler);
+    spec.timeout = Duration::from_secs(5);
+    spec.memory_limit = 1 << 30;
+    let plugin = host
+        .load(
+            spec,
+            Arc::new(trellis_scheduler::DEFAULT_PLUGINS.to_vec()),
+            None,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("load the default plugins: {e}"))?;
+    plugin.optimized().await;
+    let samples = Arc::new(Mutex::new(Vec::with_capacity(args.pods)));
+    let mut metrics = SchedulerMetrics::default();
+    metrics.attempt_samples = Some(samples.clone());
+    let config = SchedulerConfig {
+        profiles: vec![(
+            trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
+            vec![Component {
+                plugin: plugin.clone(),
+                configuration: "{}".into(),
+                weights: Default::default(),
+            }],
+        )],
+        percentage_of_nodes_to_score: 0,
+        queue: QueueSettings::default(),
+    };
+
+    // The waiting pods are queued and tried once before the measured ones exist.
+    let watching = SharedInformers::new();
+    let informer = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    informer.wait_synced().await;
+    let mut changes = informer.subscribe();
+    create_all(&pods, (0..args.pods).map(|i| pod(args.case, i)).collect())
+        .await
+        .context("create the pods")?;
+    let client = in_process.client(trellis_client::identity::scheduler());
+    let events = trellis_client::events::EventRecorder::new(
+        client.clone(),
+        trellis_scheduler::DEFAULT_SCHEDULER,
+        "bench",
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (calls_before, guest_before) = plugin.metrics.latency();
+    let started = Instant::now();
+    let scheduler = tokio::spawn(trellis_scheduler::run(
+        config,
+        host.clone(),
+        client,
+        SharedInformers::new(),
+        events,
+        metrics,
+        stopped,
+    ));
+
+    let mut bound = std::collections::HashSet::new();
+    let mut binds_at: Vec<Duration> = Vec::with_capacity(args.pods);
+    let deadline = started + Duration::from_secs(600);
+    while bound.len() < args.pods {
+        let change = tokio::time::timeout_at(deadline, changes.recv())
+            .await
+            .context("every pod bound within 600 s")?
+            .context("the pod watch ended")?;
+        let pod = match &change {
+            Change::Added(p) | Change::Updated { new: p, .. } => p,
+            Change::Deleted(_) => continue,
+        };
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        if !name.starts_with("pod-") {
+            continue;
+        }
+        if pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
+            && bound.insert(name.to_owned())
+        {
+            binds_at.push(started.elapsed());
+        }
+    }
+    let elapsed = started.elapsed();
+    let rss = rss_mb();
+    let _ = stop.send(true);
+    scheduler.await??;
+    let (calls_after, guest_after) = plugin.metrics.latency();
+    let _ = calls_after - calls_before;
+
+    let mut attempts = samples.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let attempt_total: Duration = attempts.iter().sum();
+    let percentiles = super::Percentiles::of(&mut attempts);
+    // Binds per 1 s window, from the first bind to the last full window.
+    let mut windows = vec![0usize; elapsed.as_secs() as usize + 1];
+    for t in &binds_at {
+        windows[t.as_secs() as usize] += 1;
+    }
+    let full = windows.len().saturating_sub(1).max(1);
+    let mut counted: Vec<usize> = windows[..full].to_vec();
+    counted.sort_unstable();
+    let median_window = counted.get(counted.len() / 2).copied().unwrap_or(0) as f64;
+    Ok(Report {
+        case: args.case,
+        nodes: args.nodes,
+        pods: args.pods,
+        pods_per_sec: args.pods as f64 / elapsed.as_secs_f64(),
+        median_window_pods_per_sec: median_window,
+        attempt_p50_ms: percentiles.p50_ms,
+        attempt_p99_ms: percentiles.p99_ms,
+        wasm_share: (guest_after - guest_before).as_secs_f64()
+            / attempt_total.as_secs_f64().max(f64::MIN_POSITIVE),
+        rss_mb: rss,
+    })
+}

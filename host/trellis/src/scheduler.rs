@@ -1,0 +1,156 @@
+//! The scheduler component: `trellis scheduler`, and the scheduler of `trellis up`.
+//! It runs the framework of `trellis-scheduler` with the default plugins (one WASM
+//! component bundled in the binary) as the `default-scheduler` profile.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tracing::info;
+use trellis_client::events::EventRecorder;
+use trellis_plugin_host::{HostConfig, PluginHost, PluginKind, PluginSpec};
+use trellis_scheduler::{Component as PluginComponent, QueueSettings, SchedulerConfig};
+
+use crate::components::{Component, ComponentArgs, Shared, run_remote};
+
+/// `trellis scheduler`: the component's flags and the framework's settings.
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    #[command(flatten)]
+    pub component: ComponentArgs,
+
+    #[command(flatten)]
+    pub settings: SchedulerFlags,
+
+    /// Where compiled plugins are kept between runs (none: compiled at each start).
+    #[arg(long, value_name = "DIR")]
+    pub plugin_cache_dir: Option<PathBuf>,
+}
+
+/// The settings `trellis up` shares with `trellis scheduler`.
+#[derive(Clone, Debug, Args)]
+pub struct SchedulerFlags {
+    /// The share of nodes a cycle looks for feasible ones among, as kube-scheduler's
+    /// `percentageOfNodesToScore`: 0 for its adaptive default (50 − nodes/125 %,
+    /// at least 5 %, at least 100 nodes).
+    #[arg(long, default_value_t = 0, value_name = "PERCENT")]
+    pub percentage_of_nodes_to_score: u32,
+
+    /// The back-off of a pod that failed to schedule, doubled at each failure...
+    #[arg(long, default_value = "1", value_name = "SECONDS", value_parser = seconds)]
+    pub pod_initial_backoff: Duration,
+
+    /// ... up to this.
+    #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = seconds)]
+    pub pod_max_backoff: Duration,
+
+    /// How long an unschedulable pod waits for a cluster event before it is tried
+    /// again anyway.
+    #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
+    pub pod_unschedulable_timeout: Duration,
+}
+
+fn seconds(s: &str) -> Result<Duration, String> {
+    let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// What the scheduler runs with.
+#[derive(Clone)]
+pub struct SchedulerSetup {
+    pub plugins: Arc<PluginHost>,
+    pub flags: SchedulerFlags,
+    pub metrics: trellis_scheduler::SchedulerMetrics,
+}
+
+impl std::fmt::Debug for SchedulerSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerSetup")
+            .field("flags", &self.flags)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default plugins' deadline per call: a Filter or Score of thousands of nodes
+/// takes milliseconds; a plugin stuck in a loop is stopped after this.
+const CALL_DEADLINE: Duration = Duration::from_secs(2);
+/// Their memory cap: a view of 5,000 nodes and 10,000 pods fits well within it.
+const MEMORY_LIMIT: usize = 512 << 20;
+
+/// `trellis scheduler --kubeconfig FILE`.
+pub async fn run_scheduler(
+    args: SchedulerArgs,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let plugins = PluginHost::new(HostConfig {
+        cache_dir: args.plugin_cache_dir.clone(),
+        ..HostConfig::default()
+    })?;
+    let setup = SchedulerSetup {
+        plugins,
+        flags: args.settings,
+        metrics: Default::default(),
+    };
+    run_remote(
+        Component::Scheduler,
+        args.component,
+        None,
+        Some(setup),
+        shutdown,
+    )
+    .await
+}
+
+/// The scheduler's work while this process leads: until `stopped`.
+pub(crate) async fn work(
+    setup: SchedulerSetup,
+    client: kube::Client,
+    shared: Shared,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let mut spec = PluginSpec::new("default-plugins", PluginKind::Scheduler);
+    spec.timeout = CALL_DEADLINE;
+    spec.memory_limit = MEMORY_LIMIT;
+    let plugin = setup
+        .plugins
+        .load(
+            spec,
+            Arc::new(trellis_scheduler::DEFAULT_PLUGINS.to_vec()),
+            None,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("load the default scheduler plugins: {e}"))?;
+    info!(digest = plugin.digest(), "default scheduler plugins loaded");
+    let config = SchedulerConfig {
+        profiles: vec![(
+            trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
+            vec![PluginComponent {
+                plugin,
+                configuration: "{}".into(),
+                weights: Default::default(),
+            }],
+        )],
+        percentage_of_nodes_to_score: setup.flags.percentage_of_nodes_to_score,
+        queue: QueueSettings {
+            initial_backoff: setup.flags.pod_initial_backoff,
+            max_backoff: setup.flags.pod_max_backoff,
+            unschedulable_timeout: setup.flags.pod_unschedulable_timeout,
+        },
+    };
+    let events = EventRecorder::new(
+        client.clone(),
+        trellis_scheduler::DEFAULT_SCHEDULER,
+        &crate::components::host_name(),
+    );
+    trellis_scheduler::run(
+        config,
+        setup.plugins.clone(),
+        client,
+        shared.informers.clone(),
+        events,
+        setup.metrics.clone(),
+        stopped,
+    )
+    .await
+}

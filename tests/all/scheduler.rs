@@ -1,0 +1,222 @@
+//! The scheduler (`trellis-scheduler`) with the bundled default plugins, a WASM
+//! component, against a real server: pods are bound to the node the plugins choose
+//! and told so in a `Scheduled` event; a pod no node fits gets kube-scheduler's
+//! FitError in a `FailedScheduling` event and its PodScheduled condition, and is
+//! scheduled once a node it fits joins; pods for another scheduler are left alone.
+//! One server for the module.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use trellis_api::UserInfo;
+use trellis_client::events::EventRecorder;
+use trellis_client::identity;
+use trellis_client::informer::SharedInformers;
+use trellis_plugin_host::{Compilers, HostConfig, PluginHost, PluginKind, PluginSpec};
+use trellis_scheduler::{Component, QueueSettings, SchedulerConfig};
+use trellis_tests::TestCluster;
+
+async fn create<K>(api: &Api<K>, value: serde_json::Value) -> Result<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let obj: K = serde_json::from_value(value)?;
+    Ok(api.create(&PostParams::default(), &obj).await?)
+}
+
+fn node(name: &str, cpu: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut node = json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+                   "capacity": {"cpu": cpu, "memory": "8Gi", "pods": "110"}},
+    });
+    if let Some(spec) = extra.get("spec") {
+        node["spec"] = spec.clone();
+    }
+    node
+}
+
+fn pod(name: &str, cpu: &str) -> serde_json::Value {
+    json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i",
+        "resources": {"requests": {"cpu": cpu}}}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_fit() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let nodes: Api<Node> = Api::all(admin.clone());
+    create(&nodes, node("n1", "2", json!({}))).await?;
+    create(
+        &nodes,
+        node(
+            "n2",
+            "4",
+            json!({"spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}),
+        ),
+    )
+    .await?;
+    create(
+        &nodes,
+        node("n3", "8", json!({"spec": {"unschedulable": true}})),
+    )
+    .await?;
+
+    let host = PluginHost::new(HostConfig {
+        compilers: Compilers::Baseline,
+        ..HostConfig::default()
+    })?;
+    let mut spec = PluginSpec::new("default-plugins", PluginKind::Scheduler);
+    spec.timeout = Duration::from_secs(2);
+    spec.memory_limit = 256 << 20;
+    let plugin = host
+        .load(
+            spec,
+            Arc::new(trellis_scheduler::DEFAULT_PLUGINS.to_vec()),
+            None,
+        )
+        .await?;
+    let config = SchedulerConfig {
+        profiles: vec![(
+            trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
+            vec![Component {
+                plugin,
+                configuration: "{}".into(),
+                weights: Default::default(),
+            }],
+        )],
+        percentage_of_nodes_to_score: 0,
+        queue: QueueSettings {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(400),
+            unschedulable_timeout: Duration::from_secs(300),
+        },
+    };
+    let client = in_process.client(identity::scheduler());
+    let events = EventRecorder::new(client.clone(), trellis_scheduler::DEFAULT_SCHEDULER, "test");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let scheduler = tokio::spawn(trellis_scheduler::run(
+        config,
+        host,
+        client,
+        SharedInformers::new(),
+        events,
+        Default::default(),
+        stopped,
+    ));
+
+    let watching = SharedInformers::new();
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let event_cache =
+        watching.informer::<Event>(Api::all(admin.clone()), watcher::Config::default());
+    let mut pod_changes = pods.subscribe();
+    let mut event_changes = event_cache.subscribe();
+    let node_of = |name: &str| {
+        pods.get(&format!("default/{name}"))
+            .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+    };
+    let event = |name: &str, reason: &str| {
+        event_cache
+            .list()
+            .into_iter()
+            .find(|e| {
+                e.involved_object.name.as_deref() == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+            })
+            .and_then(|e| e.message.clone())
+    };
+    // Waits for a change of pods or events after which `done` holds.
+    macro_rules! until {
+        ($what:expr, $done:expr) => {
+            tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    if $done {
+                        break;
+                    }
+                    tokio::select! {
+                        Some(_) = pod_changes.recv() => {}
+                        Some(_) = event_changes.recv() => {}
+                    }
+                }
+            })
+            .await
+            .with_context(|| format!("{} within 20 s", $what))?
+        };
+    }
+
+    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mut other = pod("elsewhere", "100m");
+    other["spec"]["schedulerName"] = json!("another-scheduler");
+    create(&pod_api, other).await?;
+    // Only n1 fits: n2's taint is not tolerated and n3 is cordoned.
+    create(&pod_api, pod("small", "1")).await?;
+    until!("small bound", node_of("small").is_some());
+    ensure!(
+        node_of("small").as_deref() == Some("n1"),
+        "small on {:?}",
+        node_of("small")
+    );
+    until!("its Scheduled event", event("small", "Scheduled").is_some());
+    ensure!(
+        event("small", "Scheduled").as_deref() == Some("Successfully assigned default/small to n1"),
+        "{:?}",
+        event("small", "Scheduled")
+    );
+
+    // Now nothing fits 2 CPUs: n1 has 1 left.
+    create(&pod_api, pod("big", "2")).await?;
+    let fit_error = "0/3 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint {dedicated: gpu}, 1 node(s) were unschedulable.";
+    until!(
+        "big's FailedScheduling",
+        event("big", "FailedScheduling").is_some()
+    );
+    ensure!(
+        event("big", "FailedScheduling").as_deref() == Some(fit_error),
+        "{:?}",
+        event("big", "FailedScheduling")
+    );
+    let scheduled_condition = || {
+        pods.get("default/big").and_then(|p| {
+            p.status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "PodScheduled")
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        })
+    };
+    until!("big's PodScheduled=False", scheduled_condition().is_some());
+    ensure!(
+        scheduled_condition()
+            == Some((
+                "False".into(),
+                Some("Unschedulable".into()),
+                Some(fit_error.into())
+            )),
+        "{:?}",
+        scheduled_condition()
+    );
+
+    // A node it fits joins: the node's arrival moves it back, and it is bound there.
+    create(&nodes, node("n4", "4", json!({}))).await?;
+    until!("big bound", node_of("big").is_some());
+    ensure!(
+        node_of("big").as_deref() == Some("n4"),
+        "big on {:?}",
+        node_of("big")
+    );
+    ensure!(
+        node_of("elsewhere").is_none(),
+        "a pod for another scheduler was bound"
+    );
+    let _ = stop.send(true);
+    scheduler.await??;
+    Ok(())
+}
