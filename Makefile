@@ -40,12 +40,13 @@ test-deps: deps
 	@tests/tools/docker-registry.sh >/dev/null
 
 # The plugin SDK and the examples' own tests, natively (Rust, Python, JavaScript):
-# admission plugins and controllers.
+# admission plugins, controllers and scheduler plugins.
 test-plugins: plugins
 	$(CARGO) test -q --manifest-path plugins/Cargo.toml --workspace
 	cd examples/plugins/require-team-label && python3 -m unittest -q
 	cd examples/plugins/deny-latest-tag && node --test
 	cd examples/controllers/configmap-checksum && python3 -m unittest -q
+	cd examples/scheduler/avoid-nodes && python3 -m unittest -q
 
 # Both suites run one kubectl: $TRELLIS_KUBECTL, else what kubectl-current.sh picks (on a
 # machine whose only kubectl is Debian's 1.20, the system's is too old). The Python

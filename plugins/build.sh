@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds every plugin into plugins/target/dist/NAME.wasm:
 #   - the Rust workspace (plugins/controllers/*, the built-in controllers the host
-#     also bundles; plugins/fixtures/*; examples/plugins/* and examples/controllers/*
-#     with a Cargo.toml)
+#     also bundles; plugins/fixtures/*; examples/plugins/*, examples/controllers/*
+#     and examples/scheduler/* with a Cargo.toml)
 #     for wasm32-wasip2 in release, against today's contract (wit/core, wit/admission,
 #     wit/initializer);
 #   - the Rust examples again against the frozen first contract (wit/plugin/0.1.0,
@@ -10,7 +10,8 @@
 #     the host's tests load components as they were built before the split;
 #   - Python examples (an app.py) with componentize-py, from a venv in
 #     plugins/target/venv; Python controllers (examples/controllers/*/app.py)
-#     against wit/controller;
+#     against wit/controller, Python scheduler plugins (examples/scheduler/*/app.py)
+#     against wit/scheduler;
 #   - JavaScript examples (a package.json) with `npm ci` and `npm run build`.
 # The Python and JavaScript examples are built against wit/plugin/0.1.0.
 # A plugin whose output is newer than all of its inputs is skipped, so a run with
@@ -58,7 +59,7 @@ apt_install() {
 
 # --- Rust ------------------------------------------------------------------
 rust_dirs=()
-for manifest in "$plugins"/controllers/*/Cargo.toml "$plugins"/fixtures/*/Cargo.toml "$examples"/*/Cargo.toml "$repo"/examples/controllers/*/Cargo.toml; do
+for manifest in "$plugins"/controllers/*/Cargo.toml "$plugins"/fixtures/*/Cargo.toml "$examples"/*/Cargo.toml "$repo"/examples/controllers/*/Cargo.toml "$repo"/examples/scheduler/*/Cargo.toml; do
   [ -e "$manifest" ] && rust_dirs+=("$(dirname "$manifest")")
 done
 
@@ -159,6 +160,21 @@ for app in "$repo"/examples/controllers/*/app.py; do
   say "building $name (Python, componentize-py, world controller)"
   cpy=$(componentize_py)
   (cd "$dir" && "$cpy" --wit-path "$controller_wit" --world controller componentize app --output "$out.tmp" >/dev/null)
+  mv "$out.tmp" "$out"
+  built=$((built + 1))
+done
+
+# Python scheduler plugins (examples/scheduler/*/app.py), against the scheduler world.
+scheduler_wit=$wit/scheduler/0.1.0
+for app in "$repo"/examples/scheduler/*/app.py; do
+  [ -e "$app" ] || continue
+  dir=$(dirname "$app")
+  name=$(basename "$dir")
+  out=$dist/$name.wasm
+  fresh "$out" "$dir" "$scheduler_wit" "$wit/core" && continue
+  say "building $name (Python, componentize-py, world scheduler)"
+  cpy=$(componentize_py)
+  (cd "$dir" && "$cpy" --wit-path "$scheduler_wit" --world scheduler componentize app --output "$out.tmp" >/dev/null)
   mv "$out.tmp" "$out"
   built=$((built + 1))
 done

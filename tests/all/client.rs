@@ -598,7 +598,12 @@ async fn a_watch_served_from_the_store_ends_when_the_server_stops() -> Result<()
     );
     let stopping = tokio::spawn(cluster.stop());
     while let Some(event) = stream.next().await {
-        if let Ok(WatchEvent::Error(e)) = &event {
+        // A replay from the store that falls more than the cache's 4 events behind
+        // while the server stops (a loaded machine) ends as any lagging watch does,
+        // with 410 Expired; anything else is a failure.
+        if let Ok(WatchEvent::Error(e)) = &event
+            && e.code != 410
+        {
             anyhow::bail!("the watch ended with an error, not because the server stopped: {e:?}");
         }
     }

@@ -89,8 +89,10 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
                 plugin,
                 configuration: "{}".into(),
                 weights: Default::default(),
+                ignore_failures: false,
             }],
         )],
+        defaults: Vec::new(),
         percentage_of_nodes_to_score: 0,
         queue: QueueSettings {
             initial_backoff: Duration::from_millis(100),
@@ -103,11 +105,14 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let scheduler = tokio::spawn(trellis_scheduler::run(
         config,
-        host,
-        client,
-        SharedInformers::new(),
-        events,
-        Default::default(),
+        trellis_scheduler::Parts {
+            host,
+            client,
+            informers: SharedInformers::new(),
+            events,
+            metrics: Default::default(),
+        },
+        tokio::sync::mpsc::unbounded_channel().1,
         stopped,
     ));
 

@@ -16,6 +16,8 @@ use rand::{Rng, SeedableRng};
 use trellis_plugin_host::scheduler::{Code, ExtensionPoints, PermitVerdict, PluginInfo};
 use trellis_plugin_host::{PluginHost, SchedulerSession};
 
+use tracing::warn;
+
 use crate::Component;
 use crate::cache::{Cache, NodeId};
 use crate::queue::{Action, Event};
@@ -121,6 +123,31 @@ impl Profile {
         }
     }
 
+    /// Adds `component`, or replaces the one of the same plugin name (its session
+    /// starts again at the next cycle, with the whole cluster).
+    pub fn set(&mut self, component: Component) {
+        let slot = Slot {
+            component,
+            session: None,
+            infos: Vec::new(),
+            weights: Vec::new(),
+            points: ExtensionPoints::empty(),
+        };
+        match self
+            .slots
+            .iter()
+            .position(|s| s.component.plugin.name() == slot.component.plugin.name())
+        {
+            Some(at) => self.slots[at] = slot,
+            None => self.slots.push(slot),
+        }
+    }
+
+    /// Removes the component of this plugin name.
+    pub fn remove(&mut self, name: &str) {
+        self.slots.retain(|s| s.component.plugin.name() != name);
+    }
+
     /// The calls' durations since the last take.
     pub fn take_timings(&mut self) -> Vec<(String, &'static str, Duration)> {
         std::mem::take(&mut self.timings)
@@ -141,75 +168,94 @@ impl Profile {
                 .session
                 .as_ref()
                 .is_none_or(|s| !s.is_alive() || s.outdated());
-            if !fresh {
-                if !pending.is_empty()
-                    && let Some(session) = slot.session.as_mut()
-                {
-                    let started = Instant::now();
-                    session.update(&pending).await.map_err(|e| e.to_string())?;
+            let started = Instant::now();
+            let result = match slot.session.as_mut() {
+                Some(session) if !fresh => {
+                    if pending.is_empty() {
+                        continue;
+                    }
+                    let updated = session.update(&pending).await.map_err(|e| e.to_string());
                     self.timings
                         .push((slot.label(), "Update", started.elapsed()));
+                    updated
                 }
-                continue;
+                _ => Self::start(slot, host, cache, &mut self.interests).await,
+            };
+            if let Err(e) = result {
+                slot.session = None;
+                if !slot.component.ignore_failures {
+                    return Err(e);
+                }
+                warn!(plugin = %slot.label(), "{e}; left out (failurePolicy Ignore)");
             }
-            slot.session = None;
-            let mut session = slot
-                .component
-                .plugin
-                .scheduler_session(host)
-                .await
-                .map_err(|e| e.to_string())?;
-            let infos = session
-                .plugins(&slot.component.configuration)
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("{} rejected its configuration: {e}", slot.label()))?;
-            session
-                .update(&cache.snapshot())
-                .await
-                .map_err(|e| e.to_string())?;
-            slot.weights = infos
-                .iter()
-                .map(|i| {
-                    i64::from(
-                        slot.component
-                            .weights
-                            .get(&i.name)
-                            .copied()
-                            .unwrap_or(i.weight),
-                    )
-                })
-                .collect();
-            slot.points = infos
-                .iter()
-                .fold(ExtensionPoints::empty(), |all, i| all | i.points);
-            for info in &infos {
-                let mut events = HashSet::new();
-                for e in &info.events {
-                    for (flag, action) in [
-                        (trellis_plugin_host::scheduler::Action::ADD, Action::Add),
-                        (
-                            trellis_plugin_host::scheduler::Action::UPDATE,
-                            Action::Update,
-                        ),
-                        (
-                            trellis_plugin_host::scheduler::Action::DELETE,
-                            Action::Delete,
-                        ),
-                    ] {
-                        if e.action.contains(flag) {
-                            events.insert(Event {
-                                resource: e.resource.clone(),
-                                action,
-                            });
-                        }
+        }
+        Ok(())
+    }
+
+    /// A new session for `slot`: its plugins, then the whole cluster.
+    async fn start(
+        slot: &mut Slot,
+        host: &Arc<PluginHost>,
+        cache: &Cache,
+        interests: &mut Vec<(String, HashSet<Event>)>,
+    ) -> Result<(), String> {
+        slot.session = None;
+        let mut session = slot
+            .component
+            .plugin
+            .scheduler_session(host)
+            .await
+            .map_err(|e| e.to_string())?;
+        let infos = session
+            .plugins(&slot.component.configuration)
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{} rejected its configuration: {e}", slot.label()))?;
+        session
+            .update(&cache.snapshot())
+            .await
+            .map_err(|e| e.to_string())?;
+        slot.weights = infos
+            .iter()
+            .map(|i| {
+                i64::from(
+                    slot.component
+                        .weights
+                        .get(&i.name)
+                        .copied()
+                        .unwrap_or(i.weight),
+                )
+            })
+            .collect();
+        slot.points = infos
+            .iter()
+            .fold(ExtensionPoints::empty(), |all, i| all | i.points);
+        for info in &infos {
+            let mut events = HashSet::new();
+            for e in &info.events {
+                for (flag, action) in [
+                    (trellis_plugin_host::scheduler::Action::ADD, Action::Add),
+                    (
+                        trellis_plugin_host::scheduler::Action::UPDATE,
+                        Action::Update,
+                    ),
+                    (
+                        trellis_plugin_host::scheduler::Action::DELETE,
+                        Action::Delete,
+                    ),
+                ] {
+                    if e.action.contains(flag) {
+                        events.insert(Event {
+                            resource: e.resource.clone(),
+                            action,
+                        });
                     }
                 }
-                self.interests.push((info.name.clone(), events));
             }
-            slot.infos = infos;
-            slot.session = Some(session);
+            interests.push((info.name.clone(), events));
         }
+        slot.infos = infos;
+        slot.session = Some(session);
         Ok(())
     }
 
@@ -243,6 +289,10 @@ impl Profile {
             let started = Instant::now();
             let results = match session.cycle(&pod_json).await {
                 Ok(results) => results,
+                Err(e) if slot.component.ignore_failures => {
+                    warn!(plugin = %slot.label(), "{e}; left out (failurePolicy Ignore)");
+                    continue;
+                }
                 Err(e) => return Decision::Error(e.to_string()),
             };
             self.timings.push((
@@ -321,6 +371,10 @@ impl Profile {
                 let started = Instant::now();
                 let rejected = match session.filter(&survivors).await {
                     Ok(rejected) => rejected,
+                    Err(e) if slot.component.ignore_failures => {
+                        warn!(plugin = %slot.label(), "{e}; left out (failurePolicy Ignore)");
+                        continue;
+                    }
                     Err(e) => return Decision::Error(e.to_string()),
                 };
                 self.timings.push((
@@ -375,7 +429,13 @@ impl Profile {
                 let started = Instant::now();
                 let scores = match session.score(&feasible).await {
                     Ok(Ok(scores)) => scores,
-                    Ok(Err(e)) => return Decision::Error(format!("running Score plugins: {e}")),
+                    Ok(Err(_)) | Err(_) if slot.component.ignore_failures => continue,
+                    Ok(Err(e)) => {
+                        return Decision::Error(format!(
+                            "running Score plugins of {}: {e}",
+                            slot.label()
+                        ));
+                    }
                     Err(e) => return Decision::Error(e.to_string()),
                 };
                 self.timings.push((

@@ -56,6 +56,22 @@ pub struct Component {
     pub configuration: String,
     /// Score weights that replace the plugins' own, by plugin name.
     pub weights: HashMap<String, u32>,
+    /// A failure of the component (trap, deadline, memory, an error status) fails the
+    /// cycle (`false`), or leaves the component out of it (`true`: `Ignore`).
+    pub ignore_failures: bool,
+}
+
+/// A change of the profiles, as Plugin objects of kind `scheduler` come and go.
+#[derive(Debug)]
+pub enum Update {
+    /// Adds a component to a profile (made with the default components if new), or
+    /// replaces the one of the same plugin name; its session starts at the next cycle.
+    Set {
+        profile: String,
+        component: Component,
+    },
+    /// Removes the component of this plugin name from every profile.
+    Remove { name: String },
 }
 
 /// How the scheduler runs.
@@ -63,6 +79,9 @@ pub struct Component {
 pub struct SchedulerConfig {
     /// Profiles by `schedulerName`; pods for other schedulers are left alone.
     pub profiles: Vec<(String, Vec<Component>)>,
+    /// The components a profile made by an [`Update`] starts with (the default
+    /// plugins).
+    pub defaults: Vec<Component>,
     /// `percentageOfNodesToScore`: 0 for kube-scheduler's adaptive default.
     pub percentage_of_nodes_to_score: u32,
     pub queue: QueueSettings,
@@ -79,17 +98,39 @@ struct Bound {
     result: Result<(), String>,
 }
 
+/// What the scheduler runs with, beside its configuration.
+pub struct Parts {
+    /// The plugin host the components were loaded in.
+    pub host: Arc<PluginHost>,
+    /// The scheduler's own client (`system:kube-scheduler`).
+    pub client: kube::Client,
+    pub informers: SharedInformers,
+    pub events: EventRecorder,
+    pub metrics: SchedulerMetrics,
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts").finish_non_exhaustive()
+    }
+}
+
 /// Runs the scheduler until `stopped`: the loop schedules one pod at a time, as
-/// kube-scheduler's `scheduleOne`; binds run beside it.
+/// kube-scheduler's `scheduleOne`; binds run beside it. `updates` change the
+/// profiles as Plugin objects come and go.
 pub async fn run(
     config: SchedulerConfig,
-    host: Arc<PluginHost>,
-    client: kube::Client,
-    informers: SharedInformers,
-    events: EventRecorder,
-    metrics: SchedulerMetrics,
+    parts: Parts,
+    mut updates: mpsc::UnboundedReceiver<Update>,
     mut stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let Parts {
+        host,
+        client,
+        informers,
+        events,
+        metrics,
+    } = parts;
     let pods = informers.informer::<Pod>(Api::all(client.clone()), watcher::Config::default());
     let nodes = informers.informer::<Node>(Api::all(client.clone()), watcher::Config::default());
     let mut pod_changes = pods.subscribe();
@@ -112,19 +153,12 @@ pub async fn run(
             )
         })
         .collect();
-    let profile_of = |pod: &Pod| -> Option<usize> {
-        let wanted = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduler_name.as_deref())
-            .unwrap_or(DEFAULT_SCHEDULER);
-        config.profiles.iter().position(|(name, _)| name == wanted)
-    };
+    let mut names: Vec<String> = profiles.iter().map(|p| p.name.clone()).collect();
     // When each pod was first queued, for the end-to-end latency.
     let mut queued_at: HashMap<PodKey, Instant> = HashMap::new();
     let (bound_tx, mut bound_rx) = mpsc::unbounded_channel::<Bound>();
     let api: Api<Pod> = Api::all(client.clone());
-    info!(profiles = ?config.profiles.iter().map(|(n, _)| n).collect::<Vec<_>>(), "scheduler running");
+    info!(profiles = ?names, "scheduler running");
 
     loop {
         // Every change that arrived comes first: the next cycle decides on them.
@@ -133,14 +167,10 @@ pub async fn run(
             on_node(&mut cache, &mut queue, change, now);
         }
         while let Ok(change) = pod_changes.try_recv() {
-            on_pod(
-                &mut cache,
-                &mut queue,
-                &mut queued_at,
-                &profile_of,
-                change,
-                now,
-            );
+            on_pod(&mut cache, &mut queue, &mut queued_at, &names, change, now);
+        }
+        while let Ok(update) = updates.try_recv() {
+            on_update(&mut profiles, &mut names, &config, update, &mut queue, now);
         }
         while let Ok(bound) = bound_rx.try_recv() {
             on_bound(
@@ -167,7 +197,7 @@ pub async fn run(
         }
 
         if let Some((key, pod)) = queue.pop() {
-            let Some(p) = profile_of(&pod) else {
+            let Some(p) = profile_of(&names, &pod) else {
                 queue.remove(&key);
                 continue;
             };
@@ -250,9 +280,12 @@ pub async fn run(
                 None => break,
             },
             change = pod_changes.recv() => match change {
-                Some(change) => on_pod(&mut cache, &mut queue, &mut queued_at, &profile_of, change, Instant::now()),
+                Some(change) => on_pod(&mut cache, &mut queue, &mut queued_at, &names, change, Instant::now()),
                 None => break,
             },
+            Some(update) = updates.recv() => {
+                on_update(&mut profiles, &mut names, &config, update, &mut queue, Instant::now());
+            }
             Some(bound) = bound_rx.recv() => {
                 on_bound(&mut cache, &mut queue, &mut profiles, &events, &metrics, bound).await;
             }
@@ -268,6 +301,60 @@ pub async fn run(
 /// value after, so the loop's future stays `Send`.
 async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
     let _ = stopped.wait_for(|s| *s).await;
+}
+
+/// The profile that schedules `pod`: its `schedulerName`, `default-scheduler` if none.
+fn profile_of(profiles: &[String], pod: &Pod) -> Option<usize> {
+    let wanted = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or(DEFAULT_SCHEDULER);
+    profiles.iter().position(|name| name == wanted)
+}
+
+/// Applies a change of the profiles. A new profile's pods may be queued already
+/// under no profile: they were left alone, and the next change of each brings it in;
+/// a cluster event wakes those that failed.
+fn on_update(
+    profiles: &mut Vec<Profile>,
+    names: &mut Vec<String>,
+    config: &SchedulerConfig,
+    update: Update,
+    queue: &mut SchedulingQueue,
+    now: Instant,
+) {
+    match update {
+        Update::Set { profile, component } => {
+            let at = match names.iter().position(|n| *n == profile) {
+                Some(at) => at,
+                None => {
+                    info!(%profile, "a new scheduling profile");
+                    profiles.push(Profile::new(
+                        profile.clone(),
+                        config.defaults.clone(),
+                        config.percentage_of_nodes_to_score,
+                    ));
+                    names.push(profile);
+                    profiles.len() - 1
+                }
+            };
+            profiles[at].set(component);
+        }
+        Update::Remove { name } => {
+            for p in profiles.iter_mut() {
+                p.remove(&name);
+            }
+        }
+    }
+    // Pods a removed or changed plugin rejected may fit now.
+    queue.on_event(
+        &Event {
+            resource: "plugins".into(),
+            action: Action::Update,
+        },
+        now,
+    );
 }
 
 fn key_of(pod: &Pod) -> PodKey {
@@ -311,7 +398,7 @@ fn on_pod(
     cache: &mut cache::Cache,
     queue: &mut SchedulingQueue,
     queued_at: &mut HashMap<PodKey, Instant>,
-    profile_of: &impl Fn(&Pod) -> Option<usize>,
+    profiles: &[String],
     change: Change<Pod>,
     now: Instant,
 ) {
@@ -371,7 +458,8 @@ fn on_pod(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     );
-    if terminal || pod.metadata.deletion_timestamp.is_some() || profile_of(&pod).is_none() {
+    if terminal || pod.metadata.deletion_timestamp.is_some() || profile_of(profiles, &pod).is_none()
+    {
         queue.remove(&key);
         return;
     }

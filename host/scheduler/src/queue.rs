@@ -277,8 +277,10 @@ impl SchedulingQueue {
             match q.place {
                 Place::InFlight => q.moved_while_in_flight = true,
                 Place::Unschedulable => {
-                    // No plugin named (a failure outside the plugins): any event.
-                    let wanted = q.rejected_by.is_empty()
+                    // No plugin named (a failure outside the plugins): any event; a
+                    // change of the plugins themselves: every pod.
+                    let wanted = event.resource == "plugins"
+                        || q.rejected_by.is_empty()
                         || q.rejected_by.iter().any(|p| {
                             self.interests
                                 .get(p)

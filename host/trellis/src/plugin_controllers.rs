@@ -38,7 +38,7 @@ use crate::components::{ControllerSetup, Shared};
 /// The field manager of the statuses written here.
 const MANAGER: &str = "trellis-controller-manager";
 
-fn plugins_resource() -> ApiResource {
+pub(crate) fn plugins_resource() -> ApiResource {
     ApiResource {
         group: spec::GROUP.into(),
         version: spec::VERSION.into(),
@@ -307,7 +307,7 @@ async fn load(
 
 /// Writes the Plugin's `Loaded` condition (and digest) through its status.
 /// `loaded` is the reason when it runs.
-async fn write_status(
+pub(crate) async fn write_status(
     client: &kube::Client,
     obj: &DynamicObject,
     result: Result<String, (&'static str, String)>,

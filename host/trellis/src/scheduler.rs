@@ -122,15 +122,18 @@ pub(crate) async fn work(
         .await
         .map_err(|e| anyhow::anyhow!("load the default scheduler plugins: {e}"))?;
     info!(digest = plugin.digest(), "default scheduler plugins loaded");
+    let defaults = vec![PluginComponent {
+        plugin,
+        configuration: "{}".into(),
+        weights: Default::default(),
+        ignore_failures: false,
+    }];
     let config = SchedulerConfig {
         profiles: vec![(
             trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
-            vec![PluginComponent {
-                plugin,
-                configuration: "{}".into(),
-                weights: Default::default(),
-            }],
+            defaults.clone(),
         )],
+        defaults,
         percentage_of_nodes_to_score: setup.flags.percentage_of_nodes_to_score,
         queue: QueueSettings {
             initial_backoff: setup.flags.pod_initial_backoff,
@@ -143,14 +146,137 @@ pub(crate) async fn work(
         trellis_scheduler::DEFAULT_SCHEDULER,
         &crate::components::host_name(),
     );
-    trellis_scheduler::run(
-        config,
-        setup.plugins.clone(),
+    let (updates, updated) = tokio::sync::mpsc::unbounded_channel();
+    let following = tokio::spawn(follow_plugins(
+        setup.clone(),
+        client.clone(),
+        shared.clone(),
+        updates,
+        stopped.clone(),
+    ));
+    let parts = trellis_scheduler::Parts {
+        host: setup.plugins.clone(),
         client,
-        shared.informers.clone(),
+        informers: shared.informers.clone(),
         events,
-        setup.metrics.clone(),
-        stopped,
-    )
-    .await
+        metrics: setup.metrics.clone(),
+    };
+    let result = trellis_scheduler::run(config, parts, updated, stopped).await;
+    following.abort();
+    result
+}
+
+/// Follows the Plugin objects of kind `scheduler`: each is loaded (its module
+/// fetched, its configuration checked by its `plugins` call) and joins its profile;
+/// a new generation replaces it once it loaded, one that fails leaves the last good
+/// version in place, and a deleted Plugin leaves the profile. The `Loaded` condition
+/// says which.
+async fn follow_plugins(
+    setup: SchedulerSetup,
+    client: kube::Client,
+    shared: Shared,
+    updates: tokio::sync::mpsc::UnboundedSender<trellis_scheduler::Update>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    use kube::api::{Api, DynamicObject};
+    use trellis_apiserver::admission::plugins::{source, spec};
+    use trellis_client::informer::Change;
+
+    let informer = shared.informers.informer::<DynamicObject>(
+        Api::all_with(
+            client.clone(),
+            &crate::plugin_controllers::plugins_resource(),
+        ),
+        kube::runtime::watcher::Config::default(),
+    );
+    let mut changes = informer.subscribe();
+    let modules_dir = crate::plugin_controllers::modules_dir(None);
+    // uid/generation last tried, by name; and the plugins joined.
+    let mut tried: std::collections::HashMap<String, String> = Default::default();
+    let mut joined: std::collections::HashMap<String, Arc<trellis_plugin_host::Plugin>> =
+        Default::default();
+    loop {
+        let change = tokio::select! {
+            change = changes.recv() => change,
+            _ = stopped.wait_for(|s| *s) => return,
+        };
+        let Some(change) = change else { return };
+        let obj = change.object().clone();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let is_scheduler = obj.data["spec"]["kind"]
+            .as_str()
+            .is_some_and(|k| k.eq_ignore_ascii_case("scheduler"));
+        if matches!(change, Change::Deleted(_))
+            || obj.metadata.deletion_timestamp.is_some()
+            || !is_scheduler
+        {
+            tried.remove(&name);
+            if joined.remove(&name).is_some() {
+                info!(plugin = %name, "scheduler plugin removed");
+                let _ = updates.send(trellis_scheduler::Update::Remove { name });
+            }
+            continue;
+        }
+        let fingerprint = format!(
+            "{}/{}",
+            obj.metadata.uid.as_deref().unwrap_or_default(),
+            obj.metadata.generation.unwrap_or_default()
+        );
+        if tried.get(&name) == Some(&fingerprint) {
+            continue;
+        }
+        tried.insert(name.clone(), fingerprint);
+        let loaded = async {
+            let parsed = spec::parse(&name, &obj.data["spec"]).map_err(|e| ("InvalidSpec", e))?;
+            let module = parsed
+                .module
+                .clone()
+                .ok_or(("InvalidSpec", "spec.module: Required value".to_owned()))?;
+            let _ = tokio::fs::create_dir_all(&modules_dir).await;
+            let wasm = source::fetch(&module, &modules_dir, None)
+                .await
+                .map_err(|e| ("FetchFailed", e))?;
+            let mut plugin_spec = parsed.spec.clone();
+            plugin_spec.kind = PluginKind::Scheduler;
+            let previous = joined.get(&name).cloned();
+            let plugin = match &previous {
+                Some(previous) => {
+                    setup
+                        .plugins
+                        .reload(previous, plugin_spec, Arc::new(wasm), None)
+                        .await
+                }
+                None => setup.plugins.load(plugin_spec, Arc::new(wasm), None).await,
+            }
+            .map_err(|e| ("LoadFailed", e.message))?;
+            let scheduler = parsed.scheduler.clone().unwrap_or_default();
+            let component = PluginComponent {
+                plugin: plugin.clone(),
+                configuration: parsed.spec.configuration.clone(),
+                weights: scheduler.weights.into_iter().collect(),
+                ignore_failures: parsed.failure_policy
+                    == trellis_apiserver::admission::plugins::spec::FailurePolicy::Ignore,
+            };
+            Ok::<_, (&'static str, String)>((plugin, scheduler.profile, component))
+        }
+        .await;
+        let result = match loaded {
+            Ok((plugin, profile, component)) => {
+                let digest = plugin.digest().to_owned();
+                info!(plugin = %name, %profile, %digest, "scheduler plugin joined its profile");
+                joined.insert(name.clone(), plugin);
+                let _ = updates.send(trellis_scheduler::Update::Set { profile, component });
+                Ok(digest)
+            }
+            Err((reason, message)) => {
+                let keeps = joined
+                    .get(&name)
+                    .map(|p| format!("; the last good version ({}) keeps running", p.digest()))
+                    .unwrap_or_default();
+                tracing::warn!(plugin = %name, reason, "{message}{keeps}");
+                Err((reason, format!("{message}{keeps}")))
+            }
+        };
+        crate::plugin_controllers::write_status(&client, &obj, result, "Loaded").await;
+    }
 }

@@ -544,6 +544,9 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
                 {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kube-scheduler"], "verbs": ["get", "update"]},
+                // Its plugins, as Plugin objects of kind scheduler, and their status.
+                {"apiGroups": ["trellis.dev"], "resources": ["plugins"], "verbs": read},
+                {"apiGroups": ["trellis.dev"], "resources": ["plugins/status"], "verbs": ["patch", "update"]},
                 {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
                 {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
             ]),

@@ -228,8 +228,10 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
                 plugin: plugin.clone(),
                 configuration: "{}".into(),
                 weights: Default::default(),
+                ignore_failures: false,
             }],
         )],
+        defaults: Vec::new(),
         percentage_of_nodes_to_score: 0,
         queue: QueueSettings::default(),
     };
@@ -253,11 +255,14 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
     let started = Instant::now();
     let scheduler = tokio::spawn(trellis_scheduler::run(
         config,
-        host.clone(),
-        client,
-        SharedInformers::new(),
-        events,
-        metrics,
+        trellis_scheduler::Parts {
+            host: host.clone(),
+            client,
+            informers: SharedInformers::new(),
+            events,
+            metrics: metrics,
+        },
+        tokio::sync::mpsc::unbounded_channel().1,
         stopped,
     ));
 

@@ -308,6 +308,17 @@ impl PluginManager {
             }
             entry.fingerprint = fingerprint;
             let spec = obj.get("spec").cloned().unwrap_or_default();
+            // The scheduler runs it.
+            if spec["kind"]
+                .as_str()
+                .is_some_and(|k| k.eq_ignore_ascii_case("scheduler"))
+            {
+                entry.stop_loading();
+                if entry.serving.take().is_some() {
+                    self.publish(tracked);
+                }
+                continue;
+            }
             if spec["kind"]
                 .as_str()
                 .is_some_and(|k| k.eq_ignore_ascii_case("controller"))

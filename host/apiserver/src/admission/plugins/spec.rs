@@ -66,6 +66,34 @@ struct Doc {
     capabilities: Capabilities,
     #[serde(default)]
     controller: Option<ControllerDoc>,
+    #[serde(default)]
+    scheduler: Option<SchedulerDoc>,
+}
+
+/// `spec.scheduler`: where a scheduler plugin joins the scheduler.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SchedulerDoc {
+    /// The profile (`schedulerName` of the pods it schedules); a new name makes a new
+    /// profile with the default plugins and this one.
+    #[serde(default = "default_profile")]
+    pub profile: String,
+    /// Score weights by plugin name, replacing the plugins' own.
+    #[serde(default)]
+    pub weights: std::collections::BTreeMap<String, u32>,
+}
+
+fn default_profile() -> String {
+    "default-scheduler".into()
+}
+
+impl Default for SchedulerDoc {
+    fn default() -> Self {
+        Self {
+            profile: default_profile(),
+            weights: Default::default(),
+        }
+    }
 }
 
 /// A resource as a controller names it.
@@ -163,6 +191,8 @@ pub struct Parsed {
     pub cluster_read: bool,
     /// `spec.controller`, for a plugin of kind `controller`.
     pub controller: Option<ControllerDoc>,
+    /// `spec.scheduler` (or its defaults), for a plugin of kind `scheduler`.
+    pub scheduler: Option<SchedulerDoc>,
 }
 
 /// Reads a Plugin's `spec`; the error names the field.
@@ -173,12 +203,33 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
         "validating" => PluginKind::Validating,
         "initializer" => PluginKind::Initializer,
         "controller" => PluginKind::Controller,
+        "scheduler" => PluginKind::Scheduler,
         other => {
             return Err(format!(
-                "spec.kind: Unsupported value: {other:?}: supported values: \"mutating\", \"validating\", \"initializer\", \"controller\""
+                "spec.kind: Unsupported value: {other:?}: supported values: \"mutating\", \"validating\", \"initializer\", \"controller\", \"scheduler\""
             ));
         }
     };
+    let scheduler = match (&doc.scheduler, kind == PluginKind::Scheduler) {
+        (Some(_), false) => {
+            return Err("spec.scheduler: Forbidden: only for plugins of kind scheduler".into());
+        }
+        (Some(s), true) => Some(s.clone()),
+        (None, true) => Some(SchedulerDoc::default()),
+        (None, false) => None,
+    };
+    if let Some(s) = &scheduler {
+        if s.profile.is_empty() {
+            return Err("spec.scheduler.profile: Required value".into());
+        }
+        for (name, weight) in &s.weights {
+            if !(1..=100).contains(weight) {
+                return Err(format!(
+                    "spec.scheduler.weights[{name}]: Invalid value: {weight}: must be between 1 and 100"
+                ));
+            }
+        }
+    }
     let controller = kind == PluginKind::Controller;
     match (&doc.controller, controller) {
         (None, true) => {
@@ -239,6 +290,9 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
     }
     let (default_ms, max_ms) = if controller {
         (10_000, MAX_RECONCILE_MS)
+    } else if kind == PluginKind::Scheduler {
+        // A call filters or scores a batch of up to thousands of nodes.
+        (1_000, MAX_TIMEOUT_MS)
     } else {
         (100, MAX_TIMEOUT_MS)
     };
@@ -278,6 +332,7 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
         failure_policy,
         cluster_read: doc.capabilities.cluster_read,
         controller: doc.controller,
+        scheduler,
     })
 }
 
@@ -388,8 +443,8 @@ pub fn crd() -> Value {
         "type": "object",
         "required": ["kind", "module"],
         "properties": {
-            "kind": {"type": "string", "enum": ["mutating", "validating", "initializer", "controller"],
-                     "description": "Which chain the plugin joins, or `controller` for one the controller manager runs."},
+            "kind": {"type": "string", "enum": ["mutating", "validating", "initializer", "controller", "scheduler"],
+                     "description": "Which chain the plugin joins, `controller` for one the controller manager runs, or `scheduler` for one the scheduler runs."},
             "module": {
                 "type": "object",
                 "required": ["url"],
@@ -446,6 +501,14 @@ pub fn crd() -> Value {
                             "verbs": string_list,
                         },
                     }},
+                },
+            },
+            "scheduler": {
+                "type": "object",
+                "description": "For kind scheduler: the profile it joins and score weights.",
+                "properties": {
+                    "profile": {"type": "string", "description": "The schedulerName of the pods it schedules (default-scheduler)."},
+                    "weights": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1, "maximum": 100}},
                 },
             },
             "memoryLimitMiB": {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_MIB},
