@@ -260,7 +260,7 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
             client,
             informers: SharedInformers::new(),
             events,
-            metrics: metrics,
+            metrics,
         },
         tokio::sync::mpsc::unbounded_channel().1,
         stopped,
