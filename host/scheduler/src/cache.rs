@@ -17,19 +17,20 @@ pub type NodeId = u32;
 
 struct NodeEntry {
     id: NodeId,
-    /// As JSON, as the plugins get it.
-    json: Arc<str>,
+    /// The informer's object (shared, not copied).
+    node: Arc<Node>,
 }
 
 struct PodEntry {
     node: String,
-    json: Arc<str>,
-    /// The pod as last sent: a later version that differs only where no plugin
-    /// looks is not sent again.
-    pod: Option<Arc<Pod>>,
+    /// The pod as last sent (the informer's object, or the assumed copy): a later
+    /// version that differs only where no plugin looks is not sent again.
+    pod: Arc<Pod>,
     assumed: bool,
 }
 
+/// The nodes and the pods on them; JSON is made only for what is sent, so the cache
+/// holds no copy of what the informers hold.
 #[derive(Default)]
 pub struct Cache {
     nodes: HashMap<String, NodeEntry>,
@@ -42,34 +43,35 @@ pub struct Cache {
     pending: Vec<Change>,
 }
 
-fn to_json<T: serde::Serialize>(obj: &T) -> Arc<str> {
-    Arc::from(serde_json::to_string(obj).unwrap_or_default())
-}
-
 /// A pod as the plugins get it: without its managedFields, which no plugin reads and
 /// which are most of a pod's JSON (to copy into the guest and to parse there).
 pub fn pod_json(pod: &Pod) -> String {
-    let mut pod = pod.clone();
-    pod.metadata.managed_fields = None;
-    serde_json::to_string(&pod).unwrap_or_default()
+    without_managed_fields(pod, |p| &mut p.metadata)
 }
 
 /// A node as the plugins get it, as [`pod_json`].
-fn node_json(node: &Node) -> Arc<str> {
-    let mut node = node.clone();
-    node.metadata.managed_fields = None;
-    to_json(&node)
+fn node_json(node: &Node) -> String {
+    without_managed_fields(node, |n| &mut n.metadata)
+}
+
+fn without_managed_fields<T: Clone + serde::Serialize>(
+    obj: &T,
+    meta: impl Fn(&mut T) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> String {
+    let mut obj = obj.clone();
+    meta(&mut obj).managed_fields = None;
+    serde_json::to_string(&obj).unwrap_or_default()
 }
 
 /// What the plugins read of a pod on a node: a change elsewhere (its status
 /// conditions, its resourceVersion) is not sent to them again.
-fn placement_of(
-    pod: &Pod,
-) -> (
-    Option<&k8s_openapi::api::core::v1::PodSpec>,
-    Option<&std::collections::BTreeMap<String, String>>,
-    Option<&str>,
-) {
+type Placement<'a> = (
+    Option<&'a k8s_openapi::api::core::v1::PodSpec>,
+    Option<&'a std::collections::BTreeMap<String, String>>,
+    Option<&'a str>,
+);
+
+fn placement_of(pod: &Pod) -> Placement<'_> {
     (
         pod.spec.as_ref(),
         pod.metadata.labels.as_ref(),
@@ -105,54 +107,44 @@ impl Cache {
         self.names.get(id as usize).and_then(|n| n.as_deref())
     }
 
-    pub fn upsert_node(&mut self, node: &Node) {
+    pub fn upsert_node(&mut self, node: &Arc<Node>) {
         let Some(name) = node.metadata.name.clone() else {
             return;
         };
-        let json = node_json(node);
-        let id = match self.nodes.get_mut(&name) {
-            Some(entry) => {
-                entry.json = json.clone();
-                entry.id
-            }
-            None => {
-                let id = self.free.pop().unwrap_or(self.names.len() as NodeId);
-                if self.names.len() <= id as usize {
-                    self.names.resize(id as usize + 1, None);
-                }
-                self.names[id as usize] = Some(name.clone());
-                self.nodes.insert(
-                    name,
-                    NodeEntry {
-                        id,
-                        json: json.clone(),
-                    },
-                );
-                // Pods that arrived before their node join it now.
-                let on: Vec<(String, Arc<str>)> = self
-                    .pods
-                    .iter()
-                    .filter(|(_, p)| self.names[id as usize].as_deref() == Some(p.node.as_str()))
-                    .map(|(uid, p)| (uid.clone(), p.json.clone()))
-                    .collect();
-                self.pending.push(Change::NodeUpsert(NodeUpsert {
-                    node: id,
-                    object: json.to_string(),
-                }));
-                for (uid, json) in on {
-                    self.pending.push(Change::PodUpsert(PodUpsert {
-                        uid,
-                        node: id,
-                        object: json.to_string(),
-                    }));
-                }
-                return;
-            }
-        };
+        if let Some(entry) = self.nodes.get_mut(&name) {
+            entry.node = node.clone();
+            self.pending.push(Change::NodeUpsert(NodeUpsert {
+                node: entry.id,
+                object: node_json(node),
+            }));
+            return;
+        }
+        let id = self.free.pop().unwrap_or(self.names.len() as NodeId);
+        if self.names.len() <= id as usize {
+            self.names.resize(id as usize + 1, None);
+        }
+        self.names[id as usize] = Some(name.clone());
         self.pending.push(Change::NodeUpsert(NodeUpsert {
             node: id,
-            object: json.to_string(),
+            object: node_json(node),
         }));
+        // Pods that arrived before their node join it now.
+        for (uid, p) in &self.pods {
+            if p.node == name {
+                self.pending.push(Change::PodUpsert(PodUpsert {
+                    uid: uid.clone(),
+                    node: id,
+                    object: pod_json(&p.pod),
+                }));
+            }
+        }
+        self.nodes.insert(
+            name,
+            NodeEntry {
+                id,
+                node: node.clone(),
+            },
+        );
     }
 
     pub fn remove_node(&mut self, name: &str) {
@@ -174,7 +166,7 @@ impl Cache {
     }
 
     /// A pod the watch shows on a node (or no longer: finished pods leave).
-    pub fn upsert_pod(&mut self, pod: &Pod) {
+    pub fn upsert_pod(&mut self, pod: &Arc<Pod>) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
@@ -189,49 +181,31 @@ impl Cache {
         }
         // The bind of a pod this scheduler assumed arrives: the plugins have it.
         if let Some(entry) = self.pods.get_mut(&uid)
-            && entry.assumed
             && entry.node == node
-            && entry.pod.as_deref().map(placement_of) == Some(placement_of(pod))
+            && placement_of(&entry.pod) == placement_of(pod)
         {
             entry.assumed = false;
-            entry.pod = Some(Arc::new(pod.clone()));
+            entry.pod = pod.clone();
             return;
         }
-        let json: Arc<str> = Arc::from(pod_json(pod));
-        self.place(uid, node, json, Some(Arc::new(pod.clone())), false);
+        self.place(uid, node, pod.clone(), false);
     }
 
-    fn place(
-        &mut self,
-        uid: String,
-        node: String,
-        json: Arc<str>,
-        pod: Option<Arc<Pod>>,
-        assumed: bool,
-    ) {
-        let id = self.nodes.get(&node).map(|n| n.id);
+    fn place(&mut self, uid: String, node: String, pod: Arc<Pod>, assumed: bool) {
         if let Some(old) = self.pods.get(&uid)
             && old.node != node
         {
             self.remove_pod(&uid);
         }
-        self.pods.insert(
-            uid.clone(),
-            PodEntry {
-                node,
-                json: json.clone(),
-                pod,
-                assumed,
-            },
-        );
         // A pod on a node the cache has not seen yet is sent with the node.
-        if let Some(id) = id {
+        if let Some(n) = self.nodes.get(&node) {
             self.pending.push(Change::PodUpsert(PodUpsert {
-                uid,
-                node: id,
-                object: json.to_string(),
+                uid: uid.clone(),
+                node: n.id,
+                object: pod_json(&pod),
             }));
         }
+        self.pods.insert(uid, PodEntry { node, pod, assumed });
     }
 
     pub fn remove_pod(&mut self, uid: &str) {
@@ -248,9 +222,9 @@ impl Cache {
             return;
         };
         let mut bound = pod.clone();
+        bound.metadata.managed_fields = None;
         bound.spec.get_or_insert_default().node_name = Some(node.to_owned());
-        let json: Arc<str> = Arc::from(pod_json(&bound));
-        self.place(uid, node.to_owned(), json, Some(Arc::new(bound)), true);
+        self.place(uid, node.to_owned(), Arc::new(bound), true);
     }
 
     /// A failed bind: the assumed pod leaves its node.
@@ -276,7 +250,7 @@ impl Cache {
         for entry in self.nodes.values() {
             out.push(Change::NodeUpsert(NodeUpsert {
                 node: entry.id,
-                object: entry.json.to_string(),
+                object: node_json(&entry.node),
             }));
         }
         for (uid, p) in &self.pods {
@@ -284,7 +258,7 @@ impl Cache {
                 out.push(Change::PodUpsert(PodUpsert {
                     uid: uid.clone(),
                     node: n.id,
-                    object: p.json.to_string(),
+                    object: pod_json(&p.pod),
                 }));
             }
         }
@@ -306,14 +280,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(name: &str) -> Node {
-        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    fn node(name: &str) -> Arc<Node> {
+        Arc::new(serde_json::from_value(json!({"metadata": {"name": name}})).unwrap())
     }
 
-    fn pod(uid: &str, node: &str) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": uid, "uid": uid},
-                                      "spec": {"containers": [], "nodeName": node}}))
-        .unwrap()
+    fn pod(uid: &str, node: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": uid, "uid": uid},
+                                          "spec": {"containers": [], "nodeName": node}}))
+            .unwrap(),
+        )
     }
 
     fn kinds(changes: &[Change]) -> Vec<String> {
@@ -351,7 +327,7 @@ mod tests {
     fn an_assumed_pod_is_forgotten_but_a_bound_one_is_not() {
         let mut c = Cache::default();
         c.upsert_node(&node("a"));
-        let mut unbound = pod("p", "");
+        let mut unbound = (*pod("p", "")).clone();
         unbound.spec.as_mut().unwrap().node_name = None;
         c.assume(&unbound, "a");
         c.forget("p");
@@ -365,9 +341,9 @@ mod tests {
             kinds(&c.take_pending()),
             ["node+0", "pod+p@0", "pod-p", "pod+p@0"]
         );
-        let mut labelled = pod("p", "a");
+        let mut labelled = (*pod("p", "a")).clone();
         labelled.metadata.labels = Some([("app".to_owned(), "x".to_owned())].into());
-        c.upsert_pod(&labelled);
+        c.upsert_pod(&Arc::new(labelled));
         assert_eq!(kinds(&c.take_pending()), ["pod+p@0"]);
     }
 }

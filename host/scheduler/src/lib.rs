@@ -45,6 +45,11 @@ use crate::queue::{Action, Event, PodKey, SchedulingQueue};
 pub const DEFAULT_PLUGINS: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/default-plugins.wasm"));
 
+/// A component of the scheduler world that does no work (`plugins/fixtures/
+/// scheduler-empty`): `trellis bench scheduler` times it on the default plugins'
+/// calls to tell the WASM boundary's cost from the plugins' own work.
+pub const EMPTY_PLUGIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/scheduler-empty.wasm"));
+
 /// The profile name of pods that name no scheduler.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
@@ -228,6 +233,14 @@ pub async fn run(
                     .push(elapsed);
             }
             for (plugin, point, took) in profiles[p].take_timings() {
+                if metrics.attempt_samples.is_some() {
+                    *metrics
+                        .point_totals
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .entry((plugin.clone(), point))
+                        .or_default() += took;
+                }
                 metrics
                     .plugin_duration
                     .get_or_create(&metrics::PointLabels {

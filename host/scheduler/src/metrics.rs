@@ -44,6 +44,9 @@ pub struct SchedulerMetrics {
     pub(crate) plugin_duration: Family<PointLabels, Histogram>,
     /// Every attempt's duration, exactly, when a benchmark asks for them.
     pub attempt_samples: Option<Arc<Mutex<Vec<std::time::Duration>>>>,
+    /// With `attempt_samples`: the time in each component's calls by extension point.
+    pub point_totals:
+        Arc<Mutex<std::collections::BTreeMap<(String, &'static str), std::time::Duration>>>,
     registry: Arc<Mutex<Registry>>,
 }
 
@@ -97,6 +100,7 @@ impl Default for SchedulerMetrics {
             pending,
             plugin_duration,
             attempt_samples: None,
+            point_totals: Arc::default(),
             registry: Arc::new(Mutex::new(registry)),
         }
     }

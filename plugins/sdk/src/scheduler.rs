@@ -299,6 +299,13 @@ impl PodInfo {
     pub fn spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
         self.pod.spec.as_ref()
     }
+
+    /// Whether it has pod affinity or anti-affinity terms (required or preferred).
+    pub fn has_pod_affinity(&self) -> bool {
+        self.spec()
+            .and_then(|s| s.affinity.as_ref())
+            .is_some_and(|a| a.pod_affinity.is_some() || a.pod_anti_affinity.is_some())
+    }
 }
 
 /// A node and the pods on it, with their sums kept current.
@@ -390,6 +397,10 @@ pub enum Change {
 pub struct Cluster {
     nodes: Vec<Option<NodeInfo>>,
     pods: HashMap<String, (NodeId, PodInfo)>,
+    /// The uids of the pods with pod affinity or anti-affinity terms: what
+    /// InterPodAffinity must look at for a pod without terms of its own, without a
+    /// pass over every pod (kube-scheduler's `PodsWithAffinity`).
+    with_affinity: std::collections::BTreeSet<String>,
 }
 
 impl Cluster {
@@ -425,6 +436,9 @@ impl Cluster {
                 if let Some(Some(n)) = self.nodes.get_mut(node as usize) {
                     n.place(&pod);
                 }
+                if pod.has_pod_affinity() {
+                    self.with_affinity.insert(uid.clone());
+                }
                 self.pods.insert(uid, (node, pod));
             }
             Change::PodRemove(uid) => self.remove_pod(&uid),
@@ -433,6 +447,7 @@ impl Cluster {
     }
 
     fn remove_pod(&mut self, uid: &str) {
+        self.with_affinity.remove(uid);
         if let Some((node, pod)) = self.pods.remove(uid)
             && let Some(Some(n)) = self.nodes.get_mut(node as usize)
         {
@@ -457,6 +472,13 @@ impl Cluster {
     /// Every pod on a node, with its node.
     pub fn pods(&self) -> impl Iterator<Item = (NodeId, &PodInfo)> {
         self.pods.values().map(|(n, p)| (*n, p))
+    }
+
+    /// Every pod on a node that has pod affinity or anti-affinity terms, with its node.
+    pub fn pods_with_affinity(&self) -> impl Iterator<Item = (NodeId, &PodInfo)> {
+        self.with_affinity
+            .iter()
+            .filter_map(|uid| self.pods.get(uid).map(|(n, p)| (*n, p)))
     }
 
     /// The pods on `node`.

@@ -15,9 +15,12 @@
 //! Reported: `pods_per_sec` (measured pods bound over the time from the scheduler's
 //! start to the last bind seen by a watch), `median_window_pods_per_sec` (the median
 //! of 1 s windows of binds), `attempt_p50_ms`/`attempt_p99_ms` (one scheduling cycle,
-//! from pop to decision), `wasm_share` (the share of the cycles' time spent in calls
-//! into the component, the copies in and out included), and `rss_mb` (this whole
-//! process: the API server with its store and watch cache, and the scheduler).
+//! from pop to decision), `wasm_share` (the WASM boundary's share of the cycles'
+//! time: the same calls, with the same arguments and results of the same size, made
+//! on an empty component (`plugins/fixtures/scheduler-empty`), so the calls and the
+//! copies in and out without any plugin's work), `guest_share` (the share of all time
+//! in calls into the component, the plugins' own work included), and `rss_mb` (this
+//! whole process: the API server with its store and watch cache, and the scheduler).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,8 +75,22 @@ struct Report {
     median_window_pods_per_sec: f64,
     attempt_p50_ms: f64,
     attempt_p99_ms: f64,
+    /// The WASM boundary's share of the scheduling time: the calls and the copies
+    /// in and out, measured on an empty component with the same calls.
     wasm_share: f64,
+    /// All the time in calls into the component, the plugins' own work included.
+    guest_share: f64,
+    /// One cycle's calls on the empty component (update, cycle, filter, score).
+    boundary_us_per_cycle: f64,
     rss_mb: f64,
+    /// What the process grew by from the scheduler's start to the last bind: the
+    /// scheduler (its informers, cache, and the component's view) and what the API
+    /// server keeps of the binds and their events, so an upper bound of the
+    /// scheduler's own memory.
+    scheduler_rss_mb: f64,
+    /// The default plugins' linear memory at its peak: the component's view of the
+    /// cluster (part of `scheduler_rss_mb`).
+    guest_memory_mb: f64,
 }
 
 /// Unschedulable pods waiting in the `unschedulable` case.
@@ -91,7 +108,7 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     stopped?;
     super::print_report(args.json, &report, || {
         format!(
-            "scheduler {:?}: {} pods on {} nodes at {:.0} pods/s (median 1 s window {:.0}); an attempt p50 {:.3} ms, p99 {:.3} ms; {:.1} % of it in WASM; {:.0} MB resident",
+            "scheduler {:?}: {} pods on {} nodes at {:.0} pods/s (median 1 s window {:.0}); an attempt p50 {:.3} ms, p99 {:.3} ms; the WASM boundary {:.1} % of it ({:.1} µs a cycle), in the component {:.1} %; {:.0} MB resident, {:.0} MB of it since the scheduler started",
             report.case,
             report.pods,
             report.nodes,
@@ -100,7 +117,10 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             report.attempt_p50_ms,
             report.attempt_p99_ms,
             report.wasm_share * 100.0,
+            report.boundary_us_per_cycle,
+            report.guest_share * 100.0,
             report.rss_mb,
+            report.scheduler_rss_mb,
         )
     })
 }
@@ -221,6 +241,7 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
     let samples = Arc::new(Mutex::new(Vec::with_capacity(args.pods)));
     let mut metrics = SchedulerMetrics::default();
     metrics.attempt_samples = Some(samples.clone());
+    let point_totals = metrics.point_totals.clone();
     let config = SchedulerConfig {
         profiles: vec![(
             trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
@@ -251,7 +272,8 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
         "bench",
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (calls_before, guest_before) = plugin.metrics.latency();
+    let (_, guest_before) = plugin.metrics.latency();
+    let rss_before = rss_mb();
     let started = Instant::now();
     let scheduler = tokio::spawn(trellis_scheduler::run(
         config,
@@ -296,11 +318,24 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
     let rss = rss_mb();
     let _ = stop.send(true);
     scheduler.await??;
-    let (calls_after, guest_after) = plugin.metrics.latency();
-    let _ = calls_after - calls_before;
+    let (_, guest_after) = plugin.metrics.latency();
 
+    for ((plugin, point), took) in point_totals
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        tracing::info!(
+            plugin,
+            point,
+            per_pod_us = took.as_secs_f64() * 1e6 / args.pods as f64,
+            "time in calls"
+        );
+    }
     let mut attempts = samples.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let attempt_total: Duration = attempts.iter().sum();
+    let attempt_mean = attempt_total / attempts.len().max(1) as u32;
+    let boundary = boundary_per_cycle(&host, &plugin, &admin, args.nodes).await?;
     let percentiles = super::Percentiles::of(&mut attempts);
     // Binds per 1 s window, from the first bind to the last full window.
     let mut windows = vec![0usize; elapsed.as_secs() as usize + 1];
@@ -319,8 +354,99 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
         median_window_pods_per_sec: median_window,
         attempt_p50_ms: percentiles.p50_ms,
         attempt_p99_ms: percentiles.p99_ms,
-        wasm_share: (guest_after - guest_before).as_secs_f64()
+        wasm_share: boundary.as_secs_f64() / attempt_mean.as_secs_f64().max(f64::MIN_POSITIVE),
+        guest_share: (guest_after - guest_before).as_secs_f64()
             / attempt_total.as_secs_f64().max(f64::MIN_POSITIVE),
+        boundary_us_per_cycle: boundary.as_secs_f64() * 1e6,
         rss_mb: rss,
+        scheduler_rss_mb: rss - rss_before,
+        guest_memory_mb: plugin
+            .metrics
+            .memory_peak
+            .load(std::sync::atomic::Ordering::Relaxed) as f64
+            / (1024.0 * 1024.0),
     })
+}
+
+/// Cycles timed on the empty component.
+const CALIBRATION_CYCLES: u32 = 2000;
+
+/// The WASM boundary of one cycle of the basic case: an empty component (on
+/// optimized code, with the whole cluster sent first) is given what a cycle gives
+/// the default plugins: one pod placed (`update`), the pod (`cycle`), the nodes a
+/// cycle filters (`filter`, as many as kube-scheduler's sampling keeps), and the
+/// same nodes to score, answered with as many score lists as the default plugins
+/// have Score plugins.
+async fn boundary_per_cycle(
+    host: &Arc<PluginHost>,
+    defaults: &Arc<trellis_plugin_host::Plugin>,
+    admin: &kube::Client,
+    nodes: usize,
+) -> anyhow::Result<Duration> {
+    use trellis_plugin_host::scheduler::{Change, ExtensionPoints, NodeUpsert, PodUpsert};
+
+    let scorers = {
+        let mut session = defaults.scheduler_session(host).await?;
+        session
+            .plugins("{}")
+            .await?
+            .map_err(|e| anyhow::anyhow!("the default plugins' configuration: {e}"))?
+            .iter()
+            .filter(|p| p.points.contains(ExtensionPoints::SCORE))
+            .count()
+    };
+    let mut spec = PluginSpec::new("scheduler-empty", PluginKind::Scheduler);
+    spec.timeout = Duration::from_secs(5);
+    spec.memory_limit = 1 << 30;
+    let empty = host
+        .load(
+            spec,
+            Arc::new(trellis_scheduler::EMPTY_PLUGIN.to_vec()),
+            None,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("load the empty component: {e}"))?;
+    empty.optimized().await;
+    let mut session = empty.scheduler_session(host).await?;
+    session
+        .plugins(&format!("{{\"scores\": {scorers}}}"))
+        .await?
+        .map_err(|e| anyhow::anyhow!("the empty component: {e}"))?;
+    let listed = Api::<Node>::all(admin.clone())
+        .list(&Default::default())
+        .await?;
+    let snapshot: Vec<Change> = listed
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            Change::NodeUpsert(NodeUpsert {
+                node: i as u32,
+                object: serde_json::to_string(n).unwrap_or_default(),
+            })
+        })
+        .collect();
+    session.update(&snapshot).await?;
+    let pod = Api::<Pod>::namespaced(admin.clone(), "default")
+        .get("pod-0")
+        .await?;
+    let pod_json = trellis_scheduler::cache::pod_json(&pod);
+    let sampled = trellis_scheduler::framework::feasible_nodes_to_find(nodes, 0);
+    let ids: Vec<u32> = (0..sampled as u32).collect();
+    let placed = [Change::PodUpsert(PodUpsert {
+        uid: "calibration".into(),
+        node: 0,
+        object: pod_json.clone(),
+    })];
+    let started = Instant::now();
+    for _ in 0..CALIBRATION_CYCLES {
+        session.update(&placed).await?;
+        session.cycle(&pod_json).await?;
+        session.filter(&ids).await?;
+        session
+            .score(&ids)
+            .await?
+            .map_err(|e| anyhow::anyhow!("the empty component's score: {e}"))?;
+    }
+    Ok(started.elapsed() / CALIBRATION_CYCLES)
 }

@@ -165,7 +165,14 @@ impl Plugin for InterPodAffinity {
         let affinity = required_affinity(pod);
         let anti = required_anti_affinity(pod);
         let namespace = pod.namespace();
-        for (id, existing) in cluster.pods() {
+        // A pod without required terms of its own is judged only by the existing
+        // pods' anti-affinity: those with terms are indexed.
+        let existing_pods: Box<dyn Iterator<Item = _>> = if affinity.is_empty() && anti.is_empty() {
+            Box::new(cluster.pods_with_affinity())
+        } else {
+            Box::new(cluster.pods())
+        };
+        for (id, existing) in existing_pods {
             let Some(node) = cluster.node(id) else {
                 continue;
             };
@@ -267,11 +274,15 @@ impl Plugin for InterPodAffinity {
                 add(scores, &term.topology_key, value, weight);
             }
         };
-        for (id, existing) in cluster.pods() {
-            let existing_has_affinity = existing
-                .spec()
-                .and_then(|s| s.affinity.as_ref())
-                .is_some_and(|a| a.pod_affinity.is_some() || a.pod_anti_affinity.is_some());
+        // Without preferences of its own, only pods with affinity terms matter: those
+        // are indexed.
+        let existing_pods: Box<dyn Iterator<Item = _>> = if preferences {
+            Box::new(cluster.pods())
+        } else {
+            Box::new(cluster.pods_with_affinity())
+        };
+        for (id, existing) in existing_pods {
+            let existing_has_affinity = existing.has_pod_affinity();
             // Without preferences of its own, only pods with affinity terms matter.
             if !preferences && !existing_has_affinity {
                 continue;
