@@ -9,6 +9,8 @@ driven with kubectl and the Python client as a user would.
   joins.
 - A plugin that traps or spins fails the pod's cycle under `failurePolicy: Fail`
   (FailedScheduling names it) and is left out under `Ignore`; the scheduler goes on.
+- Last: a standby `trellis scheduler` takes over once the leader is killed and its
+  Lease has run out (the schedulers renew every 0.2 s, a Lease lasts 2 s).
 
 The components are built by `plugins/build.sh` (plugins/target/dist)."""
 
@@ -25,34 +27,46 @@ from test_controller_plugins import wait_for
 DIST = REPO_ROOT / "plugins" / "target" / "dist"
 EXAMPLES = REPO_ROOT / "examples" / "scheduler"
 PLUGINS = dict(group="trellis.dev", version="v1", plural="plugins")
+FAST_LEASE = ["--leader-elect-lease-duration", "2", "--leader-elect-renew-deadline", "1.5",
+              "--leader-elect-retry-period", "0.2"]
 
 
-def component(args, name, log):
+def component(args, name, log, leading=None):
+    """Starts `trellis ARGS`; its log lines go to `log`, and `leading` is set when it
+    says it leads."""
     proc = subprocess.Popen([str(trellis_binary()), *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    threading.Thread(
-        target=lambda: [log.append(f"{name}: " + re.sub(r"\x1b\[[0-9;]*m", "", line))
-                        for line in proc.stderr],
-        daemon=True).start()
+
+    def read():
+        for line in proc.stderr:
+            line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+            log.append(f"{name}: {line}")
+            if leading is not None and "trellis_client::leader: leading" in line:
+                leading.set()
+    threading.Thread(target=read, daemon=True).start()
     return proc
+
+
+def scheduler(data_dir, name, log, leading=None):
+    return component(["scheduler", "--kubeconfig", str(data_dir / "scheduler.kubeconfig"),
+                      "--metrics-bind-address", "", "--pod-initial-backoff", "0.1",
+                      "--pod-max-backoff", "0.5", *FAST_LEASE], name, log, leading)
 
 
 @pytest.fixture(scope="module")
 def scheduling():
-    """The three processes; yields the admin client and the data directory."""
+    """The three processes; yields the admin client, the data directory, and the
+    processes and their log (for the failover test, which adds one)."""
     with own_server("trellis-sched-") as (api, data_dir):
         log: list[str] = []
         procs = [
             component(["controllers", "--kubeconfig", str(data_dir / "controller-manager.kubeconfig"),
                        "--metrics-bind-address", "", "--controllers", "deployment,replicaset"],
                       "controllers", log),
-            component(["scheduler", "--kubeconfig", str(data_dir / "scheduler.kubeconfig"),
-                       "--metrics-bind-address", "", "--pod-initial-backoff", "0.1",
-                       "--pod-max-backoff", "0.5"],
-                      "scheduler", log),
+            scheduler(data_dir, "scheduler", log),
         ]
         try:
-            yield api, data_dir
+            yield api, data_dir, (procs, log)
         finally:
             for proc in procs:
                 proc.terminate()
@@ -118,7 +132,7 @@ def events_for(core, name, reason):
 def test_the_prefer_label_example_works_as_its_readme_says(scheduling):
     module = DIST / "prefer-label.wasm"
     assert module.is_file(), f"{module}: run plugins/build.sh"
-    api, data_dir = scheduling
+    api, data_dir, _ = scheduling
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     for name in ("fast", "slow"):
@@ -143,7 +157,7 @@ def test_the_prefer_label_example_works_as_its_readme_says(scheduling):
 def test_the_avoid_nodes_example_works_as_its_readme_says(scheduling):
     module = DIST / "avoid-nodes.wasm"
     assert module.is_file(), f"{module}: run plugins/build.sh"
-    api, data_dir = scheduling
+    api, data_dir, _ = scheduling
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     kubectl(data_dir, "apply", "-f", "-",
@@ -166,7 +180,7 @@ def test_the_avoid_nodes_example_works_as_its_readme_says(scheduling):
 
 
 def test_an_unschedulable_pod_is_bound_when_a_node_with_its_label_joins(scheduling):
-    api, data_dir = scheduling
+    api, data_dir, _ = scheduling
     core = client.CoreV1Api(api)
     kubectl(data_dir, "apply", "-f", "-", stdin=node_yaml("red-1", {"team": "red"}))
     core.create_namespaced_pod("default", {
@@ -194,7 +208,7 @@ def test_an_unschedulable_pod_is_bound_when_a_node_with_its_label_joins(scheduli
 def test_a_plugin_that_traps_or_spins_fails_the_cycle_by_its_failure_policy(scheduling):
     module = DIST / "scheduler-misbehave.wasm"
     assert module.is_file(), f"{module}: run plugins/build.sh"
-    api, data_dir = scheduling
+    api, data_dir, _ = scheduling
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     kubectl(data_dir, "apply", "-f", "-", stdin=node_yaml("plain"))
@@ -231,3 +245,25 @@ def test_a_plugin_that_traps_or_spins_fails_the_cycle_by_its_failure_policy(sche
         kubectl(data_dir, "delete", "pod", name, "--wait=false")
     kubectl(data_dir, "delete", "plugin", "misbehave")
     kubectl(data_dir, "delete", "node", "plain")
+
+
+def test_a_standby_scheduler_takes_over_when_the_leader_is_killed(scheduling):
+    api, data_dir, (procs, log) = scheduling
+    core = client.CoreV1Api(api)
+    kubectl(data_dir, "apply", "-f", "-", stdin=node_yaml("solo"))
+    core.create_namespaced_pod("default", {
+        "metadata": {"name": "before"}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+    pods_where(core, "default", lambda items: node_of(items, "before"))
+    leading = threading.Event()
+    procs.append(scheduler(data_dir, "standby", log, leading))
+    # The first still leads: the standby waits.
+    assert not leading.wait(1.0), "the standby leads beside a live leader"
+    procs[1].kill()
+    procs[1].wait()
+    assert leading.wait(10), "the standby did not take over"
+    core.create_namespaced_pod("default", {
+        "metadata": {"name": "after"}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+    items = pods_where(core, "default", lambda items: node_of(items, "after"))
+    assert node_of(items, "after") == "solo"
+    kubectl(data_dir, "delete", "pod", "before", "after", "--wait=false")
+    kubectl(data_dir, "delete", "node", "solo")
