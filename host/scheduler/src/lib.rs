@@ -164,6 +164,7 @@ pub async fn run(
     let (bound_tx, mut bound_rx) = mpsc::unbounded_channel::<Bound>();
     let api: Api<Pod> = Api::all(client.clone());
     info!(profiles = ?names, "scheduler running");
+    let mut counted_at = Instant::now();
 
     loop {
         // Every change that arrived comes first: the next cycle decides on them.
@@ -189,16 +190,20 @@ pub async fn run(
             .await;
         }
         queue.tick(now);
-        let (active, backoff, unschedulable) = queue.sizes();
-        for (label, n) in [
-            ("active", active),
-            ("backoff", backoff),
-            ("unschedulable", unschedulable),
-        ] {
-            metrics
-                .pending
-                .get_or_create(&metrics::QueueLabel { queue: label })
-                .set(n as i64);
+        // Counting the queues walks every pod waiting: ten times a second is enough.
+        if now >= counted_at + Duration::from_millis(100) {
+            counted_at = now;
+            let (active, backoff, unschedulable) = queue.sizes();
+            for (label, n) in [
+                ("active", active),
+                ("backoff", backoff),
+                ("unschedulable", unschedulable),
+            ] {
+                metrics
+                    .pending
+                    .get_or_create(&metrics::QueueLabel { queue: label })
+                    .set(n as i64);
+            }
         }
 
         if let Some((key, pod)) = queue.pop() {

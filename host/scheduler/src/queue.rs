@@ -72,9 +72,8 @@ struct Queued {
     since: Instant,
     /// The plugins that rejected it, whose events move it back.
     rejected_by: BTreeSet<String>,
-    /// An event arrived while it was in flight: a failure then goes to backoff, not
-    /// to the unschedulable pods, as kube-scheduler's `moveRequestCycle`.
-    moved_while_in_flight: bool,
+    /// The scheduling cycle it was last popped in.
+    cycle: u64,
 }
 
 /// The queue of one scheduler (all profiles).
@@ -87,6 +86,14 @@ pub struct SchedulingQueue {
     /// The events each plugin waits for.
     interests: HashMap<String, HashSet<Event>>,
     next_seq: u64,
+    /// The unschedulable pods: what an event looks at, without a pass over every pod.
+    waiting: HashSet<PodKey>,
+    /// Pops so far, and the last one an event arrived in (kube-scheduler's
+    /// `schedulingCycle` and `moveRequestCycle`): a pod that fails after an event
+    /// that came during its cycle goes to backoff, not to the unschedulable pods, so
+    /// the event is not missed.
+    scheduling_cycle: u64,
+    move_request_cycle: u64,
 }
 
 fn priority(pod: &Pod) -> i32 {
@@ -102,6 +109,9 @@ impl SchedulingQueue {
             backoff: BinaryHeap::new(),
             interests: HashMap::new(),
             next_seq: 0,
+            waiting: HashSet::new(),
+            scheduling_cycle: 0,
+            move_request_cycle: 0,
         }
     }
 
@@ -136,7 +146,7 @@ impl SchedulingQueue {
                         backoff_until: now,
                         since: now,
                         rejected_by: BTreeSet::new(),
-                        moved_while_in_flight: false,
+                        cycle: 0,
                     },
                 );
                 self.active.push((p, Reverse(seq), key));
@@ -148,6 +158,7 @@ impl SchedulingQueue {
     pub fn remove(&mut self, key: &str) {
         // Its heap entries are skipped when they come up.
         self.pods.remove(key);
+        self.waiting.remove(key);
     }
 
     /// Moves pods whose backoff ended to the active queue, and unschedulable pods
@@ -168,12 +179,14 @@ impl SchedulingQueue {
         }
         let timeout = self.settings.unschedulable_timeout;
         let stale: Vec<PodKey> = self
-            .pods
+            .waiting
             .iter()
-            .filter(|(_, q)| {
-                q.place == Place::Unschedulable && now.duration_since(q.since) >= timeout
+            .filter(|k| {
+                self.pods
+                    .get(*k)
+                    .is_some_and(|q| now.duration_since(q.since) >= timeout)
             })
-            .map(|(k, _)| k.clone())
+            .cloned()
             .collect();
         for key in stale {
             self.requeue(&key, now);
@@ -184,9 +197,9 @@ impl SchedulingQueue {
     pub fn next_deadline(&self) -> Option<Instant> {
         let backoff = self.backoff.peek().map(|Reverse((t, _, _))| *t);
         let flush = self
-            .pods
-            .values()
-            .filter(|q| q.place == Place::Unschedulable)
+            .waiting
+            .iter()
+            .filter_map(|k| self.pods.get(k))
             .map(|q| q.since + self.settings.unschedulable_timeout)
             .min();
         match (backoff, flush) {
@@ -204,8 +217,9 @@ impl SchedulingQueue {
             if q.place != Place::Active || q.seq != seq {
                 continue;
             }
+            self.scheduling_cycle += 1;
             q.place = Place::InFlight;
-            q.moved_while_in_flight = false;
+            q.cycle = self.scheduling_cycle;
             return Some((key, q.pod.clone()));
         }
         None
@@ -221,11 +235,14 @@ impl SchedulingQueue {
         q.attempts += 1;
         q.rejected_by = plugins;
         q.backoff_until = now + backoff(self.settings, q.attempts);
-        if q.moved_while_in_flight {
+        if self.move_request_cycle >= q.cycle {
             self.send_to_backoff(key, now);
         } else {
             q.place = Place::Unschedulable;
             q.since = now;
+            if let Some((key, _)) = self.pods.get_key_value(key) {
+                self.waiting.insert(key.clone());
+            }
         }
     }
 
@@ -242,10 +259,11 @@ impl SchedulingQueue {
 
     /// The pod in flight was bound: it leaves the queue.
     pub fn done(&mut self, key: &str) {
-        self.pods.remove(key);
+        self.remove(key);
     }
 
     fn send_to_backoff(&mut self, key: &str, now: Instant) {
+        self.waiting.remove(key);
         let Some((key, q)) = self.pods.get_key_value(key) else {
             return;
         };
@@ -270,29 +288,28 @@ impl SchedulingQueue {
     }
 
     /// A cluster event: unschedulable pods that a plugin waiting for it rejected are
-    /// moved back; pods in flight remember it.
+    /// moved back; a pod in its cycle now goes to backoff if it fails.
     pub fn on_event(&mut self, event: &Event, now: Instant) {
-        let mut moved = Vec::new();
-        for (key, q) in self.pods.iter_mut() {
-            match q.place {
-                Place::InFlight => q.moved_while_in_flight = true,
-                Place::Unschedulable => {
-                    // No plugin named (a failure outside the plugins): any event; a
-                    // change of the plugins themselves: every pod.
-                    let wanted = event.resource == "plugins"
-                        || q.rejected_by.is_empty()
-                        || q.rejected_by.iter().any(|p| {
-                            self.interests
-                                .get(p)
-                                .is_none_or(|events| events.contains(event))
-                        });
-                    if wanted {
-                        moved.push(key.clone());
-                    }
-                }
-                Place::Active | Place::Backoff => {}
-            }
-        }
+        self.move_request_cycle = self.scheduling_cycle;
+        let moved: Vec<PodKey> = self
+            .waiting
+            .iter()
+            .filter(|key| {
+                let Some(q) = self.pods.get(*key) else {
+                    return false;
+                };
+                // No plugin named (a failure outside the plugins): any event; a
+                // change of the plugins themselves: every pod.
+                event.resource == "plugins"
+                    || q.rejected_by.is_empty()
+                    || q.rejected_by.iter().any(|p| {
+                        self.interests
+                            .get(p)
+                            .is_none_or(|events| events.contains(event))
+                    })
+            })
+            .cloned()
+            .collect();
         for key in moved {
             self.requeue(&key, now);
         }
