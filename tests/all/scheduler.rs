@@ -2,7 +2,8 @@
 //! component, against a real server: pods are bound to the node the plugins choose
 //! and told so in a `Scheduled` event; a pod no node fits gets kube-scheduler's
 //! FitError in a `FailedScheduling` event and its PodScheduled condition, and is
-//! scheduled once a node it fits joins; pods for another scheduler are left alone.
+//! scheduled once a node it fits joins; pods for another scheduler are left alone; a
+//! pod of higher priority preempts the fewest, lowest pods of a node and is bound there.
 //! One server for the module.
 
 use std::sync::Arc;
@@ -176,7 +177,10 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
 
     // Now nothing fits 2 CPUs: n1 has 1 left.
     create(&pod_api, pod("big", "2")).await?;
-    let fit_error = "0/3 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint {dedicated: gpu}, 1 node(s) were unschedulable.";
+    // As kube-scheduler words it, preemption's part included (its two periods too):
+    // nothing of lower priority runs on n1, and a taint or a cordon is not resolved
+    // by preempting.
+    let fit_error = "0/3 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint {dedicated: gpu}, 1 node(s) were unschedulable. preemption: 0/3 nodes are available: 1 No preemption victims found for incoming pod., 2 Preemption is not helpful for scheduling..";
     until!(
         "big's FailedScheduling",
         event("big", "FailedScheduling").is_some()
@@ -221,6 +225,44 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
         node_of("elsewhere").is_none(),
         "a pod for another scheduler was bound"
     );
+    // Preemption: n1 has 1 CPU left and n4 none; a pod of priority 1,000 asking
+    // for 2 fits n1 once `small` (priority 0, 1 CPU) is gone: the fewest and
+    // lowest victims. It is nominated there, `small` is told and deleted, and the
+    // pod is bound to n1.
+    let mut low = pod("low", "2");
+    low["spec"]["priority"] = json!(0);
+    create(&pod_api, low).await?;
+    until!("low bound", node_of("low").is_some());
+    ensure!(
+        node_of("low").as_deref() == Some("n4"),
+        "low on {:?}",
+        node_of("low")
+    );
+    let mut high = pod("high", "2");
+    high["spec"]["priority"] = json!(1000);
+    create(&pod_api, high).await?;
+    until!(
+        format!("small preempted ({:?})", event("high", "FailedScheduling")),
+        pods.get("default/small").is_none()
+    );
+    until!("its Preempted event", event("small", "Preempted").is_some());
+    until!("high bound", node_of("high").is_some());
+    ensure!(
+        node_of("high").as_deref() == Some("n1"),
+        "high on {:?}",
+        node_of("high")
+    );
+    ensure!(
+        pods.get("default/high")
+            .and_then(|p| p.status.as_ref()?.nominated_node_name.clone())
+            .is_none_or(|n| n == "n1"),
+        "nominated elsewhere"
+    );
+    ensure!(
+        node_of("low").as_deref() == Some("n4"),
+        "low was preempted too"
+    );
+
     let _ = stop.send(true);
     scheduler.await??;
     Ok(())

@@ -166,7 +166,8 @@ def test_the_avoid_nodes_example_works_as_its_readme_says(scheduling):
     wait_for(lambda **kw: custom.list_cluster_custom_object(**PLUGINS, **kw), loaded("avoid-nodes"),
              timeout=60)
     kubectl(data_dir, "apply", "-f", str(EXAMPLES / "visitor.yaml"))
-    wanted = "0/1 nodes are available: 1 node(s) are avoided (trellis.dev/avoid: maintenance)."
+    wanted = ("0/1 nodes are available: 1 node(s) are avoided (trellis.dev/avoid: maintenance)."
+              " preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod..")
     wait_for(core.list_namespaced_event,
              lambda items: any(e.involved_object.name == "visitor" and e.message == wanted
                                for e in items.values()),
@@ -197,7 +198,8 @@ def test_an_unschedulable_pod_is_bound_when_a_node_with_its_label_joins(scheduli
     condition = scheduled_condition({n: as_dict(p) for n, p in items.items()})
     assert condition["status"] == "False", condition
     message = condition["message"]
-    assert message == "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.", message
+    assert message == ("0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+                       " preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling.."), message
     kubectl(data_dir, "apply", "-f", "-", stdin=node_yaml("blue-1", {"team": "blue"}))
     items = pods_where(core, "default", lambda items: node_of(items, "picky"))
     assert node_of(items, "picky") == "blue-1"

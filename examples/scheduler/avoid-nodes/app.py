@@ -63,6 +63,10 @@ class Handler(exports.Handler):
                                      status=Status(code=Code.UNSCHEDULABLE, reasons=[why])))
         return out
 
+    def filter_without(self, victims, nodes):
+        # Pods on nodes do not matter to this plugin: as filter.
+        return self.filter(nodes)
+
     def score(self, nodes):
         return []
 

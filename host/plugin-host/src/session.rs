@@ -30,6 +30,15 @@ impl SchedulerSession {
             .await
     }
 
+    pub async fn filter_without(
+        &mut self,
+        victims: &[String],
+        nodes: &[NodeId],
+    ) -> Result<Vec<Rejection>, PluginError> {
+        self.call(async |h, store| h.call_filter_without(store, victims, nodes).await)
+            .await
+    }
+
     pub async fn score(
         &mut self,
         nodes: &[NodeId],

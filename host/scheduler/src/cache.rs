@@ -234,6 +234,15 @@ impl Cache {
         }
     }
 
+    /// The pods on each node, by node name.
+    pub fn pods_by_node(&self) -> HashMap<&str, Vec<Arc<Pod>>> {
+        let mut out: HashMap<&str, Vec<Arc<Pod>>> = HashMap::new();
+        for p in self.pods.values() {
+            out.entry(p.node.as_str()).or_default().push(p.pod.clone());
+        }
+        out
+    }
+
     /// Whether a pod is assumed or bound on a node.
     pub fn has_pod(&self, uid: &str) -> bool {
         self.pods.contains_key(uid)

@@ -35,12 +35,30 @@ pub enum Decision {
         node_id: NodeId,
     },
     /// No node fits; `plugins` rejected it (the queue moves it back on their events).
+    /// `nomination`: where it fits once lower-priority pods there are preempted.
     Unschedulable {
         message: String,
         plugins: BTreeSet<String>,
+        nomination: Option<Nomination>,
     },
     /// A plugin failed (trap, deadline, error status): the pod is retried.
     Error(String),
+}
+
+/// DefaultPreemption's choice: the node a pod fits once the victims are gone.
+#[derive(Debug)]
+pub struct Nomination {
+    pub node: String,
+    pub victims: Vec<Arc<Pod>>,
+}
+
+/// kube-scheduler's `minCandidateNodesAbsolute`: nodes a preemption looks at, at least.
+const MIN_CANDIDATES: usize = 100;
+/// Candidates whose victims are reprieved one by one before the best is chosen.
+const REPRIEVED_CANDIDATES: usize = 3;
+
+fn priority_of(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
 /// A component as the profile runs it.
@@ -274,6 +292,7 @@ impl Profile {
             return Decision::Unschedulable {
                 message: "no nodes available to schedule pods".into(),
                 plugins: BTreeSet::new(),
+                nomination: None,
             };
         }
         let pod_json = crate::cache::pod_json(pod);
@@ -312,6 +331,7 @@ impl Profile {
                                 r.status.reasons.join(", ")
                             ),
                             plugins: BTreeSet::from([name]),
+                            nomination: None,
                         };
                     }
                     Code::Error => {
@@ -351,6 +371,7 @@ impl Profile {
         let len = candidates.len();
         let start = if len == 0 { 0 } else { self.next_start % len };
         let mut feasible: Vec<NodeId> = Vec::with_capacity(to_find);
+        let mut unresolvable: HashSet<NodeId> = HashSet::new();
         let mut processed = 0;
         while processed < len && feasible.len() < to_find {
             let take = (to_find - feasible.len()).max(16).min(len - processed);
@@ -394,6 +415,9 @@ impl Profile {
                             r.status.reasons.join(", ")
                         ));
                     }
+                    if r.status.code == Code::UnschedulableAndUnresolvable {
+                        unresolvable.insert(r.node);
+                    }
                     for reason in r.status.reasons {
                         *reasons.entry(reason).or_default() += 1;
                     }
@@ -408,9 +432,31 @@ impl Profile {
             self.next_start = (start + processed) % len;
         }
         if feasible.is_empty() {
+            let mut message = fit_error(all.len(), &reasons);
+            let nomination = if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.preemption_policy.as_deref())
+                == Some("Never")
+            {
+                None
+            } else {
+                match self
+                    .preempt(cache, pod, &candidates, &unresolvable, all.len())
+                    .await
+                {
+                    Ok(nomination) => Some(nomination),
+                    Err(why) => {
+                        message.push_str(" preemption: ");
+                        message.push_str(&why);
+                        None
+                    }
+                }
+            };
             return Decision::Unschedulable {
-                message: fit_error(all.len(), &reasons),
+                message,
                 plugins: rejecters,
+                nomination,
             };
         }
 
@@ -520,6 +566,7 @@ impl Profile {
                             status.reasons.join(", ")
                         ),
                         plugins: BTreeSet::from([plugin]),
+                        nomination: None,
                     };
                 }
                 PermitVerdict::Wait(_) => {
@@ -537,6 +584,146 @@ impl Profile {
             node,
             node_id: chosen,
         }
+    }
+
+    /// DefaultPreemption (PostFilter), for a pod no node fits: among the nodes
+    /// that rejected it for reasons preemption can change, those where it fits once
+    /// its lower-priority pods are gone (one dry run for all of them); for the few
+    /// whose highest victim priority is lowest, the victims reprieved one by one,
+    /// highest priority first, as long as the pod still fits; then the node with the
+    /// lowest highest victim priority, the lowest sum, the fewest victims. The error
+    /// is kube-scheduler's "preemption: 0/N nodes are available: …" reasons.
+    async fn preempt(
+        &mut self,
+        cache: &Cache,
+        pod: &Pod,
+        candidates: &[NodeId],
+        unresolvable: &HashSet<NodeId>,
+        nodes: usize,
+    ) -> Result<Nomination, String> {
+        let priority = priority_of(pod);
+        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+        let hopeless = nodes
+            - candidates
+                .iter()
+                .filter(|n| !unresolvable.contains(n))
+                .count();
+        if hopeless > 0 {
+            reasons.insert("Preemption is not helpful for scheduling.".into(), hopeless);
+        }
+        let by_node = cache.pods_by_node();
+        let mut lower: Vec<(NodeId, Vec<Arc<Pod>>)> = Vec::new();
+        let mut no_victims = 0;
+        for &node in candidates.iter().filter(|n| !unresolvable.contains(n)) {
+            let victims: Vec<Arc<Pod>> = cache
+                .node_name(node)
+                .and_then(|name| by_node.get(name))
+                .map(|pods| {
+                    pods.iter()
+                        .filter(|p| priority_of(p) < priority)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            if victims.is_empty() {
+                no_victims += 1;
+            } else {
+                lower.push((node, victims));
+            }
+        }
+        let limit = MIN_CANDIDATES.max(lower.len() / 10);
+        lower.truncate(limit);
+        let uid = |p: &Arc<Pod>| p.metadata.uid.clone().unwrap_or_default();
+        let all_victims: Vec<String> = lower.iter().flat_map(|(_, v)| v.iter().map(uid)).collect();
+        let nodes_tried: Vec<NodeId> = lower.iter().map(|(n, _)| *n).collect();
+        let fit = self.fits_without(&all_victims, &nodes_tried).await?;
+        lower.retain(|(n, _)| fit.contains(n));
+        no_victims += nodes_tried.len() - lower.len();
+        if no_victims > 0 {
+            reasons.insert(
+                "No preemption victims found for incoming pod.".into(),
+                no_victims,
+            );
+        }
+        if lower.is_empty() {
+            let mut parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
+            parts.sort();
+            return Err(format!(
+                "0/{nodes} nodes are available: {}.",
+                parts.join(", ")
+            ));
+        }
+        // Highest victim priority first decides; reprieve the most promising few.
+        lower.sort_by_key(|(_, v)| v.iter().map(|p| priority_of(p)).max().unwrap_or(0));
+        lower.truncate(REPRIEVED_CANDIDATES);
+        let mut best: Option<(NodeId, Vec<Arc<Pod>>)> = None;
+        for (node, mut victims) in lower {
+            victims.sort_by_key(|p| std::cmp::Reverse(priority_of(p)));
+            let mut i = 0;
+            while i < victims.len() {
+                let trial: Vec<String> = victims
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, p)| uid(p))
+                    .collect();
+                if self.fits_without(&trial, &[node]).await?.contains(&node) {
+                    victims.remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            let rank = |v: &[Arc<Pod>]| {
+                (
+                    v.iter().map(|p| priority_of(p)).max().unwrap_or(i32::MIN),
+                    v.iter().map(|p| i64::from(priority_of(p))).sum::<i64>(),
+                    v.len(),
+                )
+            };
+            if best.as_ref().is_none_or(|(_, b)| rank(&victims) < rank(b)) {
+                best = Some((node, victims));
+            }
+        }
+        let (node, victims) = best.ok_or_else(|| "no candidate left".to_owned())?;
+        Ok(Nomination {
+            node: cache.node_name(node).unwrap_or_default().to_owned(),
+            victims,
+        })
+    }
+
+    /// The nodes of `nodes` that every component's Filter passes with `victims` gone.
+    async fn fits_without(
+        &mut self,
+        victims: &[String],
+        nodes: &[NodeId],
+    ) -> Result<HashSet<NodeId>, String> {
+        let mut fit: HashSet<NodeId> = nodes.iter().copied().collect();
+        for slot in &mut self.slots {
+            if !slot.points.contains(ExtensionPoints::FILTER) {
+                continue;
+            }
+            let Some(session) = slot.session.as_mut() else {
+                continue;
+            };
+            let survivors: Vec<NodeId> =
+                nodes.iter().copied().filter(|n| fit.contains(n)).collect();
+            if survivors.is_empty() {
+                break;
+            }
+            let started = Instant::now();
+            match session.filter_without(victims, &survivors).await {
+                Ok(rejected) => {
+                    for r in rejected {
+                        fit.remove(&r.node);
+                    }
+                }
+                Err(_) if slot.component.ignore_failures => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            self.timings
+                .push((slot.label(), "PostFilter", started.elapsed()));
+        }
+        Ok(fit)
     }
 
     /// Undoes the reservations of the components before `end`.

@@ -598,6 +598,25 @@ macro_rules! scheduler {
                     )
                 }
 
+                fn filter_without(
+                    victims: Vec<String>,
+                    nodes: Vec<u32>,
+                ) -> Vec<wit_scheduler::Rejection> {
+                    with(
+                        |fw| {
+                            fw.filter_without(&victims, &nodes)
+                                .into_iter()
+                                .map(|r| wit_scheduler::Rejection {
+                                    node: r.node,
+                                    plugin: r.plugin,
+                                    status: status(r.status),
+                                })
+                                .collect()
+                        },
+                        Vec::new(),
+                    )
+                }
+
                 fn score(nodes: Vec<u32>) -> Result<Vec<wit_scheduler::PluginScores>, String> {
                     with(
                         |fw| {

@@ -433,17 +433,22 @@ impl Cluster {
             Change::PodUpsert { uid, node, object } => {
                 let pod = PodInfo::from_json(&object)?;
                 self.remove_pod(&uid);
-                if let Some(Some(n)) = self.nodes.get_mut(node as usize) {
-                    n.place(&pod);
-                }
-                if pod.has_pod_affinity() {
-                    self.with_affinity.insert(uid.clone());
-                }
-                self.pods.insert(uid, (node, pod));
+                self.place_parsed(uid, node, pod);
             }
             Change::PodRemove(uid) => self.remove_pod(&uid),
         }
         Ok(())
+    }
+
+    /// Puts back a pod taken out (preemption's dry run), parsed already.
+    fn place_parsed(&mut self, uid: String, node: NodeId, pod: PodInfo) {
+        if let Some(Some(n)) = self.nodes.get_mut(node as usize) {
+            n.place(&pod);
+        }
+        if pod.has_pod_affinity() {
+            self.with_affinity.insert(uid.clone());
+        }
+        self.pods.insert(uid, (node, pod));
     }
 
     fn remove_pod(&mut self, uid: &str) {
@@ -685,6 +690,30 @@ impl Framework {
             }
         }
         out
+    }
+
+    /// Filter as if the pods `victims` were gone: they leave the view, PreFilter runs
+    /// again on it for the pod of the cycle, Filter judges `nodes`; then the view and
+    /// the PreFilter state are as before.
+    pub fn filter_without(&mut self, victims: &[String], nodes: &[NodeId]) -> Vec<Rejection> {
+        let Some(pod) = self.pod.take() else {
+            return Vec::new();
+        };
+        let removed: Vec<(String, NodeId, PodInfo)> = victims
+            .iter()
+            .filter_map(|uid| {
+                let (node, info) = self.cluster.pods.get(uid).cloned()?;
+                self.cluster.remove_pod(uid);
+                Some((uid.clone(), node, info))
+            })
+            .collect();
+        self.cycle(pod.clone());
+        let rejected = self.filter(nodes);
+        for (uid, node, info) in removed {
+            self.cluster.place_parsed(uid, node, info);
+        }
+        self.cycle(pod);
+        rejected
     }
 
     /// PreScore and Score of every plugin with a Score, normalized: `(plugin, scores

@@ -541,6 +541,8 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
                 {"apiGroups": [""], "resources": ["pods", "nodes", "namespaces"], "verbs": read},
                 {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]},
                 {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
+                // Preemption deletes its victims.
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
                 {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kube-scheduler"], "verbs": ["get", "update"]},
