@@ -41,6 +41,13 @@ pub struct Cache {
     pods: HashMap<String, PodEntry>,
     /// Changes not yet sent to the plugins.
     pending: Vec<Change>,
+    /// How many pods on nodes have each priority: whether a preemption can find any
+    /// victim at all, without a pass over the pods.
+    priorities: std::collections::BTreeMap<i32, usize>,
+}
+
+fn priority_of(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
 /// A pod as the plugins get it: without its managedFields, which no plugin reads and
@@ -205,13 +212,42 @@ impl Cache {
                 object: pod_json(&pod),
             }));
         }
-        self.pods.insert(uid, PodEntry { node, pod, assumed });
+        if let Some(old) = self.pods.insert(
+            uid,
+            PodEntry {
+                node,
+                pod: pod.clone(),
+                assumed,
+            },
+        ) {
+            self.uncount(&old.pod);
+        }
+        *self.priorities.entry(priority_of(&pod)).or_default() += 1;
+    }
+
+    fn uncount(&mut self, pod: &Pod) {
+        let p = priority_of(pod);
+        if let Some(n) = self.priorities.get_mut(&p) {
+            *n -= 1;
+            if *n == 0 {
+                self.priorities.remove(&p);
+            }
+        }
+    }
+
+    /// Whether any pod on a node has a priority below `priority`.
+    pub fn has_pods_below(&self, priority: i32) -> bool {
+        self.priorities
+            .first_key_value()
+            .is_some_and(|(lowest, _)| *lowest < priority)
     }
 
     pub fn remove_pod(&mut self, uid: &str) {
-        if let Some(p) = self.pods.remove(uid)
-            && self.nodes.contains_key(&p.node)
-        {
+        let Some(p) = self.pods.remove(uid) else {
+            return;
+        };
+        self.uncount(&p.pod);
+        if self.nodes.contains_key(&p.node) {
             self.pending.push(Change::PodRemove(uid.to_owned()));
         }
     }
@@ -322,6 +358,8 @@ mod tests {
         // A pod of a node not yet seen waits for it.
         c.upsert_pod(&pod("p2", "c"));
         assert_eq!(kinds(&c.take_pending()), ["node+0", "node+1", "pod+p1@1"]);
+        // Both pods have priority 0: a pod of priority 1 could preempt, one of 0 not.
+        assert!(c.has_pods_below(1) && !c.has_pods_below(0));
         c.remove_node("b");
         c.upsert_node(&node("c"));
         assert_eq!(

@@ -611,7 +611,12 @@ impl Profile {
         if hopeless > 0 {
             reasons.insert("Preemption is not helpful for scheduling.".into(), hopeless);
         }
-        let by_node = cache.pods_by_node();
+        // Nothing of lower priority runs anywhere: no node has a victim.
+        let by_node = if cache.has_pods_below(priority) {
+            cache.pods_by_node()
+        } else {
+            Default::default()
+        };
         let mut lower: Vec<(NodeId, Vec<Arc<Pod>>)> = Vec::new();
         let mut no_victims = 0;
         for &node in candidates.iter().filter(|n| !unresolvable.contains(n)) {
