@@ -50,6 +50,12 @@ pub const DEFAULT_PLUGINS: &[u8] =
 /// calls to tell the WASM boundary's cost from the plugins' own work.
 pub const EMPTY_PLUGIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/scheduler-empty.wasm"));
 
+/// Binds in flight at once.
+const BINDS_IN_FLIGHT: usize = 64;
+/// Tries of a bind answered 429 (too many requests), after the wait the answer asks
+/// for (or 100 ms), as client-go retries them.
+const BIND_TRIES: u32 = 10;
+
 /// The profile name of pods that name no scheduler.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
@@ -165,6 +171,9 @@ pub async fn run(
     let api: Api<Pod> = Api::all(client.clone());
     info!(profiles = ?names, "scheduler running");
     let mut counted_at = Instant::now();
+    // Binds run beside the loop, at most this many at once: more only queue up in the
+    // API server's own limit of requests in flight and come back 429.
+    let binds_in_flight = Arc::new(tokio::sync::Semaphore::new(BINDS_IN_FLIGHT));
 
     loop {
         // Every change that arrived comes first: the next cycle decides on them.
@@ -261,8 +270,12 @@ pub async fn run(
                     let bound_tx = bound_tx.clone();
                     let api = api.clone();
                     let first = queued_at.get(&key).copied().unwrap_or(started);
+                    let binding = binds_in_flight.clone();
                     tokio::spawn(async move {
-                        let result = bind(&api, &pod, &node).await;
+                        let result = match binding.acquire().await {
+                            Ok(_permit) => bind(&api, &pod, &node).await,
+                            Err(e) => Err(e.to_string()),
+                        };
                         let _ = bound_tx.send(Bound {
                             key,
                             pod,
@@ -537,7 +550,8 @@ async fn on_bound(
     }
 }
 
-/// `POST pods/NAME/binding`, as the DefaultBinder does.
+/// `POST pods/NAME/binding`, as the DefaultBinder does; a 429 is tried again after
+/// a short wait, as client-go does, rather than failing the pod.
 async fn bind(api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), String> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     let name = pod.metadata.name.as_deref().unwrap_or_default();
@@ -548,18 +562,26 @@ async fn bind(api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), String> {
         "metadata": {"name": name, "namespace": namespace, "uid": pod.metadata.uid},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     });
-    api.create_subresource::<_, serde_json::Value>(
-        "binding",
-        name,
-        &PostParams::default(),
-        &binding,
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| match e {
-        kube::Error::Api(s) => s.message,
-        other => other.to_string(),
-    })
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let answer = api
+            .create_subresource::<_, serde_json::Value>(
+                "binding",
+                name,
+                &PostParams::default(),
+                &binding,
+            )
+            .await;
+        match answer {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 429 && tries < BIND_TRIES => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(kube::Error::Api(s)) => return Err(s.message),
+            Err(other) => return Err(other.to_string()),
+        }
+    }
 }
 
 /// Deletes the victims of a preemption (each told why in a `Preempted` event, as
