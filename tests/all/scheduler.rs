@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -229,9 +230,15 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
     // for 2 fits n1 once `small` (priority 0, 1 CPU) is gone: the fewest and
     // lowest victims. It is nominated there, `small` is told and deleted, and the
     // pod is bound to n1.
-    let mut low = pod("low", "2");
-    low["spec"]["priority"] = json!(0);
-    create(&pod_api, low).await?;
+    // Priorities come from PriorityClasses, through the Priority admission; a pod
+    // that names none has 0.
+    let classes: Api<PriorityClass> = Api::all(admin.clone());
+    create(
+        &classes,
+        json!({"metadata": {"name": "important"}, "value": 1000}),
+    )
+    .await?;
+    create(&pod_api, pod("low", "2")).await?;
     until!("low bound", node_of("low").is_some());
     ensure!(
         node_of("low").as_deref() == Some("n4"),
@@ -239,8 +246,21 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
         node_of("low")
     );
     let mut high = pod("high", "2");
-    high["spec"]["priority"] = json!(1000);
-    create(&pod_api, high).await?;
+    high["spec"]["priorityClassName"] = json!("important");
+    let created: Pod = create(&pod_api, high).await?;
+    ensure!(
+        created.spec.as_ref().and_then(|s| s.priority) == Some(1000),
+        "the Priority admission did not set the pod's priority"
+    );
+    let mut lost = pod("lost", "1");
+    lost["spec"]["priorityClassName"] = json!("missing");
+    let refused = create(&pod_api, lost).await.err().map(|e| e.to_string());
+    ensure!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("no PriorityClass with name missing was found")),
+        "{refused:?}"
+    );
     until!(
         format!("small preempted ({:?})", event("high", "FailedScheduling")),
         pods.get("default/small").is_none()

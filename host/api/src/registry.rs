@@ -275,6 +275,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         resource(
+            "scheduling.k8s.io",
+            "PriorityClass",
+            "priorityclasses",
+            false,
+            &["pc"],
+            &[],
+            &[],
+        ),
+        resource(
             "rbac.authorization.k8s.io",
             "ClusterRoleBinding",
             "clusterrolebindings",

@@ -414,6 +414,37 @@ impl AppState {
                 Err(e) => return Err(e.into()),
             }
         }
+        // Kubernetes' two system classes, which system components' pods name.
+        let classes = self.resource("scheduling.k8s.io", "v1", "priorityclasses")?;
+        for (name, value, description) in [
+            (
+                "system-node-critical",
+                2_000_001_000,
+                "Used for system critical pods that must not be moved from their current node.",
+            ),
+            (
+                "system-cluster-critical",
+                2_000_000_000,
+                "Used for system critical pods that must run in the cluster, but can be moved to another node if necessary.",
+            ),
+        ] {
+            let obj = json!({
+                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": name, "uid": uuid::Uuid::new_v4().to_string(),
+                             "creationTimestamp": crate::object::now_timestamp()},
+                "value": value,
+                "description": description,
+                "preemptionPolicy": "PreemptLowerPriority",
+            });
+            match self
+                .store
+                .create(&classes.key(None, name), Bytes::from(obj.to_string()))
+                .await
+            {
+                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let namespaces = self.resource("", "v1", "namespaces")?;
         for ns in INITIAL_NAMESPACES {
             let obj = json!({

@@ -541,6 +541,10 @@ spec:
             .kubectl_ok_stdin(&["create", "-f", "-"], &pod(name, sized))
             .await?;
     }
+    // The Priority admission wants the class to exist.
+    cluster
+        .kubectl_ok(&["create", "priorityclass", "high", "--value=1000"])
+        .await?;
     let prioritized =
         |name: &str| pod(name, sized).replace("spec:\n", "spec:\n  priorityClassName: high\n");
     cluster

@@ -20,6 +20,7 @@
 pub mod chain;
 pub mod limit_ranger;
 pub mod plugins;
+pub mod priority;
 pub mod quota;
 pub mod serviceaccount;
 pub mod tolerations;
@@ -45,6 +46,7 @@ pub fn builtin() -> Chains {
         admission: vec![
             Arc::new(serviceaccount::ServiceAccountDefault),
             Arc::new(tolerations::DefaultTolerationSeconds),
+            Arc::new(priority::Priority::default()),
             Arc::new(limit_ranger::LimitRanger::default()),
             Arc::new(quota::ResourceQuota::default()),
         ],
