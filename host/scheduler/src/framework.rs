@@ -72,6 +72,31 @@ struct Slot {
 }
 
 impl Slot {
+    /// One call of the component's session, timed under `point`: `Ok(None)` when
+    /// the component sits this cycle out (no session, or a failure it ignores under
+    /// `failurePolicy: Ignore`), `Err` with the cycle's error otherwise.
+    async fn call<T>(
+        &mut self,
+        timings: &mut Vec<(String, &'static str, Duration)>,
+        point: &'static str,
+        f: impl AsyncFnOnce(&mut SchedulerSession) -> Result<T, trellis_plugin_host::PluginError>,
+    ) -> Result<Option<T>, String> {
+        let Some(session) = self.session.as_mut() else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let answer = f(session).await;
+        timings.push((self.label(), point, started.elapsed()));
+        match answer {
+            Ok(value) => Ok(Some(value)),
+            Err(e) if self.component.ignore_failures => {
+                warn!(plugin = %self.label(), "{e}; left out (failurePolicy Ignore)");
+                Ok(None)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     fn label(&self) -> String {
         self.component.plugin.name().to_owned()
     }
@@ -302,23 +327,16 @@ impl Profile {
         let mut only: Option<HashSet<NodeId>> = None;
         let mut narrowed_by = BTreeSet::new();
         for slot in &mut self.slots {
-            let Some(session) = slot.session.as_mut() else {
-                continue;
+            let results = match slot
+                .call(&mut self.timings, "PreFilter", async |s| {
+                    s.cycle(&pod_json).await
+                })
+                .await
+            {
+                Ok(Some(results)) => results,
+                Ok(None) => continue,
+                Err(e) => return Decision::Error(e),
             };
-            let started = Instant::now();
-            let results = match session.cycle(&pod_json).await {
-                Ok(results) => results,
-                Err(e) if slot.component.ignore_failures => {
-                    warn!(plugin = %slot.label(), "{e}; left out (failurePolicy Ignore)");
-                    continue;
-                }
-                Err(e) => return Decision::Error(e.to_string()),
-            };
-            self.timings.push((
-                slot.component.plugin.name().to_owned(),
-                "PreFilter",
-                started.elapsed(),
-            ));
             for r in results {
                 let name = slot.plugin_name(r.plugin);
                 match r.status.code {
@@ -386,23 +404,16 @@ impl Profile {
                 if !slot.points.contains(ExtensionPoints::FILTER) {
                     continue;
                 }
-                let Some(session) = slot.session.as_mut() else {
-                    continue;
+                let rejected = match slot
+                    .call(&mut self.timings, "Filter", async |s| {
+                        s.filter(&survivors).await
+                    })
+                    .await
+                {
+                    Ok(Some(rejected)) => rejected,
+                    Ok(None) => continue,
+                    Err(e) => return Decision::Error(e),
                 };
-                let started = Instant::now();
-                let rejected = match session.filter(&survivors).await {
-                    Ok(rejected) => rejected,
-                    Err(e) if slot.component.ignore_failures => {
-                        warn!(plugin = %slot.label(), "{e}; left out (failurePolicy Ignore)");
-                        continue;
-                    }
-                    Err(e) => return Decision::Error(e.to_string()),
-                };
-                self.timings.push((
-                    slot.component.plugin.name().to_owned(),
-                    "Filter",
-                    started.elapsed(),
-                ));
                 if rejected.is_empty() {
                     continue;
                 }
@@ -469,26 +480,23 @@ impl Profile {
                 if !slot.points.contains(ExtensionPoints::SCORE) {
                     continue;
                 }
-                let Some(session) = slot.session.as_mut() else {
-                    continue;
-                };
-                let started = Instant::now();
-                let scores = match session.score(&feasible).await {
-                    Ok(Ok(scores)) => scores,
-                    Ok(Err(_)) | Err(_) if slot.component.ignore_failures => continue,
-                    Ok(Err(e)) => {
+                let scores = match slot
+                    .call(&mut self.timings, "Score", async |s| {
+                        s.score(&feasible).await
+                    })
+                    .await
+                {
+                    Ok(Some(Ok(scores))) => scores,
+                    Ok(None) => continue,
+                    Ok(Some(Err(_))) if slot.component.ignore_failures => continue,
+                    Ok(Some(Err(e))) => {
                         return Decision::Error(format!(
                             "running Score plugins of {}: {e}",
                             slot.label()
                         ));
                     }
-                    Err(e) => return Decision::Error(e.to_string()),
+                    Err(e) => return Decision::Error(e),
                 };
-                self.timings.push((
-                    slot.component.plugin.name().to_owned(),
-                    "Score",
-                    started.elapsed(),
-                ));
                 for ps in scores {
                     let weight = slot.weights.get(ps.plugin as usize).copied().unwrap_or(1);
                     for (total, score) in totals.iter_mut().zip(ps.scores) {
@@ -707,26 +715,19 @@ impl Profile {
             if !slot.points.contains(ExtensionPoints::FILTER) {
                 continue;
             }
-            let Some(session) = slot.session.as_mut() else {
-                continue;
-            };
             let survivors: Vec<NodeId> =
                 nodes.iter().copied().filter(|n| fit.contains(n)).collect();
             if survivors.is_empty() {
                 break;
             }
-            let started = Instant::now();
-            match session.filter_without(victims, &survivors).await {
-                Ok(rejected) => {
-                    for r in rejected {
-                        fit.remove(&r.node);
-                    }
-                }
-                Err(_) if slot.component.ignore_failures => {}
-                Err(e) => return Err(e.to_string()),
+            let rejected = slot
+                .call(&mut self.timings, "PostFilter", async |s| {
+                    s.filter_without(victims, &survivors).await
+                })
+                .await?;
+            for r in rejected.into_iter().flatten() {
+                fit.remove(&r.node);
             }
-            self.timings
-                .push((slot.label(), "PostFilter", started.elapsed()));
         }
         Ok(fit)
     }
