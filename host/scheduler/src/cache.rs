@@ -61,10 +61,15 @@ fn node_json(node: &Node) -> String {
     without_managed_fields(node, |n| &mut n.metadata)
 }
 
-fn without_managed_fields<T: Clone + serde::Serialize>(
+/// The informers' objects carry none already (`trellis_client::informer` trims
+/// them): those are written as they are, without a copy.
+fn without_managed_fields<T: Clone + serde::Serialize + kube::Resource>(
     obj: &T,
     meta: impl Fn(&mut T) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> String {
+    if obj.meta().managed_fields.is_none() {
+        return serde_json::to_string(obj).unwrap_or_default();
+    }
     let mut obj = obj.clone();
     meta(&mut obj).managed_fields = None;
     serde_json::to_string(&obj).unwrap_or_default()
