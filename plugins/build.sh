@@ -148,35 +148,24 @@ for app in "$examples"/*/app.py; do
   built=$((built + 1))
 done
 
-# Python controllers (examples/controllers/*/app.py), against today's controller
-# world: it has no frozen first version.
-controller_wit=$wit/controller/0.1.0
-for app in "$repo"/examples/controllers/*/app.py; do
-  [ -e "$app" ] || continue
-  dir=$(dirname "$app")
-  name=$(basename "$dir")
-  out=$dist/$name.wasm
-  fresh "$out" "$dir" "$controller_wit" "$wit/core" && continue
-  say "building $name (Python, componentize-py, world controller)"
-  cpy=$(componentize_py)
-  (cd "$dir" && "$cpy" --wit-path "$controller_wit" --world controller componentize app --output "$out.tmp" >/dev/null)
-  mv "$out.tmp" "$out"
-  built=$((built + 1))
-done
-
-# Python scheduler plugins (examples/scheduler/*/app.py), against the scheduler world.
-scheduler_wit=$wit/scheduler/0.1.0
-for app in "$repo"/examples/scheduler/*/app.py; do
-  [ -e "$app" ] || continue
-  dir=$(dirname "$app")
-  name=$(basename "$dir")
-  out=$dist/$name.wasm
-  fresh "$out" "$dir" "$scheduler_wit" "$wit/core" && continue
-  say "building $name (Python, componentize-py, world scheduler)"
-  cpy=$(componentize_py)
-  (cd "$dir" && "$cpy" --wit-path "$scheduler_wit" --world scheduler componentize app --output "$out.tmp" >/dev/null)
-  mv "$out.tmp" "$out"
-  built=$((built + 1))
+# Python controllers (examples/controllers/*/app.py) and scheduler plugins
+# (examples/scheduler/*/app.py), against today's worlds of those kinds: they have no
+# frozen first version.
+for kind in controller:controllers scheduler:scheduler; do
+  world=${kind%%:*}
+  world_wit=$wit/$world/0.1.0
+  for app in "$repo"/examples/"${kind#*:}"/*/app.py; do
+    [ -e "$app" ] || continue
+    dir=$(dirname "$app")
+    name=$(basename "$dir")
+    out=$dist/$name.wasm
+    fresh "$out" "$dir" "$world_wit" "$wit/core" && continue
+    say "building $name (Python, componentize-py, world $world)"
+    cpy=$(componentize_py)
+    (cd "$dir" && "$cpy" --wit-path "$world_wit" --world "$world" componentize app --output "$out.tmp" >/dev/null)
+    mv "$out.tmp" "$out"
+    built=$((built + 1))
+  done
 done
 
 # --- JavaScript ------------------------------------------------------------
