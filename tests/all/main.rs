@@ -8,6 +8,8 @@
 //!   the verbs, identities held to their roles, shared informers.
 //! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
 //!   key mapping, batched writes under the controller's identity, events.
+//! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
+//!   restarts, env and volumes, graceful deletion, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
 //! - `scheduler`: the scheduler with the bundled default plugins against a server.
@@ -17,6 +19,7 @@
 mod apiserver;
 mod client;
 mod controllers;
+mod node;
 mod plugins;
 mod scheduler;
 mod store;

@@ -275,6 +275,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         resource(
+            "node.k8s.io",
+            "RuntimeClass",
+            "runtimeclasses",
+            false,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
             "scheduling.k8s.io",
             "PriorityClass",
             "priorityclasses",

@@ -173,6 +173,8 @@ pub struct AppState {
     pub plugins: std::sync::OnceLock<Arc<crate::admission::plugins::PluginManager>>,
     /// Poked when a namespace is deleted: the namespace controller passes again.
     pub namespace_deletions: tokio::sync::Notify,
+    /// HTTPS to nodes' agents, for `pods/log`.
+    pub kubelet: crate::server::kubelet::KubeletClient,
 }
 
 /// What the server's state is made from, as [`crate::server::start`] prepares it.
@@ -187,6 +189,8 @@ pub struct Parts {
     /// The address clients reach the server at, for discovery.
     pub server_address: String,
     pub settings: Settings,
+    /// HTTPS to nodes' agents, with the API server's client certificate.
+    pub kubelet: crate::server::kubelet::KubeletClient,
 }
 
 impl AppState {
@@ -200,6 +204,7 @@ impl AppState {
             signer,
             server_address,
             settings,
+            kubelet,
         } = parts;
         let metrics = crate::observability::metrics::Metrics::default();
         let store: Arc<dyn Store> = Arc::new(crate::storage::metered::MeteredStore::new(
@@ -235,6 +240,7 @@ impl AppState {
             server_address,
             plugins: std::sync::OnceLock::new(),
             namespace_deletions: tokio::sync::Notify::new(),
+            kubelet,
         })
     }
 
@@ -439,6 +445,24 @@ impl AppState {
             match self
                 .store
                 .create(&classes.key(None, name), Bytes::from(obj.to_string()))
+                .await
+            {
+                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The handlers every Trellis node has: pods name them as RuntimeClasses.
+        let runtime_classes = self.resource("node.k8s.io", "v1", "runtimeclasses")?;
+        for name in ["wasmtime", "process"] {
+            let obj = json!({
+                "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                "metadata": {"name": name, "uid": uuid::Uuid::new_v4().to_string(),
+                             "creationTimestamp": crate::object::now_timestamp()},
+                "handler": name,
+            });
+            match self
+                .store
+                .create(&runtime_classes.key(None, name), Bytes::from(obj.to_string()))
                 .await
             {
                 Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}

@@ -310,13 +310,39 @@ impl PluginHost {
     /// a cache.
     fn cache_path(&self, digest: &str) -> Option<PathBuf> {
         let dir = self.config.cache_dir.as_ref()?;
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.optimized
-            .engine
-            .precompile_compatibility_hash()
-            .hash(&mut hasher);
-        let hex = digest.trim_start_matches("sha256:");
-        Some(dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish())))
+        Some(cache_file(&self.optimized.engine, dir, digest))
+    }
+
+    /// `engine`'s code for the component `wasm` (whose digest is `digest`): from the
+    /// cache in `dir` when there, else compiled and cached there. For hosts of other
+    /// components that keep an engine of their own (the container runtime's workloads
+    /// must not take plugin slots) but share the cache: a file's name carries its
+    /// engine's compatibility hash, so engines configured differently never read each
+    /// other's code.
+    pub fn compile_cached(
+        engine: &Engine,
+        wasm: &[u8],
+        digest: &str,
+        dir: &Path,
+    ) -> wasmtime::Result<Component> {
+        let path = cache_file(engine, dir, digest);
+        if path.exists() {
+            match deserialize_cached(engine, &path) {
+                Ok(component) => return Ok(component),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "recompiling a bad cached component");
+                }
+            }
+        }
+        let compiled = engine.precompile_component(wasm)?;
+        match write_whole(&path, &compiled) {
+            Ok(()) => deserialize_cached(engine, &path),
+            Err(e) => {
+                // The cache only saves time: a full or read-only disk must not stop a load.
+                tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled component");
+                Component::new(engine, wasm)
+            }
+        }
     }
 
     fn cached_at(&self, path: &Path) -> Option<Component> {
@@ -487,6 +513,14 @@ fn deserialize_cached(engine: &Engine, path: &std::path::Path) -> wasmtime::Resu
     // and their names carry the engine's compatibility hash, so a file from another
     // wasmtime build or configuration is never opened.
     unsafe { Component::deserialize_file(engine, path) }
+}
+
+/// Where `engine`'s code of the module `digest` names is cached in `dir`.
+fn cache_file(engine: &Engine, dir: &Path, digest: &str) -> PathBuf {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    let hex = digest.trim_start_matches("sha256:");
+    dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish()))
 }
 
 /// `sha256:<hex>` of a module's bytes: how a plugin version is named.

@@ -23,6 +23,7 @@
 
 mod bench;
 mod components;
+mod node;
 mod plugin;
 mod plugin_controllers;
 mod scheduler;
@@ -55,6 +56,10 @@ enum Command {
     Controllers(components::ControllerArgs),
     /// Run the scheduler against an API server (leader-elected).
     Scheduler(scheduler::SchedulerArgs),
+    /// Run a node: its agent and container runtime, joined to a cluster.
+    Node(node::NodeArgs),
+    /// Serve the container runtime alone over CRI.
+    Runtime(node::RuntimeArgs),
     /// Measure the store backends, the API server and plugins in it.
     Bench(bench::BenchArgs),
     /// Run plugins offline; manage Plugin objects.
@@ -102,6 +107,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Scheduler(args) => {
             runtime()?.block_on(scheduler::run_scheduler(args, shutdown_signal()))
         }
+        Command::Node(args) => runtime()?.block_on(node::run_node(args, shutdown_signal())),
+        Command::Runtime(args) => runtime()?.block_on(node::run_runtime(args, shutdown_signal())),
     }
 }
 

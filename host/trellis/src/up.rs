@@ -5,7 +5,7 @@
 //! the API over HTTPS until Ctrl-C or SIGTERM, then stop gracefully and close the
 //! store. `up` is the embedded default: it also runs the controllers and the
 //! scheduler in this process, over the in-process transport and each as its own
-//! Kubernetes user (`crate::components`); the local node joins it next.
+//! Kubernetes user (`crate::components`), and a local node (`crate::node`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,6 +102,15 @@ pub struct UpArgs {
     /// `trellis up` only: the scheduler's settings.
     #[command(flatten)]
     scheduler: crate::scheduler::SchedulerFlags,
+
+    /// `trellis up` only: whether a node runs in this process (its agent and the
+    /// built-in runtime, with the `process` handler on).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    local_node: bool,
+
+    /// `trellis up` only: the local node's settings.
+    #[command(flatten)]
+    node: crate::node::NodeFlags,
 }
 
 /// What `--store` names.
@@ -255,7 +264,21 @@ pub async fn run(
                 })
                 .await?;
         }
-        crate::components::start_in_process(&in_process, &shared, stopped)
+        let mut running = crate::components::start_in_process(&in_process, &shared, stopped.clone());
+        if args.local_node {
+            let name = args.node.node_name.clone().unwrap_or_else(crate::node::host_name);
+            let client = in_process.client(trellis_client::identity::node(&name));
+            let informers = shared.informers.clone();
+            let data_dir = args.data_dir.clone();
+            let flags = args.node.clone();
+            let stopped = stopped.clone();
+            running.push(tokio::spawn(async move {
+                crate::node::run_local(client, informers, &data_dir, true, &flags, stopped)
+                    .await
+                    .context("run the local node")
+            }));
+        }
+        running
     } else {
         Vec::new()
     };

@@ -9,7 +9,15 @@
 //! | leases in kube-node-lease | every verb on the Lease named after the node |
 //! | pods | list and watch with `fieldSelector=spec.nodeName=NAME`; get of bound pods |
 //! | pods/status | get, update, patch of bound pods |
+//! | pods | delete of bound pods (the final delete after a graceful termination) |
+//! | configmaps, secrets | get of those a bound pod uses (volumes, env, envFrom) |
+//! | serviceaccounts/token | create, for the ServiceAccount of a bound pod |
+//! | runtimeclasses | get, list, watch |
 //! | events | create and patch (kubelet reports events) |
+//!
+//! Kubernetes keeps a graph of pods and what they use; this authorizer reads the
+//! namespace's pods bound to the node at each such request instead (a node reads them
+//! when it starts a container, not per request of its workloads).
 
 use serde_json::Value;
 use trellis_api::user::groups;
@@ -51,6 +59,20 @@ pub async fn authorize(store: &dyn Store, req: &ApiRequest) -> Option<Result<(),
         ("", "pods", None | Some("status")) if matches!(req.verb, "get" | "update" | "patch") => {
             (sub.is_some() || req.verb == "get") && bound_to(store, req, node).await
         }
+        // The agent deletes a pod it terminated gracefully, for good.
+        ("", "pods", None) if req.verb == "delete" => bound_to(store, req, node).await,
+        ("", "configmaps" | "secrets", None) if req.verb == "get" => {
+            let kind = if res.plural == "secrets" {
+                Reference::Secret
+            } else {
+                Reference::ConfigMap
+            };
+            used_by_bound_pod(store, req, node, kind).await
+        }
+        ("", "serviceaccounts", Some("token")) if req.verb == "create" => {
+            used_by_bound_pod(store, req, node, Reference::ServiceAccount).await
+        }
+        ("node.k8s.io", "runtimeclasses", None) => matches!(req.verb, "get" | "list" | "watch"),
         ("", "events", None) => matches!(req.verb, "create" | "patch" | "update"),
         _ => false,
     };
@@ -70,7 +92,7 @@ pub async fn authorize(store: &dyn Store, req: &ApiRequest) -> Option<Result<(),
             name,
         );
         e.message.push_str(&format!(
-            ": node {node:?} may only reach its own Node, Lease and bound pods"
+            ": node {node:?} may only reach its own Node, Lease, bound pods and what they use"
         ));
         Err(e)
     })
@@ -118,6 +140,113 @@ fn selects_node(req: &ApiRequest, node: &str) -> bool {
         .unwrap_or(false)
 }
 
+#[derive(Clone, Copy)]
+enum Reference {
+    ConfigMap,
+    Secret,
+    ServiceAccount,
+}
+
+/// Whether a pod of the request's namespace bound to `node` uses the object the
+/// request names.
+async fn used_by_bound_pod(
+    store: &dyn Store,
+    req: &ApiRequest,
+    node: &str,
+    kind: Reference,
+) -> bool {
+    let (Some(name), Some(namespace)) = (req.name.as_deref(), req.namespace.as_deref()) else {
+        return false;
+    };
+    let prefix = format!("/registry/core/pods/{namespace}/");
+    let Ok(list) = store.list(trellis_store::ListRequest::prefix(prefix)).await else {
+        return false;
+    };
+    list.kvs.iter().any(|kv| {
+        let Some(pod) = decode_stored(&kv.value, kv.mod_revision) else {
+            return false;
+        };
+        let spec = &pod["spec"];
+        if spec["nodeName"].as_str() != Some(node) {
+            return false;
+        }
+        match kind {
+            Reference::ServiceAccount => {
+                spec["serviceAccountName"].as_str().unwrap_or("default") == name
+            }
+            Reference::ConfigMap | Reference::Secret => pod_uses(spec, kind, name),
+        }
+    })
+}
+
+/// Whether a pod spec names the ConfigMap or Secret in a volume (also projected), an
+/// env `valueFrom`, an `envFrom` or an image pull secret.
+fn pod_uses(spec: &Value, kind: Reference, name: &str) -> bool {
+    let (volume, volume_name, key_ref, from_ref, projected) = match kind {
+        Reference::ConfigMap => (
+            "configMap",
+            "name",
+            "configMapKeyRef",
+            "configMapRef",
+            "configMap",
+        ),
+        _ => (
+            "secret",
+            "secretName",
+            "secretKeyRef",
+            "secretRef",
+            "secret",
+        ),
+    };
+    let names = |v: &Value, field: &str| v.get(field).and_then(Value::as_str) == Some(name);
+    let list = |v: &Value, field: &str| {
+        v.get(field)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for vol in list(spec, "volumes") {
+        if vol.get(volume).is_some_and(|v| names(v, volume_name)) {
+            return true;
+        }
+        if let Some(p) = vol.get("projected") {
+            if list(p, "sources")
+                .iter()
+                .any(|s| s.get(projected).is_some_and(|v| names(v, "name")))
+            {
+                return true;
+            }
+        }
+    }
+    if matches!(kind, Reference::Secret)
+        && list(spec, "imagePullSecrets")
+            .iter()
+            .any(|s| names(s, "name"))
+    {
+        return true;
+    }
+    let containers = list(spec, "containers")
+        .into_iter()
+        .chain(list(spec, "initContainers"))
+        .chain(list(spec, "ephemeralContainers"));
+    for c in containers {
+        if list(&c, "env").iter().any(|e| {
+            e.get("valueFrom")
+                .and_then(|f| f.get(key_ref))
+                .is_some_and(|r| names(r, "name"))
+        }) {
+            return true;
+        }
+        if list(&c, "envFrom")
+            .iter()
+            .any(|e| e.get(from_ref).is_some_and(|r| names(r, "name")))
+        {
+            return true;
+        }
+    }
+    false
+}
+
 async fn bound_to(store: &dyn Store, req: &ApiRequest, node: &str) -> bool {
     let Some(name) = req.name.as_deref() else {
         return false;
@@ -139,6 +268,27 @@ async fn bound_to(store: &dyn Store, req: &ApiRequest, node: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_pod_uses() {
+        let spec = serde_json::json!({
+            "volumes": [{"name": "a", "configMap": {"name": "cm1"}},
+                        {"name": "b", "projected": {"sources": [{"secret": {"name": "s2"}}]}}],
+            "imagePullSecrets": [{"name": "pull"}],
+            "containers": [{"name": "c",
+                "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s1", "key": "k"}}}],
+                "envFrom": [{"configMapRef": {"name": "cm2"}}]}]
+        });
+        for cm in ["cm1", "cm2"] {
+            assert!(pod_uses(&spec, Reference::ConfigMap, cm), "{cm}");
+        }
+        for secret in ["s1", "s2", "pull"] {
+            assert!(pod_uses(&spec, Reference::Secret, secret), "{secret}");
+        }
+        assert!(!pod_uses(&spec, Reference::ConfigMap, "s1"));
+        assert!(!pod_uses(&spec, Reference::Secret, "cm1"));
+        assert!(!pod_uses(&spec, Reference::Secret, "other"));
+    }
 
     #[test]
     fn only_node_credentials_name_a_node() {

@@ -64,6 +64,12 @@ pub struct Query {
     pub propagation_policy: Option<String>,
     /// `pods/log`: the container whose log is asked for.
     pub container: Option<String>,
+    /// `DeleteOptions.gracePeriodSeconds` given in the query.
+    pub grace_period_seconds: Option<i64>,
+    /// The rest of `pods/log`'s options (`PodLogOptions`), passed on to the node as
+    /// given: `follow`, `previous`, `timestamps`, `tailLines`, `sinceSeconds`,
+    /// `sinceTime`, `limitBytes`.
+    pub log_options: Vec<(String, String)>,
 }
 
 fn truthy(v: &str) -> bool {
@@ -110,6 +116,15 @@ impl Query {
                 "includeObject" => q.include_object = Some(v),
                 "propagationPolicy" => q.propagation_policy = Some(v),
                 "container" => q.container = Some(v),
+                "gracePeriodSeconds" => {
+                    q.grace_period_seconds = Some(v.parse().map_err(|_| {
+                        ApiError::bad_request(format!("invalid gracePeriodSeconds {v:?}"))
+                    })?)
+                }
+                "follow" | "previous" | "timestamps" | "tailLines" | "sinceSeconds"
+                | "sinceTime" | "limitBytes" | "insecureSkipTLSVerifyBackend" => {
+                    q.log_options.push((k.clone(), v))
+                }
                 _ => {}
             }
         }

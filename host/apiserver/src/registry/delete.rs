@@ -71,6 +71,9 @@ pub struct DeleteParams {
     /// `preconditions.uid`: only this very object, not one recreated under its name.
     pub uid: Option<String>,
     pub propagation: Propagation,
+    /// `gracePeriodSeconds`: how long a pod on a node has to stop; `None` for the
+    /// pod's own `terminationGracePeriodSeconds`.
+    pub grace_period_seconds: Option<i64>,
 }
 
 impl DeleteParams {
@@ -123,10 +126,23 @@ impl DeleteParams {
                 .into());
             }
         };
+        let grace_period_seconds = options["gracePeriodSeconds"]
+            .as_i64()
+            .or(req.query.grace_period_seconds);
+        if let Some(g) = grace_period_seconds
+            && g < 0
+        {
+            return Err(invalid(
+                "gracePeriodSeconds",
+                format!("Invalid value: {g}: must be >= 0"),
+            )
+            .into());
+        }
         Ok(Self {
             resource_version,
             uid: preconditions["uid"].as_str().map(str::to_owned),
             propagation,
+            grace_period_seconds,
         })
     }
 }
@@ -216,16 +232,45 @@ pub async fn delete_one(
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty());
         let namespace = res.plural == "namespaces";
-        if has_finalizers || namespace {
-            if meta_str(&obj, "deletionTimestamp").is_some() {
+        let graceful = res.group.is_empty() && res.plural == "pods" && graceful_pod(&obj, params);
+        if graceful {
+            // A pod on a node is stopped by its agent first, which then deletes it for
+            // good; a second delete may only shorten the grace period.
+            let grace = params
+                .grace_period_seconds
+                .or_else(|| {
+                    obj.get("spec")
+                        .and_then(|s| s.get("terminationGracePeriodSeconds"))
+                        .and_then(Value::as_i64)
+                })
+                .unwrap_or(30)
+                .max(1);
+            let current = metadata(&obj)
+                .and_then(|m| m.get("deletionGracePeriodSeconds"))
+                .and_then(Value::as_i64);
+            if current.is_some_and(|c| c <= grace) {
+                return Ok(Deletion::Marked(obj));
+            }
+            let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
+            set_meta(
+                &mut obj,
+                "deletionTimestamp",
+                deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            );
+            set_meta(&mut obj, "deletionGracePeriodSeconds", grace);
+        }
+        if has_finalizers || namespace || graceful {
+            if !graceful && meta_str(&obj, "deletionTimestamp").is_some() {
                 if namespace && !req.dry_run {
                     // Deleted again: the namespace controller takes it up again now.
                     state.namespace_deletions.notify_one();
                 }
                 return Ok(Deletion::Marked(obj));
             }
-            set_meta(&mut obj, "deletionTimestamp", now_timestamp());
-            set_meta(&mut obj, "deletionGracePeriodSeconds", 0);
+            if !graceful {
+                set_meta(&mut obj, "deletionTimestamp", now_timestamp());
+                set_meta(&mut obj, "deletionGracePeriodSeconds", 0);
+            }
             if namespace {
                 obj.insert("status".into(), json!({"phase": "Terminating"}));
                 // Held until the namespace controller has emptied it.
@@ -281,6 +326,26 @@ pub async fn delete_one(
         }
     }
     Err(ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into())
+}
+
+/// Whether deleting this pod waits for its node's agent: it is bound to a node, has
+/// not finished, and the delete gives no zero grace period (a force delete).
+fn graceful_pod(pod: &Object, params: &DeleteParams) -> bool {
+    if params.grace_period_seconds == Some(0) {
+        return false;
+    }
+    let bound = pod
+        .get("spec")
+        .and_then(|s| s.get("nodeName"))
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let finished = matches!(
+        pod.get("status")
+            .and_then(|s| s.get("phase"))
+            .and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    );
+    bound && !finished
 }
 
 pub async fn delete_collection(state: &AppState, req: &ApiRequest) -> ApiResult {

@@ -1,8 +1,8 @@
-//! The `scale`, `binding` and `token` subresources.
+//! The `scale`, `binding`, `log` and `token` subresources.
 //!
 //! `scale` shows a workload's `.spec.replicas` as an `autoscaling/v1` `Scale` (what
 //! `kubectl scale` and autoscalers read and write); `pods/binding` assigns a pod to a
-//! node, once, as the scheduler does.
+//! node, once, as the scheduler does; `pods/log` is read from the pod's node.
 
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse as _;
@@ -270,11 +270,14 @@ fn set_condition(pod: &mut Object, kind: &str, status: &str) {
 }
 
 /// `GET pods/{name}/log`: checked as Kubernetes checks it (the pod exists, the
-/// container is one of its own or the only one), then, as nodes do not run pods yet,
-/// nothing for a pod no node has taken (204, as kube-apiserver answers) and a line of
-/// plain text saying so for one that has.
+/// container is one of its own or the only one); nothing for a pod no node has taken
+/// (204, as kube-apiserver answers). Otherwise the pod's node serves the log (its
+/// agent's `/containerLogs`, at the Node's `InternalIP` and
+/// `daemonEndpoints.kubeletEndpoint.Port`), streamed back as it comes: a followed log
+/// lasts as long as the client reads it.
 pub async fn log(state: &AppState, req: &ApiRequest) -> ApiResult {
     let name = req.name()?;
+    let namespace = req.namespace.as_deref().unwrap_or_default();
     let (pod, _) = read(state, &req.resource, req.namespace.as_deref(), name).await?;
     let spec = pod.get("spec");
     let names = |list: &str| -> Vec<String> {
@@ -286,7 +289,7 @@ pub async fn log(state: &AppState, req: &ApiRequest) -> ApiResult {
             .collect()
     };
     let containers = names("containers");
-    match req.query.container.as_deref() {
+    let container = match req.query.container.as_deref() {
         Some(container) => {
             let known = containers.iter().any(|c| c == container)
                 || names("initContainers").iter().any(|c| c == container)
@@ -297,6 +300,7 @@ pub async fn log(state: &AppState, req: &ApiRequest) -> ApiResult {
                 ))
                 .into());
             }
+            container.to_owned()
         }
         None if containers.len() > 1 => {
             return Err(ApiError::bad_request(format!(
@@ -305,21 +309,166 @@ pub async fn log(state: &AppState, req: &ApiRequest) -> ApiResult {
             ))
             .into());
         }
-        None => {}
-    }
-    let scheduled = spec
+        None => containers.into_iter().next().ok_or_else(|| {
+            ApiError::bad_request(format!("pod {name} does not have a container"))
+        })?,
+    };
+    let node_name = spec
         .and_then(|s| s.get("nodeName"))
         .and_then(Value::as_str)
-        .is_some_and(|n| !n.is_empty());
-    if !scheduled {
+        .filter(|n| !n.is_empty());
+    let Some(node_name) = node_name else {
         return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let option = |key: &str| {
+        req.query
+            .log_options
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let previous = option("previous").is_some_and(|v| matches!(v, "true" | "1" | "True"));
+    if !previous && let Some(reason) = waiting_to_start(&pod, &container) {
+        return Err(ApiError::bad_request(format!(
+            "container {container:?} in pod {name:?} is waiting to start: {reason}"
+        ))
+        .into());
+    }
+    let nodes = state.resource("", "v1", "nodes")?;
+    let (node, _) = read(state, &nodes, None, node_name).await?;
+    let Some((host, port)) = kubelet_endpoint(&node) else {
+        return Err(ApiError::unavailable(format!("node {node_name} does not serve logs")).into());
+    };
+    // Passed on as given: the node checks them, as the kubelet does.
+    let mut query = String::new();
+    for key in [
+        "follow",
+        "previous",
+        "timestamps",
+        "tailLines",
+        "sinceSeconds",
+        "sinceTime",
+        "limitBytes",
+    ] {
+        if let Some(value) = option(key) {
+            query.push(if query.is_empty() { '?' } else { '&' });
+            query.push_str(key);
+            query.push('=');
+            query.push_str(&query_escape(value));
+        }
+    }
+    let path = format!("/containerLogs/{namespace}/{name}/{container}{query}");
+    let response = state
+        .kubelet
+        .get(&host, port, &path)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("node {node_name}: {e}")))?;
+    let status = response.status();
+    if !status.is_success() {
+        // What the node says, as kube-apiserver passes on the kubelet's answer: its
+        // "not found"s are about containers of a pod that exists, which Kubernetes
+        // reports as bad requests.
+        let body = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                response.into_body(),
+                MAX_NODE_ERROR,
+            )),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_owned())
+        .unwrap_or_default();
+        let message = if body.is_empty() {
+            format!("node {node_name} answered {status}")
+        } else {
+            body
+        };
+        return Err(match status {
+            StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => ApiError::bad_request(message),
+            _ => ApiError::internal(format!("node {node_name} answered {status}: {message}")),
+        }
+        .into());
     }
     Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain")],
-        "logs are served once nodes run pods\n",
+        axum::body::Body::new(response.into_body()),
     )
         .into_response())
+}
+
+/// The most of a node's error answer that is read.
+const MAX_NODE_ERROR: usize = 64 * 1024;
+
+/// Why a container that never ran has no log yet, from the pod's status (the kubelet's
+/// check): its waiting reason, when it is waiting and has not terminated before.
+fn waiting_to_start(pod: &Object, container: &str) -> Option<String> {
+    let status = pod.get("status")?;
+    let found = [
+        "containerStatuses",
+        "initContainerStatuses",
+        "ephemeralContainerStatuses",
+    ]
+    .into_iter()
+    .filter_map(|list| status.get(list).and_then(Value::as_array))
+    .flatten()
+    .find(|s| s.get("name").and_then(Value::as_str) == Some(container))?;
+    let waiting = found.get("state")?.get("waiting")?;
+    let ran_before = found
+        .get("lastState")
+        .and_then(|s| s.get("terminated"))
+        .is_some_and(|t| !t.is_null());
+    if ran_before {
+        return None;
+    }
+    Some(
+        waiting
+            .get("reason")
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty())
+            .unwrap_or("ContainerCreating")
+            .to_owned(),
+    )
+}
+
+/// Where a Node's agent serves logs: its `InternalIP` (else its first address) and
+/// `status.daemonEndpoints.kubeletEndpoint.Port`.
+fn kubelet_endpoint(node: &Object) -> Option<(String, u16)> {
+    let status = node.get("status")?;
+    let port = status
+        .get("daemonEndpoints")
+        .and_then(|d| d.get("kubeletEndpoint"))
+        .and_then(|k| k.get("Port"))
+        .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p != 0)?;
+    let addresses = status.get("addresses").and_then(Value::as_array)?;
+    fn address(a: &Value) -> Option<&str> {
+        a.get("address")
+            .and_then(Value::as_str)
+            .filter(|a| !a.is_empty())
+    }
+    let host = addresses
+        .iter()
+        .find(|a| a.get("type").and_then(Value::as_str) == Some("InternalIP"))
+        .and_then(address)
+        .or_else(|| addresses.iter().find_map(address))?;
+    Some((host.to_owned(), port))
+}
+
+/// Percent-encodes a query value: everything but RFC 3986's unreserved characters.
+fn query_escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// `POST serviceaccounts/{name}/token`: a TokenRequest answered with a signed token.

@@ -3,6 +3,7 @@
 
 pub mod connection;
 pub mod kubeconfig;
+pub mod kubelet;
 pub mod pki;
 pub mod tls;
 
@@ -273,6 +274,8 @@ pub async fn start(
             .context("load the ServiceAccount signing key")?,
         server_address: addr.to_string(),
         settings: config.settings.clone(),
+        kubelet: kubelet::KubeletClient::issue(&pki)
+            .context("prepare the client for nodes' log endpoints")?,
     });
     state
         .bootstrap()

@@ -13,12 +13,14 @@
 //! - [`reload`]: how soon a changed plugin serves.
 //! - [`informer`]: a shared informer's sync, memory and fan-out, remote and in-process.
 //! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
+//! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
 
 pub(crate) mod api;
 mod compaction;
 mod controller;
 mod controllers;
 mod informer;
+mod pod_start;
 mod reload;
 mod scheduler;
 mod store;
@@ -70,6 +72,8 @@ enum BenchCommand {
     /// The scheduler with the default plugins (WASM): pods bound per second, the
     /// attempt latency and the share of it in WASM, in scheduler_perf's cases.
     Scheduler(scheduler::SchedulerArgs),
+    /// Pod start on a node: bound → Running observed through the API, per handler.
+    PodStart(pod_start::PodStartArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -101,6 +105,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Scheduler(args) => scheduler::run(args)
             .await
             .context("run the scheduler benchmark"),
+        BenchCommand::PodStart(args) => pod_start::run(args)
+            .await
+            .context("run the pod start benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),

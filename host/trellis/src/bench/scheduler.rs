@@ -191,7 +191,7 @@ where
     results.into_iter().collect()
 }
 
-fn rss_mb() -> f64 {
+pub(crate) fn rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

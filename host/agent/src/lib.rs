@@ -1,0 +1,156 @@
+//! Trellis' node agent (its kubelet): registers its Node and keeps its Lease, runs the
+//! pods bound to it through a CRI runtime, and reports their status and events.
+//!
+//! - [`node`]: the Node object (capacity, addresses, nodeInfo, runtime handlers,
+//!   conditions) and the Lease in `kube-node-lease`.
+//! - [`pods`]: the pods bound to this node, one worker per pod; a relist of the
+//!   runtime's containers wakes the worker of a pod whose container changed (the
+//!   kubelet's PLEG).
+//! - [`worker`]: one pod's lifecycle as a state machine — sandbox, init containers in
+//!   order, containers, restarts with back-off, termination.
+//! - [`status`]: the pod status Kubernetes reports, from the runtime's containers.
+//! - [`spec`]: what a container gets: its environment, mounts and volumes.
+//!
+//! The agent speaks CRI to any runtime: Trellis' own (`trellis-runtime`, with the
+//! `wasmtime` and `process` handlers) or containerd's.
+
+pub mod logs;
+pub mod node;
+pub mod pods;
+pub mod spec;
+pub mod status;
+pub mod worker;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use trellis_client::events::EventRecorder;
+use trellis_client::informer::SharedInformers;
+
+/// The agent's settings; every delay is one so tests can shorten it.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub node_name: String,
+    /// The node's address: its InternalIP, and every pod's IP in this release.
+    pub node_ip: IpAddr,
+    /// Where pods' volumes and logs live (`pods/UID/…`).
+    pub root: PathBuf,
+    /// Extra labels of the Node.
+    pub labels: Vec<(String, String)>,
+    /// How often the Lease is renewed (Kubernetes: 10 s).
+    pub lease_renew: Duration,
+    /// The Lease's duration.
+    pub lease_duration: Duration,
+    /// How often the Node's status is written when nothing changed (Kubernetes: 5 min).
+    pub status_report: Duration,
+    /// How often the runtime's containers are listed to notice exits.
+    pub relist_period: Duration,
+    /// The first restart back-off of a crashed container, doubled at each crash...
+    pub backoff_base: Duration,
+    /// ... up to this; reset when a container ran twice this long.
+    pub backoff_max: Duration,
+    /// The RuntimeClass handler of pods that name no RuntimeClass.
+    pub default_handler: String,
+    /// Handlers this node's runtime serves (from its `Status`).
+    pub handlers: Vec<String>,
+    /// Pods' CPU and memory for the Node's capacity; `None`: the machine's.
+    pub capacity: Option<(u64, u64)>,
+}
+
+impl AgentConfig {
+    pub fn new(node_name: &str, node_ip: IpAddr, root: PathBuf) -> Self {
+        Self {
+            node_name: node_name.to_owned(),
+            node_ip,
+            root,
+            labels: Vec::new(),
+            lease_renew: Duration::from_secs(10),
+            lease_duration: Duration::from_secs(40),
+            status_report: Duration::from_secs(300),
+            relist_period: Duration::from_secs(1),
+            backoff_base: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+            default_handler: "wasmtime".into(),
+            handlers: Vec::new(),
+            capacity: None,
+        }
+    }
+}
+
+/// What every part of the agent shares.
+pub struct Context {
+    pub config: AgentConfig,
+    pub client: kube::Client,
+    pub cri: trellis_runtime::Client,
+    pub events: EventRecorder,
+    pub informers: SharedInformers,
+    /// The runtime's name, which prefixes container IDs (`trellis://ID`).
+    pub runtime_name: String,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("node", &self.config.node_name)
+            .field("runtime", &self.runtime_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Completes when `stopped` turns true (or its sender is gone).
+pub(crate) async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
+/// Runs the agent until `stopped` turns true: the Node first (so the scheduler sees
+/// it), then its pods.
+pub async fn run(
+    config: AgentConfig,
+    client: kube::Client,
+    cri: trellis_runtime::Client,
+    informers: SharedInformers,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let mut config = config;
+    let mut runtime = cri.runtime.clone();
+    let status = runtime
+        .status(k8s_cri::v1::StatusRequest { verbose: false })
+        .await
+        .map_err(|e| anyhow::anyhow!("ask the container runtime for its status: {}", e.message()))?
+        .into_inner();
+    if config.handlers.is_empty() {
+        config.handlers = status
+            .runtime_handlers
+            .iter()
+            .map(|h| h.name.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+    }
+    let runtime_name = runtime
+        .version(k8s_cri::v1::VersionRequest::default())
+        .await
+        .map(|v| v.into_inner().runtime_name)
+        .unwrap_or_else(|_| "cri".into());
+    let events = EventRecorder::new(client.clone(), "kubelet", &config.node_name);
+    let ctx = Arc::new(Context {
+        config,
+        client,
+        cri,
+        events,
+        informers,
+        runtime_name,
+    });
+    std::fs::create_dir_all(ctx.config.root.join("pods"))
+        .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
+    node::register(&ctx).await?;
+    let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), stopped.clone()));
+    let pods = tokio::spawn(pods::run(ctx.clone(), stopped.clone()));
+    until_stopped(&mut stopped).await;
+    let _ = pods.await;
+    heartbeat.abort();
+    ctx.events.flush().await;
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! The agent's Node and Lease: registration with what the machine has, the Lease
+//! renewed every `lease_renew`, and the Node's status written when it changes and every
+//! `status_report` (Kubernetes' node status and lease reporting).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    Node, NodeAddress, NodeCondition, NodeRuntimeHandler, NodeRuntimeHandlerFeatures, NodeStatus,
+    NodeSystemInfo,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::Context;
+
+/// The pods a node takes, as the kubelet's default `maxPods`.
+const MAX_PODS: u32 = 110;
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// The version a Node reports for its agent: the Kubernetes API it serves, and Trellis'.
+pub const AGENT_VERSION: &str = concat!("v1.33.0-trellis.", env!("CARGO_PKG_VERSION"));
+
+/// Creates the Node, or brings an existing one (an agent restarted, a node re-joined)
+/// up to date.
+pub async fn register(ctx: &Context) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let name = &ctx.config.node_name;
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(labels(ctx)),
+            ..Default::default()
+        },
+        spec: None,
+        // Written once the Lease exists: a Node that reports a status has its Lease.
+        status: None,
+    };
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => info!(node = %name, "node registered"),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let labels = json!({"metadata": {"labels": labels(ctx)}});
+            nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&labels))
+                .await
+                .map_err(|e| anyhow::anyhow!("update the labels of node {name}: {e}"))?;
+            info!(node = %name, "node registered again");
+        }
+        Err(e) => return Err(anyhow::anyhow!("register node {name}: {e}")),
+    }
+    // The Lease first: a Node whose status says Ready has its Lease.
+    renew_lease(ctx).await?;
+    // A create does not take the status: it is written as the agent's own.
+    write_status(ctx).await?;
+    Ok(())
+}
+
+/// Renews the Lease, and writes the Node's status every `status_report`, until
+/// `stopped`. A failed renewal is retried at the next tick: the node lifecycle
+/// controller allows several.
+pub async fn heartbeat(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
+    let mut lease = tokio::time::interval(ctx.config.lease_renew);
+    let mut report = tokio::time::interval(ctx.config.status_report);
+    lease.tick().await;
+    report.tick().await;
+    loop {
+        tokio::select! {
+            _ = lease.tick() => {
+                if let Err(e) = renew_lease(&ctx).await {
+                    warn!(error = %e, "renew the node lease");
+                }
+            }
+            _ = report.tick() => {
+                if let Err(e) = write_status(&ctx).await {
+                    warn!(error = %e, "write the node status");
+                }
+            }
+            _ = crate::until_stopped(&mut stopped) => return,
+        }
+    }
+}
+
+fn labels(ctx: &Context) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (
+            "kubernetes.io/hostname".to_owned(),
+            ctx.config.node_name.clone(),
+        ),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), arch().to_owned()),
+        ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("beta.kubernetes.io/arch".to_owned(), arch().to_owned()),
+    ]);
+    labels.extend(ctx.config.labels.iter().cloned());
+    labels
+}
+
+/// Go's names of the architecture, as Kubernetes labels nodes.
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+async fn write_status(ctx: &Context) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let status = json!({"status": status(ctx).await});
+    nodes
+        .patch_status(
+            &ctx.config.node_name,
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("write the status of node {}: {e}", ctx.config.node_name))?;
+    Ok(())
+}
+
+async fn renew_lease(ctx: &Context) -> anyhow::Result<()> {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), LEASE_NAMESPACE);
+    let name = &ctx.config.node_name;
+    let now = MicroTime(jiff::Timestamp::now());
+    let renew = json!({"spec": {"holderIdentity": name, "renewTime": now,
+        "leaseDurationSeconds": ctx.config.lease_duration.as_secs()}});
+    match leases
+        .patch(name, &PatchParams::default(), &Patch::Merge(&renew))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            let nodes: Api<Node> = Api::all(ctx.client.clone());
+            let uid = nodes
+                .get(name)
+                .await
+                .map_err(|e| anyhow::anyhow!("read node {name}: {e}"))?
+                .metadata
+                .uid;
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(LEASE_NAMESPACE.into()),
+                    // Deleted with its Node by the garbage collector.
+                    owner_references: uid.map(|uid| {
+                        vec![OwnerReference {
+                            api_version: "v1".into(),
+                            kind: "Node".into(),
+                            name: name.clone(),
+                            uid,
+                            ..Default::default()
+                        }]
+                    }),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(name.clone()),
+                    lease_duration_seconds: Some(ctx.config.lease_duration.as_secs() as i32),
+                    renew_time: Some(now),
+                    ..Default::default()
+                }),
+            };
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .map_err(|e| anyhow::anyhow!("create the lease of node {name}: {e}"))?;
+            Ok(())
+        }
+        Err(e) => Err(anyhow::anyhow!("renew the lease of node {name}: {e}")),
+    }
+}
+
+async fn status(ctx: &Context) -> NodeStatus {
+    let (cpus, memory) = ctx.config.capacity.unwrap_or_else(machine_capacity);
+    let capacity = BTreeMap::from([
+        ("cpu".to_owned(), Quantity(cpus.to_string())),
+        (
+            "memory".to_owned(),
+            Quantity(format!("{}Ki", memory / 1024)),
+        ),
+        ("pods".to_owned(), Quantity(MAX_PODS.to_string())),
+    ]);
+    let now = Time(jiff::Timestamp::now());
+    let condition = |kind: &str, status: &str, reason: &str, message: &str| NodeCondition {
+        type_: kind.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(now.clone()),
+    };
+    let mut runtime = ctx.cri.runtime.clone();
+    let version = runtime
+        .version(k8s_cri::v1::VersionRequest::default())
+        .await
+        .map(|v| {
+            let v = v.into_inner();
+            format!("{}://{}", v.runtime_name, v.runtime_version)
+        })
+        .unwrap_or_else(|_| "unknown://".into());
+    NodeStatus {
+        allocatable: Some(capacity.clone()),
+        capacity: Some(capacity),
+        addresses: Some(vec![
+            NodeAddress {
+                type_: "InternalIP".into(),
+                address: ctx.config.node_ip.to_string(),
+            },
+            NodeAddress {
+                type_: "Hostname".into(),
+                address: ctx.config.node_name.clone(),
+            },
+        ]),
+        conditions: Some(vec![
+            condition(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            condition(
+                "DiskPressure",
+                "False",
+                "KubeletHasNoDiskPressure",
+                "kubelet has no disk pressure",
+            ),
+            condition(
+                "PIDPressure",
+                "False",
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            condition(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "kubelet is posting ready status",
+            ),
+        ]),
+        node_info: Some(NodeSystemInfo {
+            architecture: arch().into(),
+            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            container_runtime_version: version,
+            kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
+            kube_proxy_version: String::new(),
+            kubelet_version: AGENT_VERSION.into(),
+            machine_id: read_trimmed("/etc/machine-id"),
+            operating_system: "linux".into(),
+            os_image: os_image(),
+            system_uuid: read_trimmed("/sys/class/dmi/id/product_uuid"),
+            ..Default::default()
+        }),
+        runtime_handlers: Some(
+            ctx.config
+                .handlers
+                .iter()
+                .map(|name| NodeRuntimeHandler {
+                    name: Some(name.clone()),
+                    features: Some(NodeRuntimeHandlerFeatures::default()),
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// CPUs and bytes of memory of this machine.
+fn machine_capacity() -> (u64, u64) {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get() as u64)
+        .unwrap_or(1);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0);
+    (cpus, memory)
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn os_image() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(|| "Linux".into())
+}

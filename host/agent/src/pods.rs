@@ -1,0 +1,163 @@
+//! The pods bound to this node: a worker per pod (see [`crate::worker`]), fed the
+//! pod's versions from a shared informer of `spec.nodeName=NAME`, and woken by a
+//! relist of the runtime's containers when one of its containers changes state (the
+//! kubelet's PLEG). Sandboxes of pods that no longer exist are removed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+use trellis_client::informer::Change;
+
+use crate::Context;
+use crate::worker::{self, POD_UID};
+
+struct Handle {
+    pod: watch::Sender<Option<Arc<Pod>>>,
+    poke: Arc<Notify>,
+    task: JoinHandle<()>,
+}
+
+/// Runs the pods' workers until `stopped`. Stopping leaves the containers running: a
+/// restarted agent finds them again by their labels.
+pub async fn run(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
+    let selector = format!("spec.nodeName={}", ctx.config.node_name);
+    let informer = ctx
+        .informers
+        .informer(api, watcher::Config::default().fields(&selector));
+    let mut changes = informer.subscribe();
+    let mut workers: HashMap<String, Handle> = HashMap::new();
+    let mut states: HashMap<String, (i32, String)> = HashMap::new();
+    let mut relist = tokio::time::interval(ctx.config.relist_period);
+    relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            change = changes.recv() => {
+                let Some(change) = change else { break };
+                let pod = change.object().clone();
+                let Some(uid) = pod.metadata.uid.clone() else { continue };
+                match change {
+                    Change::Added(_) | Change::Updated { .. } => {
+                        let handle = workers.entry(uid.clone()).or_insert_with(|| spawn(&ctx, &uid));
+                        if handle.task.is_finished() {
+                            // Its work is over (a finished pod deleted and cleaned up).
+                            continue;
+                        }
+                        let _ = handle.pod.send(Some(pod));
+                    }
+                    Change::Deleted(_) => {
+                        if let Some(handle) = workers.get(&uid) {
+                            let _ = handle.pod.send(None);
+                        }
+                    }
+                }
+            }
+            _ = relist.tick() => {
+                relist_containers(&ctx, &mut states, &workers).await;
+                workers.retain(|_, h| !h.task.is_finished());
+                if informer.has_synced() {
+                    let known: HashSet<String> =
+                        informer.list().iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                    remove_orphans(&ctx, &known, &workers).await;
+                }
+            }
+            _ = crate::until_stopped(&mut stopped) => break,
+        }
+    }
+    // Dropping the senders ends the workers without touching their containers.
+    for (_, handle) in workers.drain() {
+        drop(handle.pod);
+        let _ = handle.task.await;
+    }
+}
+
+fn spawn(ctx: &Arc<Context>, uid: &str) -> Handle {
+    let (tx, rx) = watch::channel(None);
+    let poke = Arc::new(Notify::new());
+    let task = tokio::spawn(worker::run(ctx.clone(), uid.to_owned(), rx, poke.clone()));
+    Handle {
+        pod: tx,
+        poke,
+        task,
+    }
+}
+
+/// Wakes the worker of each pod whose containers changed state since the last relist.
+async fn relist_containers(
+    ctx: &Context,
+    states: &mut HashMap<String, (i32, String)>,
+    workers: &HashMap<String, Handle>,
+) {
+    let mut runtime = ctx.cri.runtime.clone();
+    let listed = match runtime
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+    {
+        Ok(r) => r.into_inner().containers,
+        Err(e) => {
+            warn!(error = %e.message(), "list the runtime's containers");
+            return;
+        }
+    };
+    let mut now: HashMap<String, (i32, String)> = HashMap::with_capacity(listed.len());
+    for c in listed {
+        let uid = c.labels.get(POD_UID).cloned().unwrap_or_default();
+        now.insert(c.id, (c.state, uid));
+    }
+    let mut changed: Vec<&str> = Vec::new();
+    for (id, (state, uid)) in &now {
+        if states.get(id).map(|(s, _)| s) != Some(state) {
+            changed.push(uid);
+        }
+    }
+    for (id, (_, uid)) in states.iter() {
+        if !now.contains_key(id) {
+            changed.push(uid);
+        }
+    }
+    for uid in changed {
+        if let Some(handle) = workers.get(uid) {
+            handle.poke.notify_one();
+        }
+    }
+    *states = now;
+}
+
+/// Sandboxes of pods this node no longer has (deleted while the agent was down):
+/// stopped and removed.
+async fn remove_orphans(ctx: &Context, known: &HashSet<String>, workers: &HashMap<String, Handle>) {
+    let mut runtime = ctx.cri.runtime.clone();
+    let Ok(listed) = runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+    else {
+        return;
+    };
+    for sandbox in listed.into_inner().items {
+        let Some(uid) = sandbox.labels.get(POD_UID) else {
+            continue;
+        };
+        if known.contains(uid) || workers.contains_key(uid) {
+            continue;
+        }
+        info!(sandbox = %sandbox.id, pod_uid = %uid, "removing the sandbox of a pod that is gone");
+        let _ = runtime
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+            })
+            .await;
+        let _ = runtime
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: sandbox.id,
+            })
+            .await;
+        let _ = std::fs::remove_dir_all(crate::spec::pod_dir(ctx, uid));
+    }
+}

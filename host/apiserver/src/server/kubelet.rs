@@ -1,0 +1,176 @@
+//! The API server's client for nodes' agents, which serve `pods/log` (the kubelet's
+//! `/containerLogs`): HTTPS with the API server's own client certificate, issued from
+//! the cluster CA at every start (CN `kube-apiserver-kubelet-client`, O
+//! `system:masters`, as kubeadm's `apiserver-kubelet-client.crt`), which is what the
+//! agents require.
+//!
+//! The agents' serving certificates are self-signed and are NOT verified, as
+//! kube-apiserver does not verify kubelets' without `--kubelet-certificate-authority`:
+//! the TLS handshake still encrypts the logs and proves the agent holds the key of
+//! the certificate it shows, but not which node it is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::Empty;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+use crate::server::pki::Pki;
+
+/// The common name of the API server's client certificate for nodes.
+pub const CLIENT_COMMON_NAME: &str = "kube-apiserver-kubelet-client";
+/// How long the certificate issued at start is valid.
+const CLIENT_CERT_DAYS: u32 = 365;
+/// Time to open a connection to a node and finish the TLS handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for a node to answer with its headers; a followed log's body then streams for
+/// as long as the client reads it.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// HTTPS to nodes' agents.
+pub struct KubeletClient {
+    tls: Arc<rustls::ClientConfig>,
+}
+
+// Written by hand: the configuration holds the client key.
+impl std::fmt::Debug for KubeletClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletClient").finish_non_exhaustive()
+    }
+}
+
+impl KubeletClient {
+    /// Issues the API server's client certificate from `pki`'s CA and builds the client.
+    pub fn issue(pki: &Pki) -> anyhow::Result<Self> {
+        let (cert, key) = pki
+            .issue_client_cert(
+                CLIENT_COMMON_NAME,
+                &[trellis_api::user::groups::MASTERS],
+                CLIENT_CERT_DAYS,
+            )
+            .context("issue the API server's client certificate for nodes")?;
+        Self::new(&cert, &key)
+    }
+
+    /// A client presenting the certificate `cert_pem` with key `key_pem`.
+    pub fn new(cert_pem: &str, key_pem: &str) -> anyhow::Result<Self> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .context("parse the node client certificate")?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .context("parse the node client key")?;
+        let verifier = Arc::new(AnyServerCert {
+            algorithms: provider.signature_verification_algorithms,
+        });
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("select TLS protocol versions")?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_client_auth_cert(chain, key)
+            .context("use the node client certificate")?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            tls: Arc::new(config),
+        })
+    }
+
+    /// GETs `https://HOST:PORT{path_and_query}` and returns the response once its
+    /// headers came; the body streams from the node as it is read. The error reads as
+    /// Go's (`Get "URL": dial tcp …: connection refused`), for the client.
+    pub async fn get(
+        &self,
+        host: &str,
+        port: u16,
+        path_and_query: &str,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let url = format!("https://{authority}{path_and_query}");
+        let failed = |what: String| format!("Get {url:?}: {what}");
+        let tcp = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect((host, port)),
+        )
+        .await
+        .map_err(|_| failed(format!("dial tcp {authority}: i/o timeout")))?
+        .map_err(|e| failed(format!("dial tcp {authority}: connect: {e}")))?;
+        let _ = tcp.set_nodelay(true);
+        let name = ServerName::try_from(host.to_owned())
+            .map_err(|e| failed(format!("invalid host {host:?}: {e}")))?;
+        let tls = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio_rustls::TlsConnector::from(self.tls.clone()).connect(name, tcp),
+        )
+        .await
+        .map_err(|_| failed("net/http: TLS handshake timeout".into()))?
+        .map_err(|e| failed(format!("remote error: tls: {e}")))?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+        // Runs as long as the body is read; dropping the body (the client went away)
+        // closes the connection, which ends a follow on the node.
+        tokio::spawn(connection);
+        let request = hyper::Request::get(path_and_query)
+            .header(hyper::header::HOST, &authority)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| failed(e.to_string()))?;
+        tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(request))
+            .await
+            .map_err(|_| failed("timeout awaiting response headers".into()))?
+            .map_err(|e| failed(e.to_string()))
+    }
+}
+
+/// Accepts any serving certificate (see the module's documentation); signatures of the
+/// handshake are still checked against the certificate shown.
+#[derive(Debug)]
+struct AnyServerCert {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}

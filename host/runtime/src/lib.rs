@@ -1,0 +1,232 @@
+//! Trellis' container runtime: Kubernetes' CRI v1 (`runtime.v1` RuntimeService and
+//! ImageService) over gRPC on a Unix socket, with two runtime handlers:
+//! [`WASMTIME`] runs WebAssembly components exporting `wasi:cli/run` as programs, and
+//! [`PROCESS`] (when enabled) runs native executables as plain host processes.
+//!
+//! Start with [`Runtime::new`] and [`serve`]; a node agent talks to this runtime, or
+//! to any other CRI runtime such as containerd, through [`connect`].
+//!
+//! Sandboxes are records on the host network (the pod IP is the node's). Images are
+//! files pulled from `file://` URLs. Everything the runtime knows is kept as JSON under
+//! [`RuntimeConfig::root`], so a restarted runtime adopts the processes still running
+//! and reports what it could not keep.
+//!
+//! # Layout
+//! - `service`: the two CRI services on [`Runtime`], the gRPC edge (every error a
+//!   client sees is a `tonic::Status` made there or in the module that knows why).
+//! - `state`: sandbox and container records, their files under the root, and the
+//!   container events stream.
+//! - `images`: the image store: pulling `file://` images, the JSON index.
+//! - `wasm`: the `wasmtime` handler: its engine, the compiled-component cache, and a
+//!   program's run on a thread of its own.
+//! - `process`: the `process` handler: spawning, stopping, adopting after a restart,
+//!   `ExecSync`.
+//! - `log`: container output in the CRI log format.
+
+mod images;
+mod log;
+mod process;
+mod service;
+mod state;
+mod wasm;
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::image_service_server::ImageServiceServer;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The handler that runs WebAssembly components; the default.
+pub const WASMTIME: &str = "wasmtime";
+/// The handler that runs native executables as host processes.
+pub const PROCESS: &str = "process";
+
+/// What a [`Runtime`] is given.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Where the runtime keeps its state: images, container and sandbox records.
+    pub root: PathBuf,
+    /// Where compiled components are cached, named by content digest and engine
+    /// (the plugin host's cache may be shared); `None` uses `root/compiled`.
+    pub cache_dir: Option<PathBuf>,
+    /// Whether the `process` handler is offered: it runs host executables with the
+    /// runtime's own privileges, so a node opts in.
+    pub process_handler: bool,
+    /// The node's IP: every sandbox is on the host network and reports it as its IP.
+    pub node_ip: IpAddr,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/var/lib/trellis/runtime"),
+            cache_dir: None,
+            process_handler: false,
+            node_ip: IpAddr::from([127, 0, 0, 1]),
+        }
+    }
+}
+
+/// The container runtime: implements the CRI `RuntimeService` and `ImageService`.
+pub struct Runtime {
+    config: RuntimeConfig,
+    state: Arc<state::State>,
+    images: Arc<images::Images>,
+    wasm: Arc<wasm::WasmHost>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("root", &self.config.root)
+            .field("handlers", &self.handlers())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Opens the runtime's state under `config.root` (creating it), reloads the
+    /// records a previous run left and adopts its processes still running. Must be
+    /// called within a Tokio runtime: adopted processes are watched by tasks.
+    pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
+        tokio::runtime::Handle::try_current()
+            .context("the container runtime must be created within a Tokio runtime")?;
+        std::fs::create_dir_all(&config.root)
+            .with_context(|| format!("create the runtime root {}", config.root.display()))?;
+        let images = Arc::new(images::Images::open(&config.root.join("images"))?);
+        let cache_dir = config
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| config.root.join("compiled"));
+        let wasm = Arc::new(wasm::WasmHost::new(cache_dir)?);
+        let state = state::State::open(&config.root)?;
+        let runtime = Arc::new(Self {
+            config,
+            state,
+            images,
+            wasm,
+        });
+        runtime.recover();
+        Ok(runtime)
+    }
+
+    /// The runtime handlers this node offers: `wasmtime`, and `process` when on.
+    pub fn handlers(&self) -> Vec<String> {
+        let mut handlers = vec![WASMTIME.to_string()];
+        if self.config.process_handler {
+            handlers.push(PROCESS.to_string());
+        }
+        handlers
+    }
+
+    /// What a previous run left: containers that were running are adopted (a live
+    /// process) or reported as ended (a WASM program, whose store died with the run).
+    fn recover(&self) {
+        for (id, kind, pid, start) in self.state.running_after_restart() {
+            match kind {
+                images::ImageKind::Process => {
+                    let alive = pid.zip(start).filter(|&(pid, start)| {
+                        process::start_time(pid).is_some_and(|now| now == start)
+                    });
+                    match alive {
+                        Some((pid, start)) => {
+                            tracing::info!(container = %id, pid, "adopting a running process");
+                            process::adopt(&self.state, &id, pid, start);
+                        }
+                        None => self.state.finish(
+                            &id,
+                            state::Exit {
+                                code: 137,
+                                reason: "Error",
+                                message: "exit status lost across a runtime restart".into(),
+                            },
+                        ),
+                    }
+                }
+                images::ImageKind::Wasm => self.state.finish(
+                    &id,
+                    state::Exit {
+                        code: 1,
+                        reason: "Error",
+                        message: "the runtime restarted while it ran".into(),
+                    },
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // As a crash would: running programs' records stay as they are on disk for
+        // the next run to recover; its own tasks and WASM threads end.
+        self.state.close();
+    }
+}
+
+/// Serves both CRI services on the Unix socket `socket` until `shutdown` completes.
+/// A socket file left by an earlier run is removed first.
+pub async fn serve(
+    runtime: Arc<Runtime>,
+    socket: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("create the socket's directory {}", dir.display()))?;
+    }
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("remove the stale socket {}", socket.display()));
+        }
+    }
+    let listener = tokio::net::UnixListener::bind(socket)
+        .with_context(|| format!("listen on {}", socket.display()))?;
+    tracing::info!(socket = %socket.display(), handlers = ?runtime.handlers(), "CRI runtime serving");
+    tonic::transport::Server::builder()
+        .add_service(RuntimeServiceServer::from_arc(runtime.clone()))
+        .add_service(ImageServiceServer::from_arc(runtime))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+        .context("serve CRI")
+}
+
+/// Clients of a CRI runtime's two services, sharing one connection.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub runtime: RuntimeServiceClient<Channel>,
+    pub images: ImageServiceClient<Channel>,
+}
+
+/// Connects to the CRI runtime listening on the Unix socket `socket`: this one, or
+/// any other (containerd's, say).
+pub async fn connect(socket: &Path) -> anyhow::Result<Client> {
+    let path = socket.to_path_buf();
+    // The URI is never dialled: the connector below opens the socket.
+    let channel = Endpoint::try_from("http://localhost")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+        .with_context(|| format!("connect to the CRI runtime at {}", socket.display()))?;
+    Ok(Client {
+        runtime: RuntimeServiceClient::new(channel.clone()),
+        images: ImageServiceClient::new(channel),
+    })
+}

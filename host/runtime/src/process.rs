@@ -1,0 +1,360 @@
+//! The `process` handler: a container is a host process in a process group of its
+//! own, with only the container's environment. No namespaces or cgroups: mounts are
+//! not applied and the memory limit is not enforced (the process sees the host's
+//! filesystem, network and users, as the runtime itself does).
+//!
+//! Its stdout and stderr are named pipes (FIFOs) in the container's directory that
+//! the process holds open for reading and writing: output never fails for want of a
+//! reader while the runtime restarts (up to a pipe's buffer; then the process waits),
+//! and the next run reopens them to carry on copying into the log.
+
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal};
+use tokio::io::AsyncReadExt as _;
+use tokio::net::unix::pipe;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::Status;
+
+use crate::log::{Lines, LogFile, Stream};
+use crate::state::{ContainerRecord, Exit, Live, State, Stopper};
+
+/// How often an adopted process (not our child: no exit notification) is checked.
+const ADOPTED_POLL: Duration = Duration::from_millis(150);
+/// How long output still in the pipes is copied after the process ended (a child
+/// it left behind may hold them open).
+const DRAIN: Duration = Duration::from_millis(500);
+/// How long a SIGKILLed process may take to be gone before a stop gives up.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// A started process: its pid and /proc start time, and its live part.
+#[derive(Debug)]
+pub(crate) struct Started {
+    pub pid: i32,
+    pub start: Option<u64>,
+    pub live: Live,
+}
+
+/// Starts `record`'s process. Called with the tables locked, so the task that
+/// reports its exit cannot record it before the start is recorded.
+pub(crate) fn start(
+    state: &Arc<State>,
+    record: &ContainerRecord,
+    log: Option<Arc<LogFile>>,
+) -> Result<Started, Status> {
+    let dir = state.container_dir(&record.id);
+    let internal = |what: &str, e: std::io::Error| {
+        Status::internal(format!("container {}: cannot {what}: {e}", record.id))
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| internal("create its directory", e))?;
+    let mut readers = Vec::new();
+    let mut writers = Vec::new();
+    for name in ["stdout", "stderr"] {
+        let fifo = dir.join(name);
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| internal("make its output pipe", e.into()))?;
+        // The read end first: opening the write end read-write never blocks, and the
+        // reader must exist before the process writes.
+        readers.push(
+            pipe::OpenOptions::new()
+                .open_receiver(&fifo)
+                .map_err(|e| internal("open its output pipe", e))?,
+        );
+        writers.push(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&fifo)
+                .map_err(|e| internal("open its output pipe", e))?,
+        );
+    }
+    let mut argv = record
+        .config
+        .command
+        .iter()
+        .chain(&record.config.args)
+        .cloned();
+    let arg0 = if record.config.command.is_empty() {
+        record.program.display().to_string()
+    } else {
+        argv.next().unwrap_or_default()
+    };
+    let mut command = tokio::process::Command::new(&record.program);
+    command
+        .arg0(arg0)
+        .args(argv)
+        .env_clear()
+        .envs(record.config.envs.iter().map(|kv| (&kv.key, &kv.value)))
+        .current_dir(working_dir(record))
+        .stdin(Stdio::null())
+        .process_group(0);
+    let mut writers = writers.into_iter();
+    if let (Some(out), Some(err)) = (writers.next(), writers.next()) {
+        command.stdout(out).stderr(err);
+    }
+    let spawned = command.spawn();
+    // The runtime must not keep a write end: the readers see the end of the output
+    // when the process's last copy closes.
+    drop(command);
+    let mut child = spawned.map_err(|e| {
+        Status::failed_precondition(format!(
+            "container {}: cannot run {}: {e}",
+            record.id,
+            record.program.display()
+        ))
+    })?;
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .ok_or_else(|| {
+            Status::internal(format!("container {}: its process has no pid", record.id))
+        })?;
+    let (exited, _) = watch::channel(false);
+    let copies = copy_output(readers, &log);
+    let mut tasks: Vec<_> = copies.iter().map(JoinHandle::abort_handle).collect();
+    let waiter = {
+        let state = state.clone();
+        let id = record.id.clone();
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => match (status.code(), status.signal()) {
+                    (Some(code), _) => Exit::code(code),
+                    (None, Some(signal)) => Exit {
+                        code: 128 + signal,
+                        reason: "Error",
+                        message: format!("killed by signal {signal}"),
+                    },
+                    (None, None) => Exit::code(1),
+                },
+                Err(e) => Exit {
+                    code: 1,
+                    reason: "Error",
+                    message: format!("cannot wait for the process: {e}"),
+                },
+            };
+            drain(copies).await;
+            state.finish(&id, exit);
+        })
+    };
+    tasks.push(waiter.abort_handle());
+    Ok(Started {
+        pid,
+        start: start_time(pid),
+        live: Live {
+            exited,
+            stop: Stopper::Process { pid },
+            log,
+            tasks,
+            memory: None,
+        },
+    })
+}
+
+/// Takes over a process a previous run started and left running: copies its output
+/// again and watches /proc for its end, whose exit status is then lost.
+pub(crate) fn adopt(state: &Arc<State>, id: &str, pid: i32, start: u64) {
+    let mut tables = state.tables();
+    let Some(container) = tables.containers.get_mut(id) else {
+        return;
+    };
+    let log = container
+        .record
+        .log_path
+        .as_deref()
+        .and_then(|path| match LogFile::open(path) {
+            Ok(log) => Some(log),
+            Err(e) => {
+                tracing::warn!(container = %id, error = %e, "cannot reopen a container log");
+                None
+            }
+        });
+    let dir = state.container_dir(id);
+    let readers: Vec<_> = ["stdout", "stderr"]
+        .iter()
+        .filter_map(|name| pipe::OpenOptions::new().open_receiver(dir.join(name)).ok())
+        .collect();
+    let copies = if readers.len() == 2 {
+        copy_output(readers, &log)
+    } else {
+        tracing::warn!(container = %id, "its output pipes are gone: output is lost from now on");
+        Vec::new()
+    };
+    let mut tasks: Vec<_> = copies.iter().map(JoinHandle::abort_handle).collect();
+    let watcher = {
+        let state = state.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            while start_time(pid) == Some(start) {
+                tokio::time::sleep(ADOPTED_POLL).await;
+            }
+            drain(copies).await;
+            state.finish(
+                &id,
+                Exit {
+                    code: 137,
+                    reason: "Error",
+                    message: "exit status lost across a runtime restart".into(),
+                },
+            );
+        })
+    };
+    tasks.push(watcher.abort_handle());
+    container.live = Some(Live {
+        exited: watch::channel(false).0,
+        stop: Stopper::Process { pid },
+        log,
+        tasks,
+        memory: None,
+    });
+}
+
+/// Stops the process group `pid` leads: SIGTERM, `timeout` for it to end, then
+/// SIGKILL (at once for a zero timeout); returns when it has ended.
+pub(crate) async fn stop(
+    pid: i32,
+    timeout: Duration,
+    mut exited: watch::Receiver<bool>,
+) -> Result<(), Status> {
+    if !timeout.is_zero() {
+        signal(pid, Signal::TERM);
+        if tokio::time::timeout(timeout, exited.wait_for(|e| *e))
+            .await
+            .is_ok()
+        {
+            // What the process left behind in its group goes with it.
+            signal(pid, Signal::KILL);
+            return Ok(());
+        }
+    }
+    signal(pid, Signal::KILL);
+    match tokio::time::timeout(KILL_WAIT, exited.wait_for(|e| *e)).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "process {pid} has not ended {KILL_WAIT:?} after SIGKILL"
+        ))),
+    }
+}
+
+fn signal(pid: i32, signal: Signal) {
+    let Some(pid) = Pid::from_raw(pid) else {
+        return;
+    };
+    if let Err(e) = rustix::process::kill_process_group(pid, signal)
+        && e != rustix::io::Errno::SRCH
+    {
+        tracing::warn!(pid = pid.as_raw_nonzero().get(), error = %e, "cannot signal a container's processes");
+    }
+}
+
+/// Runs `cmd` beside `record`'s process, with its environment and working directory.
+pub(crate) async fn exec_sync(
+    record: &ContainerRecord,
+    cmd: &[String],
+    timeout: Duration,
+) -> Result<k8s_cri::v1::ExecSyncResponse, Status> {
+    let Some((program, args)) = cmd.split_first() else {
+        return Err(Status::invalid_argument("exec needs a command"));
+    };
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(record.config.envs.iter().map(|kv| (&kv.key, &kv.value)))
+        .current_dir(working_dir(record))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Status::failed_precondition(format!("cannot run {program:?}: {e}")))?;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok());
+    let output = child.wait_with_output();
+    let output = if timeout.is_zero() {
+        output.await
+    } else {
+        match tokio::time::timeout(timeout, output).await {
+            Ok(output) => output,
+            Err(_) => {
+                if let Some(pid) = pid {
+                    signal(pid, Signal::KILL);
+                }
+                return Err(Status::deadline_exceeded(format!(
+                    "command {program:?} timed out after {timeout:?}"
+                )));
+            }
+        }
+    };
+    let output = output.map_err(|e| Status::internal(format!("cannot run {program:?}: {e}")))?;
+    let exit_code = match (output.status.code(), output.status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        (None, None) => 1,
+    };
+    Ok(k8s_cri::v1::ExecSyncResponse {
+        stdout: output.stdout,
+        stderr: output.stderr,
+        exit_code,
+    })
+}
+
+fn working_dir(record: &ContainerRecord) -> &Path {
+    match record.config.working_dir.as_str() {
+        "" => Path::new("/"),
+        dir => Path::new(dir),
+    }
+}
+
+/// One task per pipe, copying lines into the log until the pipe ends.
+fn copy_output(readers: Vec<pipe::Receiver>, log: &Option<Arc<LogFile>>) -> Vec<JoinHandle<()>> {
+    readers
+        .into_iter()
+        .zip([Stream::Stdout, Stream::Stderr])
+        .map(|(mut reader, stream)| {
+            let mut lines = Lines::new(stream, log.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                loop {
+                    match reader.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => lines.push(&buf[..n]),
+                    }
+                }
+                lines.finish();
+            })
+        })
+        .collect()
+}
+
+async fn drain(copies: Vec<JoinHandle<()>>) {
+    for copy in copies {
+        let abort = copy.abort_handle();
+        if tokio::time::timeout(DRAIN, copy).await.is_err() {
+            abort.abort();
+        }
+    }
+}
+
+/// The start time /proc gives process `pid`, if it is alive (a zombie is not).
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields follow its last ')'.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    if matches!(fields.first(), Some(&"Z" | &"X" | &"x")) {
+        return None;
+    }
+    // Field 22 of stat(5), the 20th after the name.
+    fields.get(19)?.parse().ok()
+}

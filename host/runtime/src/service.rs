@@ -1,0 +1,908 @@
+//! The CRI `RuntimeService` and `ImageService` on [`Runtime`]: requests checked and
+//! answered from the records, containers started and stopped through their handler's
+//! module. Kubernetes' idempotency rules hold: stopping a stopped container, removing
+//! an unknown container or sandbox, removing an absent image all succeed.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_cri::v1::image_service_server::ImageService;
+use k8s_cri::v1::runtime_service_server::RuntimeService;
+use k8s_cri::v1::*;
+use tonic::{Request, Response, Status};
+
+use crate::images::{ImageKind, ImageRecord};
+use crate::log::LogFile;
+use crate::state::{Container, ContainerRecord, Exit, SandboxRecord, Stopper, now_ns};
+use crate::{Runtime, WASMTIME, process};
+
+type Reply<T> = Result<Response<T>, Status>;
+type EventStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<ContainerEventResponse, Status>> + Send>>;
+
+/// How long a stopped WASM program may take to notice before a stop gives up.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+impl Runtime {
+    /// The handler a sandbox asking for `name` gets.
+    fn handler(&self, name: &str) -> Result<String, Status> {
+        let handlers = self.handlers();
+        match name {
+            "" => Ok(WASMTIME.to_string()),
+            name if handlers.iter().any(|h| h == name) => Ok(name.to_string()),
+            name => Err(Status::invalid_argument(format!(
+                "no runtime handler {name:?} on this node (it has: {})",
+                handlers.join(", ")
+            ))),
+        }
+    }
+
+    /// Stops container `id` (see `StopContainer`); `Ok` when it is not running.
+    async fn stop(&self, id: &str, timeout: Duration) -> Result<(), Status> {
+        enum How {
+            Process(i32),
+            Wasm(Arc<crate::state::Cancel>),
+        }
+        let (how, exited) = {
+            let tables = self.state.tables();
+            let container = tables.containers.get(id).ok_or_else(|| no_container(id))?;
+            let Some(live) = &container.live else {
+                return Ok(());
+            };
+            let how = match &live.stop {
+                Stopper::Process { pid } => How::Process(*pid),
+                Stopper::Wasm(cancel) => How::Wasm(cancel.clone()),
+            };
+            (how, live.exited.subscribe())
+        };
+        tracing::info!(container = %id, ?timeout, "stopping container");
+        match how {
+            How::Process(pid) => process::stop(pid, timeout, exited).await,
+            How::Wasm(cancel) => {
+                cancel.cancel();
+                let mut exited = exited;
+                match tokio::time::timeout(CANCEL_WAIT, exited.wait_for(|e| *e)).await {
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(Status::deadline_exceeded(format!(
+                        "container {id} has not ended {CANCEL_WAIT:?} after it was cancelled"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Starts a container whose record was just taken as CREATED.
+    async fn launch(&self, record: ContainerRecord) -> Result<(), Status> {
+        let program = match record.kind {
+            ImageKind::Wasm => {
+                let wasm = self.wasm.clone();
+                let (digest, path) = (record.image_id.clone(), record.program.clone());
+                let program = tokio::task::spawn_blocking(move || wasm.program(&digest, &path))
+                    .await
+                    .map_err(|e| {
+                        Status::internal(format!("compiling the component failed: {e}"))
+                    })??;
+                Some(program)
+            }
+            ImageKind::Process => None,
+        };
+        let log = match &record.log_path {
+            Some(path) => Some(LogFile::open(path).map_err(|e| {
+                Status::internal(format!("cannot open the log {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        let mut tables = self.state.tables();
+        let container = tables
+            .containers
+            .get_mut(&record.id)
+            .ok_or_else(|| no_container(&record.id))?;
+        if container.record.state != ContainerState::ContainerCreated as i32 {
+            return Err(Status::failed_precondition(format!(
+                "container {} was started meanwhile",
+                record.id
+            )));
+        }
+        let (live, pid, pid_start) = match program {
+            Some(program) => (
+                self.wasm.start(&self.state, &record, program, log)?,
+                None,
+                None,
+            ),
+            None => {
+                let started = process::start(&self.state, &record, log)?;
+                (started.live, Some(started.pid), started.start)
+            }
+        };
+        let record = &mut container.record;
+        record.state = ContainerState::ContainerRunning as i32;
+        record.started_at = now_ns();
+        record.pid = pid;
+        record.pid_start = pid_start;
+        container.live = Some(live);
+        self.state.save_container(record);
+        self.state
+            .event(record, ContainerEventType::ContainerStartedEvent);
+        tracing::info!(container = %record.id, ?pid, "container started");
+        Ok(())
+    }
+
+    fn container_ids_of(&self, sandbox: &str) -> Vec<String> {
+        self.state
+            .tables()
+            .containers
+            .values()
+            .filter(|c| c.record.sandbox_id == sandbox)
+            .map(|c| c.record.id.clone())
+            .collect()
+    }
+
+    fn remove_record(&self, id: &str) {
+        let removed = self.state.tables().containers.remove(id);
+        if let Some(container) = removed {
+            self.state.delete_container(id);
+            self.state
+                .event(&container.record, ContainerEventType::ContainerDeletedEvent);
+        }
+    }
+
+    fn sandbox_status(&self, sandbox: &SandboxRecord) -> PodSandboxStatus {
+        let node = NamespaceMode::Node as i32;
+        PodSandboxStatus {
+            id: sandbox.id.clone(),
+            metadata: sandbox.config.metadata.clone(),
+            state: sandbox.state,
+            created_at: sandbox.created_at,
+            network: Some(PodSandboxNetworkStatus {
+                ip: self.config.node_ip.to_string(),
+                additional_ips: Vec::new(),
+            }),
+            linux: Some(LinuxPodSandboxStatus {
+                namespaces: Some(Namespace {
+                    options: Some(NamespaceOption {
+                        network: node,
+                        pid: node,
+                        ipc: node,
+                        ..Default::default()
+                    }),
+                }),
+            }),
+            labels: sandbox.config.labels.clone(),
+            annotations: sandbox.config.annotations.clone(),
+            runtime_handler: sandbox.handler.clone(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RuntimeService for Runtime {
+    async fn version(&self, _: Request<VersionRequest>) -> Reply<VersionResponse> {
+        Ok(Response::new(VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "trellis".into(),
+            runtime_version: env!("CARGO_PKG_VERSION").into(),
+            runtime_api_version: "v1".into(),
+        }))
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        request: Request<RunPodSandboxRequest>,
+    ) -> Reply<RunPodSandboxResponse> {
+        let request = request.into_inner();
+        let config = request
+            .config
+            .ok_or_else(|| Status::invalid_argument("RunPodSandbox needs a sandbox config"))?;
+        let handler = self.handler(&request.runtime_handler)?;
+        let record = SandboxRecord {
+            id: new_id(),
+            config,
+            handler,
+            state: PodSandboxState::SandboxReady as i32,
+            created_at: now_ns(),
+        };
+        self.state.save_sandbox(&record);
+        let id = record.id.clone();
+        tracing::info!(sandbox = %id, handler = %record.handler, "sandbox ready");
+        self.state.tables().sandboxes.insert(id.clone(), record);
+        Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        request: Request<StopPodSandboxRequest>,
+    ) -> Reply<StopPodSandboxResponse> {
+        let id = request.into_inner().pod_sandbox_id;
+        for container in self.container_ids_of(&id) {
+            match self.stop(&container, Duration::ZERO).await {
+                Ok(()) => {}
+                // Removed meanwhile: nothing left to stop.
+                Err(e) if e.code() == tonic::Code::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut tables = self.state.tables();
+        if let Some(sandbox) = tables.sandboxes.get_mut(&id) {
+            sandbox.state = PodSandboxState::SandboxNotready as i32;
+            self.state.save_sandbox(sandbox);
+        }
+        Ok(Response::new(StopPodSandboxResponse {}))
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        request: Request<RemovePodSandboxRequest>,
+    ) -> Reply<RemovePodSandboxResponse> {
+        let id = request.into_inner().pod_sandbox_id;
+        for container in self.container_ids_of(&id) {
+            match self.stop(&container, Duration::ZERO).await {
+                Ok(()) => self.remove_record(&container),
+                Err(e) if e.code() == tonic::Code::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if self.state.tables().sandboxes.remove(&id).is_some() {
+            self.state.delete_sandbox(&id);
+        }
+        Ok(Response::new(RemovePodSandboxResponse {}))
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        request: Request<PodSandboxStatusRequest>,
+    ) -> Reply<PodSandboxStatusResponse> {
+        let id = request.into_inner().pod_sandbox_id;
+        let tables = self.state.tables();
+        let sandbox = tables
+            .sandboxes
+            .get(&id)
+            .ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
+        let containers_statuses = tables
+            .containers
+            .values()
+            .filter(|c| c.record.sandbox_id == id)
+            .map(|c| container_status(&c.record))
+            .collect();
+        Ok(Response::new(PodSandboxStatusResponse {
+            status: Some(self.sandbox_status(sandbox)),
+            info: HashMap::new(),
+            containers_statuses,
+            timestamp: now_ns(),
+        }))
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        request: Request<ListPodSandboxRequest>,
+    ) -> Reply<ListPodSandboxResponse> {
+        let filter = request.into_inner().filter.unwrap_or_default();
+        let tables = self.state.tables();
+        let items = tables
+            .sandboxes
+            .values()
+            .filter(|s| filter.id.is_empty() || s.id == filter.id)
+            .filter(|s| filter.state.is_none_or(|f| f.state == s.state))
+            .filter(|s| selects(&filter.label_selector, &s.config.labels))
+            .map(|s| PodSandbox {
+                id: s.id.clone(),
+                metadata: s.config.metadata.clone(),
+                state: s.state,
+                created_at: s.created_at,
+                labels: s.config.labels.clone(),
+                annotations: s.config.annotations.clone(),
+                runtime_handler: s.handler.clone(),
+            })
+            .collect();
+        Ok(Response::new(ListPodSandboxResponse { items }))
+    }
+
+    async fn create_container(
+        &self,
+        request: Request<CreateContainerRequest>,
+    ) -> Reply<CreateContainerResponse> {
+        let request = request.into_inner();
+        let config = request
+            .config
+            .ok_or_else(|| Status::invalid_argument("CreateContainer needs a container config"))?;
+        let image_name = config
+            .image
+            .as_ref()
+            .map(|i| i.image.as_str())
+            .unwrap_or_default();
+        let image = self.images.get(image_name).ok_or_else(|| {
+            Status::not_found(format!("image {image_name:?} not present: pull it first"))
+        })?;
+        let mut tables = self.state.tables();
+        let sandbox = tables
+            .sandboxes
+            .get(&request.pod_sandbox_id)
+            .ok_or_else(|| Status::not_found(format!("no sandbox {}", request.pod_sandbox_id)))?;
+        if sandbox.state != PodSandboxState::SandboxReady as i32 {
+            return Err(Status::failed_precondition(format!(
+                "sandbox {} is not ready",
+                sandbox.id
+            )));
+        }
+        if image.kind.handler() != sandbox.handler {
+            let what = match image.kind {
+                ImageKind::Wasm => "a WebAssembly component",
+                ImageKind::Process => "a native executable",
+            };
+            return Err(Status::invalid_argument(format!(
+                "image {image_name:?} is {what}, which the {:?} runtime handler runs; sandbox {} has the {:?} handler",
+                image.kind.handler(),
+                sandbox.id,
+                sandbox.handler
+            )));
+        }
+        let log_path = match config.log_path.as_str() {
+            "" => None,
+            relative => {
+                let path = Path::new(&sandbox.config.log_directory).join(relative);
+                if !path.is_absolute() {
+                    return Err(Status::invalid_argument(format!(
+                        "the log path {} is not absolute (the sandbox's log_directory is {:?})",
+                        path.display(),
+                        sandbox.config.log_directory
+                    )));
+                }
+                Some(path)
+            }
+        };
+        let record = ContainerRecord {
+            id: new_id(),
+            sandbox_id: sandbox.id.clone(),
+            config,
+            image_id: image.id.clone(),
+            kind: image.kind,
+            program: image.path.clone(),
+            log_path,
+            state: ContainerState::ContainerCreated as i32,
+            created_at: now_ns(),
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            pid: None,
+            pid_start: None,
+        };
+        self.state.save_container(&record);
+        self.state
+            .event(&record, ContainerEventType::ContainerCreatedEvent);
+        let id = record.id.clone();
+        tables
+            .containers
+            .insert(id.clone(), Container { record, live: None });
+        Ok(Response::new(CreateContainerResponse { container_id: id }))
+    }
+
+    async fn start_container(
+        &self,
+        request: Request<StartContainerRequest>,
+    ) -> Reply<StartContainerResponse> {
+        let id = request.into_inner().container_id;
+        let record = {
+            let tables = self.state.tables();
+            let container = tables
+                .containers
+                .get(&id)
+                .ok_or_else(|| no_container(&id))?;
+            if container.record.state != ContainerState::ContainerCreated as i32 {
+                return Err(Status::failed_precondition(format!(
+                    "container {id} is {}, not CREATED",
+                    state_name(container.record.state)
+                )));
+            }
+            container.record.clone()
+        };
+        if let Err(status) = self.launch(record).await {
+            // As containerd does: a container that failed to start has exited.
+            self.state.finish(
+                &id,
+                Exit {
+                    code: 128,
+                    reason: "StartError",
+                    message: status.message().to_string(),
+                },
+            );
+            return Err(status);
+        }
+        Ok(Response::new(StartContainerResponse {}))
+    }
+
+    async fn stop_container(
+        &self,
+        request: Request<StopContainerRequest>,
+    ) -> Reply<StopContainerResponse> {
+        let request = request.into_inner();
+        let timeout = Duration::from_secs(request.timeout.max(0).unsigned_abs());
+        self.stop(&request.container_id, timeout).await?;
+        Ok(Response::new(StopContainerResponse {}))
+    }
+
+    async fn remove_container(
+        &self,
+        request: Request<RemoveContainerRequest>,
+    ) -> Reply<RemoveContainerResponse> {
+        let id = request.into_inner().container_id;
+        match self.stop(&id, Duration::ZERO).await {
+            Ok(()) => self.remove_record(&id),
+            Err(e) if e.code() == tonic::Code::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Response::new(RemoveContainerResponse {}))
+    }
+
+    async fn list_containers(
+        &self,
+        request: Request<ListContainersRequest>,
+    ) -> Reply<ListContainersResponse> {
+        let filter = request.into_inner().filter.unwrap_or_default();
+        let tables = self.state.tables();
+        let containers = tables
+            .containers
+            .values()
+            .map(|c| &c.record)
+            .filter(|r| filter.id.is_empty() || r.id == filter.id)
+            .filter(|r| filter.pod_sandbox_id.is_empty() || r.sandbox_id == filter.pod_sandbox_id)
+            .filter(|r| filter.state.is_none_or(|f| f.state == r.state))
+            .filter(|r| selects(&filter.label_selector, &r.config.labels))
+            .map(|r| k8s_cri::v1::Container {
+                id: r.id.clone(),
+                pod_sandbox_id: r.sandbox_id.clone(),
+                metadata: r.config.metadata.clone(),
+                image: r.config.image.clone(),
+                image_ref: r.image_id.clone(),
+                state: r.state,
+                created_at: r.created_at,
+                labels: r.config.labels.clone(),
+                annotations: r.config.annotations.clone(),
+                image_id: r.image_id.clone(),
+            })
+            .collect();
+        Ok(Response::new(ListContainersResponse { containers }))
+    }
+
+    async fn container_status(
+        &self,
+        request: Request<ContainerStatusRequest>,
+    ) -> Reply<ContainerStatusResponse> {
+        let id = request.into_inner().container_id;
+        let tables = self.state.tables();
+        let container = tables
+            .containers
+            .get(&id)
+            .ok_or_else(|| no_container(&id))?;
+        Ok(Response::new(ContainerStatusResponse {
+            status: Some(container_status(&container.record)),
+            info: HashMap::new(),
+        }))
+    }
+
+    async fn update_container_resources(
+        &self,
+        _: Request<UpdateContainerResourcesRequest>,
+    ) -> Reply<UpdateContainerResourcesResponse> {
+        Err(Status::unimplemented(
+            "this runtime cannot change a running container's resources yet",
+        ))
+    }
+
+    async fn reopen_container_log(
+        &self,
+        request: Request<ReopenContainerLogRequest>,
+    ) -> Reply<ReopenContainerLogResponse> {
+        let id = request.into_inner().container_id;
+        let log = {
+            let tables = self.state.tables();
+            let container = tables
+                .containers
+                .get(&id)
+                .ok_or_else(|| no_container(&id))?;
+            let live = container.live.as_ref().ok_or_else(|| {
+                Status::failed_precondition(format!("container {id} is not running"))
+            })?;
+            live.log.clone()
+        };
+        if let Some(log) = log {
+            log.reopen()
+                .map_err(|e| Status::internal(format!("cannot reopen the log: {e}")))?;
+        }
+        Ok(Response::new(ReopenContainerLogResponse {}))
+    }
+
+    async fn exec_sync(&self, request: Request<ExecSyncRequest>) -> Reply<ExecSyncResponse> {
+        let request = request.into_inner();
+        let id = &request.container_id;
+        let record = {
+            let tables = self.state.tables();
+            let container = tables.containers.get(id).ok_or_else(|| no_container(id))?;
+            container.record.clone()
+        };
+        if record.kind == ImageKind::Wasm {
+            return Err(Status::failed_precondition(format!(
+                "container {id} runs a WebAssembly component: it has no shell to exec into"
+            )));
+        }
+        if record.state != ContainerState::ContainerRunning as i32 {
+            return Err(Status::failed_precondition(format!(
+                "container {id} is {}, not running",
+                state_name(record.state)
+            )));
+        }
+        let timeout = Duration::from_secs(request.timeout.max(0).unsigned_abs());
+        let response = process::exec_sync(&record, &request.cmd, timeout).await?;
+        Ok(Response::new(response))
+    }
+
+    async fn exec(&self, _: Request<ExecRequest>) -> Reply<ExecResponse> {
+        Err(Status::unimplemented(
+            "interactive exec is not supported by this runtime yet (ExecSync is)",
+        ))
+    }
+
+    async fn attach(&self, _: Request<AttachRequest>) -> Reply<AttachResponse> {
+        Err(Status::unimplemented(
+            "attach is not supported by this runtime yet: read the container's log",
+        ))
+    }
+
+    async fn port_forward(&self, _: Request<PortForwardRequest>) -> Reply<PortForwardResponse> {
+        Err(Status::unimplemented(
+            "port forwarding is not supported by this runtime yet (pods are on the host network)",
+        ))
+    }
+
+    async fn container_stats(
+        &self,
+        request: Request<ContainerStatsRequest>,
+    ) -> Reply<ContainerStatsResponse> {
+        let id = request.into_inner().container_id;
+        let tables = self.state.tables();
+        let container = tables
+            .containers
+            .get(&id)
+            .ok_or_else(|| no_container(&id))?;
+        Ok(Response::new(ContainerStatsResponse {
+            stats: Some(container_stats(container)),
+        }))
+    }
+
+    async fn list_container_stats(
+        &self,
+        request: Request<ListContainerStatsRequest>,
+    ) -> Reply<ListContainerStatsResponse> {
+        let filter = request.into_inner().filter.unwrap_or_default();
+        let tables = self.state.tables();
+        let stats = tables
+            .containers
+            .values()
+            .filter(|c| c.live.is_some())
+            .filter(|c| filter.id.is_empty() || c.record.id == filter.id)
+            .filter(|c| {
+                filter.pod_sandbox_id.is_empty() || c.record.sandbox_id == filter.pod_sandbox_id
+            })
+            .filter(|c| selects(&filter.label_selector, &c.record.config.labels))
+            .map(container_stats)
+            .collect();
+        Ok(Response::new(ListContainerStatsResponse { stats }))
+    }
+
+    async fn pod_sandbox_stats(
+        &self,
+        _: Request<PodSandboxStatsRequest>,
+    ) -> Reply<PodSandboxStatsResponse> {
+        Err(Status::unimplemented(
+            "sandbox stats are not supported by this runtime yet (ContainerStats is)",
+        ))
+    }
+
+    async fn list_pod_sandbox_stats(
+        &self,
+        _: Request<ListPodSandboxStatsRequest>,
+    ) -> Reply<ListPodSandboxStatsResponse> {
+        Err(Status::unimplemented(
+            "sandbox stats are not supported by this runtime yet (ListContainerStats is)",
+        ))
+    }
+
+    async fn update_runtime_config(
+        &self,
+        _: Request<UpdateRuntimeConfigRequest>,
+    ) -> Reply<UpdateRuntimeConfigResponse> {
+        // The only setting is the pod CIDR, which host-network sandboxes do not use.
+        Ok(Response::new(UpdateRuntimeConfigResponse {}))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Reply<StatusResponse> {
+        let condition = |kind: &str| RuntimeCondition {
+            r#type: kind.into(),
+            status: true,
+            reason: String::new(),
+            message: String::new(),
+        };
+        Ok(Response::new(StatusResponse {
+            status: Some(RuntimeStatus {
+                conditions: vec![condition("RuntimeReady"), condition("NetworkReady")],
+            }),
+            info: HashMap::new(),
+            runtime_handlers: self
+                .handlers()
+                .into_iter()
+                .map(|name| RuntimeHandler {
+                    name,
+                    features: Some(RuntimeHandlerFeatures::default()),
+                })
+                .collect(),
+            features: Some(RuntimeFeatures::default()),
+        }))
+    }
+
+    async fn checkpoint_container(
+        &self,
+        _: Request<CheckpointContainerRequest>,
+    ) -> Reply<CheckpointContainerResponse> {
+        Err(Status::unimplemented(
+            "checkpointing is not supported by this runtime",
+        ))
+    }
+
+    type GetContainerEventsStream = EventStream;
+
+    async fn get_container_events(
+        &self,
+        _: Request<GetEventsRequest>,
+    ) -> Reply<Self::GetContainerEventsStream> {
+        let events = self.state.events.subscribe();
+        let stream = futures::stream::unfold(events, |mut events| async move {
+            loop {
+                match events.recv().await {
+                    Ok(event) => return Some((Ok(event), events)),
+                    // A reader too slow for the backlog misses events, as CRI allows:
+                    // it relists.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn list_metric_descriptors(
+        &self,
+        _: Request<ListMetricDescriptorsRequest>,
+    ) -> Reply<ListMetricDescriptorsResponse> {
+        Ok(Response::new(ListMetricDescriptorsResponse::default()))
+    }
+
+    async fn list_pod_sandbox_metrics(
+        &self,
+        _: Request<ListPodSandboxMetricsRequest>,
+    ) -> Reply<ListPodSandboxMetricsResponse> {
+        Ok(Response::new(ListPodSandboxMetricsResponse::default()))
+    }
+
+    async fn runtime_config(
+        &self,
+        _: Request<RuntimeConfigRequest>,
+    ) -> Reply<RuntimeConfigResponse> {
+        Err(Status::unimplemented(
+            "this runtime uses no cgroups: there is no cgroup driver to report",
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for Runtime {
+    async fn list_images(&self, request: Request<ListImagesRequest>) -> Reply<ListImagesResponse> {
+        let name = request
+            .into_inner()
+            .filter
+            .and_then(|f| f.image)
+            .map(|i| i.image)
+            .unwrap_or_default();
+        let images = self
+            .images
+            .list()
+            .iter()
+            .filter(|i| name.is_empty() || self.images.get(&name).is_some_and(|n| n.id == i.id))
+            .map(to_image)
+            .collect();
+        Ok(Response::new(ListImagesResponse { images }))
+    }
+
+    async fn image_status(
+        &self,
+        request: Request<ImageStatusRequest>,
+    ) -> Reply<ImageStatusResponse> {
+        let name = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
+        Ok(Response::new(ImageStatusResponse {
+            image: self.images.get(&name).as_ref().map(to_image),
+            info: HashMap::new(),
+        }))
+    }
+
+    async fn pull_image(&self, request: Request<PullImageRequest>) -> Reply<PullImageResponse> {
+        let reference = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
+        let images = self.images.clone();
+        let id = tokio::task::spawn_blocking(move || images.pull(&reference))
+            .await
+            .map_err(|e| Status::internal(format!("the pull failed: {e}")))??;
+        Ok(Response::new(PullImageResponse { image_ref: id }))
+    }
+
+    async fn remove_image(
+        &self,
+        request: Request<RemoveImageRequest>,
+    ) -> Reply<RemoveImageResponse> {
+        let name = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
+        self.images.remove(&name)?;
+        Ok(Response::new(RemoveImageResponse {}))
+    }
+
+    async fn image_fs_info(&self, _: Request<ImageFsInfoRequest>) -> Reply<ImageFsInfoResponse> {
+        let (bytes, files) = self.images.usage();
+        let usage = FilesystemUsage {
+            timestamp: now_ns(),
+            fs_id: Some(FilesystemIdentifier {
+                mountpoint: self.images.dir().display().to_string(),
+            }),
+            used_bytes: Some(UInt64Value { value: bytes }),
+            inodes_used: Some(UInt64Value { value: files }),
+        };
+        Ok(Response::new(ImageFsInfoResponse {
+            image_filesystems: vec![usage],
+            container_filesystems: Vec::new(),
+        }))
+    }
+}
+
+fn container_status(r: &ContainerRecord) -> ContainerStatus {
+    ContainerStatus {
+        id: r.id.clone(),
+        metadata: r.config.metadata.clone(),
+        state: r.state,
+        created_at: r.created_at,
+        started_at: r.started_at,
+        finished_at: r.finished_at,
+        exit_code: r.exit_code,
+        image: r.config.image.clone(),
+        image_ref: r.image_id.clone(),
+        reason: r.reason.clone(),
+        message: r.message.clone(),
+        labels: r.config.labels.clone(),
+        annotations: r.config.annotations.clone(),
+        mounts: r.config.mounts.clone(),
+        log_path: r
+            .log_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        resources: r
+            .config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.clone())
+            .map(|linux| ContainerResources {
+                linux: Some(linux),
+                windows: None,
+            }),
+        image_id: r.image_id.clone(),
+        user: None,
+    }
+}
+
+/// What is cheap to know: a WASM program's linear memory; a process's CPU time and
+/// resident memory from /proc (its own, not its children's).
+fn container_stats(c: &Container) -> ContainerStats {
+    let r = &c.record;
+    let now = now_ns();
+    let mut stats = ContainerStats {
+        attributes: Some(ContainerAttributes {
+            id: r.id.clone(),
+            metadata: r.config.metadata.clone(),
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
+        }),
+        ..Default::default()
+    };
+    let Some(live) = &c.live else { return stats };
+    let memory = |bytes: u64| MemoryUsage {
+        timestamp: now,
+        working_set_bytes: Some(UInt64Value { value: bytes }),
+        usage_bytes: Some(UInt64Value { value: bytes }),
+        rss_bytes: Some(UInt64Value { value: bytes }),
+        ..Default::default()
+    };
+    match &live.stop {
+        Stopper::Wasm(_) => {
+            let bytes = live
+                .memory
+                .as_ref()
+                .map_or(0, |m| m.load(Ordering::Relaxed));
+            stats.memory = Some(memory(bytes));
+        }
+        Stopper::Process { pid } => {
+            if let Some((cpu_ns, rss)) = process_usage(*pid) {
+                stats.cpu = Some(CpuUsage {
+                    timestamp: now,
+                    usage_core_nano_seconds: Some(UInt64Value { value: cpu_ns }),
+                    usage_nano_cores: None,
+                });
+                stats.memory = Some(memory(rss));
+            }
+        }
+    }
+    stats
+}
+
+/// CPU time (ns) and resident bytes of process `pid`.
+fn process_usage(pid: i32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    // utime and stime (fields 14 and 15 of stat(5)) in USER_HZ, 100 on Linux.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some((ticks * 10_000_000, rss_kib * 1024))
+}
+
+fn to_image(image: &ImageRecord) -> Image {
+    Image {
+        id: image.id.clone(),
+        repo_tags: image.tags.clone(),
+        repo_digests: Vec::new(),
+        size: image.size,
+        uid: None,
+        username: String::new(),
+        spec: Some(ImageSpec {
+            image: image.id.clone(),
+            ..Default::default()
+        }),
+        pinned: false,
+    }
+}
+
+fn selects(selector: &HashMap<String, String>, labels: &HashMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn no_container(id: &str) -> Status {
+    Status::not_found(format!("no container {id}"))
+}
+
+fn state_name(state: i32) -> &'static str {
+    ContainerState::try_from(state)
+        .map(|s| s.as_str_name())
+        .unwrap_or("CONTAINER_UNKNOWN")
+}
+
+/// A new sandbox or container id: 32 hex digits.
+fn new_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}

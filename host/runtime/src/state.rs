@@ -1,0 +1,314 @@
+//! Sandbox and container records: in memory, and each in a JSON file under the root
+//! (`sandboxes/<id>.json`, `containers/<id>.json`, written whole under a temporary
+//! name and renamed) so a restarted runtime finds them. A running container also has
+//! a [`Live`] part that dies with the runtime: how to stop it and who waits for it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use anyhow::Context as _;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerEventResponse, ContainerEventType, ContainerState, PodSandboxConfig,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, broadcast, watch};
+
+use crate::images::ImageKind;
+use crate::log::LogFile;
+
+/// Events kept for a slow `GetContainerEvents` reader before it misses some.
+const EVENT_BACKLOG: usize = 256;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct SandboxRecord {
+    pub id: String,
+    pub config: PodSandboxConfig,
+    pub handler: String,
+    /// A `PodSandboxState`.
+    pub state: i32,
+    pub created_at: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ContainerRecord {
+    pub id: String,
+    pub sandbox_id: String,
+    pub config: ContainerConfig,
+    pub image_id: String,
+    pub kind: ImageKind,
+    /// The component file or the executable the container runs.
+    pub program: PathBuf,
+    /// `None` when the sandbox and container name no log: output is dropped.
+    pub log_path: Option<PathBuf>,
+    /// A `ContainerState`.
+    pub state: i32,
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    pub reason: String,
+    pub message: String,
+    /// A process container's pid and its start time (in clock ticks after boot, as
+    /// /proc reports it), which tell it from a later process given the same pid.
+    pub pid: Option<i32>,
+    pub pid_start: Option<u64>,
+}
+
+/// How a container ended.
+#[derive(Debug)]
+pub(crate) struct Exit {
+    pub code: i32,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Exit {
+    /// A program that ended by itself with `code`.
+    pub(crate) fn code(code: i32) -> Self {
+        Self {
+            code,
+            reason: if code == 0 { "Completed" } else { "Error" },
+            message: String::new(),
+        }
+    }
+}
+
+/// A running container's part that lives in memory only.
+#[derive(Debug)]
+pub(crate) struct Live {
+    /// Set to true once the container's record says EXITED (and its output is in
+    /// the log); stoppers wait on it.
+    pub exited: watch::Sender<bool>,
+    pub stop: Stopper,
+    pub log: Option<Arc<LogFile>>,
+    /// Tasks watching a process and copying its output: they end with the runtime.
+    pub tasks: Vec<tokio::task::AbortHandle>,
+    /// Bytes of linear memory a WASM program holds.
+    pub memory: Option<Arc<AtomicU64>>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Stopper {
+    Process { pid: i32 },
+    Wasm(Arc<Cancel>),
+}
+
+/// Asks a WASM program to end: the flag stops guest code at its next epoch check, the
+/// notification wakes a guest waiting in a host call.
+#[derive(Debug, Default)]
+pub(crate) struct Cancel {
+    pub flag: AtomicBool,
+    pub notify: Notify,
+}
+
+impl Cancel {
+    pub(crate) fn cancel(&self) {
+        self.flag.store(true, Ordering::Relaxed);
+        self.notify.notify_one();
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Container {
+    pub record: ContainerRecord,
+    pub live: Option<Live>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Tables {
+    pub sandboxes: HashMap<String, SandboxRecord>,
+    pub containers: HashMap<String, Container>,
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    root: PathBuf,
+    tables: Mutex<Tables>,
+    pub events: broadcast::Sender<ContainerEventResponse>,
+    /// Set when the runtime is dropped: what its threads still report is not
+    /// recorded, so the files stay as a crash would leave them.
+    closed: AtomicBool,
+}
+
+impl State {
+    pub(crate) fn open(root: &Path) -> anyhow::Result<Arc<Self>> {
+        let mut tables = Tables::default();
+        for record in load::<SandboxRecord>(&root.join("sandboxes"))? {
+            tables.sandboxes.insert(record.id.clone(), record);
+        }
+        for record in load::<ContainerRecord>(&root.join("containers"))? {
+            let id = record.id.clone();
+            tables
+                .containers
+                .insert(id, Container { record, live: None });
+        }
+        Ok(Arc::new(Self {
+            root: root.to_path_buf(),
+            tables: Mutex::new(tables),
+            events: broadcast::channel(EVENT_BACKLOG).0,
+            closed: AtomicBool::new(false),
+        }))
+    }
+
+    pub(crate) fn tables(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Containers a previous run left running: id, kind, pid and its start time.
+    pub(crate) fn running_after_restart(
+        &self,
+    ) -> Vec<(String, ImageKind, Option<i32>, Option<u64>)> {
+        let running = ContainerState::ContainerRunning as i32;
+        self.tables()
+            .containers
+            .values()
+            .filter(|c| c.record.state == running && c.live.is_none())
+            .map(|c| {
+                let r = &c.record;
+                (r.id.clone(), r.kind, r.pid, r.pid_start)
+            })
+            .collect()
+    }
+
+    /// Records that container `id` ended, and tells those waiting for it.
+    pub(crate) fn finish(&self, id: &str, exit: Exit) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut tables = self.tables();
+        let Some(container) = tables.containers.get_mut(id) else {
+            return;
+        };
+        let record = &mut container.record;
+        record.state = ContainerState::ContainerExited as i32;
+        record.finished_at = now_ns();
+        record.exit_code = exit.code;
+        record.reason = exit.reason.to_string();
+        record.message = exit.message;
+        tracing::info!(container = %id, exit_code = exit.code, reason = exit.reason, "container exited");
+        self.save_container(record);
+        self.event(record, ContainerEventType::ContainerStoppedEvent);
+        if let Some(live) = container.live.take() {
+            live.exited.send_replace(true);
+        }
+    }
+
+    /// Ends the runtime's own tasks and WASM programs without recording anything.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        let mut tables = self.tables();
+        for container in tables.containers.values_mut() {
+            if let Some(live) = container.live.take() {
+                for task in &live.tasks {
+                    task.abort();
+                }
+                if let Stopper::Wasm(cancel) = &live.stop {
+                    cancel.cancel();
+                }
+            }
+        }
+    }
+
+    pub(crate) fn container_dir(&self, id: &str) -> PathBuf {
+        self.root.join("containers").join(id)
+    }
+
+    pub(crate) fn save_container(&self, record: &ContainerRecord) {
+        let path = self
+            .root
+            .join("containers")
+            .join(format!("{}.json", record.id));
+        save(&path, record);
+    }
+
+    pub(crate) fn save_sandbox(&self, record: &SandboxRecord) {
+        let path = self
+            .root
+            .join("sandboxes")
+            .join(format!("{}.json", record.id));
+        save(&path, record);
+    }
+
+    pub(crate) fn delete_container(&self, id: &str) {
+        let containers = self.root.join("containers");
+        remove(&containers.join(format!("{id}.json")));
+        if let Err(e) = std::fs::remove_dir_all(containers.join(id))
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(container = %id, error = %e, "cannot delete a container's directory");
+        }
+    }
+
+    pub(crate) fn delete_sandbox(&self, id: &str) {
+        remove(&self.root.join("sandboxes").join(format!("{id}.json")));
+    }
+
+    pub(crate) fn event(&self, record: &ContainerRecord, kind: ContainerEventType) {
+        // No receiver is no error: nobody watches.
+        let _ = self.events.send(ContainerEventResponse {
+            container_id: record.id.clone(),
+            container_event_type: kind as i32,
+            created_at: now_ns(),
+            pod_sandbox_status: None,
+            containers_statuses: Vec::new(),
+        });
+    }
+}
+
+fn load<T: for<'de> Deserialize<'de>>(dir: &Path) -> anyhow::Result<Vec<T>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut records = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+        match serde_json::from_slice(&bytes) {
+            Ok(record) => records.push(record),
+            // One unreadable record must not keep the node's runtime down.
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping a bad record"),
+        }
+    }
+    Ok(records)
+}
+
+fn save<T: Serialize>(path: &Path, record: &T) {
+    let written = serde_json::to_vec_pretty(record)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| write_whole(path, &bytes));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "cannot save a record");
+    }
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot delete a record");
+    }
+}
+
+/// Writes `bytes` under a temporary name, then renames it into place: a reader (or
+/// the next run after a crash) never sees a partial file.
+pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let tmp = path.with_extension(format!(
+        "tmp{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Nanoseconds since the Unix epoch, as CRI's timestamps are.
+pub(crate) fn now_ns() -> i64 {
+    jiff::Timestamp::now().as_nanosecond() as i64
+}

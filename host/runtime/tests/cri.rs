@@ -1,0 +1,976 @@
+//! The runtime over real gRPC on a Unix socket, driven as a kubelet drives a CRI
+//! runtime: WASM programs from `plugins/target/dist/workload.wasm` (built by
+//! `plugins/build.sh`) and native processes from `/bin/sh`.
+
+// The helpers below are test code too, outside any `#[test]` function.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use k8s_cri::v1::*;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::Code;
+use trellis_runtime::{Client, PROCESS, Runtime, RuntimeConfig, WASMTIME, connect, serve};
+
+const NODE_IP: [u8; 4] = [10, 1, 2, 3];
+
+fn workload() -> String {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/dist/workload.wasm");
+    assert!(
+        path.exists(),
+        "{} is missing: run plugins/build.sh",
+        path.display()
+    );
+    format!("file://{}", path.canonicalize().unwrap().display())
+}
+
+/// A runtime serving on a socket in a temporary directory, and a client of it.
+struct Node {
+    dir: PathBuf,
+    client: Client,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    runtime: Weak<Runtime>,
+}
+
+impl Node {
+    async fn start(dir: &Path) -> Node {
+        let runtime = Runtime::new(RuntimeConfig {
+            root: dir.join("root"),
+            // Shared by the tests: the component is compiled once.
+            cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
+            process_handler: true,
+            node_ip: NODE_IP.into(),
+        })
+        .unwrap();
+        let weak = Arc::downgrade(&runtime);
+        let socket = dir.join("cri.sock");
+        let (tx, rx) = oneshot::channel();
+        let server = tokio::spawn({
+            let socket = socket.clone();
+            async move {
+                serve(runtime, &socket, async {
+                    let _ = rx.await;
+                })
+                .await
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let client = loop {
+            match connect(&socket).await {
+                Ok(client) => break client,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("cannot connect: {e:#}"),
+            }
+        };
+        Node {
+            dir: dir.to_path_buf(),
+            client,
+            shutdown: Some(tx),
+            server,
+            runtime: weak,
+        }
+    }
+
+    /// Stops serving and waits until the runtime is dropped, as a crash would end it.
+    async fn stop(mut self) {
+        drop(self.client);
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.server.await.unwrap().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.runtime.upgrade().is_some() {
+            assert!(Instant::now() < deadline, "the runtime was not dropped");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn pull(&mut self, reference: &str) -> String {
+        self.client
+            .images
+            .pull_image(PullImageRequest {
+                image: Some(spec(reference)),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .image_ref
+    }
+
+    async fn sandbox(&mut self, name: &str, handler: &str) -> (String, PodSandboxConfig) {
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            log_directory: self.dir.join("logs").join(name).display().to_string(),
+            labels: HashMap::from([("app".to_string(), name.to_string())]),
+            ..Default::default()
+        };
+        let id = self
+            .client
+            .runtime
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .pod_sandbox_id;
+        (id, config)
+    }
+
+    async fn create(
+        &mut self,
+        sandbox: &(String, PodSandboxConfig),
+        image: &str,
+        name: &str,
+        args: &[&str],
+        edit: impl FnOnce(&mut ContainerConfig),
+    ) -> Result<String, tonic::Status> {
+        let mut config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(spec(image)),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            log_path: format!("{name}/0.log"),
+            ..Default::default()
+        };
+        edit(&mut config);
+        self.client
+            .runtime
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: sandbox.0.clone(),
+                config: Some(config),
+                sandbox_config: Some(sandbox.1.clone()),
+            })
+            .await
+            .map(|r| r.into_inner().container_id)
+    }
+
+    async fn start_container(&mut self, id: &str) {
+        self.client
+            .runtime
+            .start_container(StartContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn status(&mut self, id: &str) -> ContainerStatus {
+        self.client
+            .runtime
+            .container_status(ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+    }
+
+    /// Polls the status until the container has exited (CRI v1 has no watch of a
+    /// single container; a kubelet polls too).
+    async fn wait_exit(&mut self, id: &str) -> ContainerStatus {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.status(id).await;
+            if status.state == ContainerState::ContainerExited as i32 {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{id} did not exit: {status:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn run(
+        &mut self,
+        sandbox: &(String, PodSandboxConfig),
+        image: &str,
+        name: &str,
+        args: &[&str],
+        edit: impl FnOnce(&mut ContainerConfig),
+    ) -> ContainerStatus {
+        let id = self.create(sandbox, image, name, args, edit).await.unwrap();
+        self.start_container(&id).await;
+        self.wait_exit(&id).await
+    }
+
+    async fn stop_container(&mut self, id: &str, timeout: i64) {
+        self.client
+            .runtime
+            .stop_container(StopContainerRequest {
+                container_id: id.into(),
+                timeout,
+            })
+            .await
+            .unwrap();
+    }
+}
+
+fn spec(image: &str) -> ImageSpec {
+    ImageSpec {
+        image: image.into(),
+        ..Default::default()
+    }
+}
+
+/// The records of a CRI log: (stream, tag, content), each timestamp checked.
+fn log(status: &ContainerStatus) -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(&status.log_path).unwrap_or_default();
+    parse_log(&text)
+}
+
+fn parse_log(text: &str) -> Vec<(String, String, String)> {
+    text.lines()
+        .map(|line| {
+            let mut parts = line.splitn(4, ' ');
+            let time = parts.next().unwrap();
+            assert!(
+                time.ends_with('Z') && time.parse::<jiff::Timestamp>().is_ok(),
+                "bad timestamp in {line:?}"
+            );
+            let stream = parts.next().unwrap().to_string();
+            let tag = parts.next().unwrap().to_string();
+            (stream, tag, parts.next().unwrap_or_default().to_string())
+        })
+        .collect()
+}
+
+fn rec(stream: &str, tag: &str, content: &str) -> (String, String, String) {
+    (stream.into(), tag.into(), content.into())
+}
+
+fn env(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: value.into(),
+    }
+}
+
+async fn wait_for_log(path: &str, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if parse_log(&text).iter().any(|(_, _, c)| c == line) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{line:?} never in {path}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn wasm_programs_write_the_cri_log_and_see_only_their_args_env_and_mounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path()).await;
+    let image = workload();
+    let id = node.pull(&image).await;
+    assert!(id.starts_with("sha256:") && id.len() == 71, "{id}");
+    let sandbox = node.sandbox("wasm", "").await;
+    let mut events = node
+        .client
+        .runtime
+        .get_container_events(GetEventsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+
+    let status = node
+        .run(
+            &sandbox,
+            &image,
+            "out",
+            &[
+                "echo", "hello", "world", "--", "stderr", "oops", "--", "env", "GREETING", "--",
+                "nonl", "tail",
+            ],
+            |c| c.envs = vec![env("GREETING", "hi")],
+        )
+        .await;
+    assert_eq!((status.exit_code, status.reason.as_str()), (0, "Completed"));
+    assert_eq!(status.image_ref, id);
+    assert!(status.started_at >= status.created_at && status.finished_at >= status.started_at);
+    assert_eq!(
+        Path::new(&status.log_path),
+        dir.path().join("logs/wasm/out/0.log")
+    );
+    assert_eq!(
+        log(&status),
+        [
+            rec("stdout", "F", "hello world"),
+            rec("stderr", "F", "oops"),
+            rec("stdout", "F", "GREETING=hi"),
+            rec("stdout", "P", "tail"),
+        ]
+    );
+    let mut kinds = Vec::new();
+    while kinds.len() < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(event.container_id, status.id);
+        kinds.push(event.container_event_type);
+    }
+    assert_eq!(
+        kinds,
+        [
+            ContainerEventType::ContainerCreatedEvent as i32,
+            ContainerEventType::ContainerStartedEvent as i32,
+            ContainerEventType::ContainerStoppedEvent as i32,
+        ]
+    );
+    // An open stream would hold the server's graceful shutdown.
+    drop(events);
+
+    // Without a command, argv[0] is the container's name; no host environment.
+    let status = node.run(&sandbox, &image, "named", &["args"], |_| {}).await;
+    assert_eq!(log(&status)[0], rec("stdout", "F", "named"));
+    let status = node
+        .run(&sandbox, &image, "nohome", &["env", "HOME"], |_| {})
+        .await;
+    assert_eq!(status.exit_code, 2, "the host's HOME leaked in");
+
+    let status = node
+        .run(&sandbox, &image, "three", &["exit", "3"], |_| {})
+        .await;
+    assert_eq!((status.exit_code, status.reason.as_str()), (3, "Error"));
+
+    let data = dir.path().join("data");
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::write(data.join("in.txt"), "from the host\n").unwrap();
+    let mounts = vec![
+        Mount {
+            container_path: "/data".into(),
+            host_path: data.display().to_string(),
+            readonly: true,
+            ..Default::default()
+        },
+        Mount {
+            container_path: "/scratch".into(),
+            host_path: scratch.display().to_string(),
+            ..Default::default()
+        },
+    ];
+    let status = node
+        .run(
+            &sandbox,
+            &image,
+            "files",
+            &[
+                "cat",
+                "/data/in.txt",
+                "--",
+                "write",
+                "/scratch/out.txt",
+                "written",
+                "--",
+                "ls",
+                "/data",
+            ],
+            |c| c.mounts = mounts.clone(),
+        )
+        .await;
+    assert_eq!(status.exit_code, 0, "{:?}", log(&status));
+    assert_eq!(
+        log(&status),
+        [
+            rec("stdout", "F", "from the host"),
+            rec("stdout", "F", "in.txt")
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(scratch.join("out.txt")).unwrap(),
+        "written"
+    );
+    assert_eq!(status.mounts.len(), 2);
+    let status = node
+        .run(
+            &sandbox,
+            &image,
+            "readonly",
+            &["write", "/data/new.txt", "nope"],
+            |c| c.mounts = mounts.clone(),
+        )
+        .await;
+    assert_eq!(status.exit_code, 1);
+    assert!(!data.join("new.txt").exists());
+    assert!(
+        log(&status)[0].2.starts_with("workload: write: "),
+        "{:?}",
+        log(&status)
+    );
+    let status = node
+        .run(&sandbox, &image, "unmounted", &["ls", "/"], |_| {})
+        .await;
+    assert_eq!(status.exit_code, 1, "the host's root is visible");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn wasm_memory_limit_is_an_oom_kill_and_a_trap_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path()).await;
+    let image = workload();
+    node.pull(&image).await;
+    let sandbox = node.sandbox("limits", WASMTIME).await;
+    let limit = |c: &mut ContainerConfig| {
+        c.linux = Some(LinuxContainerConfig {
+            resources: Some(LinuxContainerResources {
+                memory_limit_in_bytes: 32 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
+    let status = node
+        .run(&sandbox, &image, "small", &["alloc", "8"], limit)
+        .await;
+    assert_eq!((status.exit_code, status.reason.as_str()), (0, "Completed"));
+    let status = node
+        .run(&sandbox, &image, "big", &["alloc", "64"], limit)
+        .await;
+    assert_eq!(
+        (status.exit_code, status.reason.as_str()),
+        (137, "OOMKilled"),
+        "{}",
+        status.message
+    );
+    assert!(status.message.contains("33554432"), "{}", status.message);
+
+    let status = node.run(&sandbox, &image, "trap", &["trap"], |_| {}).await;
+    assert_eq!((status.exit_code, status.reason.as_str()), (1, "Error"));
+    assert!(
+        status.message.starts_with("wasm trap: ") && status.message.contains("unreachable"),
+        "{}",
+        status.message
+    );
+    assert!(status.message.contains("backtrace"), "{}", status.message);
+    assert!(
+        log(&status)
+            .iter()
+            .any(|(s, _, c)| s == "stderr" && c.contains("the workload was asked to trap")),
+        "{:?}",
+        log(&status)
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn stop_cancels_wasm_at_once_and_sends_a_process_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path()).await;
+    let image = workload();
+    node.pull(&image).await;
+    let wasm = node.sandbox("spin", "").await;
+    let spin = node
+        .create(&wasm, &image, "spin", &["spin"], |_| {})
+        .await
+        .unwrap();
+    let sleep = node
+        .create(
+            &wasm,
+            &image,
+            "sleep",
+            &["echo", "up", "--", "sleep", "60000"],
+            |_| {},
+        )
+        .await
+        .unwrap();
+    node.start_container(&spin).await;
+    node.start_container(&sleep).await;
+    let status = node.status(&spin).await;
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+    wait_for_log(&node.status(&sleep).await.log_path, "up").await;
+    for id in [&spin, &sleep] {
+        let begun = Instant::now();
+        node.stop_container(id, 30).await;
+        assert!(
+            begun.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            begun.elapsed()
+        );
+        let status = node.status(id).await;
+        assert_eq!(status.state, ContainerState::ContainerExited as i32);
+        assert_eq!(status.exit_code, 137);
+        assert!(status.message.starts_with("stopped"), "{}", status.message);
+        // Idempotent.
+        node.stop_container(id, 30).await;
+    }
+
+    let process = node.sandbox("proc", PROCESS).await;
+    node.pull("file:///bin/sh").await;
+    let id = node
+        .create(&process, "file:///bin/sh", "sleeper", &[], |c| {
+            c.command = vec!["sh".into(), "-c".into(), "echo started; sleep 60".into()];
+        })
+        .await
+        .unwrap();
+    node.start_container(&id).await;
+    let log_path = node.status(&id).await.log_path;
+    wait_for_log(&log_path, "started").await;
+    let begun = Instant::now();
+    node.stop_container(&id, 10).await;
+    assert!(
+        begun.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        begun.elapsed()
+    );
+    let status = node.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerExited as i32);
+    assert_eq!((status.exit_code, status.reason.as_str()), (143, "Error"));
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn exec_sync_runs_beside_a_process_and_is_refused_for_wasm_and_logs_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path()).await;
+    node.pull("file:///bin/sh").await;
+    let sandbox = node.sandbox("exec", PROCESS).await;
+    let id = node
+        .create(&sandbox, "file:///bin/sh", "shell", &[], |c| {
+            c.command = vec![
+                "sh".into(),
+                "-c".into(),
+                "echo one; while [ ! -e go ]; do sleep 0.02; done; echo two; sleep 60".into(),
+            ];
+            c.envs = vec![env("FOO", "bar")];
+            c.working_dir = dir.path().display().to_string();
+        })
+        .await
+        .unwrap();
+    node.start_container(&id).await;
+    let reply = node
+        .client
+        .runtime
+        .exec_sync(ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo $FOO; pwd; echo err >&2; exit 4".into(),
+            ],
+            timeout: 5,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        String::from_utf8_lossy(&reply.stdout),
+        format!("bar\n{}\n", dir.path().display())
+    );
+    assert_eq!(reply.stderr, b"err\n");
+    assert_eq!(reply.exit_code, 4);
+    let err = node
+        .client
+        .runtime
+        .exec_sync(ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["/bin/sleep".into(), "5".into()],
+            timeout: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+
+    // The kubelet rotates a log by renaming it and asking for a reopen.
+    let log_path = node.status(&id).await.log_path;
+    wait_for_log(&log_path, "one").await;
+    std::fs::rename(&log_path, format!("{log_path}.1")).unwrap();
+    node.client
+        .runtime
+        .reopen_container_log(ReopenContainerLogRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_for_log(&log_path, "two").await;
+    let rotated = parse_log(&std::fs::read_to_string(format!("{log_path}.1")).unwrap());
+    assert_eq!(rotated, [rec("stdout", "F", "one")]);
+
+    let stats = node
+        .client
+        .runtime
+        .container_stats(ContainerStatsRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
+    assert!(stats.memory.unwrap().rss_bytes.unwrap().value > 0);
+
+    let image = workload();
+    node.pull(&image).await;
+    let wasm = node.sandbox("wasm", "").await;
+    let spin = node
+        .create(&wasm, &image, "spin", &["spin"], |_| {})
+        .await
+        .unwrap();
+    node.start_container(&spin).await;
+    let err = node
+        .client
+        .runtime
+        .exec_sync(ExecSyncRequest {
+            container_id: spin.clone(),
+            cmd: vec!["sh".into()],
+            timeout: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(
+        err.message(),
+        format!("container {spin} runs a WebAssembly component: it has no shell to exec into")
+    );
+
+    // Removing the sandboxes stops and removes their containers; again is no error.
+    for sandbox in [&sandbox.0, &wasm.0, &sandbox.0] {
+        node.client
+            .runtime
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: sandbox.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    let left = node
+        .client
+        .runtime
+        .list_containers(ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert!(left.is_empty(), "{left:?}");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn handlers_images_and_sandboxes_answer_as_cri_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path()).await;
+    let version = node
+        .client
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            version.runtime_name.as_str(),
+            version.runtime_api_version.as_str()
+        ),
+        ("trellis", "v1")
+    );
+    let status = node
+        .client
+        .runtime
+        .status(StatusRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let handlers: Vec<_> = status
+        .runtime_handlers
+        .iter()
+        .map(|h| h.name.as_str())
+        .collect();
+    assert_eq!(handlers, [WASMTIME, PROCESS]);
+    assert!(status.status.unwrap().conditions.iter().all(|c| c.status));
+
+    let err = node
+        .client
+        .runtime
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(PodSandboxConfig::default()),
+            runtime_handler: "runc".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        "no runtime handler \"runc\" on this node (it has: wasmtime, process)"
+    );
+
+    let pull = |reference: String| {
+        let mut images = node.client.images.clone();
+        async move {
+            images
+                .pull_image(PullImageRequest {
+                    image: Some(spec(&reference)),
+                    ..Default::default()
+                })
+                .await
+        }
+    };
+    let missing = dir.path().join("missing.wasm");
+    let err = pull(format!("file://{}", missing.display()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(
+        err.message().contains(&missing.display().to_string()),
+        "{err:?}"
+    );
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let err = pull(format!("file://{}", core.display()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("not a WebAssembly component"),
+        "{err:?}"
+    );
+    let err = pull("docker.io/library/busybox:latest".into())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("only file:// images are supported"),
+        "{err:?}"
+    );
+
+    let image = workload();
+    let sandbox = node.sandbox("images", "").await;
+    let err = node
+        .create(&sandbox, &image, "early", &[], |_| {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("not present"), "{err:?}");
+    let id = node.pull(&image).await;
+    node.pull("file:///bin/sh").await;
+    let err = node
+        .create(&sandbox, "file:///bin/sh", "native", &[], |_| {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    // An image may be named by its id too.
+    node.create(&sandbox, &id, "by-id", &[], |_| {})
+        .await
+        .unwrap();
+
+    let status = node
+        .client
+        .images
+        .image_status(ImageStatusRequest {
+            image: Some(spec(&image)),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image
+        .unwrap();
+    assert_eq!(
+        (status.id.as_str(), status.repo_tags.clone()),
+        (id.as_str(), vec![image.clone()])
+    );
+    let size = std::fs::metadata(image.trim_start_matches("file://"))
+        .unwrap()
+        .len();
+    assert_eq!(status.size, size);
+    let listed = node
+        .client
+        .images
+        .list_images(ListImagesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    assert_eq!(listed.len(), 2);
+    let fs = node
+        .client
+        .images
+        .image_fs_info(ImageFsInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fs.image_filesystems[0].used_bytes.unwrap().value, size);
+    for _ in 0..2 {
+        node.client
+            .images
+            .remove_image(RemoveImageRequest {
+                image: Some(spec(&image)),
+            })
+            .await
+            .unwrap();
+    }
+    let gone = node
+        .client
+        .images
+        .image_status(ImageStatusRequest {
+            image: Some(spec(&image)),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image;
+    assert!(gone.is_none());
+
+    let other = node.sandbox("other", PROCESS).await;
+    let status = node
+        .client
+        .runtime
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox.0.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(status.network.unwrap().ip, "10.1.2.3");
+    assert_eq!(status.runtime_handler, WASMTIME);
+    assert_eq!(status.metadata.unwrap().name, "images");
+    node.client
+        .runtime
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: other.0.clone(),
+        })
+        .await
+        .unwrap();
+    let list = |filter: PodSandboxFilter| {
+        let mut runtime = node.client.runtime.clone();
+        async move {
+            let items = runtime
+                .list_pod_sandbox(ListPodSandboxRequest {
+                    filter: Some(filter),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .items;
+            items.into_iter().map(|s| s.id).collect::<Vec<_>>()
+        }
+    };
+    let ready = PodSandboxStateValue {
+        state: PodSandboxState::SandboxReady as i32,
+    };
+    assert_eq!(
+        list(PodSandboxFilter {
+            state: Some(ready),
+            ..Default::default()
+        })
+        .await,
+        [sandbox.0.as_str()]
+    );
+    assert_eq!(
+        list(PodSandboxFilter {
+            label_selector: HashMap::from([("app".into(), "other".into())]),
+            ..Default::default()
+        })
+        .await,
+        [other.0.as_str()]
+    );
+    // Unknown sandboxes: stopping and removing them is no error.
+    node.client
+        .runtime
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: "nope".into(),
+        })
+        .await
+        .unwrap();
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_restarted_runtime_adopts_a_live_process_and_reports_a_lost_wasm_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path()).await;
+    let image = workload();
+    node.pull(&image).await;
+    node.pull("file:///bin/sh").await;
+    let process = node.sandbox("proc", PROCESS).await;
+    let go = dir.path().join("go");
+    let sleeper = node
+        .create(&process, "file:///bin/sh", "sleeper", &[], |c| {
+            c.command = vec![
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "echo before; while [ ! -e {} ]; do sleep 0.02; done; echo after; sleep 60",
+                    go.display()
+                ),
+            ];
+        })
+        .await
+        .unwrap();
+    node.start_container(&sleeper).await;
+    let log_path = node.status(&sleeper).await.log_path;
+    wait_for_log(&log_path, "before").await;
+    let wasm = node.sandbox("wasm", "").await;
+    let spin = node
+        .create(&wasm, &image, "spin", &["spin"], |_| {})
+        .await
+        .unwrap();
+    node.start_container(&spin).await;
+    node.stop().await;
+
+    let mut node = Node::start(dir.path()).await;
+    let status = node.status(&sleeper).await;
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+    // Output written while no runtime ran is in the pipe, and is copied on.
+    std::fs::write(&go, "").unwrap();
+    wait_for_log(&log_path, "after").await;
+    let status = node.status(&spin).await;
+    assert_eq!(status.state, ContainerState::ContainerExited as i32);
+    assert_eq!(status.message, "the runtime restarted while it ran");
+    // The same sandboxes and images are there.
+    let err = node
+        .create(&process, &image, "x", &[], |_| {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+
+    let begun = Instant::now();
+    node.stop_container(&sleeper, 10).await;
+    assert!(
+        begun.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        begun.elapsed()
+    );
+    let status = node.status(&sleeper).await;
+    assert_eq!(status.state, ContainerState::ContainerExited as i32);
+    assert_eq!(
+        (status.exit_code, status.message.as_str()),
+        (137, "exit status lost across a runtime restart")
+    );
+    assert_eq!(
+        parse_log(&std::fs::read_to_string(&log_path).unwrap()),
+        [rec("stdout", "F", "before"), rec("stdout", "F", "after")]
+    );
+    node.stop().await;
+}

@@ -1,0 +1,235 @@
+//! `trellis node` (the node agent with its runtime), `trellis runtime` (the CRI
+//! runtime alone), and the local node of `trellis up`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use tokio::sync::watch;
+use tracing::info;
+use trellis_agent::AgentConfig;
+use trellis_client::informer::SharedInformers;
+use trellis_runtime::{Runtime, RuntimeConfig};
+
+/// The settings `trellis node` and `trellis up` share.
+#[derive(Clone, Debug, Args)]
+pub struct NodeFlags {
+    /// The node's name (default: this machine's host name).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+
+    /// The node's address: its InternalIP, where its pods' ports are served.
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    pub node_address: IpAddr,
+
+    /// A CRI runtime to use instead of the built-in one, e.g.
+    /// `unix:///run/containerd/containerd.sock`.
+    #[arg(long, value_name = "unix:///PATH")]
+    pub container_runtime_endpoint: Option<String>,
+
+    /// The RuntimeClass handler of pods that name no RuntimeClass.
+    #[arg(long, default_value = "wasmtime", value_name = "HANDLER")]
+    pub default_runtime_handler: String,
+
+    /// The port the agent serves logs on (HTTPS, for the API server and admins); 0
+    /// picks a free one. The Node's status tells it.
+    #[arg(long, default_value_t = 10250, value_name = "PORT")]
+    pub node_port: u16,
+
+    /// How often the node's Lease is renewed.
+    #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = seconds)]
+    pub node_lease_renew: Duration,
+
+    /// How often the node's status is written when nothing changed.
+    #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
+    pub node_status_report: Duration,
+
+    /// How often the runtime's containers are listed to notice exits.
+    #[arg(long, default_value = "1", value_name = "SECONDS", value_parser = seconds)]
+    pub relist_period: Duration,
+
+    /// The first restart back-off of a crashed container, doubled at each crash...
+    #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = seconds)]
+    pub restart_backoff: Duration,
+
+    /// ... up to this.
+    #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
+    pub restart_backoff_max: Duration,
+}
+
+fn seconds(s: &str) -> Result<Duration, String> {
+    let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// `trellis node`: joins a cluster and runs its pods.
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The cluster and the node's credentials.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: PathBuf,
+
+    /// Where the node keeps its runtime's state, pods' volumes and logs.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+
+    /// Whether the `process` handler runs native processes on this node.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub process_handler: bool,
+
+    #[command(flatten)]
+    pub node: NodeFlags,
+}
+
+/// `trellis runtime`: the CRI runtime alone, on a Unix socket.
+#[derive(Debug, Args)]
+pub struct RuntimeArgs {
+    /// Where CRI is served.
+    #[arg(long, value_name = "unix:///PATH")]
+    pub listen: String,
+
+    /// Where the runtime keeps images, containers' state and compiled components.
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+
+    /// Whether the `process` handler runs native processes.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub process_handler: bool,
+
+    /// The address pods' ports are served on.
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    pub node_address: IpAddr,
+}
+
+fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
+    endpoint
+        .strip_prefix("unix://")
+        .map(PathBuf::from)
+        .with_context(|| format!("parse the endpoint {endpoint:?}: expected unix:///PATH"))
+}
+
+/// This machine's host name, lowercased as Kubernetes names nodes.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+pub async fn run_runtime(
+    args: RuntimeArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let socket = socket_path(&args.listen)?;
+    let runtime = Runtime::new(RuntimeConfig {
+        cache_dir: Some(args.root.join("compiled")),
+        root: args.root,
+        process_handler: args.process_handler,
+        node_ip: args.node_address,
+    })
+    .context("start the runtime")?;
+    println!("Trellis' runtime serves CRI at unix://{}", socket.display());
+    trellis_runtime::serve(runtime, &socket, shutdown).await
+}
+
+/// A node in this process: the built-in runtime on a socket in `data_dir` (unless
+/// the flags name another runtime) and the agent, until `stopped`.
+pub async fn run_local(
+    client: kube::Client,
+    informers: SharedInformers,
+    data_dir: &Path,
+    process_handler: bool,
+    flags: &NodeFlags,
+    stopped: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let (socket, server) = match &flags.container_runtime_endpoint {
+        Some(endpoint) => (socket_path(endpoint)?, None),
+        None => {
+            let root = data_dir.join("runtime");
+            let runtime = Runtime::new(RuntimeConfig {
+                cache_dir: Some(root.join("compiled")),
+                root,
+                process_handler,
+                node_ip: flags.node_address,
+            })
+            .context("start the runtime")?;
+            let socket = data_dir.join("runtime.sock");
+            let mut stop = stopped.clone();
+            let path = socket.clone();
+            let server = tokio::spawn(async move {
+                trellis_runtime::serve(runtime, &path, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+            });
+            (socket, Some(server))
+        }
+    };
+    let cri = connect_when_up(&socket).await?;
+    let mut config = AgentConfig::new(
+        &flags.node_name.clone().unwrap_or_else(host_name),
+        flags.node_address,
+        data_dir.join("node"),
+    );
+    config.lease_renew = flags.node_lease_renew;
+    config.status_report = flags.node_status_report;
+    config.relist_period = flags.relist_period;
+    config.backoff_base = flags.restart_backoff;
+    config.backoff_max = flags.restart_backoff_max;
+    config.default_handler = flags.default_runtime_handler.clone();
+    info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
+    let result = trellis_agent::run(config, client, cri, informers, stopped).await;
+    if let Some(server) = server {
+        server.await.context("join the runtime")??;
+    }
+    result
+}
+
+/// The runtime's client once its socket answers (an in-process server binds it
+/// within milliseconds; another runtime may still be starting).
+async fn connect_when_up(socket: &Path) -> anyhow::Result<trellis_runtime::Client> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match trellis_runtime::connect(socket).await {
+            Ok(client) => return Ok(client),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(e)
+                    .with_context(|| format!("connect to the runtime at {}", socket.display()));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// `trellis node --kubeconfig FILE`.
+pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let client = trellis_client::transport::remote(&args.kubeconfig).await?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("create {}", args.data_dir.display()))?;
+    let (stop, stopped) = watch::channel(false);
+    let informers = SharedInformers::new();
+    let data_dir = args.data_dir.clone();
+    let node = tokio::spawn(async move {
+        run_local(
+            client,
+            informers,
+            &data_dir,
+            args.process_handler,
+            &args.node,
+            stopped,
+        )
+        .await
+    });
+    let mut node = node;
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = &mut shutdown => {
+            let _ = stop.send(true);
+            (&mut node).await.context("join the node agent")?
+        }
+        result = &mut node => result.context("join the node agent")?,
+    }
+}

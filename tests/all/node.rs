@@ -1,0 +1,463 @@
+//! The node agent (`trellis-agent`) with Trellis' runtime (`trellis-runtime`) over its
+//! CRI socket, against a real server: the Node and its Lease; WASM and process pods
+//! run to completion or keep running, restart with back-off, get their environment
+//! and volumes, are stopped gracefully when deleted; bad images, unknown handlers and
+//! a memory cap end as Kubernetes reports them; a restarted agent finds its pods
+//! again without starting duplicates. One server and one node for the module; the
+//! tests bind pods themselves (`spec.nodeName`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::sync::watch;
+use trellis_agent::AgentConfig;
+use trellis_api::UserInfo;
+use trellis_client::identity;
+use trellis_client::informer::{Informer, SharedInformers};
+use trellis_runtime::{Runtime, RuntimeConfig};
+use trellis_tests::TestCluster;
+
+const NODE: &str = "node-1";
+
+fn workload() -> Result<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/target/dist/workload.wasm")
+        .canonicalize()
+        .context("plugins/target/dist/workload.wasm is missing: run plugins/build.sh")?;
+    Ok(format!("file://{}", path.display()))
+}
+
+/// A node in this test: the runtime on a socket and the agent, until stopped.
+struct TestNode {
+    stop: watch::Sender<bool>,
+    agent: tokio::task::JoinHandle<Result<()>>,
+    server: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl TestNode {
+    async fn start(cluster: &TestCluster, root: &std::path::Path) -> Result<TestNode> {
+        let (stop, stopped) = watch::channel(false);
+        let runtime = Runtime::new(RuntimeConfig {
+            root: root.join("runtime"),
+            cache_dir: Some(root.join("compiled")),
+            process_handler: true,
+            node_ip: "127.0.0.1".parse()?,
+        })?;
+        let socket = root.join("cri.sock");
+        let mut server_stop = stopped.clone();
+        let path = socket.clone();
+        let server = tokio::spawn(async move {
+            trellis_runtime::serve(runtime, &path, async move {
+                let _ = server_stop.wait_for(|s| *s).await;
+            })
+            .await
+        });
+        let cri = loop {
+            match trellis_runtime::connect(&socket).await {
+                Ok(c) => break c,
+                Err(_) if !server.is_finished() => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
+        config.relist_period = Duration::from_millis(50);
+        config.backoff_base = Duration::from_millis(200);
+        config.backoff_max = Duration::from_millis(800);
+        let client = cluster.in_process().client(identity::node(NODE));
+        let agent = tokio::spawn(trellis_agent::run(
+            config,
+            client,
+            cri,
+            SharedInformers::new(),
+            stopped,
+        ));
+        Ok(TestNode {
+            stop,
+            agent,
+            server,
+        })
+    }
+
+    async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(true);
+        self.agent.await??;
+        self.server.await??;
+        Ok(())
+    }
+}
+
+/// Waits until the pod satisfies `done` (a watch, not a poll), up to `limit`.
+async fn wait_pod(
+    pods: &Arc<Informer<Pod>>,
+    name: &str,
+    limit: Duration,
+    done: impl Fn(&Pod) -> bool,
+) -> Result<Arc<Pod>> {
+    let mut changes = pods.subscribe();
+    let key = format!("default/{name}");
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(pod) = pods.get(&key)
+            && done(&pod)
+        {
+            return Ok(pod);
+        }
+        tokio::select! {
+            change = changes.recv() => if change.is_none() { bail!("the pod informer ended") },
+            _ = tokio::time::sleep_until(deadline) => {
+                bail!("pod {name} did not get there in {limit:?}; it is {:#?}", pods.get(&key).map(|p| p.status.clone()))
+            }
+        }
+    }
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+fn container(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status.as_ref()?.container_statuses.as_ref()?.first()
+}
+
+fn terminated(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStateTerminated> {
+    container(pod)?.state.as_ref()?.terminated.as_ref()
+}
+
+fn waiting_reason(pod: &Pod) -> Option<&str> {
+    container(pod)?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .as_deref()
+}
+
+/// The log of the pod's container attempt, as the runtime wrote it (CRI format).
+fn log_of(root: &std::path::Path, pod: &Pod, container: &str, attempt: u32) -> Result<String> {
+    let dir = root.join("agent/logs").join(format!(
+        "default_{}_{}",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.uid.as_deref().unwrap_or_default()
+    ));
+    let path = dir.join(container).join(format!("{attempt}.log"));
+    std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+}
+
+async fn create_pod(api: &Api<Pod>, value: serde_json::Value) -> Result<Pod> {
+    let mut value = value;
+    value["spec"]["nodeName"] = NODE.into();
+    let pod: Pod = serde_json::from_value(value)?;
+    Ok(api.create(&PostParams::default(), &pod).await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let node = TestNode::start(&cluster, root).await?;
+    let admin = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    let image = workload()?;
+    let watching = SharedInformers::new();
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let events = watching.informer::<Event>(Api::all(admin.clone()), watcher::Config::default());
+    let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+
+    // The Node: Ready, its handlers, its Lease.
+    let node_informer =
+        watching.informer::<Node>(Api::all(admin.clone()), watcher::Config::default());
+    let registered = async {
+        let mut changes = node_informer.subscribe();
+        loop {
+            if let Some(n) = node_informer.get(NODE)
+                && n.status.as_ref().is_some_and(|s| s.node_info.is_some())
+            {
+                return Ok::<_, anyhow::Error>(n);
+            }
+            changes.recv().await.context("node informer ended")?;
+        }
+    };
+    let n = tokio::time::timeout(Duration::from_secs(10), registered)
+        .await
+        .context("the node did not register")??;
+    let status = n.status.clone().unwrap_or_default();
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone());
+    ensure!(ready.as_deref() == Some("True"), "{status:#?}");
+    let handlers: Vec<String> = status
+        .runtime_handlers
+        .iter()
+        .flatten()
+        .filter_map(|h| h.name.clone())
+        .collect();
+    ensure!(
+        handlers.contains(&"wasmtime".to_owned()) && handlers.contains(&"process".to_owned()),
+        "{handlers:?}"
+    );
+    ensure!(
+        status
+            .node_info
+            .as_ref()
+            .is_some_and(|i| i.container_runtime_version.starts_with("trellis://")),
+        "{:?}",
+        status.node_info
+    );
+    if node.agent.is_finished() {
+        bail!("the agent stopped: {:?}", node.agent.await);
+    }
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    ensure!(
+        leases
+            .get(NODE)
+            .await?
+            .spec
+            .and_then(|s| s.renew_time)
+            .is_some()
+    );
+
+    // A WASM program runs to completion: its output in the log, Succeeded, events.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "hello"}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": image, "args": ["echo", "hello from wasm", "--", "stderr", "to stderr"]}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "hello", Duration::from_secs(30), |p| {
+        phase(p) == "Succeeded"
+    })
+    .await?;
+    let t = terminated(&pod).context("terminated state")?;
+    ensure!(
+        t.exit_code == 0 && t.reason.as_deref() == Some("Completed"),
+        "{t:?}"
+    );
+    let s = pod.status.as_ref().context("status")?;
+    ensure!(
+        s.pod_ip.as_deref() == Some("127.0.0.1") && s.qos_class.as_deref() == Some("BestEffort"),
+        "{s:?}"
+    );
+    let log = log_of(root, &pod, "main", 0)?;
+    ensure!(
+        log.contains(" stdout F hello from wasm\n") && log.contains(" stderr F to stderr\n"),
+        "{log}"
+    );
+    for reason in ["Pulled", "Created", "Started"] {
+        let seen = async {
+            let mut changes = events.subscribe();
+            loop {
+                if events.list().iter().any(|e| {
+                    e.involved_object.name.as_deref() == Some("hello")
+                        && e.reason.as_deref() == Some(reason)
+                }) {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                changes.recv().await.context("event informer ended")?;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), seen)
+            .await
+            .with_context(|| format!("no {reason} event"))??;
+    }
+
+    // Env from values, the downward API, a ConfigMap and a Secret; volumes.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "default");
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "settings"}, "data": {"color": "blue", "file.txt": "from a configmap"}}))?).await?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(admin.clone(), "default");
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "creds"}, "stringData": {"password": "s3cret"}}),
+            )?,
+        )
+        .await?;
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "wired", "labels": {"app": "wired"}}, "spec": {"restartPolicy": "Never",
+            "volumes": [{"name": "config", "configMap": {"name": "settings"}}, {"name": "scratch", "emptyDir": {}}],
+            "containers": [{"name": "main", "image": image,
+                "env": [{"name": "GREETING", "value": "hi"}, {"name": "SAID", "value": "$(GREETING) there"},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                        {"name": "COLOR", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "color"}}},
+                        {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}],
+                "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": true}, {"name": "scratch", "mountPath": "/scratch"}],
+                "args": ["env", "SAID", "--", "env", "POD", "--", "env", "APP", "--", "env", "COLOR", "--", "env", "PASSWORD",
+                         "--", "cat", "/config/file.txt", "--", "write", "/scratch/out", "written", "--", "cat", "/scratch/out"]}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "wired", Duration::from_secs(30), |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    let log = log_of(root, &pod, "main", 0)?;
+    ensure!(phase(&pod) == "Succeeded", "{log}");
+    for line in [
+        "SAID=hi there",
+        "POD=wired",
+        "APP=wired",
+        "COLOR=blue",
+        "PASSWORD=s3cret",
+        "from a configmap",
+        "written",
+    ] {
+        ensure!(log.contains(line), "{line:?} missing from\n{log}");
+    }
+
+    // A crashing container restarts with back-off (OnFailure), counted.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "crasher"}, "spec": {"restartPolicy": "OnFailure",
+            "containers": [{"name": "main", "image": image, "args": ["exit", "3"]}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "crasher", Duration::from_secs(30), |p| {
+        container(p).is_some_and(|c| c.restart_count >= 2)
+            && waiting_reason(p) == Some("CrashLoopBackOff")
+    })
+    .await?;
+    let last = container(&pod)
+        .and_then(|c| c.last_state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    ensure!(
+        last.is_some_and(|t| t.exit_code == 3 && t.reason.as_deref() == Some("Error")),
+        "{last:?}"
+    );
+    ensure!(phase(&pod) == "Running", "{:?}", pod.status);
+
+    // A memory cap: the instance is stopped, OOMKilled.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "hungry"}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": image, "args": ["alloc", "64"],
+                "resources": {"limits": {"memory": "16Mi"}}}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "hungry", Duration::from_secs(30), |p| {
+        phase(p) == "Failed"
+    })
+    .await?;
+    let t = terminated(&pod).context("terminated")?;
+    ensure!(
+        t.reason.as_deref() == Some("OOMKilled") && t.exit_code == 137,
+        "{t:?}"
+    );
+    ensure!(pod.status.as_ref().and_then(|s| s.qos_class.as_deref()) == Some("Burstable"));
+
+    // A missing image: ErrImagePull, then ImagePullBackOff.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "no-image"}, "spec": {"containers": [{"name": "main", "image": "file:///nonexistent/app.wasm"}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "no-image", Duration::from_secs(30), |p| {
+        waiting_reason(p) == Some("ImagePullBackOff")
+    })
+    .await?;
+    ensure!(phase(&pod) == "Pending", "{:?}", pod.status);
+
+    // A RuntimeClass that does not exist: the pod fails, and says why.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "no-class"}, "spec": {"runtimeClassName": "gvisor",
+            "containers": [{"name": "main", "image": image}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "no-class", Duration::from_secs(30), |p| {
+        phase(p) == "Failed"
+    })
+    .await?;
+    let s = pod.status.as_ref().context("status")?;
+    ensure!(
+        s.reason.as_deref() == Some("RuntimeClassNotFound")
+            && s.message.as_deref().is_some_and(|m| m.contains("gvisor")),
+        "{s:?}"
+    );
+
+    // A process keeps running; the agent restarts; nothing is started twice.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "sleeper"}, "spec": {"runtimeClassName": "process", "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "main", "image": "file:///bin/sh", "command": ["/bin/sh", "-c", "echo started; trap 'echo bye; exit 0' TERM; while true; do sleep 0.05; done"]}]}}),
+    )
+    .await?;
+    let before = wait_pod(&pods, "sleeper", Duration::from_secs(30), |p| {
+        phase(p) == "Running"
+    })
+    .await?;
+    let id = container(&before)
+        .and_then(|c| c.container_id.clone())
+        .context("container id")?;
+    node.stop().await?;
+    let node = TestNode::start(&cluster, root).await?;
+    // The restarted agent writes the same status: wait for a change of any pod, then
+    // compare.
+    let crasher_restarts = |p: &Pod| container(p).map(|c| c.restart_count).unwrap_or(0);
+    let now = pods
+        .get("default/crasher")
+        .map(|p| crasher_restarts(&p))
+        .unwrap_or(0);
+    wait_pod(&pods, "crasher", Duration::from_secs(30), |p| {
+        crasher_restarts(p) > now
+    })
+    .await?;
+    let after = pods.get("default/sleeper").context("sleeper")?;
+    ensure!(phase(&after) == "Running", "{:?}", after.status);
+    let c = container(&after).context("status")?;
+    ensure!(
+        c.container_id.as_deref() == Some(id.as_str()) && c.restart_count == 0,
+        "{c:?} vs {id}"
+    );
+
+    // Deleted: stopped gracefully (SIGTERM, the trap runs), then the pod is gone.
+    api.delete("sleeper", &DeleteParams::default()).await?;
+    let marked = api.get("sleeper").await;
+    if let Ok(p) = &marked {
+        ensure!(
+            p.metadata.deletion_timestamp.is_some(),
+            "a bound pod is deleted gracefully"
+        );
+    }
+    let gone = async {
+        let mut changes = pods.subscribe();
+        while pods.get("default/sleeper").is_some() {
+            changes.recv().await.context("pod informer ended")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(20), gone)
+        .await
+        .context("the pod was not removed")??;
+    let logs = root.join("agent/logs");
+    ensure!(
+        !std::fs::read_dir(&logs)?.flatten().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with("default_sleeper_")),
+        "the removed pod's logs are cleaned up"
+    );
+
+    node.stop().await?;
+    cluster.stop().await?;
+    Ok(())
+}
