@@ -265,7 +265,7 @@ impl RuntimeService for Runtime {
             .containers
             .values()
             .filter(|c| c.record.sandbox_id == id)
-            .map(|c| container_status(&c.record))
+            .map(|c| c.record.status())
             .collect();
         Ok(Response::new(PodSandboxStatusResponse {
             status: Some(self.sandbox_status(sandbox)),
@@ -479,7 +479,7 @@ impl RuntimeService for Runtime {
             .get(&id)
             .ok_or_else(|| no_container(&id))?;
         Ok(Response::new(ContainerStatusResponse {
-            status: Some(container_status(&container.record)),
+            status: Some(container.record.status()),
             info: HashMap::new(),
         }))
     }
@@ -771,41 +771,6 @@ impl ImageService for Runtime {
             image_filesystems: vec![usage],
             container_filesystems: Vec::new(),
         }))
-    }
-}
-
-fn container_status(r: &ContainerRecord) -> ContainerStatus {
-    ContainerStatus {
-        id: r.id.clone(),
-        metadata: r.config.metadata.clone(),
-        state: r.state,
-        created_at: r.created_at,
-        started_at: r.started_at,
-        finished_at: r.finished_at,
-        exit_code: r.exit_code,
-        image: r.config.image.clone(),
-        image_ref: r.image_id.clone(),
-        reason: r.reason.clone(),
-        message: r.message.clone(),
-        labels: r.config.labels.clone(),
-        annotations: r.config.annotations.clone(),
-        mounts: r.config.mounts.clone(),
-        log_path: r
-            .log_path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        resources: r
-            .config
-            .linux
-            .as_ref()
-            .and_then(|l| l.resources.clone())
-            .map(|linux| ContainerResources {
-                linux: Some(linux),
-                windows: None,
-            }),
-        image_id: r.image_id.clone(),
-        user: None,
     }
 }
 

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::Context as _;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerEventResponse, ContainerEventType, ContainerState, PodSandboxConfig,
+    ContainerConfig, ContainerEventResponse, ContainerEventType, ContainerResources,
+    ContainerState, ContainerStatus, PodSandboxConfig,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, broadcast, watch};
@@ -54,6 +55,45 @@ pub(crate) struct ContainerRecord {
     /// /proc reports it), which tell it from a later process given the same pid.
     pub pid: Option<i32>,
     pub pid_start: Option<u64>,
+}
+
+impl ContainerRecord {
+    /// The record as CRI reports it.
+    pub(crate) fn status(&self) -> ContainerStatus {
+        let r = self;
+        ContainerStatus {
+            id: r.id.clone(),
+            metadata: r.config.metadata.clone(),
+            state: r.state,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            exit_code: r.exit_code,
+            image: r.config.image.clone(),
+            image_ref: r.image_id.clone(),
+            reason: r.reason.clone(),
+            message: r.message.clone(),
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
+            mounts: r.config.mounts.clone(),
+            log_path: r
+                .log_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            resources: r
+                .config
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.clone())
+                .map(|linux| ContainerResources {
+                    linux: Some(linux),
+                    windows: None,
+                }),
+            image_id: r.image_id.clone(),
+            user: None,
+        }
+    }
 }
 
 /// How a container ended.
@@ -252,7 +292,7 @@ impl State {
             container_event_type: kind as i32,
             created_at: now_ns(),
             pod_sandbox_status: None,
-            containers_statuses: Vec::new(),
+            containers_statuses: vec![record.status()],
         });
     }
 }

@@ -332,14 +332,27 @@ async fn wasm_programs_write_the_cri_log_and_see_only_their_args_env_and_mounts(
             .unwrap()
             .unwrap();
         assert_eq!(event.container_id, status.id);
-        kinds.push(event.container_event_type);
+        assert_eq!(event.containers_statuses[0].id, status.id);
+        kinds.push((
+            event.container_event_type,
+            event.containers_statuses[0].state,
+        ));
     }
     assert_eq!(
         kinds,
         [
-            ContainerEventType::ContainerCreatedEvent as i32,
-            ContainerEventType::ContainerStartedEvent as i32,
-            ContainerEventType::ContainerStoppedEvent as i32,
+            (
+                ContainerEventType::ContainerCreatedEvent as i32,
+                ContainerState::ContainerCreated as i32
+            ),
+            (
+                ContainerEventType::ContainerStartedEvent as i32,
+                ContainerState::ContainerRunning as i32
+            ),
+            (
+                ContainerEventType::ContainerStoppedEvent as i32,
+                ContainerState::ContainerExited as i32
+            ),
         ]
     );
     // An open stream would hold the server's graceful shutdown.
