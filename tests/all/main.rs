@@ -12,6 +12,9 @@
 //!   restarts, env and volumes, graceful deletion, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
+//! - `runtime`: `trellis-runtime` over real gRPC, as a kubelet drives a CRI runtime:
+//!   WASM programs and `wasi:http` servers, native processes, images from files and
+//!   from an OCI registry, stops, limits, a runtime restart.
 //! - `scheduler`: the scheduler with the bundled default plugins against a server.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
@@ -21,5 +24,6 @@ mod client;
 mod controllers;
 mod node;
 mod plugins;
+mod runtime;
 mod scheduler;
 mod store;

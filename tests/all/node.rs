@@ -72,6 +72,8 @@ impl TestNode {
         config.relist_period = Duration::from_millis(50);
         config.backoff_base = Duration::from_millis(200);
         config.backoff_max = Duration::from_millis(800);
+        config.port = 0;
+        config.client_ca_pem = Some(cluster.ca_pem.clone());
         let client = cluster.in_process().client(identity::node(NODE));
         let agent = tokio::spawn(trellis_agent::run(
             config,
@@ -114,7 +116,7 @@ async fn wait_pod(
         tokio::select! {
             change = changes.recv() => if change.is_none() { bail!("the pod informer ended") },
             _ = tokio::time::sleep_until(deadline) => {
-                bail!("pod {name} did not get there in {limit:?}; it is {:#?}", pods.get(&key).map(|p| p.status.clone()))
+                bail!("pod {name} did not get there in {limit:?}; it is {:?}", pods.get(&key).map(|p| p.status.clone()))
             }
         }
     }
@@ -260,6 +262,12 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         log.contains(" stdout F hello from wasm\n") && log.contains(" stderr F to stderr\n"),
         "{log}"
     );
+    // The same through the API server and the node's log endpoint, with kubectl.
+    let kubectl = cluster.admin();
+    ensure!(kubectl.ok(&["logs", "hello"]).await? == "hello from wasm\nto stderr\n");
+    ensure!(kubectl.ok(&["logs", "hello", "--tail", "1"]).await? == "to stderr\n");
+    let stamped = kubectl.ok(&["logs", "hello", "-c", "main", "--timestamps"]).await?;
+    ensure!(stamped.lines().all(|l| l.len() > 30 && l.contains("Z ")), "{stamped}");
     for reason in ["Pulled", "Created", "Started"] {
         let seen = async {
             let mut changes = events.subscribe();
@@ -328,7 +336,7 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     create_pod(
         &api,
         json!({"metadata": {"name": "crasher"}, "spec": {"restartPolicy": "OnFailure",
-            "containers": [{"name": "main", "image": image, "args": ["exit", "3"]}]}}),
+            "containers": [{"name": "main", "image": image, "args": ["echo", "crashing", "--", "exit", "3"]}]}}),
     )
     .await?;
     let pod = wait_pod(&pods, "crasher", Duration::from_secs(30), |p| {
@@ -344,6 +352,29 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         "{last:?}"
     );
     ensure!(phase(&pod) == "Running", "{:?}", pod.status);
+    ensure!(kubectl.ok(&["logs", "crasher", "--previous"]).await? == "crashing\n");
+
+    // Probes: a failing liveness probe restarts the container, a readiness probe
+    // that cannot connect keeps it unready; both are told in Unhealthy events.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "probed"}, "spec": {"runtimeClassName": "process", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "file:///bin/sleep", "args": ["600"],
+                "livenessProbe": {"exec": {"command": ["/bin/sh", "-c", "exit 1"]}, "periodSeconds": 1, "failureThreshold": 1},
+                "readinessProbe": {"tcpSocket": {"port": 1}, "periodSeconds": 1}}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "probed", Duration::from_secs(30), |p| container(p).is_some_and(|c| c.restart_count >= 1)).await?;
+    let ready = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready")).map(|c| c.status.clone());
+    ensure!(ready.as_deref() == Some("False"), "{:?}", pod.status);
+    let probe_events: Vec<String> = events
+        .list()
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some("probed") && e.reason.as_deref() == Some("Unhealthy"))
+        .filter_map(|e| e.message.clone())
+        .collect();
+    ensure!(probe_events.iter().any(|m| m.starts_with("Liveness probe failed")), "{probe_events:?}");
+    api.delete("probed", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
 
     // A memory cap: the instance is stopped, OOMKilled.
     create_pod(

@@ -28,7 +28,6 @@ from conftest import failure_status as status_of
 
 # What `GET pods/{name}/log` answers until nodes run pods (docs/apiserver.md: "log is
 # a placeholder"; routes.rs).
-LOG_PLACEHOLDER = "logs are served once nodes run pods\n"
 
 GADGET_GROUP = "objects.example.com"
 GADGET_VERSION = "v1"
@@ -209,17 +208,19 @@ def test_a_binding_named_for_another_pod_is_a_bad_request(api_client, namespace)
 # ---- pods/log --------------------------------------------------------------
 
 
-def test_the_log_of_a_pod_is_empty_until_bound_then_the_placeholder(api_client, namespace):
+def test_the_log_of_a_pod_is_empty_until_bound_then_asked_of_its_node(api_client, namespace):
     """A pod no node has taken has no log (204 No Content, as kube-apiserver answers);
-    a bound one gets Trellis' plain-text placeholder until nodes run pods
-    (docs/apiserver.md)."""
+    a bound one's log is asked of its node, so a node that does not exist is told
+    (tests/python/test_node.py reads logs from a running node)."""
     v1 = client.CoreV1Api(api_client)
     v1.create_namespaced_pod(namespace, pod("logged"))
     raw = Raw(api_client).request("GET", f"/api/v1/namespaces/{namespace}/pods/logged/log")
     assert (raw.status, raw.data) == (204, b""), (raw.status, raw.data)
     bind(v1, namespace, "logged", binding("logged", "node-a"))
-    assert v1.read_namespaced_pod_log("logged", namespace) == LOG_PLACEHOLDER
-    assert v1.read_namespaced_pod_log("logged", namespace, container="web") == LOG_PLACEHOLDER
+    with pytest.raises(ApiException) as error:
+        v1.read_namespaced_pod_log("logged", namespace)
+    status = status_of(error.value, 404, "NotFound")
+    assert "node-a" in status["message"], status
 
 
 def test_the_log_of_a_missing_pod_is_not_found(api_client, namespace):

@@ -17,6 +17,7 @@
 pub mod logs;
 pub mod node;
 pub mod pods;
+pub mod probes;
 pub mod spec;
 pub mod status;
 pub mod worker;
@@ -58,6 +59,11 @@ pub struct AgentConfig {
     pub handlers: Vec<String>,
     /// Pods' CPU and memory for the Node's capacity; `None`: the machine's.
     pub capacity: Option<(u64, u64)>,
+    /// Where logs are served (HTTPS); port 0 picks one, which the Node's status tells.
+    pub port: u16,
+    /// The cluster CA, PEM: who may read logs is proven by a certificate it signed.
+    /// `None` serves no logs.
+    pub client_ca_pem: Option<String>,
 }
 
 impl AgentConfig {
@@ -76,6 +82,8 @@ impl AgentConfig {
             default_handler: "wasmtime".into(),
             handlers: Vec::new(),
             capacity: None,
+            port: 10250,
+            client_ca_pem: None,
         }
     }
 }
@@ -89,6 +97,8 @@ pub struct Context {
     pub informers: SharedInformers,
     /// The runtime's name, which prefixes container IDs (`trellis://ID`).
     pub runtime_name: String,
+    /// The port logs are served on (0 when they are not).
+    pub port: std::sync::atomic::AtomicU16,
 }
 
 impl std::fmt::Debug for Context {
@@ -142,9 +152,19 @@ pub async fn run(
         events,
         informers,
         runtime_name,
+        port: Default::default(),
     });
     std::fs::create_dir_all(ctx.config.root.join("pods"))
         .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
+    if ctx.config.client_ca_pem.is_some() {
+        let listen = std::net::SocketAddr::new(ctx.config.node_ip, ctx.config.port);
+        let port = logs::serve(ctx.clone(), listen, ctx.config.client_ca_pem.clone(), stopped.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("serve logs on {listen}: {e:#}"))?;
+        ctx.port.store(port, std::sync::atomic::Ordering::Relaxed);
+    } else {
+        tracing::warn!("no cluster CA given: the node serves no logs");
+    }
     node::register(&ctx).await?;
     let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), stopped.clone()));
     let pods = tokio::spawn(pods::run(ctx.clone(), stopped.clone()));

@@ -1249,4 +1249,130 @@ mod tests {
     fn percent_decoding_of_query_values() {
         assert_eq!(percent_decode("a%3Ab+c%2"), "a:b c%2");
     }
+
+    /// A CA and a client certificate it signed for `cn`, PEM.
+    fn ca_and_client(cn: &str) -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "test-ca");
+        let ca = params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (ca.pem(), cert.pem(), key.serialize_pem())
+    }
+
+    /// The test client does not check the node's self-signed certificate, as the API
+    /// server does not.
+    #[derive(Debug)]
+    struct AnyServer(rustls::crypto::WebPkiSupportedAlgorithms);
+
+    impl rustls::client::danger::ServerCertVerifier for AnyServer {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.supported_schemes()
+        }
+    }
+
+    /// The identity the server sees when a client presents `identity` (cert, key PEM),
+    /// or the handshake's error.
+    async fn handshake(
+        ca_pem: &str,
+        identity: Option<(&str, &str)>,
+    ) -> std::io::Result<Option<Identity>> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let server = server_config("n1", "127.0.0.1".parse().unwrap(), ca_pem).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let algorithms = provider.signature_verification_algorithms;
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(algorithms)));
+        let client = match identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let server = async move {
+            let mut tls = TlsAcceptor::from(server).accept(server_io).await?;
+            let who = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| Identity::of(c));
+            tls.write_all(b"!").await?;
+            tls.flush().await?;
+            Ok(who)
+        };
+        let client = async move {
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+                .connect(name, client_io)
+                .await?;
+            let mut byte = [0u8; 1];
+            tls.read_exact(&mut byte).await?;
+            Ok::<_, std::io::Error>(())
+        };
+        let (server, _) = tokio::join!(server, client);
+        server
+    }
+
+    #[tokio::test]
+    async fn serves_only_clients_the_ca_signed() {
+        let (ca, cert, key) = ca_and_client(API_SERVER_CLIENT);
+        let who = handshake(&ca, Some((&cert, &key))).await.unwrap().unwrap();
+        assert_eq!(who.name, API_SERVER_CLIENT);
+        assert!(who.may_read_logs());
+        // No certificate, or one another CA signed: no connection at all.
+        assert!(handshake(&ca, None).await.is_err());
+        let (_, other_cert, other_key) = ca_and_client(API_SERVER_CLIENT);
+        assert!(
+            handshake(&ca, Some((&other_cert, &other_key)))
+                .await
+                .is_err()
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
-    Node, NodeAddress, NodeCondition, NodeRuntimeHandler, NodeRuntimeHandlerFeatures, NodeStatus,
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeRuntimeHandler, NodeRuntimeHandlerFeatures, NodeStatus,
     NodeSystemInfo,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -254,6 +254,11 @@ async fn status(ctx: &Context) -> NodeStatus {
             os_image: os_image(),
             system_uuid: read_trimmed("/sys/class/dmi/id/product_uuid"),
             ..Default::default()
+        }),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(ctx.port.load(std::sync::atomic::Ordering::Relaxed)),
+            }),
         }),
         runtime_handlers: Some(
             ctx.config

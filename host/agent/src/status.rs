@@ -57,6 +57,8 @@ pub struct Slot {
     /// (`ContainerCreating`, `CrashLoopBackOff`, `ErrImagePull`, …).
     pub waiting: Option<(String, String)>,
     pub ready: bool,
+    /// Its startup probe passed (or it has none).
+    pub started: bool,
 }
 
 impl Slot {
@@ -174,7 +176,7 @@ pub fn container_statuses(slots: &[Slot], runtime: &str) -> Vec<ContainerStatus>
                     .unwrap_or_default(),
                 container_id: id,
                 ready: slot.ready,
-                started: Some(slot.running()),
+                started: Some(slot.running() && slot.started),
                 restart_count: slot.restart_count() as i32,
                 last_state: last.map(|o| state_of(o, &format!("{runtime}://{}", o.id))),
                 state: Some(state),

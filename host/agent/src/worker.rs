@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 use trellis_client::events::EventType;
 
 use crate::Context;
+use crate::probes::Prober;
 use crate::spec::{self, Sources};
 use crate::status::{self, Observed, Slot, State};
 
@@ -63,6 +64,7 @@ pub async fn run(
         backoff: HashMap::new(),
         reported: None,
         start_time: None,
+        prober: Prober::default(),
     };
     let mut last: Option<Arc<Pod>> = None;
     loop {
@@ -113,6 +115,7 @@ struct Worker {
     /// The status last written, so an unchanged one is not written again.
     reported: Option<Value>,
     start_time: Option<Time>,
+    prober: Prober,
 }
 
 fn pod_label(pod: &Pod) -> String {
@@ -288,10 +291,32 @@ impl Worker {
         }
 
         if initialized {
+            let runs: Vec<String> = main.iter().filter_map(|s| s.current.as_ref().map(|c| c.id.clone())).collect();
+            self.prober.retain(&runs);
             for (i, container) in spec.containers.iter().enumerate() {
                 let s = &mut main[i];
-                if s.running() {
-                    s.ready = true;
+                if let Some(current) = s.current.as_ref().filter(|c| c.state == State::Running) {
+                    let (id, started_at) = (current.id.clone(), current.started_at);
+                    let outcome = self.prober.check(&self.ctx, pod, container, &id, started_at).await;
+                    for message in &outcome.unhealthy {
+                        self.event(pod, EventType::Warning, "Unhealthy", message);
+                    }
+                    if let Some(at) = outcome.next {
+                        soonest(at);
+                    }
+                    s.ready = outcome.ready;
+                    s.started = outcome.started;
+                    if let Some(message) = outcome.kill {
+                        self.event(pod, EventType::Normal, "Killing", &message);
+                        let grace = spec_grace(pod);
+                        let mut runtime = self.ctx.cri.runtime.clone();
+                        let _ = runtime
+                            .stop_container(cri::StopContainerRequest { container_id: id, timeout: grace })
+                            .await;
+                        s.ready = false;
+                        // The next sync sees it exited and restarts it by the policy.
+                        soonest(Instant::now());
+                    }
                     continue;
                 }
                 let attempt = match s.exited() {
@@ -332,7 +357,13 @@ impl Worker {
                     soonest(until);
                 }
                 if s.running() {
-                    s.ready = true;
+                    // Probed from the next sync on; until then ready only without
+                    // probes that must pass first.
+                    s.ready = container.readiness_probe.is_none() && container.startup_probe.is_none();
+                    s.started = container.startup_probe.is_none();
+                    if !s.ready || !s.started {
+                        soonest(Instant::now() + Duration::from_millis(10));
+                    }
                 }
             }
         }
@@ -815,11 +846,7 @@ impl Worker {
                 .collect(),
             mounts,
             labels,
-            annotations: [(
-                "io.kubernetes.container.restartCount".to_owned(),
-                attempt.to_string(),
-            )]
-            .into(),
+            annotations: annotations(container, attempt),
             log_path: format!("{}/{attempt}.log", container.name),
             linux: Some(cri::LinuxContainerConfig {
                 resources: Some(cri::LinuxContainerResources {
@@ -978,6 +1005,26 @@ impl Worker {
     }
 }
 
+/// A container's annotations, as the kubelet writes them: its restart count and its
+/// ports (a `wasi:http` component is served on the first).
+fn annotations(container: &Container, attempt: u32) -> HashMap<String, String> {
+    let mut out = HashMap::from([(
+        "io.kubernetes.container.restartCount".to_owned(),
+        attempt.to_string(),
+    )]);
+    if let Some(ports) = container.ports.as_ref().filter(|p| !p.is_empty()) {
+        let list: Vec<Value> = ports
+            .iter()
+            .map(|p| {
+                json!({"name": p.name, "containerPort": p.container_port,
+                       "protocol": p.protocol.as_deref().unwrap_or("TCP")})
+            })
+            .collect();
+        out.insert("io.kubernetes.container.ports".into(), Value::Array(list).to_string());
+    }
+    out
+}
+
 /// The slot of a spec container, with its runtime containers taken from `observed`.
 fn slot(container: &Container, observed: &mut HashMap<String, Vec<Observed>>) -> Slot {
     let mut runs = observed
@@ -991,6 +1038,7 @@ fn slot(container: &Container, observed: &mut HashMap<String, Vec<Observed>>) ->
         previous: runs.next(),
         waiting: None,
         ready: false,
+        started: true,
     }
 }
 

@@ -37,6 +37,7 @@ pub mod authorization;
 pub mod endpoints;
 pub mod fieldmanager;
 mod fuzz;
+pub mod kubelet;
 mod layout;
 pub mod object;
 pub mod observability;

@@ -174,7 +174,7 @@ pub struct AppState {
     /// Poked when a namespace is deleted: the namespace controller passes again.
     pub namespace_deletions: tokio::sync::Notify,
     /// HTTPS to nodes' agents, for `pods/log`.
-    pub kubelet: crate::server::kubelet::KubeletClient,
+    pub kubelet: crate::kubelet::KubeletClient,
 }
 
 /// What the server's state is made from, as [`crate::server::start`] prepares it.
@@ -190,7 +190,7 @@ pub struct Parts {
     pub server_address: String,
     pub settings: Settings,
     /// HTTPS to nodes' agents, with the API server's client certificate.
-    pub kubelet: crate::server::kubelet::KubeletClient,
+    pub kubelet: crate::kubelet::KubeletClient,
 }
 
 impl AppState {

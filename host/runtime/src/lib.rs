@@ -1,7 +1,8 @@
 //! Trellis' container runtime: Kubernetes' CRI v1 (`runtime.v1` RuntimeService and
 //! ImageService) over gRPC on a Unix socket, with two runtime handlers:
-//! [`WASMTIME`] runs WebAssembly components exporting `wasi:cli/run` as programs, and
-//! [`PROCESS`] (when enabled) runs native executables as plain host processes.
+//! [`WASMTIME`] runs WebAssembly components, those exporting `wasi:cli/run` as programs
+//! and those exporting `wasi:http/incoming-handler` as HTTP servers on the container's
+//! port, and [`PROCESS`] (when enabled) runs native executables as plain host processes.
 //!
 //! Start with [`Runtime::new`] and [`serve`]; a node agent talks to this runtime, or
 //! to any other CRI runtime such as containerd, through [`connect`].
@@ -17,8 +18,10 @@
 //! - `state`: sandbox and container records, their files under the root, and the
 //!   container events stream.
 //! - `images`: the image store: pulling `file://` images, the JSON index.
-//! - `wasm`: the `wasmtime` handler: its engine, the compiled-component cache, and a
-//!   program's run on a thread of its own.
+//! - `wasm`: the `wasmtime` handler: its engine, the compiled-component cache, a
+//!   component's kind, and a program's run on a thread of its own.
+//! - `proxy`: the `wasmtime` handler's HTTP servers for `wasi:http` components: the
+//!   port from the container's annotation, an instance per request, graceful stops.
 //! - `process`: the `process` handler: spawning, stopping, adopting after a restart,
 //!   `ExecSync`.
 //! - `log`: container output in the CRI log format.
@@ -26,6 +29,7 @@
 mod images;
 mod log;
 mod process;
+mod proxy;
 mod service;
 mod state;
 mod wasm;

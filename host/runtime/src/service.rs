@@ -24,7 +24,9 @@ type Reply<T> = Result<Response<T>, Status>;
 type EventStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<ContainerEventResponse, Status>> + Send>>;
 
-/// How long a stopped WASM program may take to notice before a stop gives up.
+/// How long a stopped WASM container may take to end before a stop gives up: a
+/// program notices at once, an HTTP handler's requests have up to
+/// `proxy::MAX_GRACE`.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 impl Runtime {
@@ -63,7 +65,8 @@ impl Runtime {
         match how {
             How::Process(pid) => process::stop(pid, timeout, exited).await,
             How::Wasm(cancel) => {
-                cancel.cancel();
+                // A program ends at once; an HTTP handler's requests get the grace.
+                cancel.stop(timeout);
                 let mut exited = exited;
                 match tokio::time::timeout(CANCEL_WAIT, exited.wait_for(|e| *e)).await {
                     Ok(_) => Ok(()),
@@ -81,7 +84,7 @@ impl Runtime {
             ImageKind::Wasm => {
                 let wasm = self.wasm.clone();
                 let (digest, path) = (record.image_id.clone(), record.program.clone());
-                let program = tokio::task::spawn_blocking(move || wasm.program(&digest, &path))
+                let program = tokio::task::spawn_blocking(move || wasm.prepare(&digest, &path))
                     .await
                     .map_err(|e| {
                         Status::internal(format!("compiling the component failed: {e}"))
@@ -109,7 +112,8 @@ impl Runtime {
         }
         let (live, pid, pid_start) = match program {
             Some(program) => (
-                self.wasm.start(&self.state, &record, program, log)?,
+                self.wasm
+                    .start(&self.state, &record, program, log, self.config.node_ip)?,
                 None,
                 None,
             ),

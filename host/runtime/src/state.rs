@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use k8s_cri::v1::{
@@ -135,18 +136,36 @@ pub(crate) enum Stopper {
     Wasm(Arc<Cancel>),
 }
 
-/// Asks a WASM program to end: the flag stops guest code at its next epoch check, the
-/// notification wakes a guest waiting in a host call.
+/// Asks a WASM container to end. A program: the flag stops guest code at its next
+/// epoch check, the notification wakes a guest waiting in a host call. An HTTP
+/// handler: the notification stops its listening, and requests in flight get the
+/// grace before their instances are cancelled.
 #[derive(Debug, Default)]
 pub(crate) struct Cancel {
     pub flag: AtomicBool,
     pub notify: Notify,
+    /// The grace a stop gave, in milliseconds (`StopContainer`'s timeout).
+    grace_ms: AtomicU64,
 }
 
 impl Cancel {
+    /// Ends the container at once.
     pub(crate) fn cancel(&self) {
+        self.stop(Duration::ZERO);
+    }
+
+    /// Ends the container, giving work in flight up to `grace` (only an HTTP handler
+    /// has any: a program is cancelled at once).
+    pub(crate) fn stop(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.grace_ms.store(ms, Ordering::Relaxed);
         self.flag.store(true, Ordering::Relaxed);
         self.notify.notify_one();
+    }
+
+    /// The grace the stop gave.
+    pub(crate) fn grace(&self) -> Duration {
+        Duration::from_millis(self.grace_ms.load(Ordering::Relaxed))
     }
 }
 

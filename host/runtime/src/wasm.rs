@@ -1,18 +1,22 @@
-//! The `wasmtime` handler: a container is a WebAssembly component exporting
-//! `wasi:cli/run`, run as a program on an OS thread of its own.
+//! The `wasmtime` handler: a container is a WebAssembly component, of one of two kinds
+//! told by its exports. One exporting `wasi:cli/run` is a program, run once on an OS
+//! thread of its own; one exporting `wasi:http/incoming-handler` (the `wasi:http/proxy`
+//! world) is an HTTP server, an instance per request (see `proxy`).
 //!
 //! Workloads have their own engine (Cranelift, epoch interruption, no pooling): they
 //! must not take the plugin host's instance slots. Compiled code is cached on disk by
 //! content digest through the plugin host's cache (whose file names carry the engine's
-//! compatibility hash), and in memory per digest, so a second container of an image
-//! neither recompiles nor reloads it.
+//! compatibility hash), and in memory per digest, pre-instantiated, so a second
+//! container of an image (or a handler's next request) neither recompiles nor relinks.
 //!
 //! WASI grants exactly the container's arguments and environment, a preopened
 //! directory per mount (read-only when the mount is), stdout and stderr into the log,
-//! clocks and randomness; no sockets, no name lookup, no stdin. A WASM program has no
-//! signal handler: a stop cancels it at once, whatever the grace period.
+//! clocks and randomness; no sockets, no name lookup, no stdin. An HTTP handler may also
+//! send requests (`wasi:http/outgoing-handler`); a program may not. A WASM program has
+//! no signal handler: a stop cancels it at once, whatever the grace period.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,6 +33,8 @@ use wasmtime::{Config, Engine, ResourceLimiter, Store, Strategy, UpdateDeadline}
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::log::{Lines, LogFile, Stream};
 use crate::state::{Cancel, ContainerRecord, Exit, Live, State, Stopper};
@@ -39,13 +45,29 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Frames of a trap's WASM backtrace kept in the container's status message.
 const TRAP_FRAMES: usize = 6;
 
+/// Export names (before the `@version`) that tell a component's kind.
+const RUN_EXPORT: &str = "wasi:cli/run@";
+const HANDLER_EXPORT: &str = "wasi:http/incoming-handler@";
+
 pub(crate) struct WasmHost {
     engine: Engine,
+    /// WASI alone: what a program may import.
     linker: Linker<Workload>,
+    /// WASI and `wasi:http`: what an HTTP handler may import.
+    http_linker: Linker<Workload>,
     cache_dir: PathBuf,
-    /// Programs ready to instantiate, by image digest.
-    programs: Mutex<HashMap<String, CommandPre<Workload>>>,
+    /// Components ready to instantiate, by image digest.
+    prepared: Mutex<HashMap<String, Prepared>>,
     ticker: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+}
+
+/// A component linked and checked, of the kind its exports say.
+#[derive(Clone)]
+pub(crate) enum Prepared {
+    /// Exports `wasi:cli/run`: runs once, as a program.
+    Program(CommandPre<Workload>),
+    /// Exports `wasi:http/incoming-handler`: serves HTTP, an instance per request.
+    Handler(ProxyPre<Workload>),
 }
 
 impl std::fmt::Debug for WasmHost {
@@ -66,6 +88,9 @@ impl WasmHost {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::anyhow!("link WASI: {e}"))?;
+        let mut http_linker = linker.clone();
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut http_linker)
+            .map_err(|e| anyhow::anyhow!("link wasi:http: {e}"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let engine = engine.clone();
@@ -82,21 +107,18 @@ impl WasmHost {
         Ok(Self {
             engine,
             linker,
+            http_linker,
             cache_dir,
-            programs: Mutex::default(),
+            prepared: Mutex::default(),
             ticker: Some((stop, ticker)),
         })
     }
 
-    /// The program of the component at `path` whose digest is `digest`: compiled or
-    /// loaded from the cache. Blocking (up to a compilation).
-    pub(crate) fn program(
-        &self,
-        digest: &str,
-        path: &Path,
-    ) -> Result<CommandPre<Workload>, Status> {
-        if let Some(pre) = self.lock_programs().get(digest) {
-            return Ok(pre.clone());
+    /// The component at `path` whose digest is `digest`, compiled (or loaded from the
+    /// cache) and linked as its exports say. Blocking (up to a compilation).
+    pub(crate) fn prepare(&self, digest: &str, path: &Path) -> Result<Prepared, Status> {
+        if let Some(prepared) = self.lock_prepared().get(digest) {
+            return Ok(prepared.clone());
         }
         let wasm = std::fs::read(path).map_err(|e| {
             Status::not_found(format!(
@@ -119,106 +141,91 @@ impl WasmHost {
                 first_line(&format!("{e:#}"))
             ))
         })?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(CommandPre::new)
-            .map_err(|e| {
-                Status::failed_precondition(format!(
-                    "image {digest} cannot run as a program (a component exporting wasi:cli/run and importing only WASI): {}",
-                    first_line(&format!("{e:#}"))
-                ))
-            })?;
-        self.lock_programs().insert(digest.to_string(), pre.clone());
-        Ok(pre)
+        let exports: Vec<String> = component
+            .component_type()
+            .exports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        let exports_one = |prefix: &str| exports.iter().any(|e| e.starts_with(prefix));
+        let prepared = if exports_one(RUN_EXPORT) {
+            self.linker
+                .instantiate_pre(&component)
+                .and_then(CommandPre::new)
+                .map(Prepared::Program)
+                .map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "image {digest} cannot run as a program (a component exporting wasi:cli/run and importing only WASI): {}",
+                        first_line(&format!("{e:#}"))
+                    ))
+                })?
+        } else if exports_one(HANDLER_EXPORT) {
+            self.http_linker
+                .instantiate_pre(&component)
+                .and_then(ProxyPre::new)
+                .map(Prepared::Handler)
+                .map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "image {digest} cannot serve HTTP (a component exporting wasi:http/incoming-handler and importing only WASI and wasi:http): {}",
+                        first_line(&format!("{e:#}"))
+                    ))
+                })?
+        } else {
+            return Err(Status::failed_precondition(format!(
+                "image {digest} exports neither wasi:cli/run (a program) nor wasi:http/incoming-handler (an HTTP handler); its exports: {}",
+                if exports.is_empty() {
+                    "none".to_string()
+                } else {
+                    exports.join(", ")
+                }
+            )));
+        };
+        self.lock_prepared()
+            .insert(digest.to_string(), prepared.clone());
+        Ok(prepared)
     }
 
-    fn lock_programs(&self) -> std::sync::MutexGuard<'_, HashMap<String, CommandPre<Workload>>> {
-        self.programs.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_prepared(&self) -> std::sync::MutexGuard<'_, HashMap<String, Prepared>> {
+        self.prepared.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts `record`'s program on a thread of its own. Called with the tables
-    /// locked, so the thread cannot record its end before the start is recorded.
+    /// Starts `record`'s component: a program on a thread of its own, an HTTP handler
+    /// listening on `node_ip`. Called with the tables locked, so the thread cannot
+    /// record its end before the start is recorded.
     pub(crate) fn start(
+        &self,
+        state: &Arc<State>,
+        record: &ContainerRecord,
+        prepared: Prepared,
+        log: Option<Arc<LogFile>>,
+        node_ip: IpAddr,
+    ) -> Result<Live, Status> {
+        match prepared {
+            Prepared::Program(program) => self.start_program(state, record, program, log),
+            Prepared::Handler(pre) => crate::proxy::start(
+                crate::proxy::Handler::new(&self.engine, record, pre, log)?,
+                state,
+                node_ip,
+            ),
+        }
+    }
+
+    fn start_program(
         &self,
         state: &Arc<State>,
         record: &ContainerRecord,
         program: CommandPre<Workload>,
         log: Option<Arc<LogFile>>,
     ) -> Result<Live, Status> {
-        let config = &record.config;
-        let name = config
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
-        let argv: Vec<String> = if config.command.is_empty() {
-            std::iter::once(name)
-                .chain(config.args.iter().cloned())
-                .collect()
-        } else {
-            config.command.iter().chain(&config.args).cloned().collect()
-        };
-        let envs: Vec<(&str, &str)> = config
-            .envs
-            .iter()
-            .map(|kv| (kv.key.as_str(), kv.value.as_str()))
-            .collect();
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.args(&argv)
-            .envs(&envs)
-            .stdout(LogStream::new(Stream::Stdout, log.clone()))
-            .stderr(LogStream::new(Stream::Stderr, log.clone()))
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false);
-        for mount in &config.mounts {
-            let perms = if mount.readonly {
-                FsPerms::ReadOnly
-            } else {
-                FsPerms::ReadWrite
-            };
-            wasi.preopened_dir(&mount.host_path, &mount.container_path, perms)
-                .map_err(|e| {
-                    Status::failed_precondition(format!(
-                        "container {}: cannot mount {} at {}: {e}",
-                        record.id, mount.host_path, mount.container_path
-                    ))
-                })?;
-        }
-        if !config.working_dir.is_empty() {
-            wasi.initial_cwd(&config.working_dir);
-        }
-        let limit = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.resources.as_ref())
-            .map(|r| r.memory_limit_in_bytes)
-            .filter(|&l| l > 0)
-            .and_then(|l| usize::try_from(l).ok());
+        let wasi = WasiConfig::of(record).context(log.clone())?;
         let memory = Arc::new(AtomicU64::new(0));
         let cancel = Arc::new(Cancel::default());
-        let mut store = Store::new(
+        let store = new_store(
             &self.engine,
-            Workload {
-                wasi: wasi.build(),
-                table: ResourceTable::new(),
-                limits: MemoryLimits {
-                    limit,
-                    used: memory.clone(),
-                    hit: false,
-                },
-                cancel: cancel.clone(),
-            },
+            wasi,
+            memory_limit(record),
+            memory.clone(),
+            cancel.clone(),
         );
-        store.limiter(|w| &mut w.limits);
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|ctx| {
-            if ctx.data().cancel.flag.load(Ordering::Relaxed) {
-                wasmtime::bail!("stopped");
-            }
-            Ok(UpdateDeadline::Yield(1))
-        });
         let (exited, _) = watch::channel(false);
         let id = record.id.clone();
         let state = state.clone();
@@ -238,6 +245,130 @@ impl WasmHost {
             memory: Some(memory),
         })
     }
+}
+
+/// What a container's WASI context is made of: kept so an HTTP handler can make one
+/// per request.
+#[derive(Clone, Debug)]
+pub(crate) struct WasiConfig {
+    id: String,
+    argv: Vec<String>,
+    envs: Vec<(String, String)>,
+    /// Host path, guest path, read-only.
+    mounts: Vec<(String, String, bool)>,
+    working_dir: Option<String>,
+}
+
+impl WasiConfig {
+    pub(crate) fn of(record: &ContainerRecord) -> Self {
+        let config = &record.config;
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        let argv: Vec<String> = if config.command.is_empty() {
+            std::iter::once(name)
+                .chain(config.args.iter().cloned())
+                .collect()
+        } else {
+            config.command.iter().chain(&config.args).cloned().collect()
+        };
+        Self {
+            id: record.id.clone(),
+            argv,
+            envs: config
+                .envs
+                .iter()
+                .map(|kv| (kv.key.clone(), kv.value.clone()))
+                .collect(),
+            mounts: config
+                .mounts
+                .iter()
+                .map(|m| (m.host_path.clone(), m.container_path.clone(), m.readonly))
+                .collect(),
+            working_dir: Some(config.working_dir.clone()).filter(|d| !d.is_empty()),
+        }
+    }
+
+    /// A WASI context granting the container's arguments, environment and mounts, its
+    /// output into `log`, and no sockets.
+    pub(crate) fn context(&self, log: Option<Arc<LogFile>>) -> Result<WasiCtx, Status> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.args(&self.argv)
+            .envs(&self.envs)
+            .stdout(LogStream::new(Stream::Stdout, log.clone()))
+            .stderr(LogStream::new(Stream::Stderr, log))
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        for (host_path, container_path, readonly) in &self.mounts {
+            let perms = if *readonly {
+                FsPerms::ReadOnly
+            } else {
+                FsPerms::ReadWrite
+            };
+            wasi.preopened_dir(host_path, container_path, perms)
+                .map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "container {}: cannot mount {host_path} at {container_path}: {e}",
+                        self.id
+                    ))
+                })?;
+        }
+        if let Some(dir) = &self.working_dir {
+            wasi.initial_cwd(dir);
+        }
+        Ok(wasi.build())
+    }
+}
+
+/// The container's memory limit, if it has one.
+pub(crate) fn memory_limit(record: &ContainerRecord) -> Option<usize> {
+    record
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.resources.as_ref())
+        .map(|r| r.memory_limit_in_bytes)
+        .filter(|&l| l > 0)
+        .and_then(|l| usize::try_from(l).ok())
+}
+
+/// A store for one instance: its memory held to `limit` and counted into `memory`
+/// (the container's, over all of its instances), its guest code stopped once
+/// `cancel`'s flag is set.
+pub(crate) fn new_store(
+    engine: &Engine,
+    wasi: WasiCtx,
+    limit: Option<usize>,
+    memory: Arc<AtomicU64>,
+    cancel: Arc<Cancel>,
+) -> Store<Workload> {
+    let mut store = Store::new(
+        engine,
+        Workload {
+            wasi,
+            http: WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            limits: MemoryLimits {
+                limit,
+                own: 0,
+                total: memory,
+                hit: false,
+            },
+            cancel,
+        },
+    );
+    store.limiter(|w| &mut w.limits);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|ctx| {
+        if ctx.data().cancel.flag.load(Ordering::Relaxed) {
+            wasmtime::bail!("stopped");
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    store
 }
 
 impl Drop for WasmHost {
@@ -318,7 +449,7 @@ fn run(mut store: Store<Workload>, program: CommandPre<Workload>, cancel: &Cance
 }
 
 /// A trap, briefly: what happened and the innermost frames of the WASM backtrace.
-fn trap_message(e: &wasmtime::Error) -> String {
+pub(crate) fn trap_message(e: &wasmtime::Error) -> String {
     let what = match e.downcast_ref::<wasmtime::Trap>() {
         Some(trap) => trap.to_string(),
         None => first_line(&e.root_cause().to_string()).to_string(),
@@ -346,15 +477,17 @@ fn trap_message(e: &wasmtime::Error) -> String {
     format!("{what} (backtrace: {}{more})", frames.join(" < "))
 }
 
-fn first_line(s: &str) -> &str {
+pub(crate) fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
 }
 
 /// What a workload's store holds.
 pub(crate) struct Workload {
     wasi: WasiCtx,
+    /// Unused by programs, whose linker has no `wasi:http`.
+    http: WasiHttpCtx,
     table: ResourceTable,
-    limits: MemoryLimits,
+    pub(crate) limits: MemoryLimits,
     cancel: Arc<Cancel>,
 }
 
@@ -367,12 +500,25 @@ impl WasiView for Workload {
     }
 }
 
-/// The container's memory limit over all of its linear memories together.
-struct MemoryLimits {
-    limit: Option<usize>,
-    used: Arc<AtomicU64>,
+impl WasiHttpView for Workload {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: Default::default(),
+        }
+    }
+}
+
+/// An instance's memory limit over all of its linear memories together.
+pub(crate) struct MemoryLimits {
+    pub(crate) limit: Option<usize>,
+    /// Bytes this store's memories hold.
+    own: usize,
+    /// Bytes the container's stores hold together: what `ContainerStats` reports.
+    total: Arc<AtomicU64>,
     /// Whether a growth was refused: the trap that follows is an OOM kill.
-    hit: bool,
+    pub(crate) hit: bool,
 }
 
 impl ResourceLimiter for MemoryLimits {
@@ -382,15 +528,16 @@ impl ResourceLimiter for MemoryLimits {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let used = self.used.load(Ordering::Relaxed) as usize;
-        let total = used.saturating_sub(current).saturating_add(desired);
+        let own = self.own.saturating_sub(current).saturating_add(desired);
         if let Some(limit) = self.limit
-            && total > limit
+            && own > limit
         {
             self.hit = true;
-            wasmtime::bail!("memory limit of {limit} bytes reached (growing to {total} bytes)");
+            wasmtime::bail!("memory limit of {limit} bytes reached (growing to {own} bytes)");
         }
-        self.used.store(total as u64, Ordering::Relaxed);
+        self.total
+            .fetch_add(own.saturating_sub(self.own) as u64, Ordering::Relaxed);
+        self.own = own;
         Ok(true)
     }
 
@@ -401,6 +548,13 @@ impl ResourceLimiter for MemoryLimits {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(true)
+    }
+}
+
+impl Drop for MemoryLimits {
+    fn drop(&mut self) {
+        // The store's memories go with it.
+        self.total.fetch_sub(self.own as u64, Ordering::Relaxed);
     }
 }
 

@@ -142,6 +142,7 @@ pub async fn run_local(
     informers: SharedInformers,
     data_dir: &Path,
     process_handler: bool,
+    client_ca_pem: Option<String>,
     flags: &NodeFlags,
     stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -180,6 +181,8 @@ pub async fn run_local(
     config.backoff_base = flags.restart_backoff;
     config.backoff_max = flags.restart_backoff_max;
     config.default_handler = flags.default_runtime_handler.clone();
+    config.port = flags.node_port;
+    config.client_ca_pem = client_ca_pem;
     info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
     let result = trellis_agent::run(config, client, cri, informers, stopped).await;
     if let Some(server) = server {
@@ -204,9 +207,45 @@ async fn connect_when_up(socket: &Path) -> anyhow::Result<trellis_runtime::Clien
     }
 }
 
+/// The cluster CA of a kubeconfig's current cluster, PEM: inline data or a file.
+fn cluster_ca(kubeconfig: &Path) -> anyhow::Result<Option<String>> {
+    use base64::Engine as _;
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("read {}", kubeconfig.display()))?;
+    let context = config.current_context.clone().unwrap_or_default();
+    let cluster_name = config
+        .contexts
+        .iter()
+        .find(|c| c.name == context)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone());
+    let cluster = config
+        .clusters
+        .iter()
+        .find(|c| Some(&c.name) == cluster_name.as_ref())
+        .or(config.clusters.first())
+        .and_then(|c| c.cluster.as_ref());
+    let Some(cluster) = cluster else {
+        return Ok(None);
+    };
+    if let Some(data) = &cluster.certificate_authority_data {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .context("decode certificate-authority-data")?;
+        return Ok(Some(String::from_utf8_lossy(&pem).into_owned()));
+    }
+    match &cluster.certificate_authority {
+        Some(file) => Ok(Some(
+            std::fs::read_to_string(file).with_context(|| format!("read the cluster CA {file}"))?,
+        )),
+        None => Ok(None),
+    }
+}
+
 /// `trellis node --kubeconfig FILE`.
 pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let client = trellis_client::transport::remote(&args.kubeconfig).await?;
+    let ca = cluster_ca(&args.kubeconfig)?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create {}", args.data_dir.display()))?;
     let (stop, stopped) = watch::channel(false);
@@ -218,6 +257,7 @@ pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> any
             informers,
             &data_dir,
             args.process_handler,
+            ca,
             &args.node,
             stopped,
         )

@@ -273,7 +273,8 @@ pub async fn run(
             let flags = args.node.clone();
             let stopped = stopped.clone();
             running.push(tokio::spawn(async move {
-                crate::node::run_local(client, informers, &data_dir, true, &flags, stopped)
+                let ca = std::fs::read_to_string(data_dir.join("pki").join("ca.crt")).ok();
+                crate::node::run_local(client, informers, &data_dir, true, ca, &flags, stopped)
                     .await
                     .context("run the local node")
             }));

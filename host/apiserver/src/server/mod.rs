@@ -3,7 +3,6 @@
 
 pub mod connection;
 pub mod kubeconfig;
-pub mod kubelet;
 pub mod pki;
 pub mod tls;
 
@@ -274,8 +273,17 @@ pub async fn start(
             .context("load the ServiceAccount signing key")?,
         server_address: addr.to_string(),
         settings: config.settings.clone(),
-        kubelet: kubelet::KubeletClient::issue(&pki)
-            .context("prepare the client for nodes' log endpoints")?,
+        kubelet: {
+            let (cert, key) = pki
+                .issue_client_cert(
+                    crate::kubelet::CLIENT_COMMON_NAME,
+                    &[trellis_api::user::groups::MASTERS],
+                    crate::kubelet::CLIENT_CERT_DAYS,
+                )
+                .context("issue the API server's client certificate for nodes")?;
+            crate::kubelet::KubeletClient::new(&cert, &key)
+                .context("prepare the client for nodes' log endpoints")?
+        },
     });
     state
         .bootstrap()

@@ -111,6 +111,7 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
                 SharedInformers::new(),
                 &node_dir,
                 true,
+                None,
                 &flags,
                 stopped,
             )

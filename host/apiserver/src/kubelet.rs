@@ -21,12 +21,11 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
-use crate::server::pki::Pki;
 
 /// The common name of the API server's client certificate for nodes.
 pub const CLIENT_COMMON_NAME: &str = "kube-apiserver-kubelet-client";
 /// How long the certificate issued at start is valid.
-const CLIENT_CERT_DAYS: u32 = 365;
+pub const CLIENT_CERT_DAYS: u32 = 365;
 /// Time to open a connection to a node and finish the TLS handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time for a node to answer with its headers; a followed log's body then streams for
@@ -46,18 +45,6 @@ impl std::fmt::Debug for KubeletClient {
 }
 
 impl KubeletClient {
-    /// Issues the API server's client certificate from `pki`'s CA and builds the client.
-    pub fn issue(pki: &Pki) -> anyhow::Result<Self> {
-        let (cert, key) = pki
-            .issue_client_cert(
-                CLIENT_COMMON_NAME,
-                &[trellis_api::user::groups::MASTERS],
-                CLIENT_CERT_DAYS,
-            )
-            .context("issue the API server's client certificate for nodes")?;
-        Self::new(&cert, &key)
-    }
-
     /// A client presenting the certificate `cert_pem` with key `key_pem`.
     pub fn new(cert_pem: &str, key_pem: &str) -> anyhow::Result<Self> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -104,7 +91,7 @@ impl KubeletClient {
         )
         .await
         .map_err(|_| failed(format!("dial tcp {authority}: i/o timeout")))?
-        .map_err(|e| failed(format!("dial tcp {authority}: connect: {e}")))?;
+        .map_err(|e| failed(format!("dial tcp {authority}: connect: {}", io_error(&e))))?;
         let _ = tcp.set_nodelay(true);
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| failed(format!("invalid host {host:?}: {e}")))?;
@@ -172,5 +159,16 @@ impl ServerCertVerifier for AnyServerCert {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.algorithms.supported_schemes()
+    }
+}
+
+/// An I/O error as Go words the common ones, which is what people search for.
+fn io_error(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+        std::io::ErrorKind::TimedOut => "i/o timeout".into(),
+        std::io::ErrorKind::HostUnreachable => "no route to host".into(),
+        std::io::ErrorKind::NetworkUnreachable => "network is unreachable".into(),
+        _ => e.to_string(),
     }
 }

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -18,15 +19,27 @@ use trellis_runtime::{Client, PROCESS, Runtime, RuntimeConfig, WASMTIME, connect
 
 const NODE_IP: [u8; 4] = [10, 1, 2, 3];
 
-fn workload() -> String {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/dist/workload.wasm");
+/// The path of fixture `name` built by `plugins/build.sh`.
+fn fixture(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/target/dist")
+        .join(format!("{name}.wasm"));
     assert!(
         path.exists(),
         "{} is missing: run plugins/build.sh",
         path.display()
     );
-    format!("file://{}", path.canonicalize().unwrap().display())
+    path.canonicalize().unwrap()
+}
+
+/// The WASI program the tests run (`plugins/fixtures/workload`).
+fn workload() -> String {
+    format!("file://{}", fixture("workload").display())
+}
+
+/// The `wasi:http` component the tests serve (`plugins/fixtures/http-hello`).
+fn http_hello() -> String {
+    format!("file://{}", fixture("http-hello").display())
 }
 
 /// A runtime serving on a socket in a temporary directory, and a client of it.
@@ -40,12 +53,17 @@ struct Node {
 
 impl Node {
     async fn start(dir: &Path) -> Node {
+        Self::start_on(dir, NODE_IP.into()).await
+    }
+
+    /// A node whose IP is `node_ip`: where its `wasi:http` containers listen.
+    async fn start_on(dir: &Path, node_ip: IpAddr) -> Node {
         let runtime = Runtime::new(RuntimeConfig {
             root: dir.join("root"),
             // Shared by the tests: the component is compiled once.
             cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
             process_handler: true,
-            node_ip: NODE_IP.into(),
+            node_ip,
         })
         .unwrap();
         let weak = Arc::downgrade(&runtime);
@@ -985,5 +1003,188 @@ async fn a_restarted_runtime_adopts_a_live_process_and_reports_a_lost_wasm_progr
         parse_log(&std::fs::read_to_string(&log_path).unwrap()),
         [rec("stdout", "F", "before"), rec("stdout", "F", "after")]
     );
+    node.stop().await;
+}
+
+/// A port free on the loopback address: bound, then released for a container.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The container annotation through which the kubelet (and the node agent) tells a
+/// runtime the container's ports.
+fn ports_annotation(port: u16) -> HashMap<String, String> {
+    HashMap::from([(
+        "io.kubernetes.container.ports".to_string(),
+        format!(r#"[{{"name":"http","containerPort":{port},"protocol":"TCP"}}]"#),
+    )])
+}
+
+/// GETs `path` from 127.0.0.1:`port` on a connection of its own: status and body.
+async fn get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use http_body_util::BodyExt as _;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header("host", format!("127.0.0.1:{port}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+        .await??;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[tokio::test]
+async fn wasi_http_components_serve_each_request_with_a_fresh_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start_on(dir.path(), IpAddr::from([127, 0, 0, 1])).await;
+    let image = http_hello();
+    node.pull(&image).await;
+    let sandbox = node.sandbox("web", "").await;
+    let port = free_port();
+    let id = node
+        .create(&sandbox, &image, "hello", &[], |c| {
+            c.annotations = ports_annotation(port);
+            c.envs = vec![env("GREETING", "trellis")];
+            c.linux = Some(LinuxContainerConfig {
+                resources: Some(LinuxContainerResources {
+                    memory_limit_in_bytes: 32 << 20,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        })
+        .await
+        .unwrap();
+    node.start_container(&id).await;
+    let status = node.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+
+    assert_eq!(
+        get(port, "/").await.unwrap(),
+        (200, "hello from trellis\n".into())
+    );
+    assert_eq!(
+        get(port, "/env/GREETING").await.unwrap(),
+        (200, "trellis\n".into())
+    );
+    // Only the container's environment: not the host's.
+    assert_eq!(get(port, "/env/HOME").await.unwrap().0, 404);
+    let together = futures::future::join_all((0..8).map(|_| get(port, "/"))).await;
+    assert!(
+        together
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|(status, _)| *status == 200)),
+        "{together:?}"
+    );
+
+    // A trap, or an instance over the memory limit, is that request's 500 alone.
+    assert_eq!(get(port, "/trap").await.unwrap().0, 500);
+    assert_eq!(get(port, "/alloc/8").await.unwrap().0, 200);
+    assert_eq!(get(port, "/alloc/64").await.unwrap().0, 500);
+    assert_eq!(
+        get(port, "/").await.unwrap(),
+        (200, "hello from trellis\n".into())
+    );
+    let status = node.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+    wait_for_log(&status.log_path, "GET /alloc/64").await;
+    let records = log(&status);
+    let stderr: Vec<&str> = records
+        .iter()
+        .filter(|(s, _, _)| s == "stderr")
+        .map(|(_, _, c)| c.as_str())
+        .collect();
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("http-hello was asked to trap")),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.starts_with("request GET /trap failed: wasm trap: ")),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr.iter().any(|l| l.starts_with("request GET /alloc/64 failed: ")
+            && l.contains("memory limit of 33554432 bytes")),
+        "{stderr:?}"
+    );
+    assert!(
+        records
+            .iter()
+            .any(|(s, _, c)| s == "stdout" && c == "GET /env/GREETING"),
+        "{records:?}"
+    );
+
+    // A second server on the same port: the start fails with the bind error.
+    let twin = node
+        .create(&sandbox, &image, "twin", &[], |c| {
+            c.annotations = ports_annotation(port);
+        })
+        .await
+        .unwrap();
+    let err = node
+        .client
+        .runtime
+        .start_container(StartContainerRequest {
+            container_id: twin.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains(&format!("127.0.0.1:{port}"))
+            && err.message().contains("in use"),
+        "{err:?}"
+    );
+    let status = node.status(&twin).await;
+    assert_eq!(
+        (status.state, status.reason.as_str()),
+        (ContainerState::ContainerExited as i32, "StartError")
+    );
+    // No port, no server.
+    let portless = node
+        .create(&sandbox, &image, "portless", &[], |_| {})
+        .await
+        .unwrap();
+    let err = node
+        .client
+        .runtime
+        .start_container(StartContainerRequest {
+            container_id: portless,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.message()
+            .contains("a wasi:http component needs a containerPort"),
+        "{err:?}"
+    );
+
+    // A stop ends the listening; nothing was in flight, so the exit is clean.
+    let begun = Instant::now();
+    node.stop_container(&id, 30).await;
+    assert!(
+        begun.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        begun.elapsed()
+    );
+    let status = node.status(&id).await;
+    assert_eq!(
+        (status.state, status.exit_code, status.reason.as_str()),
+        (ContainerState::ContainerExited as i32, 0, "Completed"),
+        "{}",
+        status.message
+    );
+    assert!(get(port, "/").await.is_err(), "still listening");
     node.stop().await;
 }
