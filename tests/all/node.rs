@@ -266,8 +266,13 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     let kubectl = cluster.admin();
     ensure!(kubectl.ok(&["logs", "hello"]).await? == "hello from wasm\nto stderr\n");
     ensure!(kubectl.ok(&["logs", "hello", "--tail", "1"]).await? == "to stderr\n");
-    let stamped = kubectl.ok(&["logs", "hello", "-c", "main", "--timestamps"]).await?;
-    ensure!(stamped.lines().all(|l| l.len() > 30 && l.contains("Z ")), "{stamped}");
+    let stamped = kubectl
+        .ok(&["logs", "hello", "-c", "main", "--timestamps"])
+        .await?;
+    ensure!(
+        stamped.lines().all(|l| l.len() > 30 && l.contains("Z ")),
+        "{stamped}"
+    );
     for reason in ["Pulled", "Created", "Started"] {
         let seen = async {
             let mut changes = events.subscribe();
@@ -332,6 +337,35 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         ensure!(log.contains(line), "{line:?} missing from\n{log}");
     }
 
+    // The Node authorizer's graph: the node reads what its pods use, nothing else.
+    let as_node = cluster.in_process().client(identity::node(NODE));
+    let node_secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(as_node.clone(), "default");
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "unrelated"}, "stringData": {"k": "v"}}),
+            )?,
+        )
+        .await?;
+    ensure!(
+        node_secrets.get("creds").await.is_ok(),
+        "a secret a bound pod uses is readable"
+    );
+    match node_secrets.get("unrelated").await {
+        Err(kube::Error::Api(e)) if e.code == 403 => {}
+        other => bail!("a secret no pod of the node uses must be forbidden: {other:?}"),
+    }
+    let other_node: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(
+        cluster.in_process().client(identity::node("node-2")),
+        "default",
+    );
+    ensure!(
+        other_node.get("settings").await.is_err(),
+        "another node may not read it"
+    );
+
     // A crashing container restarts with back-off (OnFailure), counted.
     create_pod(
         &api,
@@ -364,17 +398,40 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
                 "readinessProbe": {"tcpSocket": {"port": 1}, "periodSeconds": 1}}]}}),
     )
     .await?;
-    let pod = wait_pod(&pods, "probed", Duration::from_secs(30), |p| container(p).is_some_and(|c| c.restart_count >= 1)).await?;
-    let ready = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready")).map(|c| c.status.clone());
+    let pod = wait_pod(&pods, "probed", Duration::from_secs(30), |p| {
+        container(p).is_some_and(|c| c.restart_count >= 1)
+    })
+    .await?;
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
     ensure!(ready.as_deref() == Some("False"), "{:?}", pod.status);
     let probe_events: Vec<String> = events
         .list()
         .iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some("probed") && e.reason.as_deref() == Some("Unhealthy"))
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some("probed")
+                && e.reason.as_deref() == Some("Unhealthy")
+        })
         .filter_map(|e| e.message.clone())
         .collect();
-    ensure!(probe_events.iter().any(|m| m.starts_with("Liveness probe failed")), "{probe_events:?}");
-    api.delete("probed", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    ensure!(
+        probe_events
+            .iter()
+            .any(|m| m.starts_with("Liveness probe failed")),
+        "{probe_events:?}"
+    );
+    api.delete(
+        "probed",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await?;
 
     // A memory cap: the instance is stopped, OOMKilled.
     create_pod(

@@ -782,14 +782,14 @@ async fn handlers_images_and_sandboxes_answer_as_cri_says() {
         err.message().contains("not a WebAssembly component"),
         "{err:?}"
     );
-    let err = pull("docker.io/library/busybox:latest".into())
+    let err = pull("Busybox:Latest".into()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("lowercase"), "{err:?}");
+    // A registry that does not answer.
+    let err = pull(format!("127.0.0.1:{}/app:v1", free_port()))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(
-        err.message().contains("only file:// images are supported"),
-        "{err:?}"
-    );
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 
     let image = workload();
     let sandbox = node.sandbox("images", "").await;
@@ -1034,8 +1034,8 @@ async fn get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
     let request = hyper::Request::get(path)
         .header("host", format!("127.0.0.1:{port}"))
         .body(http_body_util::Empty::<bytes::Bytes>::new())?;
-    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
-        .await??;
+    let response =
+        tokio::time::timeout(Duration::from_secs(10), sender.send_request(request)).await??;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await?.to_bytes();
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
@@ -1115,8 +1115,10 @@ async fn wasi_http_components_serve_each_request_with_a_fresh_instance() {
         "{stderr:?}"
     );
     assert!(
-        stderr.iter().any(|l| l.starts_with("request GET /alloc/64 failed: ")
-            && l.contains("memory limit of 33554432 bytes")),
+        stderr
+            .iter()
+            .any(|l| l.starts_with("request GET /alloc/64 failed: ")
+                && l.contains("memory limit of 33554432 bytes")),
         "{stderr:?}"
     );
     assert!(
@@ -1142,8 +1144,7 @@ async fn wasi_http_components_serve_each_request_with_a_fresh_instance() {
         .await
         .unwrap_err();
     assert!(
-        err.message().contains(&format!("127.0.0.1:{port}"))
-            && err.message().contains("in use"),
+        err.message().contains(&format!("127.0.0.1:{port}")) && err.message().contains("in use"),
         "{err:?}"
     );
     let status = node.status(&twin).await;

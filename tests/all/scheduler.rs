@@ -261,10 +261,22 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
             .is_some_and(|e| e.contains("no PriorityClass with name missing was found")),
         "{refused:?}"
     );
+    // The victim is deleted gracefully: Terminating until its node's agent has stopped
+    // it. No agent runs here, so the test finishes the deletion as one would.
     until!(
         format!("small preempted ({:?})", event("high", "FailedScheduling")),
-        pods.get("default/small").is_none()
+        pods.get("default/small")
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
     );
+    let _ = pod_api
+        .delete(
+            "small",
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await;
     until!("its Preempted event", event("small", "Preempted").is_some());
     until!("high bound", node_of("high").is_some());
     ensure!(

@@ -158,9 +158,14 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
     if ctx.config.client_ca_pem.is_some() {
         let listen = std::net::SocketAddr::new(ctx.config.node_ip, ctx.config.port);
-        let port = logs::serve(ctx.clone(), listen, ctx.config.client_ca_pem.clone(), stopped.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("serve logs on {listen}: {e:#}"))?;
+        let port = logs::serve(
+            ctx.clone(),
+            listen,
+            ctx.config.client_ca_pem.clone(),
+            stopped.clone(),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("serve logs on {listen}: {e:#}"))?;
         ctx.port.store(port, std::sync::atomic::Ordering::Relaxed);
     } else {
         tracing::warn!("no cluster CA given: the node serves no logs");

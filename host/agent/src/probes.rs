@@ -91,7 +91,16 @@ impl Prober {
         // Startup first: liveness and readiness wait until it has passed.
         if let Some(probe) = &container.startup_probe {
             let passed = self
-                .run_if_due(ctx, pod, container, id, Kind::Startup, probe, started_instant, &mut out)
+                .run_if_due(
+                    ctx,
+                    pod,
+                    container,
+                    id,
+                    Kind::Startup,
+                    probe,
+                    started_instant,
+                    &mut out,
+                )
                 .await;
             if let Some(at) = self.next_of(id, Kind::Startup) {
                 soonest(at, &mut out);
@@ -114,7 +123,16 @@ impl Prober {
         }
         if let Some(probe) = &container.liveness_probe {
             let passed = self
-                .run_if_due(ctx, pod, container, id, Kind::Liveness, probe, started_instant, &mut out)
+                .run_if_due(
+                    ctx,
+                    pod,
+                    container,
+                    id,
+                    Kind::Liveness,
+                    probe,
+                    started_instant,
+                    &mut out,
+                )
                 .await;
             if let Some(at) = self.next_of(id, Kind::Liveness) {
                 soonest(at, &mut out);
@@ -128,7 +146,16 @@ impl Prober {
         }
         if let Some(probe) = &container.readiness_probe {
             let passed = self
-                .run_if_due(ctx, pod, container, id, Kind::Readiness, probe, started_instant, &mut out)
+                .run_if_due(
+                    ctx,
+                    pod,
+                    container,
+                    id,
+                    Kind::Readiness,
+                    probe,
+                    started_instant,
+                    &mut out,
+                )
                 .await;
             if let Some(at) = self.next_of(id, Kind::Readiness) {
                 soonest(at, &mut out);
@@ -171,10 +198,15 @@ impl Prober {
             return state.passed;
         }
         let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
-        let result = match tokio::time::timeout(timeout, run(ctx, pod, container, id, probe, timeout)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("timeout: probe did not answer within {}s", timeout.as_secs())),
-        };
+        let result =
+            match tokio::time::timeout(timeout, run(ctx, pod, container, id, probe, timeout)).await
+            {
+                Ok(r) => r,
+                Err(_) => Err(format!(
+                    "timeout: probe did not answer within {}s",
+                    timeout.as_secs()
+                )),
+            };
         let state = self.states.entry((id.to_owned(), kind)).or_default();
         state.next = Some(Instant::now() + period);
         match result {
@@ -193,7 +225,8 @@ impl Prober {
             Err(why) => {
                 state.successes = 0;
                 state.failures += 1;
-                out.unhealthy.push(format!("{} probe failed: {why}", kind.name()));
+                out.unhealthy
+                    .push(format!("{} probe failed: {why}", kind.name()));
                 if state.failures >= probe.failure_threshold.unwrap_or(3).max(1) {
                     state.passed = Some(false);
                     // A killed container's next run starts over; readiness keeps
@@ -241,9 +274,21 @@ async fn run(
     }
     if let Some(http) = &probe.http_get {
         let port = port_of(container, &http.port)?;
-        let host = http.host.clone().filter(|h| !h.is_empty()).unwrap_or(host_default);
-        let path = http.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
-        if http.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("https")) {
+        let host = http
+            .host
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or(host_default);
+        let path = http
+            .path
+            .clone()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/".into());
+        if http
+            .scheme
+            .as_deref()
+            .is_some_and(|s| s.eq_ignore_ascii_case("https"))
+        {
             return Err("HTTPS probes are not supported by this node yet".into());
         }
         let headers: Vec<(String, String)> = http
@@ -261,7 +306,11 @@ async fn run(
     }
     if let Some(tcp) = &probe.tcp_socket {
         let port = port_of(container, &tcp.port)?;
-        let host = tcp.host.clone().filter(|h| !h.is_empty()).unwrap_or(host_default);
+        let host = tcp
+            .host
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or(host_default);
         return tokio::net::TcpStream::connect((host.as_str(), port))
             .await
             .map(drop)
@@ -283,10 +332,15 @@ async fn run(
             .await
             .map_err(|e| format!("rpc error: code = {:?} desc = {}", e.code(), e.message()))?
             .into_inner();
-        return if answer.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+        return if answer.status
+            == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        {
             Ok(())
         } else {
-            Err(format!("service unhealthy (responded with {:?})", answer.status()))
+            Err(format!(
+                "service unhealthy (responded with {:?})",
+                answer.status()
+            ))
         };
     }
     let _ = pod;
@@ -308,12 +362,19 @@ fn port_of(container: &Container, port: &IntOrString) -> Result<u16, String> {
 }
 
 /// The status code of `GET http://host:port/path`.
-async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> Result<u16, String> {
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<u16, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect((host, port))
         .await
         .map_err(|e| format!("Get \"http://{host}:{port}{path}\": dial tcp {host}:{port}: {e}"))?;
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n");
+    let mut request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n"
+    );
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -342,5 +403,10 @@ async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)
     line.split_whitespace()
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .ok_or_else(|| format!("not an HTTP answer: {:?}", line.lines().next().unwrap_or("")))
+        .ok_or_else(|| {
+            format!(
+                "not an HTTP answer: {:?}",
+                line.lines().next().unwrap_or("")
+            )
+        })
 }

@@ -291,13 +291,19 @@ impl Worker {
         }
 
         if initialized {
-            let runs: Vec<String> = main.iter().filter_map(|s| s.current.as_ref().map(|c| c.id.clone())).collect();
+            let runs: Vec<String> = main
+                .iter()
+                .filter_map(|s| s.current.as_ref().map(|c| c.id.clone()))
+                .collect();
             self.prober.retain(&runs);
             for (i, container) in spec.containers.iter().enumerate() {
                 let s = &mut main[i];
                 if let Some(current) = s.current.as_ref().filter(|c| c.state == State::Running) {
                     let (id, started_at) = (current.id.clone(), current.started_at);
-                    let outcome = self.prober.check(&self.ctx, pod, container, &id, started_at).await;
+                    let outcome = self
+                        .prober
+                        .check(&self.ctx, pod, container, &id, started_at)
+                        .await;
                     for message in &outcome.unhealthy {
                         self.event(pod, EventType::Warning, "Unhealthy", message);
                     }
@@ -311,7 +317,10 @@ impl Worker {
                         let grace = spec_grace(pod);
                         let mut runtime = self.ctx.cri.runtime.clone();
                         let _ = runtime
-                            .stop_container(cri::StopContainerRequest { container_id: id, timeout: grace })
+                            .stop_container(cri::StopContainerRequest {
+                                container_id: id,
+                                timeout: grace,
+                            })
                             .await;
                         s.ready = false;
                         // The next sync sees it exited and restarts it by the policy.
@@ -359,7 +368,8 @@ impl Worker {
                 if s.running() {
                     // Probed from the next sync on; until then ready only without
                     // probes that must pass first.
-                    s.ready = container.readiness_probe.is_none() && container.startup_probe.is_none();
+                    s.ready =
+                        container.readiness_probe.is_none() && container.startup_probe.is_none();
                     s.started = container.startup_probe.is_none();
                     if !s.ready || !s.started {
                         soonest(Instant::now() + Duration::from_millis(10));
@@ -1020,7 +1030,10 @@ fn annotations(container: &Container, attempt: u32) -> HashMap<String, String> {
                        "protocol": p.protocol.as_deref().unwrap_or("TCP")})
             })
             .collect();
-        out.insert("io.kubernetes.container.ports".into(), Value::Array(list).to_string());
+        out.insert(
+            "io.kubernetes.container.ports".into(),
+            Value::Array(list).to_string(),
+        );
     }
     out
 }

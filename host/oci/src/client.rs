@@ -1,20 +1,13 @@
-//! Pulling a module from an OCI registry: a WebAssembly artifact as `wkg`, `oras` and
-//! Kubewarden push it, an OCI image manifest whose single layer is the component
-//! (`application/wasm`, or the older `application/vnd.wasm.content.layer.v1+wasm`).
-//!
-//! The reference is `oci://HOST[:PORT]/REPOSITORY[:TAG]` or `…/REPOSITORY@sha256:HEX`.
-//! Registries are spoken to over HTTPS, or plain HTTP when the host is a loopback
-//! address. Pulls are anonymous; a registry that answers 401 with a `Bearer`
-//! challenge gets asked for an anonymous token, as public registries (ghcr.io,
-//! Docker Hub) require. Every byte is checked: a manifest named by digest against that
-//! digest, the layer against its descriptor.
+//! A registry session for one repository: the manifest (through an index), tokens
+//! for `Bearer` challenges, credentials, the blob and its redirects, every byte
+//! checked against its digest.
 
 use hyper::StatusCode;
 use hyper::header::{ACCEPT, AUTHORIZATION, HeaderName, HeaderValue, LOCATION, WWW_AUTHENTICATE};
 use serde::Deserialize;
-use trellis_plugin_host::digest_of;
 
-use super::http::{self, Response, encode_query, is_loopback};
+use crate::http::{self, Response, encode_query, is_loopback};
+use crate::{Reference, digest_of, is_sha256_hex};
 
 /// Largest manifest read (real ones are well under 10 KiB).
 const MAX_MANIFEST: usize = 4 << 20;
@@ -72,35 +65,89 @@ pub struct Layer {
     /// Lowercase hex of its sha256.
     pub hex: String,
     pub size: u64,
+    /// `sha256:HEX` of the manifest (or index) the reference names: the artifact's
+    /// digest, as `REPOSITORY@DIGEST` pins it.
+    pub manifest: String,
+}
+
+/// What a registry is shown when it asks who pulls.
+#[derive(Clone)]
+pub enum Credentials {
+    /// A user name and password (or an access token in the password): sent as
+    /// `Basic` to a registry that challenges so, and to the token service of one
+    /// that challenges `Bearer`.
+    Basic { username: String, password: String },
+    /// A registry token: sent as `Bearer` from the first request on.
+    Bearer(String),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Secrets stay out of logs.
+        match self {
+            Credentials::Basic { username, .. } => f
+                .debug_struct("Basic")
+                .field("username", username)
+                .finish_non_exhaustive(),
+            Credentials::Bearer(_) => f.write_str("Bearer(..)"),
+        }
+    }
+}
+
+impl Credentials {
+    fn basic_header(&self) -> Option<String> {
+        use base64::Engine as _;
+        match self {
+            Credentials::Basic { username, password } => Some(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"))
+            )),
+            Credentials::Bearer(_) => None,
+        }
+    }
 }
 
 /// A registry session: one repository, with the token a challenge gave (if any).
+#[derive(Debug)]
 pub struct Client<'a> {
     reference: &'a Reference,
     base: String,
-    token: Option<String>,
+    credentials: Option<Credentials>,
+    /// The `Authorization` header's value once the registry asked for one.
+    authorization: Option<String>,
 }
 
 impl<'a> Client<'a> {
+    /// An anonymous session.
     pub fn new(reference: &'a Reference) -> Self {
         Self {
             reference,
             base: reference.base(),
-            token: None,
+            credentials: None,
+            authorization: None,
         }
+    }
+
+    /// A session showing `credentials`.
+    pub fn with_credentials(mut self, credentials: Option<Credentials>) -> Self {
+        if let Some(Credentials::Bearer(token)) = &credentials {
+            self.authorization = Some(format!("Bearer {token}"));
+        }
+        self.credentials = credentials;
+        self
     }
 
     /// Reads the manifest (through an index, if the reference names one) and returns
     /// its WebAssembly layer.
     pub async fn resolve(&mut self) -> Result<Layer, String> {
         let reference = self.reference.reference.clone();
-        let manifest = self.manifest(&reference).await?;
+        let (manifest, manifest_digest) = self.manifest(&reference).await?;
         let manifest = match manifest.manifests {
             Some(entries) => {
                 let chosen =
                     choose_from_index(&entries).map_err(|e| format!("{}: {e}", self.name()))?;
                 let digest = chosen.digest.clone();
-                let inner = self.manifest(&digest).await?;
+                let (inner, _) = self.manifest(&digest).await?;
                 if inner.manifests.is_some() {
                     return Err(format!(
                         "{}: the index names another index ({digest}); expected a manifest",
@@ -148,6 +195,7 @@ impl<'a> Client<'a> {
         Ok(Layer {
             hex: hex.to_owned(),
             size: layer.size,
+            manifest: manifest_digest,
         })
     }
 
@@ -220,27 +268,22 @@ impl<'a> Client<'a> {
     }
 
     fn name(&self) -> String {
-        let r = self.reference;
-        let sep = if r.reference.starts_with("sha256:") {
-            '@'
-        } else {
-            ':'
-        };
-        format!("{}/{}{sep}{}", r.registry, r.repository, r.reference)
+        self.reference.to_string()
     }
 
-    async fn manifest(&mut self, reference: &str) -> Result<Manifest, String> {
+    /// The manifest `reference` names, and its digest.
+    async fn manifest(&mut self, reference: &str) -> Result<(Manifest, String), String> {
         let url = format!("{}/manifests/{reference}", self.base);
         let response = self.get(&url, Some(MANIFEST_TYPES), MAX_MANIFEST).await?;
         let body = self.check(response, "manifest")?;
-        if let Some(hex) = reference.strip_prefix("sha256:") {
-            let actual = digest_of(&body);
-            if !actual.ends_with(hex) {
-                return Err(format!(
-                    "{}: the manifest served for sha256:{hex} has digest {actual}",
-                    self.name()
-                ));
-            }
+        let actual = digest_of(&body);
+        if let Some(hex) = reference.strip_prefix("sha256:")
+            && !actual.ends_with(hex)
+        {
+            return Err(format!(
+                "{}: the manifest served for sha256:{hex} has digest {actual}",
+                self.name()
+            ));
         }
         let manifest: Manifest = serde_json::from_slice(&body)
             .map_err(|e| format!("{}: the manifest is not valid JSON: {e}", self.name()))?;
@@ -251,10 +294,12 @@ impl<'a> Client<'a> {
                 manifest.media_type.as_deref().unwrap_or("(none)")
             ));
         }
-        Ok(manifest)
+        Ok((manifest, actual))
     }
 
-    /// A GET to the registry, answering one Bearer challenge with an anonymous token.
+    /// A GET to the registry, answering one challenge: `Bearer` with a token from the
+    /// registry's token service (asked with the credentials, if any), `Basic` with the
+    /// credentials.
     async fn get(
         &mut self,
         url: &str,
@@ -262,19 +307,37 @@ impl<'a> Client<'a> {
         limit: usize,
     ) -> Result<Response, String> {
         let response = http::get(url, &self.headers(accept)?, limit).await?;
-        if response.status != StatusCode::UNAUTHORIZED || self.token.is_some() {
+        if response.status != StatusCode::UNAUTHORIZED || self.authorization.is_some() {
             return Ok(response);
         }
         let challenge = response
             .header(WWW_AUTHENTICATE.as_str())
             .unwrap_or_default();
-        let Some(params) = bearer_challenge(challenge) else {
+        let basic = self
+            .credentials
+            .as_ref()
+            .and_then(Credentials::basic_header);
+        if let Some(params) = bearer_challenge(challenge) {
+            let token = self.token(&params, basic.as_deref()).await?;
+            self.authorization = Some(format!("Bearer {token}"));
+        } else if let Some(basic) = basic.filter(|_| {
+            challenge
+                .trim_start()
+                .get(..6)
+                .is_some_and(|s| s.eq_ignore_ascii_case("basic "))
+        }) {
+            self.authorization = Some(basic);
+        } else {
             return Err(format!(
-                "{}: the registry asks for credentials ({challenge:?}); only anonymous pulls are supported",
-                self.name()
+                "{}: the registry asks for credentials ({challenge:?}) and {}",
+                self.name(),
+                if self.credentials.is_some() {
+                    "those given are of no use for that challenge"
+                } else {
+                    "none were given"
+                }
             ));
-        };
-        self.token = Some(self.anonymous_token(&params).await?);
+        }
         http::get(url, &self.headers(accept)?, limit).await
     }
 
@@ -286,10 +349,10 @@ impl<'a> Client<'a> {
         if let Some(accept) = accept {
             headers.push((ACCEPT, HeaderValue::from_static(accept)));
         }
-        if let Some(token) = &self.token {
-            let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+        if let Some(authorization) = &self.authorization {
+            let value = HeaderValue::from_str(authorization).map_err(|_| {
                 format!(
-                    "{}: the registry's token is not a header value",
+                    "{}: the registry's credentials are not a header value",
                     self.name()
                 )
             })?;
@@ -298,7 +361,12 @@ impl<'a> Client<'a> {
         Ok(headers)
     }
 
-    async fn anonymous_token(&self, params: &[(String, String)]) -> Result<String, String> {
+    /// A token from the challenge's realm: anonymous, or for the `basic` credentials.
+    async fn token(
+        &self,
+        params: &[(String, String)],
+        basic: Option<&str>,
+    ) -> Result<String, String> {
         let param = |key: &str| {
             params
                 .iter()
@@ -317,7 +385,13 @@ impl<'a> Client<'a> {
         }
         url.push_str(&format!("scope={}", encode_query(&scope)));
         self.may_follow(&url)?;
-        let response = http::get(&url, &[], MAX_TOKEN).await?;
+        let mut headers = Vec::new();
+        if let Some(basic) = basic {
+            let value = HeaderValue::from_str(basic)
+                .map_err(|_| format!("{}: the credentials are not a header value", self.name()))?;
+            headers.push((AUTHORIZATION, value));
+        }
+        let response = http::get(&url, &headers, MAX_TOKEN).await?;
         if !response.status.is_success() {
             return Err(format!(
                 "{}: the registry's token service ({realm}) answered {}: {}",
@@ -477,50 +551,8 @@ fn authority(url: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn parse(url: &str) -> Reference {
-        Reference::parse(url).unwrap()
-    }
-
-    #[test]
-    fn references_with_tags_digests_and_ports_parse() {
-        assert_eq!(
-            parse("oci://ghcr.io/acme/policies/pod-policy:v1.2"),
-            Reference {
-                registry: "ghcr.io".into(),
-                repository: "acme/policies/pod-policy".into(),
-                reference: "v1.2".into(),
-            }
-        );
-        let hex = "a".repeat(64);
-        let r = parse(&format!("oci://127.0.0.1:5000/p@sha256:{hex}"));
-        assert_eq!(r.registry, "127.0.0.1:5000");
-        assert_eq!(r.reference, format!("sha256:{hex}"));
-        assert_eq!(r.base(), "http://127.0.0.1:5000/v2/p");
-        assert_eq!(parse("oci://localhost:5000/a/b").reference, "latest");
-        assert_eq!(
-            parse("oci://ghcr.io/a/b:1").base(),
-            "https://ghcr.io/v2/a/b"
-        );
-        let hub = parse("oci://docker.io/nginx:1");
-        assert_eq!(hub.base(), "https://registry-1.docker.io/v2/library/nginx");
-    }
-
-    #[test]
-    fn bad_references_say_what_is_wrong() {
-        for (url, why) in [
-            ("oci://ghcr.io", "HOST[:PORT]/REPOSITORY"),
-            ("oci://ghcr.io/Acme/p:1", "lowercase"),
-            ("oci://ghcr.io/a//p:1", "lowercase"),
-            ("oci://ghcr.io/a/p:-x", "a tag is"),
-            ("oci://ghcr.io/a/p@md5:00", "sha256:HEX"),
-            ("oci://ghcr.io/a/p@sha256:ABC", "64 lowercase hex"),
-            ("oci:///a/p:1", "HOST[:PORT]"),
-            ("oci://user@ghcr.io/a/p:1", "HOST[:PORT]"),
-        ] {
-            let err = Reference::parse(url).unwrap_err();
-            assert!(err.starts_with("spec.module.url: Invalid value"), "{err}");
-            assert!(err.contains(why), "{url}: {err}");
-        }
+    fn parse(name: &str) -> Reference {
+        Reference::parse(name).unwrap()
     }
 
     #[test]
@@ -567,7 +599,7 @@ mod tests {
 
     #[test]
     fn only_loopback_registries_may_point_at_loopback() {
-        let remote = parse("oci://ghcr.io/a/b:1");
+        let remote = parse("ghcr.io/a/b:1");
         let client = Client::new(&remote);
         assert!(client.may_follow("https://cdn.example/blob").is_ok());
         let err = client
@@ -575,7 +607,7 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("loopback"), "{err}");
         assert!(client.may_follow("https://[::1]/x").is_err());
-        let local = parse("oci://127.0.0.1:5000/a/b:1");
+        let local = parse("127.0.0.1:5000/a/b:1");
         assert!(
             Client::new(&local)
                 .may_follow("http://localhost:9/token")

@@ -328,7 +328,9 @@ async fn serve(listener: std::net::TcpListener, handler: Arc<Handler>, stop: &Ca
             Exit {
                 code: 137,
                 reason: "Error",
-                message: format!("stopped: requests still in flight after {grace:?} were cancelled"),
+                message: format!(
+                    "stopped: requests still in flight after {grace:?} were cancelled"
+                ),
             }
         }
     }

@@ -736,16 +736,17 @@ impl ImageService for Runtime {
     }
 
     async fn pull_image(&self, request: Request<PullImageRequest>) -> Reply<PullImageResponse> {
-        let reference = request
-            .into_inner()
-            .image
-            .map(|i| i.image)
-            .unwrap_or_default();
-        let images = self.images.clone();
-        let id = tokio::task::spawn_blocking(move || images.pull(&reference))
-            .await
-            .map_err(|e| Status::internal(format!("the pull failed: {e}")))??;
-        Ok(Response::new(PullImageResponse { image_ref: id }))
+        let request = request.into_inner();
+        let reference = request.image.map(|i| i.image).unwrap_or_default();
+        let image_ref = if reference.starts_with("file://") {
+            let images = self.images.clone();
+            tokio::task::spawn_blocking(move || images.pull_file(&reference))
+                .await
+                .map_err(|e| Status::internal(format!("the pull failed: {e}")))??
+        } else {
+            self.images.pull_oci(&reference, request.auth).await?
+        };
+        Ok(Response::new(PullImageResponse { image_ref }))
     }
 
     async fn remove_image(
@@ -845,7 +846,7 @@ fn to_image(image: &ImageRecord) -> Image {
     Image {
         id: image.id.clone(),
         repo_tags: image.tags.clone(),
-        repo_digests: Vec::new(),
+        repo_digests: image.digests.clone(),
         size: image.size,
         uid: None,
         username: String::new(),

@@ -264,9 +264,14 @@ pub async fn run(
                 })
                 .await?;
         }
-        let mut running = crate::components::start_in_process(&in_process, &shared, stopped.clone());
+        let mut running =
+            crate::components::start_in_process(&in_process, &shared, stopped.clone());
         if args.local_node {
-            let name = args.node.node_name.clone().unwrap_or_else(crate::node::host_name);
+            let name = args
+                .node
+                .node_name
+                .clone()
+                .unwrap_or_else(crate::node::host_name);
             let client = in_process.client(trellis_client::identity::node(&name));
             let informers = shared.informers.clone();
             let data_dir = args.data_dir.clone();

@@ -1,0 +1,149 @@
+"""A node as its own process: a `trellis server`, and a `trellis node` joined to it
+with a node's certificate (`system:node:py-node` in `system:nodes`, signed by the
+cluster CA with openssl, as an administrator would make one). Driven with kubectl and
+the Python client as a user would:
+
+- the Node registers Ready with its handlers;
+- a WASM pod runs; `kubectl logs` (with `-f`) reads its output through the API
+  server and the node; `kubectl get pod` shows it Running;
+- a pod asking for the `process` handler, which this node did not enable, fails and
+  says why;
+- `kubectl delete pod` waits while the node stops the pod, then it is gone.
+
+The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh)."""
+
+import subprocess
+import time
+
+import pytest
+import yaml
+from kubernetes import client
+
+from conftest import REPO_ROOT, own_server, trellis_binary
+from test_controller_plugins import wait_for
+
+WORKLOAD = REPO_ROOT / "plugins" / "target" / "dist" / "workload.wasm"
+NODE = "py-node"
+
+
+def node_kubeconfig(data_dir):
+    """A kubeconfig for the node: a key and a certificate the cluster CA signed."""
+    pki = data_dir / "pki"
+    key, csr, crt = data_dir / "node.key", data_dir / "node.csr", data_dir / "node.crt"
+    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", csr, "-subj", f"/O=system:nodes/CN=system:node:{NODE}"],
+                   check=True, capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key",
+                    "-CAcreateserial", "-days", "1", "-out", crt], check=True, capture_output=True)
+    admin = yaml.safe_load((data_dir / "admin.kubeconfig").read_text())
+    admin["users"] = [{"name": NODE, "user": {"client-certificate": str(crt), "client-key": str(key)}}]
+    admin["contexts"][0]["context"]["user"] = NODE
+    path = data_dir / "node.kubeconfig"
+    path.write_text(yaml.safe_dump(admin))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not WORKLOAD.exists():
+        pytest.fail(f"{WORKLOAD} is missing: run plugins/build.sh")
+    with own_server("trellis-node-") as (api, data_dir):
+        node_dir = data_dir / "node-data"
+        log = open(data_dir / "node.log", "wb")
+        proc = subprocess.Popen(
+            [str(trellis_binary()), "node", "--kubeconfig", str(node_kubeconfig(data_dir)),
+             "--data-dir", str(node_dir), "--node-name", NODE, "--node-port", "0",
+             "--relist-period", "0.1"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            yield api, data_dir
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+            print((data_dir / "node.log").read_text()[-3000:])
+
+
+def kubectl(data_dir, *args, check=True, timeout=30):
+    result = subprocess.run(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"), *args],
+                            capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def ready_node(api):
+    def ready(items):
+        node = items.get(NODE)
+        conditions = {c.type: c.status for c in (node.status.conditions or [])} if node and node.status else {}
+        return conditions.get("Ready") == "True"
+    return wait_for(client.CoreV1Api(api).list_node, ready, timeout=30)[NODE]
+
+
+def wait_pod(api, name, accept, timeout=30):
+    return wait_for(client.CoreV1Api(api).list_namespaced_pod,
+                    lambda items: name in items and accept(items[name]),
+                    timeout=timeout, namespace="default")[name]
+
+
+def test_the_node_registers_ready_with_its_handlers(cluster):
+    api, _ = cluster
+    node = ready_node(api)
+    handlers = [h.name for h in node.status.runtime_handlers]
+    assert handlers == ["wasmtime"], handlers
+    assert node.status.daemon_endpoints.kubelet_endpoint.port > 0
+    assert node.metadata.labels["kubernetes.io/hostname"] == NODE
+
+
+def test_a_wasm_pod_runs_and_kubectl_reads_its_log(cluster):
+    api, data_dir = cluster
+    ready_node(api)
+    manifest = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ticker"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2, "containers": [{
+            "name": "main", "image": f"file://{WORKLOAD}",
+            "args": ["echo", "tick 1", "--", "sleep", "300", "--", "echo", "tick 2", "--", "sleep", "600000"]}]},
+    }
+    subprocess.run(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"), "apply", "-f", "-"],
+                   input=yaml.safe_dump(manifest), text=True, check=True, capture_output=True)
+    v1 = client.CoreV1Api(api)
+    wait_pod(api, "ticker", lambda p: p.status.phase == "Running")
+    # -f streams: the second line arrives while kubectl is attached.
+    follow = subprocess.Popen(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"), "logs", "-f", "ticker"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert follow.stdout.readline() == "tick 1\n"
+        assert follow.stdout.readline() == "tick 2\n"
+    finally:
+        follow.kill()
+        follow.wait()
+    assert kubectl(data_dir, "logs", "ticker", "--tail", "1").stdout == "tick 2\n"
+    row = kubectl(data_dir, "get", "pod", "ticker", "--no-headers").stdout.split()
+    assert row[1:3] == ["1/1", "Running"], row
+
+    # Deleted: kubectl waits while the node stops it, then it is gone.
+    started = time.monotonic()
+    kubectl(data_dir, "delete", "pod", "ticker", "--wait=true", timeout=60)
+    with pytest.raises(client.ApiException) as gone:
+        v1.read_namespaced_pod("ticker", "default")
+    assert gone.value.status == 404
+    assert time.monotonic() - started < 30
+
+
+def test_a_pod_for_a_handler_the_node_lacks_fails_and_says_why(cluster):
+    api, data_dir = cluster
+    ready_node(api)
+    v1 = client.CoreV1Api(api)
+    v1.create_namespaced_pod("default", {
+        "metadata": {"name": "native"},
+        "spec": {"nodeName": NODE, "runtimeClassName": "process",
+                 "containers": [{"name": "main", "image": "file:///bin/true"}]},
+    })
+    pod = wait_pod(api, "native", lambda p: p.status.phase == "Failed")
+    assert pod.status.reason == "UnsupportedRuntimeHandler", pod.status
+    assert 'no runtime handler "process"' in pod.status.message, pod.status.message
+    events = kubectl(data_dir, "get", "events", "--field-selector", "involvedObject.name=native").stdout
+    assert "FailedCreatePodSandBox" in events, events
