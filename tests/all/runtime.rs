@@ -1189,3 +1189,98 @@ async fn wasi_http_components_serve_each_request_with_a_fresh_instance() {
     assert!(get(port, "/").await.is_err(), "still listening");
     node.stop().await;
 }
+
+#[tokio::test]
+async fn components_are_pulled_from_an_oci_registry_and_named_by_tag_digest_and_id() {
+    let registry = trellis_tests::registry::Registry::start().await.unwrap();
+    let module = std::fs::read(fixture("workload")).unwrap();
+    let manifest = registry
+        .push("wasm/workload", "v1", "application/wasm", &module)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path()).await;
+
+    // As the kubelet does: pull by the pod's name, then create by the ref it returned.
+    let name = format!("{}/wasm/workload:v1", registry.address);
+    let image_ref = node.pull(&name).await;
+    let pinned = format!("{}/wasm/workload@{manifest}", registry.address);
+    assert_eq!(image_ref, pinned);
+    assert!(
+        registry
+            .tokens_issued
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0,
+        "the registry's Bearer challenge was not answered"
+    );
+    let status = node
+        .client
+        .images
+        .image_status(ImageStatusRequest {
+            image: Some(spec(&name)),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image
+        .unwrap();
+    let id = trellis_plugin_host::digest_of(&module);
+    assert_eq!(status.id, id);
+    assert_eq!(status.repo_tags, [name.clone()]);
+    assert_eq!(status.repo_digests, [pinned.clone()]);
+    assert_eq!(status.size, module.len() as u64);
+    let sandbox = node.sandbox("oci", "").await;
+    let status = node
+        .run(
+            &sandbox,
+            &image_ref,
+            "pulled",
+            &["echo", "from", "oci"],
+            |_| {},
+        )
+        .await;
+    assert_eq!(status.exit_code, 0, "{}", status.message);
+    assert_eq!(log(&status), [rec("stdout", "F", "from oci")]);
+
+    // By digest, with credentials from an imagePullSecret: the same image, no new tag.
+    let again = node
+        .client
+        .images
+        .pull_image(PullImageRequest {
+            image: Some(spec(&pinned)),
+            auth: Some(AuthConfig {
+                username: "puller".into(),
+                password: "secret".into(),
+                ..Default::default()
+            }),
+            sandbox_config: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image_ref;
+    assert_eq!(again, pinned);
+    let listed = node
+        .client
+        .images
+        .list_images(ListImagesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].repo_tags, [name.clone()]);
+
+    let err = node
+        .client
+        .images
+        .pull_image(PullImageRequest {
+            image: Some(spec(&format!("{}/wasm/workload:v2", registry.address))),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("MANIFEST_UNKNOWN"), "{err:?}");
+    node.stop().await;
+}

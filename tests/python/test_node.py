@@ -30,11 +30,14 @@ def node_kubeconfig(data_dir):
     """A kubeconfig for the node: a key and a certificate the cluster CA signed."""
     pki = data_dir / "pki"
     key, csr, crt = data_dir / "node.key", data_dir / "node.csr", data_dir / "node.crt"
+    # Extensions make it an X.509 v3 certificate, which TLS libraries require.
+    ext = data_dir / "node.ext"
+    ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n")
     subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                     "-nodes", "-keyout", key, "-out", csr, "-subj", f"/O=system:nodes/CN=system:node:{NODE}"],
                    check=True, capture_output=True)
     subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key",
-                    "-CAcreateserial", "-days", "1", "-out", crt], check=True, capture_output=True)
+                    "-CAcreateserial", "-days", "1", "-extfile", ext, "-out", crt], check=True, capture_output=True)
     admin = yaml.safe_load((data_dir / "admin.kubeconfig").read_text())
     admin["users"] = [{"name": NODE, "user": {"client-certificate": str(crt), "client-key": str(key)}}]
     admin["contexts"][0]["context"]["user"] = NODE
