@@ -1227,8 +1227,8 @@ async fn components_are_pulled_from_an_oci_registry_and_named_by_tag_digest_and_
         .unwrap();
     let id = trellis_plugin_host::digest_of(&module);
     assert_eq!(status.id, id);
-    assert_eq!(status.repo_tags, [name.clone()]);
-    assert_eq!(status.repo_digests, [pinned.clone()]);
+    assert_eq!(status.repo_tags, [name.as_str()]);
+    assert_eq!(status.repo_digests, [pinned.as_str()]);
     assert_eq!(status.size, module.len() as u64);
     let sandbox = node.sandbox("oci", "").await;
     let status = node
@@ -1270,7 +1270,7 @@ async fn components_are_pulled_from_an_oci_registry_and_named_by_tag_digest_and_
         .into_inner()
         .images;
     assert_eq!(listed.len(), 1, "{listed:?}");
-    assert_eq!(listed[0].repo_tags, [name.clone()]);
+    assert_eq!(listed[0].repo_tags, [name.as_str()]);
 
     let err = node
         .client

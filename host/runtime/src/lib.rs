@@ -8,7 +8,11 @@
 //! to any other CRI runtime such as containerd, through [`connect`].
 //!
 //! Sandboxes are records on the host network (the pod IP is the node's). Images are
-//! files pulled from `file://` URLs. Everything the runtime knows is kept as JSON under
+//! files pulled from `file://` URLs, or WebAssembly artifacts pulled from OCI
+//! registries (`127.0.0.1:5000/hello:v1`, with the credentials the pull request carries).
+//! A `wasi:http` container listens on the node's IP at the first TCP port of its
+//! annotation `io.kubernetes.container.ports` (a JSON list of `v1.ContainerPort`, as the
+//! kubelet writes it). Everything the runtime knows is kept as JSON under
 //! [`RuntimeConfig::root`], so a restarted runtime adopts the processes still running
 //! and reports what it could not keep.
 //!
@@ -17,7 +21,8 @@
 //!   client sees is a `tonic::Status` made there or in the module that knows why).
 //! - `state`: sandbox and container records, their files under the root, and the
 //!   container events stream.
-//! - `images`: the image store: pulling `file://` images, the JSON index.
+//! - `images`: the image store: pulling `file://` and registry images (through
+//!   `trellis-oci`), the JSON index.
 //! - `wasm`: the `wasmtime` handler: its engine, the compiled-component cache, a
 //!   component's kind, and a program's run on a thread of its own.
 //! - `proxy`: the `wasmtime` handler's HTTP servers for `wasi:http` components: the

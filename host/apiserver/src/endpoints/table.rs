@@ -352,16 +352,85 @@ fn pod_cells(obj: &Object) -> Vec<Value> {
     let status = if meta_str(obj, "deletionTimestamp").is_some() {
         "Terminating".to_owned()
     } else {
-        str_at(obj, &["status", "reason"])
-            .or_else(|| str_at(obj, &["status", "phase"]))
-            .unwrap_or("Pending")
-            .to_owned()
+        pod_status_column(obj)
     };
     vec![
         json!(format!("{ready}/{containers}")),
         json!(status),
         json!(restarts.to_string()),
     ]
+}
+
+/// The STATUS column as kubectl's printer makes it: the pod's reason or phase, unless
+/// a container says more — an init container's progress or failure (`Init:1/2`,
+/// `Init:Error`), a container's waiting or terminated reason (`CrashLoopBackOff`,
+/// `Completed`, `ExitCode:3`).
+fn pod_status_column(obj: &Object) -> String {
+    let mut reason = str_at(obj, &["status", "reason"])
+        .or_else(|| str_at(obj, &["status", "phase"]))
+        .unwrap_or("Pending")
+        .to_owned();
+    let status = obj.get("status");
+    let list = |field: &str| {
+        status
+            .and_then(|s| s.get(field))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let state_reason = |state: &Value, key: &str| {
+        state
+            .get(key)
+            .and_then(|s| s.get("reason"))
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned)
+    };
+    let init = list("initContainerStatuses");
+    let init_total = obj
+        .get("spec")
+        .and_then(|s| s.get("initContainers"))
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    for (i, c) in init.iter().enumerate() {
+        let state = c.get("state").cloned().unwrap_or(Value::Null);
+        if let Some(t) = state.get("terminated") {
+            if t.get("exitCode").and_then(Value::as_i64) == Some(0) {
+                continue;
+            }
+            let why = state_reason(&state, "terminated").unwrap_or_else(|| {
+                format!(
+                    "ExitCode:{}",
+                    t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
+                )
+            });
+            return format!("Init:{why}");
+        }
+        if let Some(why) = state_reason(&state, "waiting").filter(|r| r != "PodInitializing") {
+            return format!("Init:{why}");
+        }
+        return format!("Init:{i}/{init_total}");
+    }
+    let mut running = false;
+    for c in list("containerStatuses").iter().rev() {
+        let state = c.get("state").cloned().unwrap_or(Value::Null);
+        if let Some(why) = state_reason(&state, "waiting") {
+            reason = why;
+        } else if let Some(t) = state.get("terminated") {
+            reason = state_reason(&state, "terminated").unwrap_or_else(|| {
+                format!(
+                    "ExitCode:{}",
+                    t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
+                )
+            });
+        } else if state.get("running").is_some() && c.get("ready") == Some(&Value::Bool(true)) {
+            running = true;
+        }
+    }
+    if reason == "Completed" && running {
+        reason = "Running".to_owned();
+    }
+    reason
 }
 
 /// A string field, or `<none>` as kubectl prints a missing one.
@@ -767,6 +836,69 @@ mod tests {
         assert_eq!(table["columnDefinitions"][5]["name"], "IP");
         assert_eq!(table["columnDefinitions"][5]["priority"], 1);
         assert_eq!(table["metadata"]["resourceVersion"], "7");
+    }
+
+    #[test]
+    fn the_status_column_says_what_the_containers_say() {
+        let column = |status: serde_json::Value, init: usize| {
+            let pod: Object = serde_json::from_value(json!({
+                "metadata": {"name": "p"},
+                "spec": {"initContainers": vec![json!({"name": "i"}); init], "containers": [{"name": "c"}]},
+                "status": status,
+            }))
+            .unwrap();
+            pod_status_column(&pod)
+        };
+        let terminated = |code: i64, reason: Option<&str>| json!({"terminated": {"exitCode": code, "reason": reason}});
+        assert_eq!(
+            column(
+                json!({"phase": "Succeeded", "containerStatuses": [{"state": terminated(0, Some("Completed"))}]}),
+                0
+            ),
+            "Completed"
+        );
+        assert_eq!(
+            column(
+                json!({"phase": "Running", "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}),
+                0
+            ),
+            "CrashLoopBackOff"
+        );
+        assert_eq!(
+            column(
+                json!({"phase": "Failed", "containerStatuses": [{"state": terminated(3, None)}]}),
+                0
+            ),
+            "ExitCode:3"
+        );
+        assert_eq!(
+            column(
+                json!({"phase": "Pending", "initContainerStatuses": [{"state": {"running": {}}}]}),
+                2
+            ),
+            "Init:0/2"
+        );
+        assert_eq!(
+            column(
+                json!({"phase": "Pending", "initContainerStatuses": [{"state": terminated(1, Some("Error"))}]}),
+                1
+            ),
+            "Init:Error"
+        );
+        assert_eq!(
+            column(
+                json!({"phase": "Failed", "reason": "UnsupportedRuntimeHandler"}),
+                0
+            ),
+            "UnsupportedRuntimeHandler"
+        );
+        assert_eq!(
+            column(
+                json!({"phase": "Running", "containerStatuses": [{"ready": true, "state": {"running": {}}}]}),
+                0
+            ),
+            "Running"
+        );
     }
 
     #[test]
