@@ -6,6 +6,9 @@
 //!   the status subresource, authentication and authorization).
 //! - `client`: `trellis-client` (kube-rs) against the server, remote and in-process:
 //!   the verbs, identities held to their roles, shared informers.
+//! - `containerd`: the node agent on a real containerd over CRI v1 (started by the
+//!   test, as root): a busybox OCI image runs to completion, its log through kubectl; a
+//!   long-running container is probed, then stopped gracefully when its pod is deleted.
 //! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
 //!   key mapping, batched writes under the controller's identity, events.
 //! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
@@ -21,6 +24,7 @@
 
 mod apiserver;
 mod client;
+mod containerd;
 mod controllers;
 mod node;
 mod plugins;

@@ -226,6 +226,14 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     if node.agent.is_finished() {
         bail!("the agent stopped: {:?}", node.agent.await);
     }
+    let labels = n.metadata.labels.clone().unwrap_or_default();
+    ensure!(
+        labels
+            .get("handler.trellis.dev/process")
+            .map(String::as_str)
+            == Some("true"),
+        "{labels:?}"
+    );
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
     ensure!(
         leases
@@ -464,21 +472,36 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     .await?;
     ensure!(phase(&pod) == "Pending", "{:?}", pod.status);
 
-    // A RuntimeClass that does not exist: the pod fails, and says why.
-    create_pod(
-        &api,
-        json!({"metadata": {"name": "no-class"}, "spec": {"runtimeClassName": "gvisor",
-            "containers": [{"name": "main", "image": image}]}}),
-    )
-    .await?;
+    // A RuntimeClass that does not exist is refused at admission; one whose handler
+    // the node lacks fails the pod, which says why.
+    let no_class = json!({"metadata": {"name": "no-class"}, "spec": {"runtimeClassName": "gvisor",
+        "containers": [{"name": "main", "image": image}]}});
+    let refused = create_pod(&api, no_class.clone())
+        .await
+        .err()
+        .map(|e| e.to_string());
+    ensure!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("RuntimeClass \"gvisor\" not found")),
+        "{refused:?}"
+    );
+    let classes: Api<k8s_openapi::api::node::v1::RuntimeClass> = Api::all(admin.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "gvisor"}, "handler": "runsc"}))?,
+        )
+        .await?;
+    create_pod(&api, no_class).await?;
     let pod = wait_pod(&pods, "no-class", Duration::from_secs(30), |p| {
         phase(p) == "Failed"
     })
     .await?;
     let s = pod.status.as_ref().context("status")?;
     ensure!(
-        s.reason.as_deref() == Some("RuntimeClassNotFound")
-            && s.message.as_deref().is_some_and(|m| m.contains("gvisor")),
+        s.reason.as_deref() == Some("UnsupportedRuntimeHandler")
+            && s.message.as_deref().is_some_and(|m| m.contains("runsc")),
         "{s:?}"
     );
 

@@ -53,9 +53,11 @@ pub struct AgentConfig {
     pub backoff_base: Duration,
     /// ... up to this; reset when a container ran twice this long.
     pub backoff_max: Duration,
-    /// The RuntimeClass handler of pods that name no RuntimeClass.
+    /// The RuntimeClass handler of pods that name no RuntimeClass; "" is the
+    /// runtime's own default (containerd's `default_runtime_name`), as in CRI.
     pub default_handler: String,
-    /// Handlers this node's runtime serves (from its `Status`).
+    /// Handlers this node's runtime serves: empty asks its `Status`, and a runtime
+    /// that lists none there serves `default_handler`.
     pub handlers: Vec<String>,
     /// Pods' CPU and memory for the Node's capacity; `None`: the machine's.
     pub capacity: Option<(u64, u64)>,
@@ -132,12 +134,17 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("ask the container runtime for its status: {}", e.message()))?
         .into_inner();
     if config.handlers.is_empty() {
+        // "" is a runtime's default handler (containerd 2 lists it so).
         config.handlers = status
             .runtime_handlers
             .iter()
             .map(|h| h.name.clone())
-            .filter(|n| !n.is_empty())
             .collect();
+    }
+    if config.handlers.is_empty() {
+        // Runtimes older than the field (containerd 1.6) list none: they serve at
+        // least their default.
+        config.handlers.push(config.default_handler.clone());
     }
     let runtime_name = runtime
         .version(k8s_cri::v1::VersionRequest::default())

@@ -1,6 +1,8 @@
 //! The agent's log server: the kubelet's `GET /containerLogs/{namespace}/{pod}/{container}`
 //! over HTTPS, which the API server calls for `kubectl logs`, and the reading of the
-//! CRI log files behind it. Start with [`serve`].
+//! CRI log files behind it. Start with [`serve`]. The same server answers the
+//! kubelet's `/exec/{namespace}/{pod}/{container}` (`kubectl exec`, see
+//! [`crate::exec`]), to the same clients as the logs.
 //!
 //! # Files
 //! The runtime writes each container run to
@@ -89,7 +91,7 @@ const BUFFERED_CHUNKS: usize = 4;
 /// this size, so one endless line cannot use up the agent's memory.
 const MAX_LINE: usize = 1 << 20;
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Serves container logs on `listen` (port 0 picks one) until `stopped` turns true, and
 /// returns the port it listens on, which the Node advertises as
@@ -233,7 +235,8 @@ async fn connection(
         async move { Ok::<_, Infallible>(handle(ctx, client.as_ref().as_ref(), request).await) }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let served = builder.serve_connection(TokioIo::new(tls), service);
+    // With upgrades: `/exec` turns its connection into a WebSocket.
+    let served = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
     // On stop the connection is dropped, which ends its follows.
     tokio::select! {
         served = served => if let Err(e) = served {
@@ -273,7 +276,7 @@ impl Identity {
     }
 }
 
-fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     let mut message = message.into();
     if !message.ends_with('\n') {
         message.push('\n');
@@ -292,6 +295,20 @@ async fn handle(
     client: Option<&Identity>,
     request: Request<Incoming>,
 ) -> Response<Body> {
+    if let Some(target) = request.uri().path().strip_prefix("/exec/") {
+        let target = target.to_owned();
+        // POST, or GET for a WebSocket, as the kubelet serves it.
+        let verb = if request.method() == Method::POST {
+            "create"
+        } else {
+            "get"
+        };
+        return match client {
+            None => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Some(client) if !client.may_read_logs() => forbidden(client, verb),
+            Some(_) => crate::exec::handle(ctx, &target, request).await,
+        };
+    }
     if request.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served");
     }
@@ -306,13 +323,7 @@ async fn handle(
         return text(StatusCode::UNAUTHORIZED, "Unauthorized");
     };
     if !client.may_read_logs() {
-        return text(
-            StatusCode::FORBIDDEN,
-            format!(
-                "Forbidden (user={}, verb=get, resource=nodes, subresource(s)=[proxy])",
-                client.name
-            ),
-        );
+        return forbidden(client, "get");
     }
     let parts: Vec<&str> = target.split('/').collect();
     let [namespace, pod, container] = parts[..] else {
@@ -380,9 +391,19 @@ async fn handle(
     response
 }
 
+fn forbidden(client: &Identity, verb: &str) -> Response<Body> {
+    text(
+        StatusCode::FORBIDDEN,
+        format!(
+            "Forbidden (user={}, verb={verb}, resource=nodes, subresource(s)=[proxy])",
+            client.name
+        ),
+    )
+}
+
 /// A DNS label or subdomain (what namespace, pod and container names are): never a
 /// path of its own.
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name != "."
@@ -487,7 +508,7 @@ impl LogOptions {
 }
 
 /// Go's `strconv.ParseBool`, as Kubernetes parses query booleans.
-fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
+pub(crate) fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
     match value {
         "" | "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
@@ -496,7 +517,7 @@ fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
 }
 
 /// `application/x-www-form-urlencoded` decoding of one key or value.
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -95,6 +95,12 @@ fn labels(ctx: &Context) -> BTreeMap<String, String> {
         ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
         ("beta.kubernetes.io/arch".to_owned(), arch().to_owned()),
     ]);
+    // Trellis' RuntimeClasses select nodes by these: a pod lands where its handler is.
+    for handler in &ctx.config.handlers {
+        if !handler.is_empty() {
+            labels.insert(format!("handler.trellis.dev/{handler}"), "true".into());
+        }
+    }
     labels.extend(ctx.config.labels.iter().cloned());
     labels
 }

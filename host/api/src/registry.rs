@@ -27,6 +27,9 @@ pub enum Subresource {
     Binding,
     /// `pods/log`.
     Log,
+    /// `pods/exec`: a command run in a pod's container, its streams over a WebSocket
+    /// (`v5.channel.k8s.io`) the API server relays to the node.
+    Exec,
     /// `serviceaccounts/token`: a TokenRequest for the account.
     Token,
     /// `namespaces/finalize`: replaces a namespace's `spec.finalizers` (and only
@@ -41,6 +44,7 @@ impl Subresource {
             Subresource::Scale => "scale",
             Subresource::Binding => "binding",
             Subresource::Log => "log",
+            Subresource::Exec => "exec",
             Subresource::Token => "token",
             Subresource::Finalize => "finalize",
         }
@@ -52,6 +56,7 @@ impl Subresource {
             Subresource::Scale,
             Subresource::Binding,
             Subresource::Log,
+            Subresource::Exec,
             Subresource::Token,
             Subresource::Finalize,
         ]
@@ -208,7 +213,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
             true,
             &["po"],
             &["all"],
-            &[Status, Binding, Log],
+            &[Status, Binding, Log, Exec],
         ),
         resource(
             "",

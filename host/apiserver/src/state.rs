@@ -459,6 +459,8 @@ impl AppState {
                 "metadata": {"name": name, "uid": uuid::Uuid::new_v4().to_string(),
                              "creationTimestamp": crate::object::now_timestamp()},
                 "handler": name,
+                // Only nodes whose agent reports the handler (it labels its Node so).
+                "scheduling": {"nodeSelector": {format!("handler.trellis.dev/{name}"): "true"}},
             });
             match self
                 .store

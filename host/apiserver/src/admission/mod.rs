@@ -21,6 +21,7 @@ pub mod chain;
 pub mod limit_ranger;
 pub mod plugins;
 pub mod priority;
+mod runtime_class;
 pub mod quota;
 pub mod serviceaccount;
 pub mod tolerations;
@@ -47,6 +48,7 @@ pub fn builtin() -> Chains {
             Arc::new(serviceaccount::ServiceAccountDefault),
             Arc::new(tolerations::DefaultTolerationSeconds),
             Arc::new(priority::Priority::default()),
+            Arc::new(runtime_class::RuntimeClass::default()),
             Arc::new(limit_ranger::LimitRanger::default()),
             Arc::new(quota::ResourceQuota::default()),
         ],

@@ -209,13 +209,12 @@ fn pod_uses(spec: &Value, kind: Reference, name: &str) -> bool {
         if vol.get(volume).is_some_and(|v| names(v, volume_name)) {
             return true;
         }
-        if let Some(p) = vol.get("projected") {
-            if list(p, "sources")
+        if let Some(p) = vol.get("projected")
+            && list(p, "sources")
                 .iter()
                 .any(|s| s.get(projected).is_some_and(|v| names(v, "name")))
-            {
-                return true;
-            }
+        {
+            return true;
         }
     }
     if matches!(kind, Reference::Secret)

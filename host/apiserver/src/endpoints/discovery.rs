@@ -221,6 +221,8 @@ fn subresource_kind(
         Subresource::Binding => ("", "", "Binding", &["create"]),
         Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest", &["create"]),
         Subresource::Log => ("", "", &r.kind, &["get"]),
+        // As Kubernetes lists it: POST (create) and the WebSocket's GET.
+        Subresource::Exec => ("", "", "PodExecOptions", &["create", "get"]),
         Subresource::Finalize => ("", "", &r.kind, &["update"]),
     }
 }
