@@ -38,6 +38,7 @@ test-deps: deps
 	@tests/tools/kubectl-current.sh >/dev/null
 	@tests/tools/kubectl-1.20.sh >/dev/null
 	@tests/tools/docker-registry.sh >/dev/null
+	@tests/tools/containerd.sh >/dev/null
 
 # The plugin SDK and the examples' own tests, natively (Rust, Python, JavaScript):
 # admission plugins, controllers and scheduler plugins.

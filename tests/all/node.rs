@@ -299,7 +299,16 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
             .with_context(|| format!("no {reason} event"))??;
     }
 
-    // Env from values, the downward API, a ConfigMap and a Secret; volumes.
+    // Env from values, the downward API, a ConfigMap and a Secret; volumes, a
+    // ServiceAccount token among them (no controller makes the account here).
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(admin.clone(), "default");
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "default"}}))?,
+        )
+        .await?;
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "default");
     cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "settings"}, "data": {"color": "blue", "file.txt": "from a configmap"}}))?).await?;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
@@ -315,16 +324,21 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     create_pod(
         &api,
         json!({"metadata": {"name": "wired", "labels": {"app": "wired"}}, "spec": {"restartPolicy": "Never",
-            "volumes": [{"name": "config", "configMap": {"name": "settings"}}, {"name": "scratch", "emptyDir": {}}],
+            "volumes": [{"name": "config", "configMap": {"name": "settings"}}, {"name": "scratch", "emptyDir": {}},
+                        {"name": "api", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+                                                                  {"downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}}]}}],
             "containers": [{"name": "main", "image": image,
                 "env": [{"name": "GREETING", "value": "hi"}, {"name": "SAID", "value": "$(GREETING) there"},
                         {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
                         {"name": "COLOR", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "color"}}},
                         {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}],
-                "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": true}, {"name": "scratch", "mountPath": "/scratch"}],
+                "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": true}, {"name": "scratch", "mountPath": "/scratch"},
+                                 {"name": "api", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}],
                 "args": ["env", "SAID", "--", "env", "POD", "--", "env", "APP", "--", "env", "COLOR", "--", "env", "PASSWORD",
-                         "--", "cat", "/config/file.txt", "--", "write", "/scratch/out", "written", "--", "cat", "/scratch/out"]}]}}),
+                         "--", "cat", "/config/file.txt", "--", "write", "/scratch/out", "written", "--", "cat", "/scratch/out",
+                         "--", "cat", "/var/run/secrets/kubernetes.io/serviceaccount/name", "--", "echo",
+                         "--", "cat", "/var/run/secrets/kubernetes.io/serviceaccount/token", "--", "echo"]}]}}),
     )
     .await?;
     let pod = wait_pod(&pods, "wired", Duration::from_secs(30), |p| {
@@ -341,6 +355,9 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         "PASSWORD=s3cret",
         "from a configmap",
         "written",
+        "writtenwired",
+        // A ServiceAccount token is a JWT: its header starts so.
+        " stdout F eyJ",
     ] {
         ensure!(log.contains(line), "{line:?} missing from\n{log}");
     }

@@ -6,8 +6,9 @@ the Python client as a user would:
 - the Node registers Ready with its handlers;
 - a WASM pod runs; `kubectl logs` (with `-f`) reads its output through the API
   server and the node; `kubectl get pod` shows it Running;
-- a pod asking for the `process` handler, which this node did not enable, fails and
-  says why;
+- a pod asking for a handler the node lacks (`gvisor`) fails and says why;
+- `kubectl exec` runs a command in a `process` pod (its stdout, stderr, exit code and
+  stdin), and says a WASM pod has no shell;
 - `kubectl delete pod` waits while the node stops the pod, then it is gone.
 
 The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh)."""
@@ -56,7 +57,7 @@ def cluster():
         proc = subprocess.Popen(
             [str(trellis_binary()), "node", "--kubeconfig", str(node_kubeconfig(data_dir)),
              "--data-dir", str(node_dir), "--node-name", NODE, "--node-port", "0",
-             "--relist-period", "0.1"],
+             "--relist-period", "0.1", "--process-handler", "true"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             yield api, data_dir
@@ -95,8 +96,8 @@ def wait_pod(api, name, accept, timeout=30):
 def test_the_node_registers_ready_with_its_handlers(cluster):
     api, _ = cluster
     node = ready_node(api)
-    handlers = [h.name for h in node.status.runtime_handlers]
-    assert handlers == ["wasmtime"], handlers
+    handlers = sorted(h.name for h in node.status.runtime_handlers)
+    assert handlers == ["process", "wasmtime"], handlers
     assert node.status.daemon_endpoints.kubelet_endpoint.port > 0
     assert node.metadata.labels["kubernetes.io/hostname"] == NODE
 
@@ -140,13 +141,46 @@ def test_a_pod_for_a_handler_the_node_lacks_fails_and_says_why(cluster):
     api, data_dir = cluster
     ready_node(api)
     v1 = client.CoreV1Api(api)
+    client.NodeV1Api(api).create_runtime_class({"metadata": {"name": "gvisor"}, "handler": "gvisor"})
     v1.create_namespaced_pod("default", {
-        "metadata": {"name": "native"},
-        "spec": {"nodeName": NODE, "runtimeClassName": "process",
+        "metadata": {"name": "sandboxed"},
+        "spec": {"nodeName": NODE, "runtimeClassName": "gvisor",
                  "containers": [{"name": "main", "image": "file:///bin/true"}]},
     })
-    pod = wait_pod(api, "native", lambda p: p.status.phase == "Failed")
+    pod = wait_pod(api, "sandboxed", lambda p: p.status.phase == "Failed")
     assert pod.status.reason == "UnsupportedRuntimeHandler", pod.status
-    assert 'no runtime handler "process"' in pod.status.message, pod.status.message
-    events = kubectl(data_dir, "get", "events", "--field-selector", "involvedObject.name=native").stdout
+    assert 'no runtime handler "gvisor"' in pod.status.message, pod.status.message
+    events = kubectl(data_dir, "get", "events", "--field-selector", "involvedObject.name=sandboxed").stdout
     assert "FailedCreatePodSandBox" in events, events
+
+
+def test_kubectl_exec_runs_commands_in_a_process_pod_and_refuses_a_wasm_one(cluster):
+    api, data_dir = cluster
+    ready_node(api)
+    v1 = client.CoreV1Api(api)
+    v1.create_namespaced_pod("default", {
+        "metadata": {"name": "shell"},
+        "spec": {"nodeName": NODE, "runtimeClassName": "process", "terminationGracePeriodSeconds": 2,
+                 "containers": [{"name": "main", "image": "file:///bin/sleep", "args": ["600"]}]},
+    })
+    v1.create_namespaced_pod("default", {
+        "metadata": {"name": "component"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2,
+                 "containers": [{"name": "main", "image": f"file://{WORKLOAD}", "args": ["sleep", "600000"]}]},
+    })
+    try:
+        wait_pod(api, "shell", lambda p: p.status.phase == "Running")
+        ran = kubectl(data_dir, "exec", "shell", "--", "sh", "-c", "echo out; echo err >&2; exit 3", check=False)
+        assert (ran.returncode, ran.stdout, ran.stderr) == (3, "out\n", "err\n"), ran
+
+        cat = subprocess.run(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"),
+                              "exec", "-i", "shell", "--", "cat"],
+                             input="hello", capture_output=True, text=True, timeout=30)
+        assert (cat.returncode, cat.stdout) == (0, "hello"), cat
+
+        wait_pod(api, "component", lambda p: p.status.phase == "Running")
+        refused = kubectl(data_dir, "exec", "component", "--", "sh", check=False)
+        assert refused.returncode != 0, refused
+        assert "container main runs a WebAssembly component: it has no shell to exec into" in refused.stderr, refused
+    finally:
+        kubectl(data_dir, "delete", "pod", "shell", "component", "--wait=true", timeout=60)

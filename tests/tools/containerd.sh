@@ -20,6 +20,7 @@ image=$dir/busybox-oci.tar
 # containerd runs containers as root only (it mounts overlayfs, runc makes cgroups).
 if [ "$(id -u)" != 0 ]; then
   echo "unsupported: containerd needs root, and this is $(id -un)"
+  echo "containerd needs root: the containerd test will be skipped" >&2
   exit 0
 fi
 

@@ -10,10 +10,13 @@
 //!   order, containers, restarts with back-off, termination.
 //! - [`status`]: the pod status Kubernetes reports, from the runtime's containers.
 //! - [`spec`]: what a container gets: its environment, mounts and volumes.
+//! - [`logs`]: the HTTPS server the API server calls: container logs, and [`exec`]
+//!   (`kubectl exec` over a WebSocket).
 //!
 //! The agent speaks CRI to any runtime: Trellis' own (`trellis-runtime`, with the
 //! `wasmtime` and `process` handlers) or containerd's.
 
+pub mod exec;
 pub mod logs;
 pub mod node;
 pub mod pods;
@@ -127,6 +130,10 @@ pub async fn run(
     mut stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let mut config = config;
+    // The runtime writes logs and mounts volumes by these paths, from its own working
+    // directory (containerd's is `/`).
+    config.root = std::path::absolute(&config.root)
+        .map_err(|e| anyhow::anyhow!("resolve {}: {e}", config.root.display()))?;
     let mut runtime = cri.runtime.clone();
     let status = runtime
         .status(k8s_cri::v1::StatusRequest { verbose: false })

@@ -451,6 +451,11 @@ async fn make_volume(
             if let Some(downward) = &source.downward_api {
                 files.extend(downward_files(ctx, pod, downward.items.as_deref())?);
             }
+            if let Some(token) = &source.service_account_token {
+                check_relative(&token.path)?;
+                let value = service_account_token(ctx, pod, token).await?;
+                files.push((token.path.clone(), value.into_bytes()));
+            }
         }
     } else {
         return Err(ConfigError(format!(
@@ -470,6 +475,50 @@ async fn make_volume(
         std::fs::rename(&temp, &target).map_err(io)?;
     }
     Ok(dir.to_owned())
+}
+
+/// A token of the pod's ServiceAccount (a TokenRequest bound to the pod), as a
+/// projected `serviceAccountToken` source asks: its audience and lifetime (Kubernetes'
+/// default an hour).
+async fn service_account_token(
+    ctx: &Context,
+    pod: &Pod,
+    source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
+) -> Result<String, ConfigError> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(ctx.client.clone(), ns);
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {
+            "audiences": source.audience.iter().cloned().collect::<Vec<_>>(),
+            "expirationSeconds": source.expiration_seconds.unwrap_or(3600),
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
+                "name": pod.metadata.name, "uid": pod.metadata.uid},
+        }
+    });
+    let answer: serde_json::Value = api
+        .create_subresource(
+            "token",
+            &account,
+            &kube::api::PostParams::default(),
+            &request,
+        )
+        .await
+        .map_err(|e| {
+            ConfigError(format!(
+                "request a token of serviceaccount {ns}/{account}: {e}"
+            ))
+        })?;
+    answer["status"]["token"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| ConfigError(format!("no token for serviceaccount {ns}/{account}")))
 }
 
 /// The files of a ConfigMap or Secret volume: every key, or the listed items.

@@ -1,5 +1,5 @@
 //! The API server's client for nodes' agents, which serve `pods/log` (the kubelet's
-//! `/containerLogs`): HTTPS with the API server's own client certificate, issued from
+//! `/containerLogs`) and `pods/exec` (`/exec`): HTTPS with the API server's own client certificate, issued from
 //! the cluster CA at every start (CN `kube-apiserver-kubelet-client`, O
 //! `system:masters`, as kubeadm's `apiserver-kubelet-client.crt`), which is what the
 //! agents require.
@@ -85,6 +85,38 @@ impl KubeletClient {
         };
         let url = format!("https://{authority}{path_and_query}");
         let failed = |what: String| format!("Get {url:?}: {what}");
+        let tls = self.connect(host, port, &failed).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+        // Runs as long as the body is read; dropping the body (the client went away)
+        // closes the connection, which ends a follow on the node.
+        tokio::spawn(connection);
+        let request = hyper::Request::get(path_and_query)
+            .header(hyper::header::HOST, &authority)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| failed(e.to_string()))?;
+        tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(request))
+            .await
+            .map_err(|_| failed("timeout awaiting response headers".into()))?
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    /// A TLS connection to the agent at `host:port`, presenting the client certificate,
+    /// for the caller to speak HTTP/1.1 on (`pods/exec` upgrades it to a WebSocket).
+    /// `failed` words an error for the client.
+    pub async fn connect(
+        &self,
+        host: &str,
+        port: u16,
+        failed: &(dyn Fn(String) -> String + Sync),
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
         let tcp = tokio::time::timeout(
             CONNECT_TIMEOUT,
             tokio::net::TcpStream::connect((host, port)),
@@ -102,21 +134,7 @@ impl KubeletClient {
         .await
         .map_err(|_| failed("net/http: TLS handshake timeout".into()))?
         .map_err(|e| failed(format!("remote error: tls: {e}")))?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-        // Runs as long as the body is read; dropping the body (the client went away)
-        // closes the connection, which ends a follow on the node.
-        tokio::spawn(connection);
-        let request = hyper::Request::get(path_and_query)
-            .header(hyper::header::HOST, &authority)
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| failed(e.to_string()))?;
-        tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(request))
-            .await
-            .map_err(|_| failed("timeout awaiting response headers".into()))?
-            .map_err(|e| failed(e.to_string()))
+        Ok(tls)
     }
 }
 

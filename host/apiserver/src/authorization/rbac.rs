@@ -532,7 +532,7 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
         ),
         cluster_role(
             "edit",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]}]),
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/exec", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]}]),
         ),
         // As Kubernetes' bootstrap roles: each component may take its own Lease only.
         cluster_role(

@@ -53,7 +53,9 @@ async fn dispatch(
     let peer = peer.map(|Extension(p)| p).unwrap_or_default();
     let (method, uri) = (request.method().clone(), request.uri().clone());
     let started = tokio::time::Instant::now();
-    let long_running = request::is_long_running(&uri);
+    // An upgraded connection (`pods/exec`'s WebSocket) lasts as long as its session.
+    let long_running = request::is_long_running(&uri)
+        || crate::registry::exec::wants_websocket(request.headers());
     let mutating = mutating_method(&method);
     let info = Arc::new(Mutex::new(RequestInfo::default()));
     let work = {
@@ -241,6 +243,7 @@ async fn handle(
 ) -> Result<Response, ErrorResponse> {
     let (parts, body) = request.into_parts();
     let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
+    let mut extensions = parts.extensions;
     {
         let mut info = lock(info);
         info.verb = method.as_str().to_lowercase();
@@ -372,6 +375,12 @@ async fn handle(
             "the server does not allow this method on the requested resource",
         )
     })?;
+    // Kubernetes (1.30+) authorizes an exec as `create` whether it came as a POST or as
+    // a WebSocket's GET: reading must not be enough to run commands.
+    let verb = match (verb, subresource) {
+        ("get", Some(Subresource::Exec)) => "create",
+        _ => verb,
+    };
     if subresource.is_none() && !resource.allows(verb) {
         return Err(ApiError::method_not_allowed(format!(
             "{verb} is not supported on {}",
@@ -468,6 +477,10 @@ async fn handle(
             subresources::token_request(&state, &req, body).await
         }
         ("get", Some(Subresource::Log)) => subresources::log(&state, &req).await,
+        ("create", Some(Subresource::Exec)) => {
+            let upgrade = extensions.remove::<hyper::upgrade::OnUpgrade>();
+            return registry::exec::exec(&state, &req, &headers, uri.query(), upgrade).await;
+        }
         // Only `spec.finalizers` changes: see `registry::update`'s merge.
         ("update", Some(Subresource::Finalize)) => registry::update(&state, &req, body).await,
         _ => Err(ApiError::method_not_allowed(format!(

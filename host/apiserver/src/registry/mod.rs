@@ -16,6 +16,7 @@
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
+//! - [`exec`]: `pods/exec`, a WebSocket relayed to the pod's node.
 //! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
 //! - [`status`]: the status writes the server makes itself (quota usage, Plugin
 //!   conditions).
@@ -24,6 +25,7 @@ pub mod apply;
 pub mod crd;
 pub mod create;
 pub mod delete;
+pub mod exec;
 pub mod get;
 pub mod namespace;
 pub mod status;

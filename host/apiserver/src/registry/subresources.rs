@@ -1,4 +1,4 @@
-//! The `scale`, `binding`, `log` and `token` subresources.
+//! The `scale`, `binding`, `log` and `token` subresources (`pods/exec` is [`super::exec`]).
 //!
 //! `scale` shows a workload's `.spec.replicas` as an `autoscaling/v1` `Scale` (what
 //! `kubectl scale` and autoscalers read and write); `pods/binding` assigns a pod to a
@@ -280,39 +280,7 @@ pub async fn log(state: &AppState, req: &ApiRequest) -> ApiResult {
     let namespace = req.namespace.as_deref().unwrap_or_default();
     let (pod, _) = read(state, &req.resource, req.namespace.as_deref(), name).await?;
     let spec = pod.get("spec");
-    let names = |list: &str| -> Vec<String> {
-        spec.and_then(|s| s.get(list))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
-            .collect()
-    };
-    let containers = names("containers");
-    let container = match req.query.container.as_deref() {
-        Some(container) => {
-            let known = containers.iter().any(|c| c == container)
-                || names("initContainers").iter().any(|c| c == container)
-                || names("ephemeralContainers").iter().any(|c| c == container);
-            if !known {
-                return Err(ApiError::bad_request(format!(
-                    "container {container} is not valid for pod {name}"
-                ))
-                .into());
-            }
-            container.to_owned()
-        }
-        None if containers.len() > 1 => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {name}, choose one of: [{}]",
-                containers.join(" ")
-            ))
-            .into());
-        }
-        None => containers.into_iter().next().ok_or_else(|| {
-            ApiError::bad_request(format!("pod {name} does not have a container"))
-        })?,
-    };
+    let container = container_of(&pod, name, req.query.container.as_deref())?;
     let node_name = spec
         .and_then(|s| s.get("nodeName"))
         .and_then(Value::as_str)
@@ -399,8 +367,47 @@ pub async fn log(state: &AppState, req: &ApiRequest) -> ApiResult {
         .into_response())
 }
 
+/// The container a `pods/log` or `pods/exec` request is for: the one it names, which
+/// must be one of the pod's, or the pod's only container.
+pub(crate) fn container_of(
+    pod: &Object,
+    name: &str,
+    requested: Option<&str>,
+) -> Result<String, ApiError> {
+    let spec = pod.get("spec");
+    let names = |list: &str| -> Vec<String> {
+        spec.and_then(|s| s.get(list))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
+            .collect()
+    };
+    let containers = names("containers");
+    match requested {
+        Some(container) => {
+            let known = containers.iter().any(|c| c == container)
+                || names("initContainers").iter().any(|c| c == container)
+                || names("ephemeralContainers").iter().any(|c| c == container);
+            if !known {
+                return Err(ApiError::bad_request(format!(
+                    "container {container} is not valid for pod {name}"
+                )));
+            }
+            Ok(container.to_owned())
+        }
+        None if containers.len() > 1 => Err(ApiError::bad_request(format!(
+            "a container name must be specified for pod {name}, choose one of: [{}]",
+            containers.join(" ")
+        ))),
+        None => containers.into_iter().next().ok_or_else(|| {
+            ApiError::bad_request(format!("pod {name} does not have a container"))
+        }),
+    }
+}
+
 /// The most of a node's error answer that is read.
-const MAX_NODE_ERROR: usize = 64 * 1024;
+pub(crate) const MAX_NODE_ERROR: usize = 64 * 1024;
 
 /// Why a container that never ran has no log yet, from the pod's status (the kubelet's
 /// check): its waiting reason, when it is waiting and has not terminated before.
@@ -435,7 +442,7 @@ fn waiting_to_start(pod: &Object, container: &str) -> Option<String> {
 
 /// Where a Node's agent serves logs: its `InternalIP` (else its first address) and
 /// `status.daemonEndpoints.kubeletEndpoint.Port`.
-fn kubelet_endpoint(node: &Object) -> Option<(String, u16)> {
+pub(crate) fn kubelet_endpoint(node: &Object) -> Option<(String, u16)> {
     let status = node.get("status")?;
     let port = status
         .get("daemonEndpoints")
@@ -459,7 +466,7 @@ fn kubelet_endpoint(node: &Object) -> Option<(String, u16)> {
 }
 
 /// Percent-encodes a query value: everything but RFC 3986's unreserved characters.
-fn query_escape(value: &str) -> String {
+pub(crate) fn query_escape(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {

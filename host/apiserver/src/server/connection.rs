@@ -82,7 +82,8 @@ pub async fn serve<I>(
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .keep_alive_interval(HTTP2_PING.0)
         .keep_alive_timeout(HTTP2_PING.1);
-    let connection = builder.serve_connection(
+    // With upgrades: `pods/exec` switches its connection to a WebSocket.
+    let connection = builder.serve_connection_with_upgrades(
         TokioIo::new(ConnIo::new(io, settings.stalled_write_timeout, stalled)),
         hyper_util::service::TowerToHyperService::new(service),
     );
