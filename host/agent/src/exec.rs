@@ -32,7 +32,9 @@ use bytes::{BufMut as _, Bytes, BytesMut};
 use futures::{SinkExt as _, StreamExt as _};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, HeaderValue, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_PROTOCOL, UPGRADE};
+use hyper::header::{
+    CONNECTION, HeaderValue, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_PROTOCOL, UPGRADE,
+};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as cri;
@@ -127,7 +129,11 @@ pub fn choose_protocol<'a>(offered: impl IntoIterator<Item = &'a str>) -> Option
 
 /// Serves `/exec/{target}`: checks the request and the container, answers 101 and runs
 /// the session on the upgraded connection. The client was authorized already.
-pub async fn handle(ctx: Arc<Context>, target: &str, mut request: Request<Incoming>) -> Response<Body> {
+pub async fn handle(
+    ctx: Arc<Context>,
+    target: &str,
+    mut request: Request<Incoming>,
+) -> Response<Body> {
     let parts: Vec<&str> = target.split('/').collect();
     let [namespace, pod, container] = parts[..] else {
         return text(
@@ -437,7 +443,13 @@ async fn run(
     let Some((program, args)) = options.command.split_first() else {
         return Outcome::Error("no command".into());
     };
-    let piped = |wanted: bool| if wanted { Stdio::piped() } else { Stdio::null() };
+    let piped = |wanted: bool| {
+        if wanted {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        }
+    };
     let spawned = tokio::process::Command::new(program)
         .args(args)
         .env_clear()
@@ -460,7 +472,11 @@ async fn run(
         copies.push(tokio::spawn(copy_output(stdout, STDOUT, out.clone())));
     }
     if let Some(stderr) = child.stderr.take() {
-        copies.push(tokio::spawn(copy_output(stderr, stderr_channel, out.clone())));
+        copies.push(tokio::spawn(copy_output(
+            stderr,
+            stderr_channel,
+            out.clone(),
+        )));
     }
     let mut stdin = child.stdin.take().map(|mut pipe| {
         let (tx, mut rx) = mpsc::channel::<Bytes>(BUFFERED);
@@ -521,11 +537,7 @@ async fn run(
 }
 
 /// Sends what `reader` gives on `channel` until it ends.
-async fn copy_output(
-    mut reader: impl AsyncRead + Unpin,
-    channel: u8,
-    out: mpsc::Sender<Message>,
-) {
+async fn copy_output(mut reader: impl AsyncRead + Unpin, channel: u8, out: mpsc::Sender<Message>) {
     let mut buf = vec![0u8; CHUNK];
     loop {
         match reader.read(&mut buf).await {
@@ -565,7 +577,10 @@ mod tests {
             choose_protocol(["v4.channel.k8s.io, v5.channel.k8s.io"]),
             Some(V4)
         );
-        assert_eq!(choose_protocol(["channel.k8s.io", "base64.channel.k8s.io"]), None);
+        assert_eq!(
+            choose_protocol(["channel.k8s.io", "base64.channel.k8s.io"]),
+            None
+        );
     }
 
     #[test]
@@ -575,6 +590,9 @@ mod tests {
         assert_eq!(s["details"]["causes"][0]["reason"], "ExitCode");
         assert_eq!(s["details"]["causes"][0]["message"], "3");
         assert_eq!(Outcome::Exited(0).status()["status"], "Success");
-        assert_eq!(Outcome::Error("x".into()).status()["reason"], "InternalError");
+        assert_eq!(
+            Outcome::Error("x".into()).status()["reason"],
+            "InternalError"
+        );
     }
 }

@@ -21,7 +21,6 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
-
 /// The common name of the API server's client certificate for nodes.
 pub const CLIENT_COMMON_NAME: &str = "kube-apiserver-kubelet-client";
 /// How long the certificate issued at start is valid.

@@ -124,9 +124,10 @@ fn apply(spec: &mut Map<String, Value>, class: &Object, name: &str) -> Result<()
     if let Some(fixed) = class.get("overhead").and_then(|o| o.get("podFixed")) {
         match spec.get("overhead") {
             Some(given) if given != fixed => {
-                return Err(format!(
+                return Err(
                     "pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead"
-                ));
+                        .to_owned(),
+                );
             }
             _ => {
                 spec.insert("overhead".into(), fixed.clone());

@@ -54,8 +54,8 @@ async fn dispatch(
     let (method, uri) = (request.method().clone(), request.uri().clone());
     let started = tokio::time::Instant::now();
     // An upgraded connection (`pods/exec`'s WebSocket) lasts as long as its session.
-    let long_running = request::is_long_running(&uri)
-        || crate::registry::exec::wants_websocket(request.headers());
+    let long_running =
+        request::is_long_running(&uri) || crate::registry::exec::wants_websocket(request.headers());
     let mutating = mutating_method(&method);
     let info = Arc::new(Mutex::new(RequestInfo::default()));
     let work = {

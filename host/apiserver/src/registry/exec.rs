@@ -104,9 +104,7 @@ pub async fn exec(
     let nodes = state.resource("", "v1", "nodes")?;
     let (node, _) = read(state, &nodes, None, node_name).await?;
     let Some((host, port)) = kubelet_endpoint(&node) else {
-        return Err(
-            ApiError::unavailable(format!("node {node_name} does not serve exec")).into(),
-        );
+        return Err(ApiError::unavailable(format!("node {node_name} does not serve exec")).into());
     };
     let authority = if host.contains(':') {
         format!("[{host}]:{port}")
@@ -127,9 +125,9 @@ pub async fn exec(
     let uri: axum::http::Uri = url
         .parse()
         .map_err(|e| ApiError::internal(failed(format!("invalid URL: {e}"))))?;
-    let request = offered
-        .iter()
-        .fold(ClientRequestBuilder::new(uri), |b, p| b.with_sub_protocol(p));
+    let request = offered.iter().fold(ClientRequestBuilder::new(uri), |b, p| {
+        b.with_sub_protocol(p)
+    });
     let handshake = tokio::time::timeout(
         NODE_HANDSHAKE_TIMEOUT,
         tokio_tungstenite::client_async(request, tls),
@@ -143,7 +141,10 @@ pub async fn exec(
         }
         Err(e) => return Err(ApiError::unavailable(failed(e.to_string())).into()),
     };
-    let protocol = accepted.headers().get(header::SEC_WEBSOCKET_PROTOCOL).cloned();
+    let protocol = accepted
+        .headers()
+        .get(header::SEC_WEBSOCKET_PROTOCOL)
+        .cloned();
 
     let target = format!("{namespace}/{name}/{container}");
     tokio::spawn(async move {
@@ -328,6 +329,8 @@ mod tests {
             kubectl.next().await.unwrap().unwrap(),
             Message::Close(_)
         ));
+        // kubectl goes: the relay ends without waiting out its close timeout.
+        drop(kubectl);
         tokio::time::timeout(Duration::from_secs(10), relayed)
             .await
             .unwrap()

@@ -400,9 +400,10 @@ pub(crate) fn container_of(
             "a container name must be specified for pod {name}, choose one of: [{}]",
             containers.join(" ")
         ))),
-        None => containers.into_iter().next().ok_or_else(|| {
-            ApiError::bad_request(format!("pod {name} does not have a container"))
-        }),
+        None => containers
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::bad_request(format!("pod {name} does not have a container"))),
     }
 }
 
