@@ -173,6 +173,16 @@ impl Worker {
         else {
             return Ok(self.ctx.config.default_handler.clone());
         };
+        // From the shared informer (a sync must not cost a request); a class created
+        // a moment ago may not have reached it yet, so a miss asks the server.
+        let informer = self.ctx.informers.informer::<RuntimeClass>(
+            Api::all(self.ctx.client.clone()),
+            kube::runtime::watcher::Config::default(),
+        );
+        informer.wait_synced().await;
+        if let Some(rc) = informer.get(class) {
+            return Ok(rc.handler.clone());
+        }
         let api: Api<RuntimeClass> = Api::all(self.ctx.client.clone());
         match api.get_opt(class).await {
             Ok(Some(rc)) => Ok(rc.handler),

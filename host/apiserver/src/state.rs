@@ -464,7 +464,10 @@ impl AppState {
             });
             match self
                 .store
-                .create(&runtime_classes.key(None, name), Bytes::from(obj.to_string()))
+                .create(
+                    &runtime_classes.key(None, name),
+                    Bytes::from(obj.to_string()),
+                )
                 .await
             {
                 Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}

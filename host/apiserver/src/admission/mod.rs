@@ -21,8 +21,8 @@ pub mod chain;
 pub mod limit_ranger;
 pub mod plugins;
 pub mod priority;
-mod runtime_class;
 pub mod quota;
+mod runtime_class;
 pub mod serviceaccount;
 pub mod tolerations;
 

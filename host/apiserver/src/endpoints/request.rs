@@ -121,10 +121,14 @@ impl Query {
                         ApiError::bad_request(format!("invalid gracePeriodSeconds {v:?}"))
                     })?)
                 }
-                "follow" | "previous" | "timestamps" | "tailLines" | "sinceSeconds"
-                | "sinceTime" | "limitBytes" | "insecureSkipTLSVerifyBackend" => {
-                    q.log_options.push((k.clone(), v))
-                }
+                "follow"
+                | "previous"
+                | "timestamps"
+                | "tailLines"
+                | "sinceSeconds"
+                | "sinceTime"
+                | "limitBytes"
+                | "insecureSkipTLSVerifyBackend" => q.log_options.push((k.clone(), v)),
                 _ => {}
             }
         }
