@@ -1,7 +1,9 @@
-"""A node as its own process: a `trellis server`, and a `trellis node` joined to it
-with a node's certificate (`system:node:py-node` in `system:nodes`, signed by the
-cluster CA with openssl, as an administrator would make one). Driven with kubectl and
-the Python client as a user would:
+"""A node as its own processes: a `trellis server`, a `trellis runtime` serving CRI on
+its own socket, and a `trellis node` joined to the server with a node's certificate
+(`system:node:py-node` in `system:nodes`, signed by the cluster CA with openssl, as
+an administrator would make one) and driving that runtime
+(`--container-runtime-endpoint`). Driven with kubectl and the Python client as a user
+would:
 
 - the Node registers Ready with its handlers;
 - a WASM pod runs; `kubectl logs` (with `-f`) reads its output through the API
@@ -53,20 +55,26 @@ def cluster():
         pytest.fail(f"{WORKLOAD} is missing: run plugins/build.sh")
     with own_server("trellis-node-") as (api, data_dir):
         node_dir = data_dir / "node-data"
+        socket = data_dir / "cri.sock"
         log = open(data_dir / "node.log", "wb")
+        runtime = subprocess.Popen(
+            [str(trellis_binary()), "runtime", "--listen", f"unix://{socket}",
+             "--root", str(data_dir / "runtime"), "--process-handler", "true"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         proc = subprocess.Popen(
             [str(trellis_binary()), "node", "--kubeconfig", str(node_kubeconfig(data_dir)),
              "--data-dir", str(node_dir), "--node-name", NODE, "--node-port", "0",
-             "--relist-period", "0.1", "--process-handler", "true"],
+             "--relist-period", "0.1", "--container-runtime-endpoint", f"unix://{socket}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             yield api, data_dir
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            for p in (proc, runtime):
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
             log.close()
             print((data_dir / "node.log").read_text()[-3000:])
 
