@@ -477,6 +477,55 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     );
     ensure!(pod.status.as_ref().and_then(|s| s.qos_class.as_deref()) == Some("Burstable"));
 
+    // An image in a private registry: pulled with the pod's imagePullSecrets; a pod
+    // without them is refused by the registry (pulled again: `Always`).
+    let registry = trellis_tests::registry::Registry::start_private("puller", "pw").await?;
+    let wasm = std::fs::read(image.trim_start_matches("file://"))?;
+    registry
+        .push("wasm/workload", "v1", "application/wasm", &wasm)
+        .await?;
+    let private = format!("{}/wasm/workload:v1", registry.address);
+    let docker_config =
+        json!({"auths": {registry.address.clone(): {"username": "puller", "password": "pw"}}});
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "pull"},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": docker_config.to_string()}}))?,
+        )
+        .await?;
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "private"}, "spec": {"restartPolicy": "Never",
+            "imagePullSecrets": [{"name": "pull"}],
+            "containers": [{"name": "main", "image": private, "args": ["echo", "pulled"]}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "private", Duration::from_secs(30), |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+            || waiting_reason(p).is_some_and(|r| r.contains("Image"))
+    })
+    .await?;
+    ensure!(phase(&pod) == "Succeeded", "{:?}", pod.status);
+    let image_id = container(&pod)
+        .map(|c| c.image_id.clone())
+        .unwrap_or_default();
+    ensure!(
+        image_id.starts_with(&format!("{}/wasm/workload@sha256:", registry.address)),
+        "{image_id}"
+    );
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "no-secret"}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": private, "imagePullPolicy": "Always"}]}}),
+    )
+    .await?;
+    wait_pod(&pods, "no-secret", Duration::from_secs(30), |p| {
+        matches!(waiting_reason(p), Some("ErrImagePull" | "ImagePullBackOff"))
+    })
+    .await?;
+
     // A missing image: ErrImagePull, then ImagePullBackOff.
     create_pod(
         &api,

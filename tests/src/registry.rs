@@ -88,7 +88,20 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// A registry whose token service hands tokens to anyone.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(None).await
+    }
+
+    /// A private registry: its token service answers 401 unless the request carries
+    /// HTTP Basic credentials `user:password`.
+    pub async fn start_private(user: &str, password: &str) -> anyhow::Result<Self> {
+        use base64::Engine as _;
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        Self::start_with(Some(format!("Basic {basic}"))).await
+    }
+
+    async fn start_with(required: Option<String>) -> anyhow::Result<Self> {
         let bin = registry_bin()?;
         let dir = tempfile::tempdir()?;
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
@@ -114,14 +127,22 @@ impl Registry {
             axum::Router::new().route(
                 "/token",
                 axum::routing::get(
-                    move |axum::extract::Query(query): axum::extract::Query<
+                    move |headers: axum::http::HeaderMap,
+                          axum::extract::Query(query): axum::extract::Query<
                         std::collections::HashMap<String, String>,
                     >| {
                         let signer = signer.clone();
                         let issued = issued.clone();
+                        let required = required.clone();
                         async move {
                             if query.get("service").map(String::as_str) != Some(SERVICE) {
                                 return Err(axum::http::StatusCode::BAD_REQUEST);
+                            }
+                            let given = headers
+                                .get(axum::http::header::AUTHORIZATION)
+                                .and_then(|v| v.to_str().ok());
+                            if required.is_some() && given != required.as_deref() {
+                                return Err(axum::http::StatusCode::UNAUTHORIZED);
                             }
                             let scope = query.get("scope").cloned().unwrap_or_default();
                             let token = signer

@@ -791,7 +791,7 @@ impl Worker {
         images
             .pull_image(cri::PullImageRequest {
                 image: Some(spec),
-                auth: None,
+                auth: self.pull_credentials(pod, &image).await,
                 sandbox_config: Some(sandbox_config.clone()),
             })
             .await
@@ -806,6 +806,55 @@ impl Worker {
             ),
         );
         Ok(())
+    }
+
+    /// Credentials for the image's registry from the pod's `imagePullSecrets`
+    /// (`kubernetes.io/dockerconfigjson` or `kubernetes.io/dockercfg`), the first that
+    /// names the registry, as the kubelet passes them to the runtime.
+    async fn pull_credentials(&self, pod: &Pod, image: &str) -> Option<cri::AuthConfig> {
+        let secrets = pod.spec.as_ref()?.image_pull_secrets.as_ref()?;
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let registry = registry_of(image);
+        let api: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.ctx.client.clone(), ns);
+        for reference in secrets {
+            let Ok(Some(secret)) = api.get_opt(&reference.name).await else {
+                continue;
+            };
+            let data = secret.data.unwrap_or_default();
+            let config: Value = match (data.get(".dockerconfigjson"), data.get(".dockercfg")) {
+                (Some(json), _) => serde_json::from_slice::<Value>(&json.0)
+                    .ok()
+                    .and_then(|v| v.get("auths").cloned())
+                    .unwrap_or_default(),
+                (None, Some(cfg)) => serde_json::from_slice(&cfg.0).unwrap_or_default(),
+                _ => continue,
+            };
+            let Some(entries) = config.as_object() else {
+                continue;
+            };
+            for (server, entry) in entries {
+                if registry_of_key(server) != registry {
+                    continue;
+                }
+                let field = |k: &str| {
+                    entry
+                        .get(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                return Some(cri::AuthConfig {
+                    username: field("username"),
+                    password: field("password"),
+                    auth: field("auth"),
+                    server_address: server.clone(),
+                    identity_token: field("identitytoken"),
+                    registry_token: field("registrytoken"),
+                });
+            }
+        }
+        None
     }
 
     async fn container_config(
@@ -1048,6 +1097,31 @@ fn annotations(container: &Container, attempt: u32) -> HashMap<String, String> {
     out
 }
 
+/// The registry host of an image reference, as Docker names them: the first path
+/// part when it looks like a host (a dot, a port, or `localhost`), else Docker Hub.
+fn registry_of(image: &str) -> String {
+    match image.split_once('/') {
+        Some((host, _)) if host.contains('.') || host.contains(':') || host == "localhost" => {
+            host.to_owned()
+        }
+        _ => "docker.io".to_owned(),
+    }
+}
+
+/// The registry host a docker config key names (`https://host/v1/`, `host:5000`).
+fn registry_of_key(key: &str) -> String {
+    let host = key
+        .trim_start_matches("https://")
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    match host {
+        "index.docker.io" | "registry-1.docker.io" => "docker.io".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
 /// The slot of a spec container, with its runtime containers taken from `observed`.
 fn slot(container: &Container, observed: &mut HashMap<String, Vec<Observed>>) -> Slot {
     let mut runs = observed
@@ -1080,5 +1154,20 @@ fn human(d: Duration) -> String {
         (0, s) => format!("{s}s"),
         (m, 0) => format!("{m}m0s"),
         (m, s) => format!("{m}m{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registries_are_named_as_docker_names_them() {
+        assert_eq!(registry_of("127.0.0.1:5000/wasm/app:v1"), "127.0.0.1:5000");
+        assert_eq!(registry_of("ghcr.io/org/app"), "ghcr.io");
+        assert_eq!(registry_of("nginx"), "docker.io");
+        assert_eq!(registry_of("library/nginx:1"), "docker.io");
+        assert_eq!(registry_of_key("https://index.docker.io/v1/"), "docker.io");
+        assert_eq!(registry_of_key("127.0.0.1:5000"), "127.0.0.1:5000");
     }
 }

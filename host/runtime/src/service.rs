@@ -482,8 +482,33 @@ impl RuntimeService for Runtime {
             .containers
             .get(&id)
             .ok_or_else(|| no_container(&id))?;
+        let mut status = container.record.status();
+        drop(tables);
+        // As containerd reports it: the registry's digest of the image when it came
+        // from one (`REPO@sha256:…`), else the image's id.
+        if let Some(image) = self.images.get(&status.image_ref) {
+            let repo = status
+                .image
+                .as_ref()
+                .map(|i| {
+                    i.image
+                        .split(['@', ':'])
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .unwrap_or_default();
+            if let Some(digest) = image
+                .digests
+                .iter()
+                .find(|d| d.starts_with(&format!("{repo}@")))
+                .or(image.digests.first())
+            {
+                status.image_ref = digest.clone();
+            }
+        }
         Ok(Response::new(ContainerStatusResponse {
-            status: Some(container.record.status()),
+            status: Some(status),
             info: HashMap::new(),
         }))
     }
