@@ -10,7 +10,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -25,8 +24,10 @@ use trellis_agent::AgentConfig;
 use trellis_agent::worker::POD_UID;
 use trellis_api::UserInfo;
 use trellis_client::identity;
-use trellis_client::informer::{Informer, SharedInformers};
+use trellis_client::informer::SharedInformers;
 use trellis_tests::TestCluster;
+
+use super::node::{container, phase, wait_pod};
 
 const NODE: &str = "containerd-1";
 /// The images in the script's tarball, once imported under this base name.
@@ -297,41 +298,6 @@ fn unmount_under(dir: &Path) {
 }
 
 /// Waits until the pod satisfies `done` (a watch, not a poll), up to `limit`.
-async fn wait_pod(
-    pods: &Arc<Informer<Pod>>,
-    name: &str,
-    limit: Duration,
-    done: impl Fn(&Pod) -> bool,
-) -> Result<Arc<Pod>> {
-    let mut changes = pods.subscribe();
-    let key = format!("default/{name}");
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(pod) = pods.get(&key)
-            && done(&pod)
-        {
-            return Ok(pod);
-        }
-        tokio::select! {
-            change = changes.recv() => if change.is_none() { bail!("the pod informer ended") },
-            _ = tokio::time::sleep_until(deadline) => {
-                bail!("pod {name} did not get there in {limit:?}; it is {:?}", pods.get(&key).map(|p| p.status.clone()))
-            }
-        }
-    }
-}
-
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
-
-fn container(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
-    pod.status.as_ref()?.container_statuses.as_ref()?.first()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_runs_oci_containers_on_containerd() -> Result<()> {
     let tarball = match image().await? {

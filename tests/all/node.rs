@@ -98,7 +98,7 @@ impl TestNode {
 }
 
 /// Waits until the pod satisfies `done` (a watch, not a poll), up to `limit`.
-async fn wait_pod(
+pub(super) async fn wait_pod(
     pods: &Arc<Informer<Pod>>,
     name: &str,
     limit: Duration,
@@ -122,14 +122,14 @@ async fn wait_pod(
     }
 }
 
-fn phase(pod: &Pod) -> &str {
+pub(super) fn phase(pod: &Pod) -> &str {
     pod.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("")
 }
 
-fn container(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+pub(super) fn container(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
     pod.status.as_ref()?.container_statuses.as_ref()?.first()
 }
 
