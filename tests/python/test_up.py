@@ -1,0 +1,108 @@
+"""`trellis up`, the README's first command, as one process: the API server, the
+controllers, the scheduler and a local node. A Deployment created with kubectl ends as
+running WASM pods on the local node, with the ownerReferences chain, the events
+Kubernetes tells (ScalingReplicaSet, SuccessfulCreate, Scheduled, Pulled, Created,
+Started), `kubectl logs deploy/…`; it scales down, and `kubectl delete deployment`
+removes everything, the workloads on the node included.
+
+The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh)."""
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from conftest import REPO_ROOT, TOKENS_CSV, _wait_ready, remove_data_dir, trellis_binary
+from test_controller_plugins import wait_for
+
+WORKLOAD = REPO_ROOT / "plugins" / "target" / "dist" / "workload.wasm"
+
+
+@pytest.fixture(scope="module")
+def up():
+    if not WORKLOAD.exists():
+        pytest.fail(f"{WORKLOAD} is missing: run plugins/build.sh")
+    data_dir = Path(tempfile.mkdtemp(prefix="trellis-up-"))
+    # The tokens `_wait_ready` asks /readyz with.
+    (data_dir / "tokens.csv").write_text(TOKENS_CSV)
+    (data_dir / "tokens.csv").chmod(0o600)
+    log = open(data_dir / "up.log", "wb")
+    proc = subprocess.Popen(
+        [str(trellis_binary()), "up", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+         "--node-port", "0", "--node-name", "local", "--metrics-bind-address", "",
+         "--relist-period", "0.1"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    api = None
+    try:
+        _wait_ready(proc, data_dir / "admin.kubeconfig", data_dir / "up.log")
+        api = config.new_client_from_config(config_file=str(data_dir / "admin.kubeconfig"))
+        yield api, data_dir
+    finally:
+        if api is not None:
+            api.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        print((data_dir / "up.log").read_text(errors="replace")[-3000:])
+        remove_data_dir(data_dir)
+
+
+def kubectl(data_dir, *args, stdin=None):
+    result = subprocess.run([shutil.which("kubectl") or "kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"),
+                             *args], input=stdin, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def running(items, count):
+    pods = [p for p in items.values() if p.metadata.deletion_timestamp is None]
+    return len(pods) == count and all(p.status.phase == "Running" for p in pods)
+
+
+def test_a_deployment_runs_on_the_local_node_scales_and_goes(up):
+    api, data_dir = up
+    v1 = client.CoreV1Api(api)
+    def ready(items):
+        status = items["local"].status if "local" in items else None
+        return any(c.type == "Ready" and c.status == "True" for c in (status and status.conditions or []))
+    node = wait_for(v1.list_node, ready, timeout=30)["local"]
+    assert node.metadata.labels["handler.trellis.dev/wasmtime"] == "true"
+
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                     "terminationGracePeriodSeconds": 2,
+                     "containers": [{"name": "main", "image": f"file://{WORKLOAD}",
+                                     "args": ["echo", "serving", "--", "sleep", "600000"]}]}}},
+    }
+    kubectl(data_dir, "apply", "-f", "-", stdin=yaml.safe_dump(deployment))
+    pods = wait_for(v1.list_namespaced_pod, lambda items: running(items, 3), timeout=60,
+                    namespace="default", label_selector="app=web")
+    for pod in pods.values():
+        assert pod.spec.node_name == "local"
+        (owner,) = pod.metadata.owner_references
+        assert owner.kind == "ReplicaSet" and owner.name.startswith("web-")
+    assert kubectl(data_dir, "logs", "deploy/web") == "serving\n"
+
+    reasons = {(e.involved_object.kind, e.reason) for e in v1.list_namespaced_event("default").items}
+    for expected in [("Deployment", "ScalingReplicaSet"), ("ReplicaSet", "SuccessfulCreate"),
+                     ("Pod", "Scheduled"), ("Pod", "Pulled"), ("Pod", "Created"), ("Pod", "Started")]:
+        assert expected in reasons, (expected, sorted(reasons))
+
+    kubectl(data_dir, "scale", "deployment", "web", "--replicas=1")
+    wait_for(v1.list_namespaced_pod, lambda items: len(items) == 1 and running(items, 1), timeout=60,
+             namespace="default", label_selector="app=web")
+
+    kubectl(data_dir, "delete", "deployment", "web")
+    wait_for(v1.list_namespaced_pod, lambda items: not items, timeout=60,
+             namespace="default", label_selector="app=web")
+    wait_for(client.AppsV1Api(api).list_namespaced_replica_set, lambda items: not items, timeout=60,
+             namespace="default")
