@@ -14,6 +14,7 @@
 //! - [`informer`]: a shared informer's sync, memory and fan-out, remote and in-process.
 //! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
 //! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
+//! - [`up`]: how soon `trellis up` is ready on an empty store.
 
 pub(crate) mod api;
 mod compaction;
@@ -24,6 +25,7 @@ mod pod_start;
 mod reload;
 mod scheduler;
 mod store;
+mod up;
 mod watch;
 
 use std::future::Future;
@@ -74,6 +76,9 @@ enum BenchCommand {
     Scheduler(scheduler::SchedulerArgs),
     /// Pod start on a node: bound → Running observed through the API, per handler.
     PodStart(pod_start::PodStartArgs),
+    /// `trellis up` on an empty store: until the API answers and the local node is
+    /// Ready.
+    Up(up::UpArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -108,6 +113,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::PodStart(args) => pod_start::run(args)
             .await
             .context("run the pod start benchmark"),
+        BenchCommand::Up(args) => up::run(args).await.context("run the up benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),

@@ -255,7 +255,7 @@ async fn measure(
     })
 }
 
-fn rss_of(pid: u32) -> f64 {
+pub(crate) fn rss_of(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
