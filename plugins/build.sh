@@ -59,7 +59,7 @@ apt_install() {
 
 # --- Rust ------------------------------------------------------------------
 rust_dirs=()
-for manifest in "$plugins"/controllers/*/Cargo.toml "$plugins"/fixtures/*/Cargo.toml "$examples"/*/Cargo.toml "$repo"/examples/controllers/*/Cargo.toml "$repo"/examples/scheduler/*/Cargo.toml; do
+for manifest in "$plugins"/controllers/*/Cargo.toml "$plugins"/fixtures/*/Cargo.toml "$examples"/*/Cargo.toml "$repo"/examples/controllers/*/Cargo.toml "$repo"/examples/scheduler/*/Cargo.toml "$repo"/examples/workloads/*/Cargo.toml; do
   [ -e "$manifest" ] && rust_dirs+=("$(dirname "$manifest")")
 done
 

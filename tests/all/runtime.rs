@@ -37,9 +37,9 @@ fn workload() -> String {
     format!("file://{}", fixture("workload").display())
 }
 
-/// The `wasi:http` component the tests serve (`plugins/fixtures/http-hello`).
+/// The `wasi:http` component the tests serve (`examples/workloads/hello-http`).
 fn http_hello() -> String {
-    format!("file://{}", fixture("http-hello").display())
+    format!("file://{}", fixture("hello-http").display())
 }
 
 /// A runtime serving on a socket in a temporary directory, and a client of it.
@@ -1105,7 +1105,7 @@ async fn wasi_http_components_serve_each_request_with_a_fresh_instance() {
     assert!(
         stderr
             .iter()
-            .any(|l| l.contains("http-hello was asked to trap")),
+            .any(|l| l.contains("hello-http was asked to trap")),
         "{stderr:?}"
     );
     assert!(
