@@ -29,22 +29,22 @@ WORKLOAD = REPO_ROOT / "plugins" / "target" / "dist" / "workload.wasm"
 NODE = "py-node"
 
 
-def node_kubeconfig(data_dir):
+def node_kubeconfig(data_dir, node=NODE):
     """A kubeconfig for the node: a key and a certificate the cluster CA signed."""
     pki = data_dir / "pki"
-    key, csr, crt = data_dir / "node.key", data_dir / "node.csr", data_dir / "node.crt"
+    key, csr, crt = data_dir / f"{node}.key", data_dir / f"{node}.csr", data_dir / f"{node}.crt"
     # Extensions make it an X.509 v3 certificate, which TLS libraries require.
     ext = data_dir / "node.ext"
     ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n")
     subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", key, "-out", csr, "-subj", f"/O=system:nodes/CN=system:node:{NODE}"],
+                    "-nodes", "-keyout", key, "-out", csr, "-subj", f"/O=system:nodes/CN=system:node:{node}"],
                    check=True, capture_output=True)
     subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key",
                     "-CAcreateserial", "-days", "1", "-extfile", ext, "-out", crt], check=True, capture_output=True)
     admin = yaml.safe_load((data_dir / "admin.kubeconfig").read_text())
-    admin["users"] = [{"name": NODE, "user": {"client-certificate": str(crt), "client-key": str(key)}}]
-    admin["contexts"][0]["context"]["user"] = NODE
-    path = data_dir / "node.kubeconfig"
+    admin["users"] = [{"name": node, "user": {"client-certificate": str(crt), "client-key": str(key)}}]
+    admin["contexts"][0]["context"]["user"] = node
+    path = data_dir / f"{node}.kubeconfig"
     path.write_text(yaml.safe_dump(admin))
     return path
 

@@ -3,7 +3,10 @@ controllers, the scheduler and a local node. A Deployment created with kubectl e
 running WASM pods on the local node, with the ownerReferences chain, the events
 Kubernetes tells (ScalingReplicaSet, SuccessfulCreate, Scheduled, Pulled, Created,
 Started), `kubectl logs deploy/…`; it scales down, and `kubectl delete deployment`
-removes everything, the workloads on the node included.
+removes everything, the workloads on the node included. A second node joins with
+`trellis node`; when it dies, the node lifecycle controller marks it and evicts its
+pod, and the Deployment's replacement runs on the local node (the lease, grace and
+toleration times shortened for the test).
 
 The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh)."""
 
@@ -17,6 +20,7 @@ import yaml
 from kubernetes import client, config
 
 from conftest import REPO_ROOT, TOKENS_CSV, _wait_ready, remove_data_dir, trellis_binary
+from test_node import node_kubeconfig
 from test_controller_plugins import wait_for
 
 WORKLOAD = REPO_ROOT / "plugins" / "target" / "dist" / "workload.wasm"
@@ -34,7 +38,7 @@ def up():
     proc = subprocess.Popen(
         [str(trellis_binary()), "up", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
          "--node-port", "0", "--node-name", "local", "--metrics-bind-address", "",
-         "--relist-period", "0.1"],
+         "--relist-period", "0.1", "--node-lease-renew", "0.5", "--node-monitor-grace-period", "3"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     api = None
     try:
@@ -106,3 +110,63 @@ def test_a_deployment_runs_on_the_local_node_scales_and_goes(up):
              namespace="default", label_selector="app=web")
     wait_for(client.AppsV1Api(api).list_namespaced_replica_set, lambda items: not items, timeout=60,
              namespace="default")
+
+
+def test_a_dead_nodes_pod_is_evicted_and_replaced_on_the_local_node(up):
+    api, data_dir = up
+    v1 = client.CoreV1Api(api)
+    log = open(data_dir / "joined.log", "wb")
+    joined = subprocess.Popen(
+        [str(trellis_binary()), "node", "--kubeconfig", str(node_kubeconfig(data_dir, "joined")),
+         "--data-dir", str(data_dir / "joined"), "--node-name", "joined", "--node-port", "0",
+         "--node-lease-renew", "0.5", "--relist-period", "0.1"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        def both_ready(items):
+            return all(n in items and items[n].status and any(
+                c.type == "Ready" and c.status == "True" for c in (items[n].status.conditions or []))
+                for n in ("local", "joined"))
+        wait_for(v1.list_node, both_ready, timeout=30)
+        # Preferring the joined node, and gone from it 0 s after it is unreachable.
+        deployment = {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "mover"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "mover"}},
+                     "template": {"metadata": {"labels": {"app": "mover"}}, "spec": {
+                         "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                             {"weight": 100, "preference": {"matchExpressions": [
+                                 {"key": "kubernetes.io/hostname", "operator": "In", "values": ["joined"]}]}}]}},
+                         "tolerations": [
+                             {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                              "effect": "NoExecute", "tolerationSeconds": 0},
+                             {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                              "effect": "NoExecute", "tolerationSeconds": 0}],
+                         "containers": [{"name": "main", "image": f"file://{WORKLOAD}",
+                                         "args": ["sleep", "600000"]}]}}},
+        }
+        kubectl(data_dir, "apply", "-f", "-", stdin=yaml.safe_dump(deployment))
+        pods = wait_for(v1.list_namespaced_pod, lambda items: running(items, 1), timeout=60,
+                        namespace="default", label_selector="app=mover")
+        (first,) = pods.values()
+        assert first.spec.node_name == "joined", first.spec.node_name
+
+        joined.kill()  # the node dies: no agent to say goodbye
+        joined.wait()
+
+        def replaced(items):
+            live = [p for p in items.values() if p.metadata.deletion_timestamp is None]
+            return (first.metadata.name not in {p.metadata.name for p in live}
+                    and len(live) == 1 and live[0].spec.node_name == "local"
+                    and live[0].status.phase == "Running")
+        wait_for(v1.list_namespaced_pod, replaced, timeout=60,
+                 namespace="default", label_selector="app=mover")
+        node = v1.read_node("joined")
+        ready = {c.type: c.status for c in node.status.conditions}["Ready"]
+        assert ready == "Unknown", node.status.conditions
+        taints = {t.key for t in node.spec.taints or []}
+        assert "node.kubernetes.io/unreachable" in taints, taints
+        kubectl(data_dir, "delete", "deployment", "mover")
+    finally:
+        if joined.poll() is None:
+            joined.kill()
+        joined.wait()
+        log.close()
