@@ -17,7 +17,8 @@
 //! [`crate::spec::environment`]; ConfigMap and Secret values are today's, not those
 //! the container started with) and working directory, in a process group of its own.
 //! No terminal is allocated: with `tty=true` the command's stdout and stderr both go
-//! to stdout, and resizes are ignored. A client that goes away kills the command.
+//! to stdout, and resizes are ignored. A client that goes away kills the command's
+//! process group.
 //!
 //! A `wasmtime` container is a WebAssembly component, which has no shell or programs
 //! to run: the answer is an error saying so. Containers of other runtimes (containerd)
@@ -509,6 +510,10 @@ async fn run(
                     _ => {}
                 },
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                    // The whole group: a shell's children too (the command leads it).
+                    if let Some(pid) = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32)) {
+                        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+                    }
                     let _ = child.start_kill();
                     return Outcome::ClientGone;
                 }
