@@ -51,23 +51,15 @@ impl TestNode {
             node_ip: "127.0.0.1".parse()?,
         })?;
         let socket = root.join("cri.sock");
+        let listener = trellis_runtime::listen(&socket)?;
         let mut server_stop = stopped.clone();
-        let path = socket.clone();
         let server = tokio::spawn(async move {
-            trellis_runtime::serve(runtime, &path, async move {
+            trellis_runtime::serve_on(runtime, listener, async move {
                 let _ = server_stop.wait_for(|s| *s).await;
             })
             .await
         });
-        let cri = loop {
-            match trellis_runtime::connect(&socket).await {
-                Ok(c) => break c,
-                Err(_) if !server.is_finished() => {
-                    tokio::time::sleep(Duration::from_millis(5)).await
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let cri = trellis_runtime::connect(&socket).await?;
         let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
         config.relist_period = Duration::from_millis(50);
         config.backoff_base = Duration::from_millis(200);

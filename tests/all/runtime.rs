@@ -15,7 +15,7 @@ use k8s_cri::v1::*;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tonic::Code;
-use trellis_runtime::{Client, PROCESS, Runtime, RuntimeConfig, WASMTIME, connect, serve};
+use trellis_runtime::{Client, PROCESS, Runtime, RuntimeConfig, WASMTIME, connect, serve_on};
 
 const NODE_IP: [u8; 4] = [10, 1, 2, 3];
 
@@ -69,25 +69,11 @@ impl Node {
         let weak = Arc::downgrade(&runtime);
         let socket = dir.join("cri.sock");
         let (tx, rx) = oneshot::channel();
-        let server = tokio::spawn({
-            let socket = socket.clone();
-            async move {
-                serve(runtime, &socket, async {
-                    let _ = rx.await;
-                })
-                .await
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let client = loop {
-            match connect(&socket).await {
-                Ok(client) => break client,
-                Err(_) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(10)).await
-                }
-                Err(e) => panic!("cannot connect: {e:#}"),
-            }
-        };
+        let listener = trellis_runtime::listen(&socket).unwrap();
+        let server = tokio::spawn(serve_on(runtime, listener, async {
+            let _ = rx.await;
+        }));
+        let client = connect(&socket).await.unwrap();
         Node {
             dir: dir.to_path_buf(),
             client,
@@ -204,17 +190,26 @@ impl Node {
             .unwrap()
     }
 
-    /// Polls the status until the container has exited (CRI v1 has no watch of a
-    /// single container; a kubelet polls too).
+    /// Waits until the container has exited, woken by the runtime's container events
+    /// (subscribed before the first look, so an exit in between is not missed).
     async fn wait_exit(&mut self, id: &str) -> ContainerStatus {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut events = self
+            .client
+            .runtime
+            .get_container_events(k8s_cri::v1::GetEventsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let status = self.status(id).await;
             if status.state == ContainerState::ContainerExited as i32 {
                 return status;
             }
-            assert!(Instant::now() < deadline, "{id} did not exit: {status:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            match tokio::time::timeout_at(deadline, events.message()).await {
+                Ok(Ok(Some(_))) => {}
+                other => panic!("{id} did not exit: {status:?} ({other:?})"),
+            }
         }
     }
 

@@ -187,6 +187,14 @@ pub async fn serve(
     socket: &Path,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let listener = listen(socket)?;
+    serve_on(runtime, listener, shutdown).await
+}
+
+/// Listens on the Unix socket `socket` (replacing a stale one, making its directory):
+/// once this returns, clients can connect, so a caller that serves in a task of its
+/// own connects at once rather than waiting for the socket to appear.
+pub fn listen(socket: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("create the socket's directory {}", dir.display()))?;
@@ -198,9 +206,17 @@ pub async fn serve(
             return Err(e).with_context(|| format!("remove the stale socket {}", socket.display()));
         }
     }
-    let listener = tokio::net::UnixListener::bind(socket)
-        .with_context(|| format!("listen on {}", socket.display()))?;
-    tracing::info!(socket = %socket.display(), handlers = ?runtime.handlers(), "CRI runtime serving");
+    tokio::net::UnixListener::bind(socket)
+        .with_context(|| format!("listen on {}", socket.display()))
+}
+
+/// Serves both CRI services on `listener` (from [`listen`]) until `shutdown`.
+pub async fn serve_on(
+    runtime: Arc<Runtime>,
+    listener: tokio::net::UnixListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    tracing::info!(socket = ?listener.local_addr().ok(), handlers = ?runtime.handlers(), "CRI runtime serving");
     tonic::transport::Server::builder()
         .add_service(RuntimeServiceServer::from_arc(runtime.clone()))
         .add_service(ImageServiceServer::from_arc(runtime))

@@ -158,10 +158,11 @@ pub async fn run_local(
             })
             .context("start the runtime")?;
             let socket = data_dir.join("runtime.sock");
+            // Listening before the agent connects: no wait for the socket.
+            let listener = trellis_runtime::listen(&socket)?;
             let mut stop = stopped.clone();
-            let path = socket.clone();
             let server = tokio::spawn(async move {
-                trellis_runtime::serve(runtime, &path, async move {
+                trellis_runtime::serve_on(runtime, listener, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await
@@ -169,7 +170,12 @@ pub async fn run_local(
             (socket, Some(server))
         }
     };
-    let cri = connect_when_up(&socket).await?;
+    let cri = match server {
+        Some(_) => trellis_runtime::connect(&socket)
+            .await
+            .with_context(|| format!("connect to the runtime at {}", socket.display()))?,
+        None => connect_when_up(&socket).await?,
+    };
     let mut config = AgentConfig::new(
         &flags.node_name.clone().unwrap_or_else(host_name),
         flags.node_address,
@@ -191,8 +197,8 @@ pub async fn run_local(
     result
 }
 
-/// The runtime's client once its socket answers (an in-process server binds it
-/// within milliseconds; another runtime may still be starting).
+/// Another runtime's client once its socket answers: it may be starting beside the
+/// node (a `trellis runtime` launched with it, containerd).
 async fn connect_when_up(socket: &Path) -> anyhow::Result<trellis_runtime::Client> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
