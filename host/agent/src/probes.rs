@@ -84,10 +84,6 @@ impl Prober {
             ready: true,
             ..Default::default()
         };
-        let soonest = |at: Instant, out: &mut Outcome| {
-            out.next = Some(out.next.map_or(at, |n| n.min(at)));
-        };
-
         // Startup first: liveness and readiness wait until it has passed.
         if let Some(probe) = &container.startup_probe {
             let passed = self
@@ -102,9 +98,6 @@ impl Prober {
                     &mut out,
                 )
                 .await;
-            if let Some(at) = self.next_of(id, Kind::Startup) {
-                soonest(at, &mut out);
-            }
             if passed != Some(true) {
                 out.started = false;
                 out.ready = false;
@@ -134,9 +127,6 @@ impl Prober {
                     &mut out,
                 )
                 .await;
-            if let Some(at) = self.next_of(id, Kind::Liveness) {
-                soonest(at, &mut out);
-            }
             if passed == Some(false) {
                 out.kill = Some(format!(
                     "Container {} failed liveness probe, will be restarted",
@@ -157,17 +147,10 @@ impl Prober {
                     &mut out,
                 )
                 .await;
-            if let Some(at) = self.next_of(id, Kind::Readiness) {
-                soonest(at, &mut out);
-            }
             // Not ready until a probe passed.
             out.ready = passed == Some(true);
         }
         out
-    }
-
-    fn next_of(&self, id: &str, kind: Kind) -> Option<Instant> {
-        self.states.get(&(id.to_owned(), kind)).and_then(|s| s.next)
     }
 
     /// Forgets the runs that are not `keep` (their containers are gone).
@@ -175,9 +158,31 @@ impl Prober {
         self.states.retain(|(run, _), _| keep.contains(run));
     }
 
-    /// Runs the probe when due; the verdict once a threshold was reached.
+    /// Runs the probe when due; the verdict once a threshold was reached. `out.next`
+    /// takes the probe's next due time.
     #[allow(clippy::too_many_arguments)]
     async fn run_if_due(
+        &mut self,
+        ctx: &Context,
+        pod: &Pod,
+        container: &Container,
+        id: &str,
+        kind: Kind,
+        probe: &Probe,
+        started: Instant,
+        out: &mut Outcome,
+    ) -> Option<bool> {
+        let passed = self
+            .run_once(ctx, pod, container, id, kind, probe, started, out)
+            .await;
+        if let Some(at) = self.states.get(&(id.to_owned(), kind)).and_then(|s| s.next) {
+            out.next = Some(out.next.map_or(at, |n| n.min(at)));
+        }
+        passed
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_once(
         &mut self,
         ctx: &Context,
         pod: &Pod,

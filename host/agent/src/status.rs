@@ -236,38 +236,20 @@ pub fn conditions(
     terminal: bool,
 ) -> Vec<PodCondition> {
     let now = Time(jiff::Timestamp::now());
+    // Ready follows ContainersReady (no readiness gates here), with the same reason.
+    let not_ready = match (containers_ready, terminal) {
+        (true, _) => None,
+        (false, true) => Some("PodCompleted"),
+        (false, false) => Some("ContainersNotReady"),
+    };
     let mine = [
         (
             "Initialized",
             initialized,
-            if initialized {
-                None
-            } else {
-                Some("ContainersNotInitialized")
-            },
+            (!initialized).then_some("ContainersNotInitialized"),
         ),
-        (
-            "ContainersReady",
-            containers_ready,
-            if containers_ready {
-                None
-            } else if terminal {
-                Some("PodCompleted")
-            } else {
-                Some("ContainersNotReady")
-            },
-        ),
-        (
-            "Ready",
-            containers_ready,
-            if containers_ready {
-                None
-            } else if terminal {
-                Some("PodCompleted")
-            } else {
-                Some("ContainersNotReady")
-            },
-        ),
+        ("ContainersReady", containers_ready, not_ready),
+        ("Ready", containers_ready, not_ready),
     ];
     let mut out: Vec<PodCondition> = old
         .iter()
