@@ -3,7 +3,9 @@ controllers, the scheduler and a local node. A Deployment created with kubectl e
 running WASM pods on the local node, with the ownerReferences chain, the events
 Kubernetes tells (ScalingReplicaSet, SuccessfulCreate, Scheduled, Pulled, Created,
 Started), `kubectl logs deploy/…`; it scales down, and `kubectl delete deployment`
-removes everything, the workloads on the node included. A second node joins with
+removes everything, the workloads on the node included. A rolling update and `kubectl
+rollout undo` go as kubectl's `rollout status` expects; a crashing container goes into
+CrashLoopBackOff with its previous logs kept. A second node joins with
 `trellis node`; when it dies, the node lifecycle controller marks it and evicts its
 pod, and the Deployment's replacement runs on the local node (the lease, grace and
 toleration times shortened for the test).
@@ -38,7 +40,9 @@ def up():
     proc = subprocess.Popen(
         [str(trellis_binary()), "up", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
          "--node-port", "0", "--node-name", "local", "--metrics-bind-address", "",
-         "--relist-period", "0.1", "--node-lease-renew", "0.5", "--node-monitor-grace-period", "3"],
+         "--relist-period", "0.1", "--node-lease-renew", "0.5", "--node-monitor-grace-period", "3",
+         # A crashing container's back-offs: 1 s, 2 s, 4 s, …
+         "--restart-backoff", "1"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     api = None
     try:
@@ -170,3 +174,105 @@ def test_a_dead_nodes_pod_is_evicted_and_replaced_on_the_local_node(up):
             joined.kill()
         joined.wait()
         log.close()
+
+
+def containers_env(pod):
+    return {e.name: e.value for e in pod.spec.containers[0].env or []}
+
+
+def test_a_rolling_update_and_its_undo(up):
+    api, data_dir = up
+    v1, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "roll"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "roll"}},
+                 "strategy": {"type": "RollingUpdate",
+                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                 "template": {"metadata": {"labels": {"app": "roll"}}, "spec": {
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": f"file://{WORKLOAD}",
+                                     "env": [{"name": "VERSION", "value": "v1"}],
+                                     "args": ["env", "VERSION", "--", "sleep", "600000"]}]}}},
+    }
+    kubectl(data_dir, "apply", "-f", "-", stdin=yaml.safe_dump(deployment))
+    # kubectl's own notion of done: observedGeneration, updated, available.
+    assert "successfully rolled out" in kubectl(data_dir, "rollout", "status", "deployment/roll",
+                                                "--timeout=60s")
+    (first,) = apps.list_namespaced_replica_set("default", label_selector="app=roll").items
+    assert first.metadata.annotations["deployment.kubernetes.io/revision"] == "1"
+
+    kubectl(data_dir, "set", "env", "deployment/roll", "VERSION=v2")
+    assert "successfully rolled out" in kubectl(data_dir, "rollout", "status", "deployment/roll",
+                                                "--timeout=60s")
+    sets = {rs.metadata.name: rs for rs in
+            apps.list_namespaced_replica_set("default", label_selector="app=roll").items}
+    assert len(sets) == 2, sorted(sets)
+    second = next(rs for name, rs in sets.items() if name != first.metadata.name)
+    assert second.metadata.annotations["deployment.kubernetes.io/revision"] == "2"
+    assert sets[first.metadata.name].spec.replicas == 0
+    pods = wait_for(v1.list_namespaced_pod, lambda items: running(items, 2) and all(
+        p.metadata.owner_references[0].name == second.metadata.name for p in items.values()),
+        timeout=60, namespace="default", label_selector="app=roll")
+    for pod in pods.values():
+        assert containers_env(pod) == {"VERSION": "v2"}
+    # The program prints its environment: the running workload has the new template.
+    assert kubectl(data_dir, "logs", "deploy/roll") == "VERSION=v2\n"
+    history = kubectl(data_dir, "rollout", "history", "deployment/roll")
+    assert "1 " in history and "2 " in history, history
+
+    kubectl(data_dir, "rollout", "undo", "deployment/roll")
+    assert "successfully rolled out" in kubectl(data_dir, "rollout", "status", "deployment/roll",
+                                                "--timeout=60s")
+    # Undo brings the first ReplicaSet back as revision 3; no third set is made.
+    sets = {rs.metadata.name: rs for rs in
+            apps.list_namespaced_replica_set("default", label_selector="app=roll").items}
+    assert len(sets) == 2, sorted(sets)
+    back = sets[first.metadata.name]
+    assert back.metadata.annotations["deployment.kubernetes.io/revision"] == "3"
+    assert back.spec.replicas == 2 and sets[second.metadata.name].spec.replicas == 0
+    pods = wait_for(v1.list_namespaced_pod, lambda items: running(items, 2) and all(
+        p.metadata.owner_references[0].name == first.metadata.name for p in items.values()),
+        timeout=60, namespace="default", label_selector="app=roll")
+    for pod in pods.values():
+        assert containers_env(pod) == {"VERSION": "v1"}
+    assert kubectl(data_dir, "logs", "deploy/roll") == "VERSION=v1\n"
+    kubectl(data_dir, "delete", "deployment", "roll")
+    wait_for(v1.list_namespaced_pod, lambda items: not items, timeout=60,
+             namespace="default", label_selector="app=roll")
+
+
+def test_a_crashing_container_backs_off_and_keeps_its_previous_log(up):
+    api, data_dir = up
+    v1 = client.CoreV1Api(api)
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "crash"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "crash"}},
+                 "template": {"metadata": {"labels": {"app": "crash"}}, "spec": {
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": f"file://{WORKLOAD}",
+                                     "args": ["echo", "starting", "--", "exit", "3"]}]}}},
+    }
+    kubectl(data_dir, "apply", "-f", "-", stdin=yaml.safe_dump(deployment))
+
+    def backing_off(items):
+        statuses = [s for p in items.values() for s in (p.status.container_statuses or [])]
+        return any(s.restart_count >= 2 and s.state.waiting is not None
+                   and s.state.waiting.reason == "CrashLoopBackOff" for s in statuses)
+    pods = wait_for(v1.list_namespaced_pod, backing_off, timeout=60,
+                    namespace="default", label_selector="app=crash")
+    (pod,) = pods.values()
+    (status,) = pod.status.container_statuses
+    assert status.last_state.terminated.exit_code == 3, status.last_state
+    assert status.last_state.terminated.reason == "Error", status.last_state
+    assert pod.status.phase == "Running", pod.status.phase
+    assert not status.ready
+    # The third back-off is 4 s: kubectl reads the pod within it.
+    table = kubectl(data_dir, "get", "pods", "-l", "app=crash", "--no-headers")
+    assert "CrashLoopBackOff" in table, table
+    assert kubectl(data_dir, "logs", pod.metadata.name, "--previous") == "starting\n"
+    reasons = [e.reason for e in v1.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={pod.metadata.name}").items]
+    assert "BackOff" in reasons, reasons
+    kubectl(data_dir, "delete", "deployment", "crash")
+    wait_for(v1.list_namespaced_pod, lambda items: not items, timeout=60,
+             namespace="default", label_selector="app=crash")

@@ -48,6 +48,9 @@ enum Step {
 struct Backoff {
     delay: Duration,
     until: Instant,
+    /// Whether this window's `BackOff` event was recorded: one per window, not one per
+    /// wake-up.
+    announced: bool,
 }
 
 /// Runs one pod until it is deleted and its containers are gone, or until the agent
@@ -273,10 +276,7 @@ impl Worker {
                 }
                 let ran = ran_for(exited);
                 if let Err(until) = self.may_restart(&container.name, ran) {
-                    s.waiting = Some((
-                        "CrashLoopBackOff".into(),
-                        self.backoff_message(pod, &container.name),
-                    ));
+                    s.waiting = Some(self.backing_off(pod, &container.name));
                     soonest(until);
                     break;
                 }
@@ -350,10 +350,7 @@ impl Worker {
                             continue;
                         }
                         if let Err(until) = self.may_restart(&container.name, ran_for(exited)) {
-                            s.waiting = Some((
-                                "CrashLoopBackOff".into(),
-                                self.backoff_message(pod, &container.name),
-                            ));
+                            s.waiting = Some(self.backing_off(pod, &container.name));
                             soonest(until);
                             continue;
                         }
@@ -431,6 +428,7 @@ impl Worker {
                     Backoff {
                         delay: base,
                         until: now + base,
+                        announced: false,
                     },
                 );
                 Ok(())
@@ -438,10 +436,28 @@ impl Worker {
             Some(b) if now >= b.until => {
                 b.delay = (b.delay * 2).min(max);
                 b.until = now + b.delay;
+                b.announced = false;
                 Ok(())
             }
             Some(b) => Err(b.until),
         }
+    }
+
+    /// The waiting state of a container in back-off. The first time in a back-off
+    /// window it is also told as a `BackOff` event, as the kubelet does.
+    fn backing_off(&mut self, pod: &Pod, name: &str) -> (String, String) {
+        let first = self
+            .backoff
+            .get_mut(name)
+            .is_some_and(|b| !std::mem::replace(&mut b.announced, true));
+        if first {
+            let message = format!(
+                "Back-off restarting failed container {name} in pod {}",
+                pod_label(pod)
+            );
+            self.event(pod, EventType::Warning, "BackOff", &message);
+        }
+        ("CrashLoopBackOff".into(), self.backoff_message(pod, name))
     }
 
     fn backoff_message(&self, pod: &Pod, name: &str) -> String {
