@@ -4,7 +4,10 @@ built-in controllers work through the server with ServiceAccount tokens of their
 (a Deployment becomes a ReplicaSet and pods; a foreground delete from the Python
 client removes them in order), a standby takes over once a killed leader's lease has
 run out, a leader stopped by SIGTERM hands the lease back, and each process's /metrics
-says whether it leads."""
+says whether it leads. On the same two servers, the whole flow with every component a
+process of its own: the controllers on one server, the scheduler and a `trellis node`
+on the other, a second node on the first; a Deployment's pods run one on each node,
+and `kubectl logs` reads either pod through either server."""
 
 import re
 import shutil
@@ -20,7 +23,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config, watch
 
-from conftest import remove_data_dir, start_server, stop_server, trellis_binary, wait_ready
+from conftest import REPO_ROOT, remove_data_dir, start_server, stop_server, trellis_binary, wait_ready
+from test_controller_plugins import wait_for
+from test_node import node_kubeconfig
 
 LEASE = "kube-controller-manager"
 FAST = [
@@ -273,3 +278,77 @@ def test_one_leader_across_two_api_servers_a_standby_takes_over_and_sigterm_hand
                 c.proc.kill()
                 c.proc.wait()
         admin.close()
+
+
+WORKLOAD = REPO_ROOT / "plugins" / "target" / "dist" / "workload.wasm"
+
+
+def test_a_deployment_runs_on_two_nodes_each_joined_to_another_api_server(two_servers_on_etcd):
+    first_dir, second_dir = two_servers_on_etcd
+    log = open(first_dir / "flow.log", "wb")
+    trellis = str(trellis_binary())
+
+    def start(*args):
+        return subprocess.Popen([trellis, *args], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    procs = [
+        start("controllers", "--kubeconfig", str(first_dir / "controller-manager.kubeconfig"),
+              "--metrics-bind-address", "", *FAST),
+        start("scheduler", "--kubeconfig", str(second_dir / "scheduler.kubeconfig"),
+              "--metrics-bind-address", "", *FAST),
+    ]
+    for data_dir, node in ((first_dir, "node-a"), (second_dir, "node-b")):
+        procs.append(start("node", "--kubeconfig", str(node_kubeconfig(data_dir, node)),
+                           "--data-dir", str(data_dir / node), "--node-name", node,
+                           "--node-port", "0", "--relist-period", "0.1"))
+    admin_a = config.new_client_from_config(config_file=str(first_dir / "admin.kubeconfig"))
+    admin_b = config.new_client_from_config(config_file=str(second_dir / "admin.kubeconfig"))
+    try:
+        core_a, core_b = client.CoreV1Api(admin_a), client.CoreV1Api(admin_b)
+
+        def ready(items):
+            return all(n in items and items[n].status and any(
+                c.type == "Ready" and c.status == "True" for c in items[n].status.conditions or [])
+                for n in ("node-a", "node-b"))
+        wait_for(core_b.list_node, ready, timeout=30)
+        client.AppsV1Api(admin_b).create_namespaced_deployment("default", {
+            "metadata": {"name": "spread"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "spread"}},
+                     "template": {"metadata": {"labels": {"app": "spread"}}, "spec": {
+                         "terminationGracePeriodSeconds": 1,
+                         "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                             {"labelSelector": {"matchLabels": {"app": "spread"}},
+                              "topologyKey": "kubernetes.io/hostname"}]}},
+                         "containers": [{"name": "main", "image": f"file://{WORKLOAD}",
+                                         "args": ["echo", "spread", "--", "sleep", "600000"]}]}}}})
+
+        def running(items):
+            return len(items) == 2 and all(p.status.phase == "Running" for p in items.values())
+        pods = wait_for(core_a.list_namespaced_pod, running, timeout=60,
+                        namespace="default", label_selector="app=spread")
+        assert sorted(p.spec.node_name for p in pods.values()) == ["node-a", "node-b"]
+        # Each server reaches each node for logs, whichever server the node talks to.
+        for data_dir in (first_dir, second_dir):
+            for name in pods:
+                result = subprocess.run(
+                    [shutil.which("kubectl") or "kubectl", "--kubeconfig",
+                     str(data_dir / "admin.kubeconfig"), "logs", name],
+                    capture_output=True, text=True, timeout=30)
+                assert result.returncode == 0 and result.stdout == "spread\n", result.stderr
+
+        client.AppsV1Api(admin_a).delete_namespaced_deployment("spread", "default")
+        wait_for(core_b.list_namespaced_pod, lambda items: not items, timeout=60,
+                 namespace="default", label_selector="app=spread")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        admin_a.close()
+        admin_b.close()
+        log.close()
+        print((first_dir / "flow.log").read_text(errors="replace")[-3000:])
