@@ -6,7 +6,8 @@ Started), `kubectl logs deploy/…`; it scales down, and `kubectl delete deploym
 removes everything, the workloads on the node included. A rolling update and `kubectl
 rollout undo` go as kubectl's `rollout status` expects; a crashing container goes into
 CrashLoopBackOff with its previous logs kept. A second node joins with
-`trellis node`; when it dies, the node lifecycle controller marks it and evicts its
+`trellis node`, and a pod waiting for it runs there; when it dies, the node lifecycle
+controller marks it and evicts its
 pod, and the Deployment's replacement runs on the local node (the lease, grace and
 toleration times shortened for the test).
 
@@ -119,6 +120,17 @@ def test_a_deployment_runs_on_the_local_node_scales_and_goes(up):
 def test_a_dead_nodes_pod_is_evicted_and_replaced_on_the_local_node(up):
     api, data_dir = up
     v1 = client.CoreV1Api(api)
+    # A pod for a node that is not there yet waits, unschedulable, until it joins.
+    waiter = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waiter"}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": "joined"}, "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "main", "image": f"file://{WORKLOAD}", "args": ["sleep", "600000"]}]}}
+    kubectl(data_dir, "apply", "-f", "-", stdin=yaml.safe_dump(waiter))
+
+    def unschedulable(items):
+        conditions = items["waiter"].status.conditions or [] if "waiter" in items else []
+        return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                   for c in conditions)
+    wait_for(v1.list_namespaced_pod, unschedulable, timeout=30, namespace="default")
     log = open(data_dir / "joined.log", "wb")
     joined = subprocess.Popen(
         [str(trellis_binary()), "node", "--kubeconfig", str(node_kubeconfig(data_dir, "joined")),
@@ -131,6 +143,10 @@ def test_a_dead_nodes_pod_is_evicted_and_replaced_on_the_local_node(up):
                 c.type == "Ready" and c.status == "True" for c in (items[n].status.conditions or []))
                 for n in ("local", "joined"))
         wait_for(v1.list_node, both_ready, timeout=30)
+        pods = wait_for(v1.list_namespaced_pod, lambda items: running(items, 1), timeout=60,
+                        namespace="default", field_selector="metadata.name=waiter")
+        assert pods["waiter"].spec.node_name == "joined"
+        kubectl(data_dir, "delete", "pod", "waiter")
         # Preferring the joined node, and gone from it 0 s after it is unreachable.
         deployment = {
             "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "mover"},
