@@ -5,11 +5,10 @@ Kubernetes tells (ScalingReplicaSet, SuccessfulCreate, Scheduled, Pulled, Create
 Started), `kubectl logs deploy/…`; it scales down, and `kubectl delete deployment`
 removes everything, the workloads on the node included. A rolling update and `kubectl
 rollout undo` go as kubectl's `rollout status` expects; a crashing container goes into
-CrashLoopBackOff with its previous logs kept. A second node joins with
-`trellis node`, and a pod waiting for it runs there; when it dies, the node lifecycle
-controller marks it and evicts its
-pod, and the Deployment's replacement runs on the local node (the lease, grace and
-toleration times shortened for the test).
+CrashLoopBackOff with its previous logs kept. A second node joins with `trellis node`,
+and a pod waiting for it runs there; when it dies, the node lifecycle controller marks
+it and evicts its pod, and the Deployment's replacement runs on the local node (the
+lease, grace and toleration times shortened for the test).
 
 The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh)."""
 
