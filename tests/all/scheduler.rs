@@ -3,8 +3,9 @@
 //! and told so in a `Scheduled` event; a pod no node fits gets kube-scheduler's
 //! FitError in a `FailedScheduling` event and its PodScheduled condition, and is
 //! scheduled once a node it fits joins; pods for another scheduler are left alone; a
-//! pod of higher priority preempts the fewest, lowest pods of a node and is bound there.
-//! One server for the module.
+//! pod of higher priority preempts the fewest, lowest pods of a node and is bound there;
+//! pods of a group wait at Permit (the gang example) until the group is complete, or
+//! are given up when the wait runs out. One server for the module.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,15 +85,31 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
             None,
         )
         .await?;
+    // The gang example (co-scheduling at Permit) beside them.
+    let gang = host
+        .load(
+            PluginSpec::new("gang", PluginKind::Scheduler),
+            Arc::new(std::fs::read(trellis_tests::plugin_wasm("gang")?)?),
+            None,
+        )
+        .await?;
     let config = SchedulerConfig {
         profiles: vec![(
             trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
-            vec![Component {
-                plugin,
-                configuration: "{}".into(),
-                weights: Default::default(),
-                ignore_failures: false,
-            }],
+            vec![
+                Component {
+                    plugin,
+                    configuration: "{}".into(),
+                    weights: Default::default(),
+                    ignore_failures: false,
+                },
+                Component {
+                    plugin: gang,
+                    configuration: r#"{"waitSeconds": 2}"#.into(),
+                    weights: Default::default(),
+                    ignore_failures: false,
+                },
+            ],
         )],
         defaults: Vec::new(),
         percentage_of_nodes_to_score: 0,
@@ -294,6 +311,41 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
         node_of("low").as_deref() == Some("n4"),
         "low was preempted too"
     );
+
+    // Permit's wait (the gang example): two of a group of three hold their nodes
+    // unbound while a later pod outside the group is bound; the third completes
+    // the group and all three are bound.
+    create(&nodes, node("n5", "8", json!({}))).await?;
+    let member = |name: &str, group: &str, min: &str| {
+        let mut p = pod(name, "100m");
+        p["metadata"]["labels"] = json!({"pod-group.trellis.dev/name": group,
+            "pod-group.trellis.dev/min-member": min});
+        p
+    };
+    create(&pod_api, member("trio-a", "trio", "3")).await?;
+    create(&pod_api, member("trio-b", "trio", "3")).await?;
+    create(&pod_api, pod("after-two", "100m")).await?;
+    until!("after-two bound", node_of("after-two").is_some());
+    ensure!(
+        node_of("trio-a").is_none() && node_of("trio-b").is_none(),
+        "a member of an incomplete group was bound"
+    );
+    create(&pod_api, member("trio-c", "trio", "3")).await?;
+    until!(
+        "the whole group bound",
+        ["trio-a", "trio-b", "trio-c"]
+            .iter()
+            .all(|n| node_of(n).is_some())
+    );
+    // A group that never completes: its pod is given up when the wait runs out.
+    create(&pod_api, member("lone", "pair", "2")).await?;
+    until!("lone given up", event("lone", "FailedScheduling").is_some());
+    let message = event("lone", "FailedScheduling").unwrap_or_default();
+    ensure!(
+        message.contains("rejected due to timeout after waiting 2s at plugin gang"),
+        "{message}"
+    );
+    ensure!(node_of("lone").is_none(), "lone was bound");
 
     let _ = stop.send(true);
     scheduler.await??;

@@ -41,6 +41,15 @@ pub enum Decision {
         plugins: BTreeSet<String>,
         nomination: Option<Nomination>,
     },
+    /// Permit plugins asked the pod to wait: it holds `node` until each component in
+    /// `components` names it in `allowed`, or for `timeout` at most (then it is
+    /// given up, as kube-scheduler's waiting pods are).
+    Wait {
+        node: String,
+        node_id: NodeId,
+        components: Vec<String>,
+        timeout: Duration,
+    },
     /// A plugin failed (trap, deadline, error status): the pod is retried.
     Error(String),
 }
@@ -548,6 +557,8 @@ impl Profile {
                 ));
             }
         }
+        let mut waits = Vec::new();
+        let mut timeout = Duration::ZERO;
         for i in 0..self.slots.len() {
             if !self.slots[i].points.contains(ExtensionPoints::PERMIT) {
                 continue;
@@ -577,20 +588,42 @@ impl Profile {
                         nomination: None,
                     };
                 }
-                PermitVerdict::Wait(_) => {
-                    // Waiting pods need the binding cycle to wait beside the loop,
-                    // which this scheduler does not do yet: the pod is retried.
-                    self.unreserve(&uid, chosen).await;
-                    return Decision::Error(format!(
-                        "Permit plugin {} asked the pod to wait, which this scheduler does not support",
-                        self.slots[i].label()
-                    ));
+                PermitVerdict::Wait(ms) => {
+                    waits.push(self.slots[i].label());
+                    timeout = timeout.max(Duration::from_millis(ms));
                 }
             }
+        }
+        if !waits.is_empty() {
+            return Decision::Wait {
+                node,
+                node_id: chosen,
+                components: waits,
+                timeout,
+            };
         }
         Decision::Bind {
             node,
             node_id: chosen,
+        }
+    }
+
+    /// The uids of pods waiting at the Permit of component `name` that it now
+    /// allows; none if the component left the profile or failed to answer.
+    pub async fn allowed(&mut self, name: &str) -> Vec<String> {
+        let Some(slot) = self.slots.iter_mut().find(|s| s.label() == name) else {
+            return Vec::new();
+        };
+        match slot
+            .call(&mut self.timings, "Permit", async |s| s.allowed().await)
+            .await
+        {
+            Ok(Some(uids)) => uids,
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(plugin = %name, error = %e, "asking which waiting pods are allowed failed");
+                Vec::new()
+            }
         }
     }
 

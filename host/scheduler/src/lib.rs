@@ -109,6 +109,20 @@ struct Bound {
     result: Result<(), String>,
 }
 
+/// A pod waiting at Permit, holding its node (assumed in the cache).
+struct Waiting {
+    key: PodKey,
+    pod: Arc<Pod>,
+    profile: usize,
+    node: String,
+    node_id: u32,
+    /// The components that have not allowed it yet.
+    components: Vec<String>,
+    deadline: Instant,
+    waited: Duration,
+    queued_at: Instant,
+}
+
 /// What the scheduler runs with, beside its configuration.
 pub struct Parts {
     /// The plugin host the components were loaded in.
@@ -174,6 +188,13 @@ pub async fn run(
     // Binds run beside the loop, at most this many at once: more only queue up in the
     // API server's own limit of requests in flight and come back 429.
     let binds_in_flight = Arc::new(tokio::sync::Semaphore::new(BINDS_IN_FLIGHT));
+    // Pods waiting at Permit, by uid.
+    let mut waiting: HashMap<String, Waiting> = HashMap::new();
+    let binder = Binder {
+        api: api.clone(),
+        bound_tx: bound_tx.clone(),
+        in_flight: binds_in_flight.clone(),
+    };
 
     loop {
         // Every change that arrived comes first: the next cycle decides on them.
@@ -195,6 +216,19 @@ pub async fn run(
                 &events,
                 &metrics,
                 bound,
+            )
+            .await;
+        }
+        // The last cycle may have completed what waiting pods wait for, or their
+        // wait ran out.
+        if !waiting.is_empty() {
+            resolve_waiting(
+                &mut waiting,
+                &mut profiles,
+                &mut cache,
+                &mut queue,
+                &events,
+                &binder,
             )
             .await;
         }
@@ -227,7 +261,7 @@ pub async fn run(
             }
             let elapsed = started.elapsed();
             let result = match &decision {
-                Decision::Bind { .. } => "scheduled",
+                Decision::Bind { .. } | Decision::Wait { .. } => "scheduled",
                 Decision::Unschedulable { .. } => "unschedulable",
                 Decision::Error(_) => "error",
             };
@@ -267,25 +301,41 @@ pub async fn run(
             match decision {
                 Decision::Bind { node, node_id } => {
                     cache.assume(&pod, &node);
-                    let bound_tx = bound_tx.clone();
-                    let api = api.clone();
                     let first = queued_at.get(&key).copied().unwrap_or(started);
-                    let binding = binds_in_flight.clone();
-                    tokio::spawn(async move {
-                        let result = match binding.acquire().await {
-                            Ok(_permit) => bind(&api, &pod, &node).await,
-                            Err(e) => Err(e.to_string()),
-                        };
-                        let _ = bound_tx.send(Bound {
+                    binder.bind(Bound {
+                        key,
+                        pod,
+                        profile: p,
+                        node,
+                        node_id,
+                        queued_at: first,
+                        result: Ok(()),
+                    });
+                }
+                Decision::Wait {
+                    node,
+                    node_id,
+                    components,
+                    timeout,
+                } => {
+                    debug!(pod = %key, %node, ?components, "waiting at Permit");
+                    cache.assume(&pod, &node);
+                    let uid = pod.metadata.uid.clone().unwrap_or_default();
+                    let first = queued_at.get(&key).copied().unwrap_or(started);
+                    waiting.insert(
+                        uid,
+                        Waiting {
                             key,
                             pod,
                             profile: p,
                             node,
                             node_id,
+                            components,
+                            deadline: now + timeout,
+                            waited: timeout,
                             queued_at: first,
-                            result,
-                        });
-                    });
+                        },
+                    );
                 }
                 Decision::Unschedulable {
                     message,
@@ -311,6 +361,9 @@ pub async fn run(
 
         let wake = queue
             .next_deadline()
+            .into_iter()
+            .chain(waiting.values().map(|w| w.deadline))
+            .min()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             change = node_changes.recv() => match change {
@@ -333,6 +386,97 @@ pub async fn run(
     }
     events.flush().await;
     Ok(())
+}
+
+/// Starts binds beside the loop, at most [`BINDS_IN_FLIGHT`] at once; each reports
+/// on the loop's channel.
+struct Binder {
+    api: Api<Pod>,
+    bound_tx: mpsc::UnboundedSender<Bound>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+impl Binder {
+    fn bind(&self, mut bound: Bound) {
+        let api = self.api.clone();
+        let bound_tx = self.bound_tx.clone();
+        let in_flight = self.in_flight.clone();
+        tokio::spawn(async move {
+            bound.result = match in_flight.acquire().await {
+                Ok(_permit) => bind(&api, &bound.pod, &bound.node).await,
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = bound_tx.send(bound);
+        });
+    }
+}
+
+/// Pods waiting at Permit: those every component allowed are bound; those whose
+/// wait ran out give their node back and return to the queue as unschedulable, as
+/// kube-scheduler rejects them; those deleted meanwhile are let go.
+async fn resolve_waiting(
+    waiting: &mut HashMap<String, Waiting>,
+    profiles: &mut [Profile],
+    cache: &mut cache::Cache,
+    queue: &mut SchedulingQueue,
+    events: &EventRecorder,
+    binder: &Binder,
+) {
+    let asked: std::collections::BTreeSet<(usize, String)> = waiting
+        .values()
+        .flat_map(|w| w.components.iter().map(|c| (w.profile, c.clone())))
+        .collect();
+    for (profile, component) in asked {
+        let Some(p) = profiles.get_mut(profile) else {
+            continue;
+        };
+        for uid in p.allowed(&component).await {
+            if let Some(w) = waiting.get_mut(&uid) {
+                w.components.retain(|c| *c != component);
+            }
+        }
+    }
+    let now = Instant::now();
+    let settled: Vec<String> = waiting
+        .iter()
+        .filter(|(uid, w)| w.components.is_empty() || now >= w.deadline || !cache.has_pod(uid))
+        .map(|(uid, _)| uid.clone())
+        .collect();
+    for uid in settled {
+        let Some(w) = waiting.remove(&uid) else {
+            continue;
+        };
+        if w.components.is_empty() {
+            debug!(pod = %w.key, node = %w.node, "allowed at Permit");
+            binder.bind(Bound {
+                key: w.key,
+                pod: w.pod,
+                profile: w.profile,
+                node: w.node,
+                node_id: w.node_id,
+                queued_at: w.queued_at,
+                result: Ok(()),
+            });
+            continue;
+        }
+        if let Some(p) = profiles.get_mut(w.profile) {
+            p.unreserve(&uid, w.node_id).await;
+        }
+        if !cache.has_pod(&uid) {
+            // Deleted while it waited.
+            continue;
+        }
+        cache.forget(&uid);
+        let plugin = w.components.first().cloned().unwrap_or_default();
+        let message = format!(
+            "pod {} rejected while waiting on permit: rejected due to timeout after waiting {:?} at plugin {plugin}",
+            w.key, w.waited
+        );
+        debug!(pod = %w.key, %message, "given up at Permit");
+        queue.unschedulable(&w.key, w.components.into_iter().collect(), now);
+        events.record(&*w.pod, EventType::Warning, "FailedScheduling", &message);
+        mark_unschedulable(&binder.api, &w.pod, &message, None);
+    }
 }
 
 /// Returns once `stopped` says so (or its sender is gone); holds no borrow of the
@@ -502,7 +646,17 @@ fn on_pod(
         return;
     }
     queued_at.entry(key.clone()).or_insert(now);
+    let added = matches!(change, Change::Added(_));
     queue.add_or_update(key, pod, now);
+    // Kept apart from `pods` (pods on nodes), which most plugins wait for: a pod
+    // arriving frees nothing, and only a plugin that waits for one hears of it.
+    let arrived = Event {
+        resource: "unscheduledpods".into(),
+        action: Action::Add,
+    };
+    if added && queue.wanted(&arrived) {
+        queue.on_event(&arrived, now);
+    }
 }
 
 async fn on_bound(

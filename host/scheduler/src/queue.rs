@@ -120,6 +120,11 @@ impl SchedulingQueue {
         self.interests.insert(plugin.to_owned(), events);
     }
 
+    /// Whether any plugin waits for `event`.
+    pub fn wanted(&self, event: &Event) -> bool {
+        self.interests.values().any(|events| events.contains(event))
+    }
+
     /// A new pod to schedule, or one changed while waiting: an unschedulable pod
     /// whose spec or labels changed may fit now and is moved back.
     pub fn add_or_update(&mut self, key: PodKey, pod: Arc<Pod>, now: Instant) {

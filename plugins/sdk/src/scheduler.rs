@@ -85,7 +85,8 @@ impl Status {
 /// A kind of cluster change that may make a pod a plugin rejected schedulable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterEvent {
-    /// `nodes`, `pods`, or another resource's plural.
+    /// `nodes`, `pods` (pods on nodes), `unscheduledpods` (pods waiting for a node,
+    /// as kube-scheduler's `UnscheduledPod`), or another resource's plural.
     pub resource: String,
     pub add: bool,
     pub update: bool,
@@ -99,6 +100,16 @@ impl ClusterEvent {
             resource: "nodes".into(),
             add: true,
             update: true,
+            delete: false,
+        }
+    }
+
+    /// A pod that needs a node arrived.
+    pub fn unscheduled_pod_added() -> Self {
+        Self {
+            resource: "unscheduledpods".into(),
+            add: true,
+            update: false,
             delete: false,
         }
     }
@@ -599,6 +610,10 @@ pub struct Framework {
     pod: Option<PodInfo>,
     /// Pods reserved and not yet seen bound, for an `unreserve` after their cycle.
     reserved: HashMap<String, PodInfo>,
+    /// Pods waiting at Permit, with the plugins that have not allowed them yet:
+    /// reserved until allowed or given up, even once the host's view has them on
+    /// their node (it holds a waiting pod's node).
+    waiting: HashMap<String, (PodInfo, Vec<usize>)>,
     /// Plugins whose PreFilter or PreScore said skip in this cycle.
     skip_filter: Vec<bool>,
     skip_score: Vec<bool>,
@@ -611,6 +626,7 @@ impl Framework {
             plugins,
             pod: None,
             reserved: HashMap::new(),
+            waiting: HashMap::new(),
             skip_filter: Vec::new(),
             skip_score: Vec::new(),
         }
@@ -623,8 +639,12 @@ impl Framework {
             .filter_map(|c| {
                 // A reserved pod seen on its node (bound) or gone needs no unreserve.
                 match &c {
-                    Change::PodUpsert { uid, .. } | Change::PodRemove(uid) => {
+                    Change::PodUpsert { uid, .. } => {
                         self.reserved.remove(uid);
+                    }
+                    Change::PodRemove(uid) => {
+                        self.reserved.remove(uid);
+                        self.waiting.remove(uid);
                     }
                     _ => {}
                 }
@@ -788,7 +808,8 @@ impl Framework {
         let Some(info) = self.cluster.node(node) else {
             return;
         };
-        let pod = match self.reserved.remove(uid) {
+        let waiting = self.waiting.remove(uid).map(|(pod, _)| pod);
+        let pod = match waiting.or_else(|| self.reserved.remove(uid)) {
             Some(pod) => pod,
             None => match &self.pod {
                 Some(pod) if pod.uid == uid => pod.clone(),
@@ -808,7 +829,8 @@ impl Framework {
             return Permit::Deny(Status::error("permit outside a cycle"));
         };
         let mut verdict = Permit::Allow;
-        for p in self.plugins.iter_mut() {
+        let mut waits = Vec::new();
+        for (i, p) in self.plugins.iter_mut().enumerate() {
             if !p.points().permit {
                 continue;
             }
@@ -816,17 +838,35 @@ impl Framework {
                 Permit::Allow => {}
                 Permit::Deny(status) => return Permit::Deny(status),
                 Permit::Wait(ms) => {
+                    waits.push(i);
                     if !matches!(verdict, Permit::Wait(w) if w >= ms) {
                         verdict = Permit::Wait(ms);
                     }
                 }
             }
         }
+        if !waits.is_empty() {
+            self.waiting.insert(pod.uid.clone(), (pod.clone(), waits));
+        }
         verdict
     }
 
+    /// Waiting pods that every plugin that made them wait now allows.
     pub fn allowed(&mut self) -> Vec<String> {
-        self.plugins.iter_mut().flat_map(|p| p.allowed()).collect()
+        let mut out = Vec::new();
+        for (i, p) in self.plugins.iter_mut().enumerate() {
+            for uid in p.allowed() {
+                let Some((_, waits)) = self.waiting.get_mut(&uid) else {
+                    continue;
+                };
+                waits.retain(|w| *w != i);
+                if waits.is_empty() {
+                    self.waiting.remove(&uid);
+                    out.push(uid);
+                }
+            }
+        }
+        out
     }
 
     /// Schedules `pod` natively, as the host would with every node sampled and
