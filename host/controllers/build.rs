@@ -1,7 +1,8 @@
 //! Builds the built-in controllers (`plugins/controllers/*`) for the binary to
 //! include (see `trellis-bundle-build`), where `bundled.rs` takes them.
 
-const CONTROLLERS: [&str; 9] = [
+const CONTROLLERS: [&str; 10] = [
+    "disruption",
     "endpoints",
     "namespace",
     "node-lifecycle",

@@ -435,11 +435,16 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     let sets = watching.informer::<ReplicaSet>(Api::all(admin.clone()), watcher::Config::default());
     let deployments =
         watching.informer::<Deployment>(Api::all(admin.clone()), watcher::Config::default());
-    // Any change of the three wakes the waits below.
+    let budgets = watching.informer::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(
+        Api::all(admin.clone()),
+        watcher::Config::default(),
+    );
+    // Any change of these wakes the waits below.
     let mut changes = fan_in(vec![
         Box::new(pods.subscribe()) as Box<dyn ChangeSource>,
         Box::new(sets.subscribe()),
         Box::new(deployments.subscribe()),
+        Box::new(budgets.subscribe()),
     ]);
     pods.wait_synced().await;
     sets.wait_synced().await;
@@ -493,6 +498,35 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
                 .is_some_and(|s| s.replicas == 7))
     })
     .await?;
+    // The disruption controller: 30 % of the set's 7 replicas may be unavailable,
+    // rounded up to 3, so 4 must stay healthy and 3 may be disrupted.
+    let budget_api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(admin.clone(), "default");
+    create(
+        &budget_api,
+        json!({"metadata": {"name": "many"}, "spec": {"maxUnavailable": "30%",
+            "selector": {"matchLabels": {"set": "many"}}}}),
+    )
+    .await?;
+    let allowed = || {
+        budgets
+            .get("default/many")
+            .and_then(|b| b.status.clone())
+            .map(|s| {
+                (
+                    s.expected_pods,
+                    s.desired_healthy,
+                    s.current_healthy,
+                    s.disruptions_allowed,
+                )
+            })
+    };
+    until(&mut changes, "the budget's status", || {
+        Ok(allowed() == Some((7, 4, 7, 3)))
+    })
+    .await?;
+    budget_api.delete("many", &Default::default()).await?;
+
     // An orphan that matches a new ReplicaSet's selector is adopted instead of a pod
     // being created; an owned pod relabelled away is released and replaced.
     let pod_api: Api<Pod> = Api::namespaced(admin.clone(), "default");

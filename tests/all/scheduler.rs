@@ -4,7 +4,8 @@
 //! FitError in a `FailedScheduling` event and its PodScheduled condition, and is
 //! scheduled once a node it fits joins; pods for another scheduler are left alone; a
 //! pod of higher priority preempts the fewest, lowest pods of a node and is bound there;
-//! pods of a group wait at Permit (the gang example) until the group is complete, or
+//! preemption spares the pod a PodDisruptionBudget protects when another node will
+//! do; pods of a group wait at Permit (the gang example) until the group is complete, or
 //! are given up when the wait runs out. One server for the module.
 
 use std::sync::Arc;
@@ -310,6 +311,66 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
     ensure!(
         node_of("low").as_deref() == Some("n4"),
         "low was preempted too"
+    );
+
+    // Preemption and PodDisruptionBudgets: two equal candidates, the first one's
+    // victim protected by a budget that allows no disruption; the other is chosen.
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(admin.clone(), "default");
+    create(
+        &budgets,
+        json!({"metadata": {"name": "guard"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"guarded": "yes"}}}}),
+    )
+    .await?;
+    budgets
+        .patch_status(
+            "guard",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"disruptionsAllowed": 0,
+                "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}})),
+        )
+        .await?;
+    for name in ["n6", "n7"] {
+        let mut n = node(name, "1", json!({}));
+        n["metadata"]["labels"]["pdb-test"] = json!("yes");
+        create(&nodes, n).await?;
+    }
+    let mut guarded = pod("guarded", "1");
+    guarded["metadata"]["labels"] = json!({"guarded": "yes"});
+    guarded["spec"]["nodeName"] = json!("n6");
+    create(&pod_api, guarded).await?;
+    let mut unguarded = pod("unguarded", "1");
+    unguarded["spec"]["nodeName"] = json!("n7");
+    create(&pod_api, unguarded).await?;
+    let mut urgent = pod("urgent", "1");
+    urgent["spec"]["priorityClassName"] = json!("important");
+    urgent["spec"]["nodeSelector"] = json!({"pdb-test": "yes"});
+    create(&pod_api, urgent).await?;
+    until!(
+        "unguarded preempted",
+        pods.get("default/unguarded")
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    );
+    let _ = pod_api
+        .delete(
+            "unguarded",
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await;
+    until!("urgent bound", node_of("urgent").is_some());
+    ensure!(
+        node_of("urgent").as_deref() == Some("n7"),
+        "urgent on {:?}",
+        node_of("urgent")
+    );
+    ensure!(
+        pods.get("default/guarded")
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "the pod its budget protects was preempted"
     );
 
     // Permit's wait (the gang example): two of a group of three hold their nodes

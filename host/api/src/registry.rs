@@ -280,6 +280,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         resource(
+            "policy",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            true,
+            &["pdb"],
+            &[],
+            &[Status],
+        ),
+        resource(
             "node.k8s.io",
             "RuntimeClass",
             "runtimeclasses",

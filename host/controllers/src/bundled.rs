@@ -84,6 +84,23 @@ pub const BUILTINS: &[Builtin] = &[
         configuration: "{}",
     },
     Builtin {
+        name: "disruption",
+        identity: "disruption-controller",
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/disruption.wasm")),
+        primary: ("policy", "v1", "poddisruptionbudgets"),
+        owns: &[],
+        // A pod's readiness changes the budgets that select it; the scale of the
+        // pods' controllers is read from the cache.
+        watches: &[
+            (("", "v1", "pods"), Mapping::Selector),
+            (("apps", "v1", "replicasets"), Mapping::Cache),
+            (("apps", "v1", "deployments"), Mapping::Cache),
+        ],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+    },
+    Builtin {
         name: "endpoint",
         identity: "endpoint-controller",
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/endpoints.wasm")),
@@ -252,6 +269,7 @@ mod tests {
             names("*"),
             [
                 "deployment",
+                "disruption",
                 "endpoint",
                 "endpointslice",
                 "garbage-collector",
@@ -265,7 +283,7 @@ mod tests {
         );
         assert_eq!(
             names(
-                "*,-deployment,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodelifecycle,-resourcequota,-serviceaccount"
+                "*,-deployment,-disruption,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodelifecycle,-resourcequota,-serviceaccount"
             ),
             ["replicaset", "root-ca-cert-publisher"]
         );

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use trellis_api::selector::LabelSelector;
 use trellis_plugin_host::scheduler::{Change, NodeUpsert, PodUpsert};
 
 pub type NodeId = u32;
@@ -44,6 +46,42 @@ pub struct Cache {
     /// How many pods on nodes have each priority: whether a preemption can find any
     /// victim at all, without a pass over the pods.
     priorities: std::collections::BTreeMap<i32, usize>,
+    /// PodDisruptionBudgets by `namespace/name`: preemption spares the pods they
+    /// protect where it can.
+    budgets: HashMap<String, Budget>,
+}
+
+/// What preemption reads of a PodDisruptionBudget.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    pub namespace: String,
+    /// `None`: selects nothing (a null selector, or one that does not parse).
+    pub selector: Option<LabelSelector>,
+    /// `status.disruptionsAllowed`.
+    pub allowed: i32,
+}
+
+impl Budget {
+    pub fn from_object(pdb: &PodDisruptionBudget) -> Self {
+        let spec = pdb.spec.as_ref();
+        Self {
+            namespace: pdb.metadata.namespace.clone().unwrap_or_default(),
+            selector: spec
+                .and_then(|s| s.selector.as_ref())
+                .and_then(|s| LabelSelector::from_k8s(s).ok()),
+            allowed: pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+        }
+    }
+
+    /// Whether the budget protects `pod`.
+    pub fn covers(&self, pod: &Pod) -> bool {
+        let none = std::collections::BTreeMap::new();
+        pod.metadata.namespace.as_deref() == Some(self.namespace.as_str())
+            && self
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.matches_map(pod.metadata.labels.as_ref().unwrap_or(&none)))
+    }
 }
 
 fn priority_of(pod: &Pod) -> i32 {
@@ -255,6 +293,46 @@ impl Cache {
         if self.nodes.contains_key(&p.node) {
             self.pending.push(Change::PodRemove(uid.to_owned()));
         }
+    }
+
+    pub fn set_budget(&mut self, key: String, budget: Budget) {
+        self.budgets.insert(key, budget);
+    }
+
+    pub fn remove_budget(&mut self, key: &str) {
+        self.budgets.remove(key);
+    }
+
+    /// Splits `victims` (in their order) into those whose eviction would break a
+    /// PodDisruptionBudget and those it would not, counting each budget down as
+    /// kube-scheduler's `filterPodsWithPDBViolation` does.
+    pub fn split_by_budgets(&self, victims: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+        if self.budgets.is_empty() {
+            return (Vec::new(), victims);
+        }
+        let mut left: HashMap<&str, i32> = self
+            .budgets
+            .iter()
+            .map(|(k, b)| (k.as_str(), b.allowed))
+            .collect();
+        let (mut violating, mut fine) = (Vec::new(), Vec::new());
+        for pod in victims {
+            let mut breaks = false;
+            for (key, budget) in &self.budgets {
+                if budget.covers(&pod)
+                    && let Some(n) = left.get_mut(key.as_str())
+                {
+                    *n -= 1;
+                    breaks |= *n < 0;
+                }
+            }
+            if breaks {
+                violating.push(pod);
+            } else {
+                fine.push(pod);
+            }
+        }
+        (violating, fine)
     }
 
     /// The pod is assumed on `node` while it is bound.

@@ -54,6 +54,10 @@ pub enum Decision {
     Error(String),
 }
 
+/// How a preemption candidate's victims rank, the lowest best: PodDisruptionBudget
+/// violations, the highest priority, the sum of priorities, their number.
+type VictimsRank = (usize, i32, i64, usize);
+
 /// DefaultPreemption's choice: the node a pod fits once the victims are gone.
 #[derive(Debug)]
 pub struct Nomination {
@@ -702,9 +706,15 @@ impl Profile {
         // Highest victim priority first decides; reprieve the most promising few.
         lower.sort_by_key(|(_, v)| v.iter().map(|p| priority_of(p)).max().unwrap_or(0));
         lower.truncate(REPRIEVED_CANDIDATES);
-        let mut best: Option<(NodeId, Vec<Arc<Pod>>)> = None;
+        let mut best: Option<(VictimsRank, NodeId, Vec<Arc<Pod>>)> = None;
         for (node, mut victims) in lower {
             victims.sort_by_key(|p| std::cmp::Reverse(priority_of(p)));
+            // As kube-scheduler: those whose eviction would break a
+            // PodDisruptionBudget are reprieved first, then the others, highest
+            // priority first within each; the violations left count against the node.
+            let (violating, fine) = cache.split_by_budgets(victims);
+            let breaking: HashSet<String> = violating.iter().map(uid).collect();
+            let mut victims: Vec<Arc<Pod>> = violating.into_iter().chain(fine).collect();
             let mut i = 0;
             while i < victims.len() {
                 let trial: Vec<String> = victims
@@ -719,18 +729,27 @@ impl Profile {
                     i += 1;
                 }
             }
-            let rank = |v: &[Arc<Pod>]| {
-                (
-                    v.iter().map(|p| priority_of(p)).max().unwrap_or(i32::MIN),
-                    v.iter().map(|p| i64::from(priority_of(p))).sum::<i64>(),
-                    v.len(),
-                )
-            };
-            if best.as_ref().is_none_or(|(_, b)| rank(&victims) < rank(b)) {
-                best = Some((node, victims));
+            let rank = (
+                victims
+                    .iter()
+                    .filter(|p| breaking.contains(&uid(p)))
+                    .count(),
+                victims
+                    .iter()
+                    .map(|p| priority_of(p))
+                    .max()
+                    .unwrap_or(i32::MIN),
+                victims
+                    .iter()
+                    .map(|p| i64::from(priority_of(p)))
+                    .sum::<i64>(),
+                victims.len(),
+            );
+            if best.as_ref().is_none_or(|(b, _, _)| rank < *b) {
+                best = Some((rank, node, victims));
             }
         }
-        let (node, victims) = best.ok_or_else(|| "no candidate left".to_owned())?;
+        let (_, node, victims) = best.ok_or_else(|| "no candidate left".to_owned())?;
         Ok(Nomination {
             node: cache.node_name(node).unwrap_or_default().to_owned(),
             victims,

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -160,6 +161,10 @@ pub async fn run(
     let nodes = informers.informer::<Node>(Api::all(client.clone()), watcher::Config::default());
     let mut pod_changes = pods.subscribe();
     let mut node_changes = nodes.subscribe();
+    // Budgets are advice to preemption: the loop does not wait for them.
+    let budgets = informers
+        .informer::<PodDisruptionBudget>(Api::all(client.clone()), watcher::Config::default());
+    let mut budget_changes = budgets.subscribe();
     tokio::select! {
         () = async { tokio::join!(pods.wait_synced(), nodes.wait_synced()); } => {}
         () = until_stopped(&mut stopped) => return Ok(()),
@@ -204,6 +209,9 @@ pub async fn run(
         }
         while let Ok(change) = pod_changes.try_recv() {
             on_pod(&mut cache, &mut queue, &mut queued_at, &names, change, now);
+        }
+        while let Ok(change) = budget_changes.try_recv() {
+            on_budget(&mut cache, change);
         }
         while let Ok(update) = updates.try_recv() {
             on_update(&mut profiles, &mut names, &config, update, &mut queue, now);
@@ -374,6 +382,7 @@ pub async fn run(
                 Some(change) => on_pod(&mut cache, &mut queue, &mut queued_at, &names, change, Instant::now()),
                 None => break,
             },
+            Some(change) = budget_changes.recv() => on_budget(&mut cache, change),
             Some(update) = updates.recv() => {
                 on_update(&mut profiles, &mut names, &config, update, &mut queue, Instant::now());
             }
@@ -574,6 +583,19 @@ fn on_node(
         },
         now,
     );
+}
+
+fn on_budget(cache: &mut cache::Cache, change: Change<PodDisruptionBudget>) {
+    let pdb = change.object();
+    let key = format!(
+        "{}/{}",
+        pdb.metadata.namespace.as_deref().unwrap_or_default(),
+        pdb.metadata.name.as_deref().unwrap_or_default()
+    );
+    match change {
+        Change::Deleted(_) => cache.remove_budget(&key),
+        _ => cache.set_budget(key, cache::Budget::from_object(pdb)),
+    }
 }
 
 fn on_pod(

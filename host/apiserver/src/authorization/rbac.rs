@@ -543,6 +543,8 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
                 {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
                 // Preemption deletes its victims.
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+                // Preemption spares what PodDisruptionBudgets protect, where it can.
+                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": read},
                 {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kube-scheduler"], "verbs": ["get", "update"]},
@@ -587,6 +589,16 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
     // written with patches here, hence `patch` where Kubernetes has `update` only.
     let events = json!({"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]});
     let controllers = [
+        (
+            "disruption-controller",
+            json!([
+                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets/status"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["apps"], "resources": ["replicasets", "deployments", "statefulsets"], "verbs": ["get", "list", "watch"]},
+                events,
+            ]),
+        ),
         (
             "replicaset-controller",
             json!([

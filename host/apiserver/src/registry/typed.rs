@@ -28,7 +28,7 @@ fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Object) -> Result<Object, Ap
 
 /// Decodes `obj` through its typed struct, if the kind has one; `None` otherwise.
 fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, ApiError>> {
-    use k8s_openapi::api::{apps, coordination, core, discovery, node, rbac, scheduling};
+    use k8s_openapi::api::{apps, coordination, core, discovery, node, policy, rbac, scheduling};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     Some(match (res.group.as_str(), res.plural.as_str()) {
         ("", "pods") => roundtrip::<core::v1::Pod>(obj),
@@ -48,6 +48,7 @@ fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, Ap
         ("discovery.k8s.io", "endpointslices") => roundtrip::<discovery::v1::EndpointSlice>(obj),
         ("node.k8s.io", "runtimeclasses") => roundtrip::<node::v1::RuntimeClass>(obj),
         ("scheduling.k8s.io", "priorityclasses") => roundtrip::<scheduling::v1::PriorityClass>(obj),
+        ("policy", "poddisruptionbudgets") => roundtrip::<policy::v1::PodDisruptionBudget>(obj),
         ("rbac.authorization.k8s.io", "roles") => roundtrip::<rbac::v1::Role>(obj),
         ("rbac.authorization.k8s.io", "clusterroles") => roundtrip::<rbac::v1::ClusterRole>(obj),
         ("rbac.authorization.k8s.io", "rolebindings") => roundtrip::<rbac::v1::RoleBinding>(obj),

@@ -1,0 +1,343 @@
+//! The disruption controller, as Kubernetes' behaves: each PodDisruptionBudget's
+//! status says how many of its pods may be disrupted now (`disruptionsAllowed`),
+//! which preemption and evictions read.
+//!
+//! - The budget's pods are those of its namespace its selector matches (an empty
+//!   selector matches all of them, as in `policy/v1`).
+//! - `minAvailable` as a number: the pods expected are the pods found, and that many
+//!   must be healthy. `minAvailable` as a percentage, or `maxUnavailable`: the pods
+//!   expected are the replicas their controllers ask for (a Deployment's, else a
+//!   ReplicaSet's), each controller counted once; percentages round up.
+//! - Healthy: Ready and not being deleted. `disruptionsAllowed` is the healthy
+//!   beyond those desired, never below 0; the `DisruptionAllowed` condition says
+//!   whether it is above 0 (`SufficientPods`, `InsufficientPods`).
+//! - A budget whose pods have no controller while it needs their scale says why
+//!   in a `SyncFailed` condition and a `NoControllers` event, and allows nothing.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use trellis_plugin::GroupVersionResource;
+use trellis_plugin::controller::{
+    Action, EventType, ObjectKey, Reconcile, cache, client, events, owned, time,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Disruption {}
+
+fn gvr(group: &str, resource: &str) -> GroupVersionResource {
+    GroupVersionResource {
+        group: group.into(),
+        version: "v1".into(),
+        resource: resource.into(),
+    }
+}
+
+/// What the controller reads of a pod.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Pod {
+    metadata: Meta,
+    status: PodStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Meta {
+    name: String,
+    owner_references: Vec<Value>,
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PodStatus {
+    conditions: Vec<Value>,
+}
+
+impl Pod {
+    fn is_healthy(&self) -> bool {
+        self.metadata.deletion_timestamp.is_none()
+            && self
+                .status
+                .conditions
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    }
+
+    fn controller(&self) -> Option<&Value> {
+        self.metadata
+            .owner_references
+            .iter()
+            .find(|r| r["controller"] == true)
+    }
+}
+
+/// An `IntOrString` count: a number, or a percentage of `total` rounded up.
+fn scaled(value: &Value, total: i64) -> Result<i64, String> {
+    if let Some(n) = value.as_i64() {
+        return Ok(n);
+    }
+    let text = value.as_str().unwrap_or_default();
+    let percent: i64 = text
+        .strip_suffix('%')
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("{value}: not a number or a percentage"))?;
+    Ok((percent * total + 99) / 100)
+}
+
+/// The replicas the pods' controllers ask for, each controller once: a
+/// ReplicaSet's Deployment if it has one, else the ReplicaSet.
+fn expected_scale(namespace: &str, pods: &[Pod]) -> Result<i64, String> {
+    let mut scales: BTreeMap<String, i64> = BTreeMap::new();
+    for pod in pods {
+        let Some(owner) = pod.controller() else {
+            return Err(format!(
+                "found no controller for pod {:?}",
+                pod.metadata.name
+            ));
+        };
+        let (kind, name) = (
+            owner["kind"].as_str().unwrap_or_default(),
+            owner["name"].as_str().unwrap_or_default(),
+        );
+        let uid = owner["uid"].as_str().unwrap_or_default().to_owned();
+        if scales.contains_key(&uid) {
+            continue;
+        }
+        let (uid, replicas) = match kind {
+            "ReplicaSet" => {
+                let rs = cache::get(&gvr("apps", "replicasets"), Some(namespace), name)?
+                    .ok_or_else(|| format!("replicaset {name:?} not found"))?;
+                let deployment = rs["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|r| r["controller"] == true && r["kind"] == "Deployment")
+                    .and_then(|r| r["name"].as_str())
+                    .map(|d| cache::get(&gvr("apps", "deployments"), Some(namespace), d))
+                    .transpose()?
+                    .flatten();
+                match deployment {
+                    Some(d) => (
+                        d["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                        d["spec"]["replicas"].as_i64().unwrap_or(1),
+                    ),
+                    None => (uid, rs["spec"]["replicas"].as_i64().unwrap_or(1)),
+                }
+            }
+            "StatefulSet" | "Deployment" => {
+                let plural = if kind == "StatefulSet" {
+                    "statefulsets"
+                } else {
+                    "deployments"
+                };
+                let owner = cache::get(&gvr("apps", plural), Some(namespace), name)?
+                    .ok_or_else(|| format!("{} {name:?} not found", kind.to_lowercase()))?;
+                (uid, owner["spec"]["replicas"].as_i64().unwrap_or(1))
+            }
+            other => {
+                return Err(format!(
+                    "pod {:?}: controller kind {other} has no scale",
+                    pod.metadata.name
+                ));
+            }
+        };
+        scales.insert(uid, replicas);
+    }
+    Ok(scales.values().sum())
+}
+
+/// `(expectedPods, desiredHealthy)` of a budget over its pods.
+fn expectations(namespace: &str, spec: &Value, pods: &[Pod]) -> Result<(i64, i64), String> {
+    if let Some(max) = spec.get("maxUnavailable").filter(|v| !v.is_null()) {
+        let expected = expected_scale(namespace, pods)?;
+        let max = scaled(max, expected)?;
+        return Ok((expected, (expected - max).max(0)));
+    }
+    match spec.get("minAvailable").filter(|v| !v.is_null()) {
+        Some(min) if min.is_i64() => Ok((pods.len() as i64, min.as_i64().unwrap_or(0))),
+        Some(min) => {
+            let expected = expected_scale(namespace, pods)?;
+            Ok((expected, scaled(min, expected)?))
+        }
+        // Neither: Kubernetes defaults minAvailable to 1.
+        None => Ok((pods.len() as i64, 1)),
+    }
+}
+
+/// The `DisruptionAllowed` condition, keeping its transition time while its
+/// status holds.
+fn condition(old: &Value, status: &str, reason: &str, message: &str) -> Value {
+    let previous = old["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "DisruptionAllowed");
+    let since = previous
+        .filter(|c| c["status"] == status)
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .map_or_else(|| time::format(time::now()), str::to_owned);
+    json!({"type": "DisruptionAllowed", "status": status, "reason": reason,
+        "message": message, "lastTransitionTime": since})
+}
+
+impl Reconcile for Disruption {
+    fn reconcile(&self, key: &ObjectKey) -> Result<Action, String> {
+        let ns = key.namespace.as_deref();
+        let Some(pdb) = cache::get(&key.resource, ns, &key.name)? else {
+            return Ok(Action::Done);
+        };
+        let namespace = ns.unwrap_or_default();
+        let selector = &pdb["spec"]["selector"];
+        // policy/v1: a null selector selects nothing, an empty one everything.
+        let pods: Vec<Pod> = if selector.is_null() {
+            Vec::new()
+        } else {
+            cache::list_as(&gvr("", "pods"), ns, &owned::selector_string(selector)?)?
+        };
+        let old = &pdb["status"];
+        let generation = pdb["metadata"]["generation"].clone();
+        let healthy = pods.iter().filter(|p| p.is_healthy()).count() as i64;
+        let status = match expectations(namespace, &pdb["spec"], &pods) {
+            Ok((expected, desired)) => {
+                let allowed = if expected > 0 {
+                    (healthy - desired).max(0)
+                } else {
+                    0
+                };
+                let (state, reason) = if allowed > 0 {
+                    ("True", "SufficientPods")
+                } else {
+                    ("False", "InsufficientPods")
+                };
+                json!({"observedGeneration": generation, "disruptionsAllowed": allowed,
+                    "currentHealthy": healthy, "desiredHealthy": desired,
+                    "expectedPods": expected, "disruptedPods": old["disruptedPods"].as_object().cloned().unwrap_or_default(),
+                    "conditions": [condition(old, state, reason, "")]})
+            }
+            Err(message) => {
+                if old["conditions"][0]["reason"] != "SyncFailed" {
+                    events::record(&pdb, EventType::Warning, "NoControllers", &message);
+                }
+                json!({"observedGeneration": generation, "disruptionsAllowed": 0,
+                    "currentHealthy": healthy, "desiredHealthy": 0, "expectedPods": 0,
+                    "conditions": [condition(old, "False", "SyncFailed", &message)]})
+            }
+        };
+        if status != *old {
+            client::patch_status(&key.resource, ns, &key.name, status)
+                .map_err(|e| format!("update the status: {e}"))?;
+        }
+        Ok(Action::Done)
+    }
+}
+
+trellis_plugin::controller!(Disruption);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trellis_plugin::testing::ControllerHarness;
+
+    fn pod(name: &str, ready: bool, owner: Option<(&str, &str)>) -> Value {
+        let mut pod = json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": "web"}},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}});
+        if let Some((kind, name)) = owner {
+            pod["metadata"]["ownerReferences"] = json!([{"kind": kind, "name": name, "uid": format!("{name}-uid"), "controller": true}]);
+        }
+        pod
+    }
+
+    fn budget(spec: Value) -> Value {
+        let mut spec = spec;
+        spec["selector"] = json!({"matchLabels": {"app": "web"}});
+        json!({"metadata": {"name": "b", "namespace": "ns", "generation": 2}, "spec": spec})
+    }
+
+    fn status(harness: &ControllerHarness) -> Value {
+        harness
+            .object(&gvr("policy", "poddisruptionbudgets"), Some("ns"), "b")
+            .unwrap()["status"]
+            .clone()
+    }
+
+    fn run(spec: Value, pods: Vec<Value>, extra: Vec<(GroupVersionResource, Value)>) -> Value {
+        let mut harness = ControllerHarness::new()
+            .with_object(gvr("policy", "poddisruptionbudgets"), budget(spec));
+        for p in pods {
+            harness = harness.with_object(gvr("", "pods"), p);
+        }
+        for (r, o) in extra {
+            harness = harness.with_object(r, o);
+        }
+        harness
+            .reconcile::<Disruption>(&gvr("policy", "poddisruptionbudgets"), Some("ns"), "b")
+            .unwrap();
+        status(&harness)
+    }
+
+    #[test]
+    fn min_available_as_a_number_counts_the_pods_found() {
+        let s = run(
+            json!({"minAvailable": 2}),
+            vec![
+                pod("a", true, None),
+                pod("b", true, None),
+                pod("c", true, None),
+                pod("d", false, None),
+            ],
+            vec![],
+        );
+        assert_eq!(s["expectedPods"], 4);
+        assert_eq!(s["currentHealthy"], 3);
+        assert_eq!(s["desiredHealthy"], 2);
+        assert_eq!(s["disruptionsAllowed"], 1);
+        assert_eq!(s["observedGeneration"], 2);
+        assert_eq!(s["conditions"][0]["reason"], "SufficientPods");
+    }
+
+    #[test]
+    fn max_unavailable_uses_the_deployments_scale_and_rounds_up() {
+        let rs = json!({"metadata": {"name": "web-1", "namespace": "ns", "ownerReferences":
+            [{"kind": "Deployment", "name": "web", "uid": "web-uid", "controller": true}]},
+            "spec": {"replicas": 3}});
+        let deployment = json!({"metadata": {"name": "web", "namespace": "ns", "uid": "web-uid"},
+            "spec": {"replicas": 4}});
+        let extra = vec![
+            (gvr("apps", "replicasets"), rs),
+            (gvr("apps", "deployments"), deployment),
+        ];
+        let pods = vec![
+            pod("a", true, Some(("ReplicaSet", "web-1"))),
+            pod("b", true, Some(("ReplicaSet", "web-1"))),
+            pod("c", true, Some(("ReplicaSet", "web-1"))),
+        ];
+        // 25 % of 4 is 1: 3 desired, 3 healthy, nothing to spare.
+        let s = run(json!({"maxUnavailable": "25%"}), pods, extra);
+        assert_eq!(s["expectedPods"], 4);
+        assert_eq!(s["desiredHealthy"], 3);
+        assert_eq!(s["disruptionsAllowed"], 0);
+        assert_eq!(s["conditions"][0]["status"], "False");
+        assert_eq!(s["conditions"][0]["reason"], "InsufficientPods");
+    }
+
+    #[test]
+    fn a_percentage_without_controllers_fails_and_allows_nothing() {
+        let s = run(
+            json!({"minAvailable": "50%"}),
+            vec![pod("a", true, None)],
+            vec![],
+        );
+        assert_eq!(s["disruptionsAllowed"], 0);
+        assert_eq!(s["conditions"][0]["reason"], "SyncFailed");
+        assert!(
+            s["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no controller")
+        );
+    }
+}
