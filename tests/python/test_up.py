@@ -291,3 +291,62 @@ def test_a_crashing_container_backs_off_and_keeps_its_previous_log(up):
     kubectl(data_dir, "delete", "deployment", "crash")
     wait_for(v1.list_namespaced_pod, lambda items: not items, timeout=60,
              namespace="default", label_selector="app=crash")
+
+
+def test_evictions_keep_a_disruption_budget_and_kubectl_drain_waits_on_it(up):
+    api, data_dir = up
+    v1, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "kept"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "kept"}},
+                 "template": {"metadata": {"labels": {"app": "kept"}}, "spec": {
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": f"file://{WORKLOAD}",
+                                     "args": ["sleep", "600000"]}]}}},
+    }
+    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "kept"},
+              "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "kept"}}}}
+    kubectl(data_dir, "apply", "-f", "-", stdin=yaml.safe_dump_all([deployment, budget]))
+    wait_for(v1.list_namespaced_pod, lambda items: running(items, 2), timeout=60,
+             namespace="default", label_selector="app=kept")
+    # The disruption controller: 2 expected, 1 must stay, 1 may go.
+    wait_for(policy.list_namespaced_pod_disruption_budget,
+             lambda items: "kept" in items and items["kept"].status is not None
+             and items["kept"].status.disruptions_allowed == 1
+             and items["kept"].status.current_healthy == 2, timeout=30, namespace="default")
+    first, second = sorted(v1.list_namespaced_pod("default", label_selector="app=kept").items,
+                           key=lambda p: p.metadata.name)
+
+    client.CoreV1Api(api).create_namespaced_pod_eviction(
+        first.metadata.name, "default",
+        client.V1Eviction(metadata=client.V1ObjectMeta(name=first.metadata.name, namespace="default")))
+    # The budget's one disruption is spent: the second eviction is refused with 429.
+    with pytest.raises(client.ApiException) as refused:
+        client.CoreV1Api(api).create_namespaced_pod_eviction(
+            second.metadata.name, "default",
+            client.V1Eviction(metadata=client.V1ObjectMeta(name=second.metadata.name, namespace="default")))
+    assert refused.value.status == 429, refused.value.body
+    status = yaml.safe_load(refused.value.body)
+    assert status["message"] == "Cannot evict pod as it would violate the pod's disruption budget.", status
+    assert status["details"]["causes"][0]["reason"] == "DisruptionBudget", status
+    assert v1.read_namespaced_pod(second.metadata.name, "default").metadata.deletion_timestamp is None
+
+    # The first one's replacement runs; then kubectl drain cordons the node and evicts
+    # one pod, but the budget holds the other: no replacement can start on the cordoned
+    # node, and drain gives up when its timeout runs out.
+    wait_for(v1.list_namespaced_pod, lambda items: running(items, 2) and first.metadata.name not in items,
+             timeout=60, namespace="default", label_selector="app=kept")
+    try:
+        drain = subprocess.run(
+            [shutil.which("kubectl") or "kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"),
+             "drain", "local", "--pod-selector", "app=kept", "--timeout", "3s"],
+            capture_output=True, text=True, timeout=60)
+        assert drain.returncode != 0, drain.stdout
+        assert "disruption budget" in drain.stderr, drain.stderr
+        assert v1.read_node("local").spec.unschedulable
+    finally:
+        kubectl(data_dir, "uncordon", "local")
+    kubectl(data_dir, "delete", "deployment", "kept")
+    kubectl(data_dir, "delete", "pdb", "kept")
+    wait_for(v1.list_namespaced_pod, lambda items: not items, timeout=60,
+             namespace="default", label_selector="app=kept")

@@ -32,6 +32,9 @@ pub enum Subresource {
     Exec,
     /// `serviceaccounts/token`: a TokenRequest for the account.
     Token,
+    /// `pods/eviction`: a `policy/v1` Eviction, a delete that keeps the pod's
+    /// PodDisruptionBudget.
+    Eviction,
     /// `namespaces/finalize`: replaces a namespace's `spec.finalizers` (and only
     /// those), what a namespace controller writes once it has emptied the namespace.
     Finalize,
@@ -47,6 +50,7 @@ impl Subresource {
             Subresource::Exec => "exec",
             Subresource::Token => "token",
             Subresource::Finalize => "finalize",
+            Subresource::Eviction => "eviction",
         }
     }
 
@@ -59,6 +63,7 @@ impl Subresource {
             Subresource::Exec,
             Subresource::Token,
             Subresource::Finalize,
+            Subresource::Eviction,
         ]
         .into_iter()
         .find(|r| r.name() == s)
@@ -213,7 +218,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
             true,
             &["po"],
             &["all"],
-            &[Status, Binding, Log, Exec],
+            &[Status, Binding, Eviction, Log, Exec],
         ),
         resource(
             "",

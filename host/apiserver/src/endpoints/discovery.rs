@@ -224,6 +224,7 @@ fn subresource_kind(
         // As Kubernetes lists it: POST (create) and the WebSocket's GET.
         Subresource::Exec => ("", "", "PodExecOptions", &["create", "get"]),
         Subresource::Finalize => ("", "", &r.kind, &["update"]),
+        Subresource::Eviction => ("policy", "v1", "Eviction", &["create"]),
     }
 }
 

@@ -473,6 +473,9 @@ async fn handle(
             subresources::write_scale(&state, &req, body).await
         }
         ("create", Some(Subresource::Binding)) => subresources::bind(&state, &req, body).await,
+        ("create", Some(Subresource::Eviction)) => {
+            registry::eviction::evict(&state, &req, body).await
+        }
         ("create", Some(Subresource::Token)) => {
             subresources::token_request(&state, &req, body).await
         }

@@ -17,6 +17,7 @@
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
 //! - [`subresources`]: `scale` and `pods/binding`.
 //! - [`exec`]: `pods/exec`, a WebSocket relayed to the pod's node.
+//! - [`eviction`]: `pods/eviction`, a delete that keeps PodDisruptionBudgets.
 //! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
 //! - [`status`]: the status writes the server makes itself (quota usage, Plugin
 //!   conditions).
@@ -25,6 +26,7 @@ pub mod apply;
 pub mod crd;
 pub mod create;
 pub mod delete;
+pub mod eviction;
 pub mod exec;
 pub mod get;
 pub mod namespace;

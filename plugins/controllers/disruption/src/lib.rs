@@ -13,6 +13,9 @@
 //!   whether it is above 0 (`SufficientPods`, `InsufficientPods`).
 //! - A budget whose pods have no controller while it needs their scale says why
 //!   in a `SyncFailed` condition and a `NoControllers` event, and allows nothing.
+//! - `disruptedPods` (written by the API server's eviction) keeps the pods evicted
+//!   but not yet being deleted, for two minutes at most; they do not count as
+//!   healthy meanwhile, so two evictions never spend the same disruption.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +25,10 @@ use trellis_plugin::GroupVersionResource;
 use trellis_plugin::controller::{
     Action, EventType, ObjectKey, Reconcile, cache, client, events, owned, time,
 };
+
+/// How long an eviction's entry in `disruptedPods` waits for its pod's deletion to
+/// show (Kubernetes' `DeletionTimeout`).
+const DELETION_TIMEOUT: i64 = 120;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -200,7 +207,27 @@ impl Reconcile for Disruption {
         };
         let old = &pdb["status"];
         let generation = pdb["metadata"]["generation"].clone();
-        let healthy = pods.iter().filter(|p| p.is_healthy()).count() as i64;
+        // Evicted pods whose deletion has not shown yet, until the timeout.
+        let now = time::now();
+        let mut disrupted = serde_json::Map::new();
+        let mut recheck: Option<i64> = None;
+        for (name, at) in old["disruptedPods"].as_object().into_iter().flatten() {
+            let Some(since) = at.as_str().and_then(time::parse) else {
+                continue;
+            };
+            let pending = pods
+                .iter()
+                .any(|p| p.metadata.name == *name && p.metadata.deletion_timestamp.is_none());
+            if pending && since + DELETION_TIMEOUT > now {
+                disrupted.insert(name.clone(), at.clone());
+                let left = since + DELETION_TIMEOUT - now;
+                recheck = Some(recheck.map_or(left, |r| r.min(left)));
+            }
+        }
+        let healthy = pods
+            .iter()
+            .filter(|p| p.is_healthy() && !disrupted.contains_key(&p.metadata.name))
+            .count() as i64;
         let status = match expectations(namespace, &pdb["spec"], &pods) {
             Ok((expected, desired)) => {
                 let allowed = if expected > 0 {
@@ -215,7 +242,7 @@ impl Reconcile for Disruption {
                 };
                 json!({"observedGeneration": generation, "disruptionsAllowed": allowed,
                     "currentHealthy": healthy, "desiredHealthy": desired,
-                    "expectedPods": expected, "disruptedPods": old["disruptedPods"].as_object().cloned().unwrap_or_default(),
+                    "expectedPods": expected, "disruptedPods": disrupted,
                     "conditions": [condition(old, state, reason, "")]})
             }
             Err(message) => {
@@ -228,10 +255,25 @@ impl Reconcile for Disruption {
             }
         };
         if status != *old {
-            client::patch_status(&key.resource, ns, &key.name, status)
+            // A merge patch keeps the keys it does not name: the dropped entries of
+            // disruptedPods are named null.
+            let mut patch = status;
+            for name in old["disruptedPods"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k)
+            {
+                if !disrupted.contains_key(name) {
+                    patch["disruptedPods"][name] = Value::Null;
+                }
+            }
+            client::patch_status(&key.resource, ns, &key.name, patch)
                 .map_err(|e| format!("update the status: {e}"))?;
         }
-        Ok(Action::Done)
+        Ok(recheck.map_or(Action::Done, |secs| {
+            Action::RequeueAfter(std::time::Duration::from_secs(secs.max(1) as u64))
+        }))
     }
 }
 
@@ -322,6 +364,34 @@ mod tests {
         assert_eq!(s["disruptionsAllowed"], 0);
         assert_eq!(s["conditions"][0]["status"], "False");
         assert_eq!(s["conditions"][0]["reason"], "InsufficientPods");
+    }
+
+    #[test]
+    fn an_evicted_pod_not_yet_deleting_is_not_healthy_until_the_timeout() {
+        let mut harness = ControllerHarness::new();
+        let mut pdb = budget(json!({"minAvailable": 1}));
+        pdb["status"] = json!({"disruptedPods": {
+            "a": time::format(time::now() - 10),
+            "b": time::format(time::now() - 10),
+            "c": time::format(time::now() - 600),
+        }});
+        harness = harness.with_object(gvr("policy", "poddisruptionbudgets"), pdb);
+        let mut deleting = pod("b", true, None);
+        deleting["metadata"]["deletionTimestamp"] = json!(time::format(time::now()));
+        for p in [pod("a", true, None), deleting, pod("c", true, None)] {
+            harness = harness.with_object(gvr("", "pods"), p);
+        }
+        let action = harness
+            .reconcile::<Disruption>(&gvr("policy", "poddisruptionbudgets"), Some("ns"), "b")
+            .unwrap();
+        let s = status(&harness);
+        // a: evicted 10 s ago, still there: kept, not healthy. b: being deleted, so
+        // neither healthy nor kept. c: past the timeout, healthy again.
+        assert_eq!(s["disruptedPods"].as_object().unwrap().len(), 1, "{s}");
+        assert!(s["disruptedPods"].get("a").is_some());
+        assert_eq!(s["currentHealthy"], 1);
+        assert_eq!(s["disruptionsAllowed"], 0);
+        assert!(matches!(action, Action::RequeueAfter(d) if d.as_secs() <= 110));
     }
 
     #[test]
