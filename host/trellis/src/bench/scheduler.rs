@@ -61,9 +61,31 @@ pub struct SchedulerArgs {
     #[arg(long, default_value_t = 5000)]
     pods: usize,
 
+    /// Run the scheduler as a process of its own (`trellis scheduler` against this
+    /// process's API server over HTTPS), to measure its memory alone; the attempt
+    /// latencies and the WASM shares are then not measured.
+    #[arg(long)]
+    scheduler_process: bool,
+
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
+}
+
+/// What `--scheduler-process` measures.
+#[derive(Debug, Serialize)]
+struct ProcessReport {
+    case: Case,
+    nodes: usize,
+    pods: usize,
+    /// Pods bound over the time from the first bind to the last.
+    pods_per_sec: f64,
+    /// From the process's start to the first bind: its informers' lists, the
+    /// component's compilation and the view sent into it.
+    first_bind_s: f64,
+    /// The scheduler process's resident memory after the last bind, and its peak.
+    scheduler_rss_mb: f64,
+    scheduler_peak_rss_mb: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -102,6 +124,24 @@ const CREATES_IN_FLIGHT: usize = 64;
 
 pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     let cluster = LocalCluster::start().await?;
+    if args.scheduler_process {
+        let measured = measure_process(&cluster, &args).await;
+        let stopped = cluster.stop().await;
+        let report = measured?;
+        stopped?;
+        return super::print_report(args.json, &report, || {
+            format!(
+                "scheduler process {:?}: {} pods on {} nodes at {:.0} pods/s, the first bound {:.1} s after its start; {:.0} MB resident after the last bind, {:.0} MB at the peak",
+                report.case,
+                report.pods,
+                report.nodes,
+                report.pods_per_sec,
+                report.first_bind_s,
+                report.scheduler_rss_mb,
+                report.scheduler_peak_rss_mb,
+            )
+        });
+    }
     let measured = measure(&cluster, &args).await;
     let stopped = cluster.stop().await;
     let report = measured?;
@@ -202,7 +242,9 @@ pub(crate) fn rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result<Report> {
+/// The nodes, and in the `unschedulable` case the pods that wait; returns the
+/// admin's client.
+async fn populate(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result<kube::Client> {
     let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
     let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -223,6 +265,96 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
             .await
             .context("create the unschedulable pods")?;
     }
+    Ok(admin)
+}
+
+/// A process's resident memory and its peak, in MB, from `/proc/PID/status`.
+fn process_rss_mb(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// `--scheduler-process`: the pods are created, then `trellis scheduler` starts as a
+/// child process with the scheduler's kubeconfig and binds them all.
+async fn measure_process(
+    cluster: &LocalCluster,
+    args: &SchedulerArgs,
+) -> anyhow::Result<ProcessReport> {
+    let admin = populate(cluster, args).await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let watching = SharedInformers::new();
+    let informer = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    informer.wait_synced().await;
+    let mut changes = informer.subscribe();
+    create_all(&pods, (0..args.pods).map(|i| pod(args.case, i)).collect())
+        .await
+        .context("create the pods")?;
+    let kubeconfig = cluster.dir.path().join("scheduler.kubeconfig");
+    let exe = std::env::current_exe().context("find this binary")?;
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(exe)
+        .arg("scheduler")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--metrics-bind-address", ""])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("start trellis scheduler")?;
+    let pid = child.id().context("the scheduler's pid")?;
+    let mut bound = std::collections::HashSet::new();
+    let mut first = None;
+    let deadline = started + Duration::from_secs(600);
+    while bound.len() < args.pods {
+        let change = tokio::select! {
+            change = tokio::time::timeout_at(deadline, changes.recv()) => change
+                .context("every pod bound within 600 s")?
+                .context("the pod watch ended")?,
+            status = child.wait() => anyhow::bail!("trellis scheduler exited early: {:?}", status?),
+        };
+        let pod = match &change {
+            Change::Added(p) | Change::Updated { new: p, .. } => p,
+            Change::Deleted(_) => continue,
+        };
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        if name.starts_with("pod-")
+            && pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            && bound.insert(name.to_owned())
+        {
+            first.get_or_insert_with(|| started.elapsed());
+        }
+    }
+    let elapsed = started.elapsed();
+    let (rss, peak) = process_rss_mb(pid);
+    child.start_kill().context("stop trellis scheduler")?;
+    let _ = child.wait().await;
+    let first = first.unwrap_or(elapsed);
+    Ok(ProcessReport {
+        case: args.case,
+        nodes: args.nodes,
+        pods: args.pods,
+        pods_per_sec: args.pods as f64 / (elapsed - first).as_secs_f64().max(f64::MIN_POSITIVE),
+        first_bind_s: first.as_secs_f64(),
+        scheduler_rss_mb: rss,
+        scheduler_peak_rss_mb: peak,
+    })
+}
+
+async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result<Report> {
+    let admin = populate(cluster, args).await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
 
     // The scheduler, on optimized code before it starts.
     let host = PluginHost::new(HostConfig::default())?;
@@ -265,7 +397,8 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
     create_all(&pods, (0..args.pods).map(|i| pod(args.case, i)).collect())
         .await
         .context("create the pods")?;
-    let client = in_process.client(trellis_client::identity::scheduler());
+    let client = trellis_client::InProcess::new(cluster.server.in_process.clone())
+        .client(trellis_client::identity::scheduler());
     let events = trellis_client::events::EventRecorder::new(
         client.clone(),
         trellis_scheduler::DEFAULT_SCHEDULER,
