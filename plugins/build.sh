@@ -11,7 +11,8 @@
 #   - Python examples (an app.py) with componentize-py, from a venv in
 #     plugins/target/venv; Python controllers (examples/controllers/*/app.py)
 #     against wit/controller, Python scheduler plugins (examples/scheduler/*/app.py)
-#     against wit/scheduler;
+#     against wit/scheduler, Python workloads (examples/workloads/*/app.py) against
+#     the world in their own wit/ folder;
 #   - JavaScript examples (a package.json) with `npm ci` and `npm run build`.
 # The Python and JavaScript examples are built against wit/plugin/0.1.0.
 # A plugin whose output is newer than all of its inputs is skipped, so a run with
@@ -166,6 +167,22 @@ for kind in controller:controllers scheduler:scheduler; do
     mv "$out.tmp" "$out"
     built=$((built + 1))
   done
+done
+
+# Python workloads (examples/workloads/*/app.py): programs for a node, against the
+# one world in the example's own wit/ folder.
+for app in "$repo"/examples/workloads/*/app.py; do
+  [ -e "$app" ] || continue
+  dir=$(dirname "$app")
+  name=$(basename "$dir")
+  out=$dist/$name.wasm
+  # Its Python and WIT files: a changed deployment.yaml needs no new component.
+  fresh "$out" "$dir"/*.py "$dir/wit" && continue
+  say "building $name (Python workload, componentize-py)"
+  cpy=$(componentize_py)
+  (cd "$dir" && "$cpy" --wit-path wit componentize app --output "$out.tmp" >/dev/null)
+  mv "$out.tmp" "$out"
+  built=$((built + 1))
 done
 
 # --- JavaScript ------------------------------------------------------------
