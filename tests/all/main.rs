@@ -11,6 +11,8 @@
 //!   long-running container is probed, then stopped gracefully when its pod is deleted.
 //! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
 //!   key mapping, batched writes under the controller's identity, events.
+//! - `join`: bootstrap tokens and CertificateSigningRequests: authentication,
+//!   requester, auto-approval, manual approval, signing, validation.
 //! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
 //!   restarts, env and volumes, graceful deletion, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
@@ -26,6 +28,7 @@ mod apiserver;
 mod client;
 mod containerd;
 mod controllers;
+mod join;
 mod node;
 mod plugins;
 mod runtime;

@@ -38,6 +38,9 @@ pub enum Subresource {
     /// `namespaces/finalize`: replaces a namespace's `spec.finalizers` (and only
     /// those), what a namespace controller writes once it has emptied the namespace.
     Finalize,
+    /// `certificatesigningrequests/approval`: writes only the Approved and Denied
+    /// conditions of `.status` (`kubectl certificate approve|deny`).
+    Approval,
 }
 
 impl Subresource {
@@ -51,6 +54,7 @@ impl Subresource {
             Subresource::Token => "token",
             Subresource::Finalize => "finalize",
             Subresource::Eviction => "eviction",
+            Subresource::Approval => "approval",
         }
     }
 
@@ -64,6 +68,7 @@ impl Subresource {
             Subresource::Token,
             Subresource::Finalize,
             Subresource::Eviction,
+            Subresource::Approval,
         ]
         .into_iter()
         .find(|r| r.name() == s)
@@ -265,6 +270,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["rs"],
             &["all"],
             &[Status, Scale],
+        ),
+        resource(
+            "certificates.k8s.io",
+            "CertificateSigningRequest",
+            "certificatesigningrequests",
+            false,
+            &["csr"],
+            &[],
+            &[Status, Approval],
         ),
         resource(
             "coordination.k8s.io",

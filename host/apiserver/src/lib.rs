@@ -28,12 +28,14 @@
 //! - [`fieldmanager`]: managed fields, server-side apply, patches, merge keys.
 //! - [`storage`]: the watch cache and listers.
 //! - [`observability`]: metrics and the audit log.
+//! - [`certificates`]: the CertificateSigningRequest approver and signer (TLS bootstrap).
 //! - [`state`]: what every stage shares (the store, the registry, the caches).
 //! - [`object`]: object metadata helpers; [`warnings`]: `Warning` headers.
 
 pub mod admission;
 pub mod authentication;
 pub mod authorization;
+pub mod certificates;
 pub mod endpoints;
 pub mod fieldmanager;
 mod fuzz;

@@ -149,6 +149,8 @@ pub struct AppState {
     pub rbac: crate::authorization::rbac::RbacReader,
     /// ServiceAccounts as token authentication checks them.
     pub service_accounts: crate::storage::lister::Lister,
+    /// Secrets, for bootstrap tokens: a joining node sends its token with each request.
+    pub secrets: crate::storage::lister::Lister,
     pub metrics: crate::observability::metrics::Metrics,
     /// Signs and checks ServiceAccount tokens.
     pub signer: crate::authentication::sa_token::TokenSigner,
@@ -218,6 +220,8 @@ impl AppState {
         rbac.init(&store, &cache);
         let service_accounts = crate::storage::lister::Lister::new("", "serviceaccounts");
         service_accounts.init(&store, &cache);
+        let secrets = crate::storage::lister::Lister::new("", "secrets");
+        secrets.init(&store, &cache);
         Arc::new(Self {
             store,
             cache,
@@ -226,6 +230,7 @@ impl AppState {
             namespaces,
             rbac,
             service_accounts,
+            secrets,
             metrics,
             signer,
             verified_tokens: Default::default(),

@@ -14,6 +14,8 @@
 //! # Layout
 //! - [`up`]: `trellis up`, and how it shuts down (Ctrl-C or SIGTERM).
 //! - [`components`]: `trellis controllers|scheduler`, and the same components in `up`.
+//! - [`token`]: `trellis token create|list|delete`, bootstrap tokens; [`join`]: a node
+//!   joining with one (TLS bootstrap) and rotating its certificate.
 //! - [`plugin`]: `trellis plugin`.
 //! - [`bench`]: the benchmarks, one module per benchmark, and what they share
 //!   (opening a backend, percentiles, bounded store calls).
@@ -23,10 +25,12 @@
 
 mod bench;
 mod components;
+mod join;
 mod node;
 mod plugin;
 mod plugin_controllers;
 mod scheduler;
+mod token;
 mod up;
 
 /// mimalloc rather than the system's malloc: see `mimalloc` in the workspace manifest.
@@ -58,6 +62,8 @@ enum Command {
     Scheduler(scheduler::SchedulerArgs),
     /// Run a node: its agent and container runtime, joined to a cluster.
     Node(node::NodeArgs),
+    /// Create, list and delete bootstrap tokens that join nodes.
+    Token(token::TokenArgs),
     /// Serve the container runtime alone over CRI.
     Runtime(node::RuntimeArgs),
     /// Measure the store backends, the API server and plugins in it.
@@ -109,6 +115,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Node(args) => runtime()?.block_on(node::run_node(args, shutdown_signal())),
         Command::Runtime(args) => runtime()?.block_on(node::run_runtime(args, shutdown_signal())),
+        Command::Token(args) => runtime()?.block_on(token::run(args)),
     }
 }
 

@@ -67,9 +67,14 @@ fn seconds(s: &str) -> Result<Duration, String> {
 /// `trellis node`: joins a cluster and runs its pods.
 #[derive(Debug, Args)]
 pub struct NodeArgs {
-    /// The cluster and the node's credentials.
+    /// The cluster and the node's credentials; without it, the node joins with
+    /// `--server`, `--token` and `--discovery-token-ca-cert-hash` (or the credentials
+    /// an earlier join left in the data directory).
     #[arg(long, value_name = "FILE")]
-    pub kubeconfig: PathBuf,
+    pub kubeconfig: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub join: crate::join::JoinFlags,
 
     /// Where the node keeps its runtime's state, pods' volumes and logs.
     #[arg(long, value_name = "DIR")]
@@ -250,11 +255,22 @@ fn cluster_ca(kubeconfig: &Path) -> anyhow::Result<Option<String>> {
 
 /// `trellis node --kubeconfig FILE`.
 pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let client = trellis_client::transport::remote(&args.kubeconfig).await?;
-    let ca = cluster_ca(&args.kubeconfig)?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create {}", args.data_dir.display()))?;
     let (stop, stopped) = watch::channel(false);
+    let (client, ca) = match &args.kubeconfig {
+        Some(kubeconfig) => (
+            trellis_client::transport::remote(kubeconfig).await?,
+            cluster_ca(kubeconfig)?,
+        ),
+        None => {
+            let node_name = args.node.node_name.clone().unwrap_or_else(host_name);
+            let (client, ca) =
+                crate::join::joined_client(&args.join, &args.data_dir, &node_name, stopped.clone())
+                    .await?;
+            (client, Some(ca))
+        }
+    };
     let informers = SharedInformers::new();
     let data_dir = args.data_dir.clone();
     let node = tokio::spawn(async move {

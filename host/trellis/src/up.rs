@@ -79,6 +79,17 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     bookmark_interval: u64,
 
+    /// The longest certificate signed for a CertificateSigningRequest, and what one
+    /// that names no duration gets, in seconds (kube-controller-manager's
+    /// `--cluster-signing-duration`; one year).
+    #[arg(long, default_value_t = 365 * 24 * 3600, value_name = "SECONDS")]
+    csr_signing_duration: u64,
+
+    /// The shortest certificate signed for a CertificateSigningRequest, in seconds
+    /// (600, as Kubernetes).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    csr_min_duration: u64,
+
     /// `trellis up` only: where the in-process components' `/metrics` and `/healthz`
     /// are served over plain HTTP (port 0 picks one; empty serves none).
     #[arg(long, default_value = "127.0.0.1:10257", value_name = "ADDR:PORT")]
@@ -189,6 +200,10 @@ pub async fn run(
         args.namespace_controller
     };
     server_config.builtin_plugins = crate::plugin_controllers::builtin_entries();
+    server_config.signing = trellis_apiserver::certificates::Signing {
+        max_duration: Duration::from_secs(args.csr_signing_duration),
+        min_duration: Duration::from_secs(args.csr_min_duration.min(args.csr_signing_duration)),
+    };
     server_config.tls_sans = args.tls_sans.clone();
     server_config.watch_cache_events = args.watch_cache_events;
     server_config.settings = trellis_apiserver::state::Settings {
@@ -216,8 +231,14 @@ pub async fn run(
     )
     .await
     .context("start the API server")?;
+    // The first thing to look at: the node `up` runs, or a bare server's namespaces.
+    let first = if components && args.local_node {
+        "get nodes"
+    } else {
+        "get namespaces"
+    };
     println!(
-        "Trellis is serving at {}\n  kubectl --kubeconfig {} get namespaces",
+        "Trellis is serving at {}\n  kubectl --kubeconfig {} {first}",
         server.url,
         server.kubeconfig.display()
     );

@@ -1,12 +1,14 @@
 //! Who is asking: client certificates (verified by TLS), bearer tokens from the token
-//! file, and ServiceAccount tokens.
+//! file, ServiceAccount tokens and bootstrap tokens.
 //!
 //! # Layout
 //! - [`tokens`]: the static token file and the admin's token.
 //! - [`sa_token`]: ServiceAccount tokens: signing and checking.
+//! - [`bootstrap_token`]: bootstrap tokens (`ID.SECRET`) kept in kube-system Secrets.
 //! - [`impersonation`]: `Impersonate-*` headers (`kubectl --as`), authorized by RBAC's
 //!   `impersonate` verb.
 
+pub mod bootstrap_token;
 pub mod impersonation;
 pub mod sa_token;
 pub mod tokens;
@@ -44,11 +46,31 @@ pub async fn authenticate(
             .await
             .ok_or_else(ApiError::unauthorized);
     }
-    state
-        .tokens
-        .lookup(token)
-        .cloned()
-        .ok_or_else(ApiError::unauthorized)
+    if let Some(user) = state.tokens.lookup(token) {
+        return Ok(user.clone());
+    }
+    match bootstrap_token::parse(token) {
+        Some((id, secret)) => bootstrap(state, id, secret)
+            .await
+            .ok_or_else(ApiError::unauthorized),
+        None => Err(ApiError::unauthorized()),
+    }
+}
+
+/// The user a bootstrap token authenticates, read from its Secret.
+async fn bootstrap(state: &AppState, id: &str, secret: &str) -> Option<UserInfo> {
+    let secrets = state.resource("", "v1", "secrets").ok()?;
+    let key = secrets.key(
+        Some(bootstrap_token::NAMESPACE),
+        &format!("{}{id}", bootstrap_token::SECRET_PREFIX),
+    );
+    let stored = state.secrets.get(&key).await.ok()?;
+    bootstrap_token::authenticate(
+        id,
+        secret,
+        stored.as_deref(),
+        jiff::Timestamp::now().as_second(),
+    )
 }
 
 /// The ServiceAccount a token names, if it is valid and the account still exists

@@ -218,7 +218,7 @@ fn parse_record(line: &str) -> anyhow::Result<Vec<String>> {
 
 /// Byte-wise equality whose time depends on the lengths alone, never on where the
 /// inputs first differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = u8::from(a.len() != b.len());
     for i in 0..a.len().max(b.len()) {
         let x = a.get(i).copied().unwrap_or(0);

@@ -455,6 +455,9 @@ pub fn non_resource_rule_allows(rule: &Value, verb: &str, path: &str) -> bool {
 }
 
 /// The roles and bindings every cluster starts with.
+/// The group of every bootstrap token's user.
+const BOOTSTRAPPERS: &str = crate::authentication::bootstrap_token::BOOTSTRAPPERS;
+
 pub fn bootstrap_objects() -> Vec<(String, Value)> {
     let cluster_role = |name: &str, rules: Value| {
         (
@@ -584,6 +587,36 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             "system:kube-controller-manager",
             "system:kube-controller-manager",
             user("system:kube-controller-manager"),
+        ),
+        // TLS bootstrap, with Kubernetes' (and kubeadm's) names: a bootstrap token may
+        // ask for a node certificate, and the approver lets it have one; a node may ask
+        // to renew its own.
+        cluster_role(
+            "system:node-bootstrapper",
+            json!([{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]}]),
+        ),
+        binding(
+            "kubeadm:kubelet-bootstrap",
+            "system:node-bootstrapper",
+            group(BOOTSTRAPPERS),
+        ),
+        cluster_role(
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            json!([{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/nodeclient"], "verbs": ["create"]}]),
+        ),
+        binding(
+            "kubeadm:node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            group(BOOTSTRAPPERS),
+        ),
+        cluster_role(
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            json!([{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/selfnodeclient"], "verbs": ["create"]}]),
+        ),
+        binding(
+            "kubeadm:node-autoapprove-certificate-rotation",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            group(groups::NODES),
         ),
     ];
     // The built-in controllers, each as its ServiceAccount in kube-system bound to

@@ -225,6 +225,7 @@ fn subresource_kind(
         Subresource::Exec => ("", "", "PodExecOptions", &["create", "get"]),
         Subresource::Finalize => ("", "", &r.kind, &["update"]),
         Subresource::Eviction => ("policy", "v1", "Eviction", &["create"]),
+        Subresource::Approval => ("", "", &r.kind, READ_WRITE),
     }
 }
 

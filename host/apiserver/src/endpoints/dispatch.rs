@@ -458,14 +458,20 @@ async fn handle(
         return watch::watch(state, req).await;
     }
     let result = match (verb, req.subresource) {
-        ("get", None | Some(Subresource::Status)) => registry::get(&state, &req).await,
+        ("get", None | Some(Subresource::Status | Subresource::Approval)) => {
+            registry::get(&state, &req).await
+        }
         ("list", None) => registry::list(&state, &req).await,
         ("create", None) if reviews::answers(&req.resource) => {
             return reviews::create(&state, &req, body).await;
         }
         ("create", None) if req.name.is_none() => registry::create(&state, &req, body).await,
-        ("update", None | Some(Subresource::Status)) => registry::update(&state, &req, body).await,
-        ("patch", None | Some(Subresource::Status)) => registry::patch(&state, &req, body).await,
+        ("update", None | Some(Subresource::Status | Subresource::Approval)) => {
+            registry::update(&state, &req, body).await
+        }
+        ("patch", None | Some(Subresource::Status | Subresource::Approval)) => {
+            registry::patch(&state, &req, body).await
+        }
         ("delete", None) => registry::delete(&state, &req, body).await,
         ("deletecollection", None) => registry::delete_collection(&state, &req).await,
         ("get", Some(Subresource::Scale)) => subresources::get_scale(&state, &req).await,

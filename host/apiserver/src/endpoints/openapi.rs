@@ -507,7 +507,7 @@ impl Builder {
 
 fn builtin_catalog() -> Catalog {
     use k8s_openapi::api::{
-        apps, authentication, authorization, autoscaling, coordination, core, rbac,
+        apps, authentication, authorization, autoscaling, certificates, coordination, core, rbac,
     };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
@@ -527,6 +527,7 @@ fn builtin_catalog() -> Catalog {
     b.listable::<apps::v1::Deployment>();
     b.listable::<apps::v1::ReplicaSet>();
     b.listable::<coordination::v1::Lease>();
+    b.listable::<certificates::v1::CertificateSigningRequest>();
     b.listable::<rbac::v1::Role>();
     b.listable::<rbac::v1::ClusterRole>();
     b.listable::<rbac::v1::RoleBinding>();
@@ -1138,6 +1139,13 @@ impl<'a> ResourcePaths<'a> {
                 format!("{object}/status"),
                 self.object_params(),
                 self.object_ops("Status"),
+            );
+        }
+        if r.has(Subresource::Approval) {
+            add(
+                format!("{object}/approval"),
+                self.object_params(),
+                self.object_ops("Approval"),
             );
         }
         if r.has(Subresource::Scale) {

@@ -201,6 +201,29 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
             wide("Count", "Number of occurrences"),
             wide("Name", "Name of the event"),
         ],
+        ("certificates.k8s.io", "certificatesigningrequests") => vec![
+            NAME,
+            AGE,
+            col("SignerName", "string", "", "The name of the signer"),
+            col(
+                "Requestor",
+                "string",
+                "",
+                "The user who requested the certificate",
+            ),
+            col(
+                "RequestedDuration",
+                "string",
+                "",
+                "The duration the requester asked the certificate to be valid for",
+            ),
+            col(
+                "Condition",
+                "string",
+                "",
+                "The approval state of the request",
+            ),
+        ],
         ("coordination.k8s.io", "leases") => {
             vec![
                 NAME,
@@ -210,6 +233,29 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         }
         _ => vec![NAME, AGE],
     }
+}
+
+/// kubectl's CONDITION of a CSR: its conditions' types, joined, or `Pending`.
+fn csr_condition(obj: &Object) -> String {
+    let types: Vec<&str> = obj
+        .get("status")
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .map(|c| c.iter().filter_map(|c| c["type"].as_str()).collect())
+        .unwrap_or_default();
+    if types.is_empty() {
+        return "Pending".to_owned();
+    }
+    let mut shown = types.join(",");
+    let issued = obj
+        .get("status")
+        .and_then(|s| s.get("certificate"))
+        .and_then(Value::as_str)
+        .is_some_and(|c| !c.is_empty());
+    if issued {
+        shown.push_str(",Issued");
+    }
+    shown
 }
 
 fn str_at<'a>(obj: &'a Object, path: &[&str]) -> Option<&'a str> {
@@ -726,6 +772,21 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
                 first_seen,
                 json!(obj.get("count").and_then(Value::as_i64).unwrap_or(1)),
                 json!(meta_str(obj, "name").unwrap_or_default()),
+            ]
+        }
+        ("certificates.k8s.io", "certificatesigningrequests") => {
+            let duration = obj
+                .get("spec")
+                .and_then(|s| s.get("expirationSeconds"))
+                .and_then(Value::as_i64)
+                .map_or_else(|| "<none>".to_owned(), human_duration);
+            vec![
+                name,
+                age,
+                json!(str_at(obj, &["spec", "signerName"]).unwrap_or("<none>")),
+                json!(str_at(obj, &["spec", "username"]).unwrap_or_default()),
+                json!(duration),
+                json!(csr_condition(obj)),
             ]
         }
         ("coordination.k8s.io", "leases") => {

@@ -130,6 +130,10 @@ pub async fn prepare_create(
         // a quota) in a namespace that is missing or going away.
         check_namespace(state, req.namespace.as_deref().unwrap_or_default()).await?;
     }
+    if crate::registry::certificates::is_csr(res) {
+        // As Kubernetes' strategy, before admission: who asked is the server's to say.
+        crate::registry::certificates::set_requester(obj, &req.user);
+    }
     let attrs = admission_attributes(req, "CREATE", &name);
     state.chains.mutate(&attrs, obj, None).await?;
     check_unknown_fields(state, req, obj)?;

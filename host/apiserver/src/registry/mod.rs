@@ -19,10 +19,12 @@
 //! - [`exec`]: `pods/exec`, a WebSocket relayed to the pod's node.
 //! - [`eviction`]: `pods/eviction`, a delete that keeps PodDisruptionBudgets.
 //! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
+//! - [`certificates`]: CertificateSigningRequests' requester, approval and validation.
 //! - [`status`]: the status writes the server makes itself (quota usage, Plugin
 //!   conditions).
 
 pub mod apply;
+pub mod certificates;
 pub mod crd;
 pub mod create;
 pub mod delete;
@@ -104,6 +106,9 @@ pub async fn after_write(state: &AppState, req: &ApiRequest) {
     }
     if state.service_accounts.lists(&req.resource) {
         state.service_accounts.written().await;
+    }
+    if state.secrets.lists(&req.resource) {
+        state.secrets.written().await;
     }
     state.rbac.written(&req.resource).await;
     state

@@ -28,7 +28,9 @@ fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Object) -> Result<Object, Ap
 
 /// Decodes `obj` through its typed struct, if the kind has one; `None` otherwise.
 fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, ApiError>> {
-    use k8s_openapi::api::{apps, coordination, core, discovery, node, policy, rbac, scheduling};
+    use k8s_openapi::api::{
+        apps, certificates, coordination, core, discovery, node, policy, rbac, scheduling,
+    };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     Some(match (res.group.as_str(), res.plural.as_str()) {
         ("", "pods") => roundtrip::<core::v1::Pod>(obj),
@@ -48,6 +50,9 @@ fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, Ap
         ("discovery.k8s.io", "endpointslices") => roundtrip::<discovery::v1::EndpointSlice>(obj),
         ("node.k8s.io", "runtimeclasses") => roundtrip::<node::v1::RuntimeClass>(obj),
         ("scheduling.k8s.io", "priorityclasses") => roundtrip::<scheduling::v1::PriorityClass>(obj),
+        ("certificates.k8s.io", "certificatesigningrequests") => {
+            roundtrip::<certificates::v1::CertificateSigningRequest>(obj)
+        }
         ("policy", "poddisruptionbudgets") => roundtrip::<policy::v1::PodDisruptionBudget>(obj),
         ("rbac.authorization.k8s.io", "roles") => roundtrip::<rbac::v1::Role>(obj),
         ("rbac.authorization.k8s.io", "clusterroles") => roundtrip::<rbac::v1::ClusterRole>(obj),
@@ -388,6 +393,9 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
         ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
         ("apps", kind @ ("deployments" | "replicasets")) => {
             validate_apps(kind == "deployments", obj, old, &mut causes)
+        }
+        ("certificates.k8s.io", "certificatesigningrequests") => {
+            crate::registry::certificates::validate(obj, &mut causes)
         }
         ("", plural @ ("limitranges" | "resourcequotas")) => {
             crate::admission::limit_ranger::validate(plural, obj, &mut causes)

@@ -36,6 +36,10 @@ fn merge_for_subresource(
     if !res.has(Subresource::Status) {
         return;
     }
+    if super::certificates::is_csr(res) && sub == Some(Subresource::Approval) {
+        super::certificates::merge(sub, old, new);
+        return;
+    }
     match sub {
         Some(Subresource::Status) => {
             // Only status changes: everything else comes from the stored object.
@@ -69,6 +73,9 @@ fn merge_for_subresource(
                 new.remove("status");
             }
         },
+    }
+    if super::certificates::is_csr(res) {
+        super::certificates::merge(sub, old, new);
     }
 }
 
@@ -140,7 +147,11 @@ pub async fn prepare_update(
         )
         .into());
     }
-    if req.subresource != Some(Subresource::Status) && new.get("spec") != old.get("spec") {
+    if !matches!(
+        req.subresource,
+        Some(Subresource::Status | Subresource::Approval)
+    ) && new.get("spec") != old.get("spec")
+    {
         let generation = metadata(old)
             .and_then(|m| m.get("generation"))
             .and_then(Value::as_i64)

@@ -67,6 +67,8 @@ pub struct Config {
     /// `kubectl get plugins` lists them: created when missing, and brought up to date
     /// while they keep the `trellis.dev/builtin` label and their `builtin:` module.
     pub builtin_plugins: Vec<serde_json::Value>,
+    /// How long the certificates signed for CertificateSigningRequests live.
+    pub signing: crate::certificates::Signing,
 }
 
 impl Config {
@@ -88,6 +90,7 @@ impl Config {
             plugin_dir: None,
             namespace_controller: true,
             builtin_plugins: Vec::new(),
+            signing: crate::certificates::Signing::default(),
         }
         .with_audit_in_data_dir()
     }
@@ -306,6 +309,13 @@ pub async fn start(
     if config.namespace_controller {
         crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
     }
+    let ca_pem = pki.ca_pem().to_owned();
+    crate::certificates::start(
+        state.clone(),
+        Arc::new(pki),
+        config.signing.clone(),
+        stop.subscribe(),
+    );
     let stalled = state.metrics.stalled_connections.clone();
     let app = router(state);
     let in_process = app.clone();
@@ -373,7 +383,7 @@ pub async fn start(
         url,
         kubeconfig: kubeconfig_path,
         admin_token,
-        ca_pem: pki.ca_pem().to_owned(),
+        ca_pem,
         in_process,
         stop,
         task,

@@ -144,8 +144,9 @@ impl Pki {
         &self.ca.cert_der
     }
 
-    /// The certificate chain the API server presents, PEM. It holds the serving
-    /// certificate alone: clients already have the CA.
+    /// The serving certificate, PEM. The server presents it followed by the CA (see
+    /// [`crate::server::tls::server_config`]), so that a joining node can find the CA
+    /// it pins by hash.
     pub fn serving_cert_chain_pem(&self) -> &str {
         &self.serving.cert_pem
     }
@@ -208,6 +209,96 @@ impl Pki {
             .with_context(|| format!("issue client certificate for {common_name}"))?;
         Ok((issued.cert_pem, issued.key_pem))
     }
+
+    /// Signs a certificate request (PEM) with the cluster CA as a client certificate:
+    /// the request's key, subject CN `common_name` and one O per group, the usages
+    /// given, valid for `validity` from now. The request's signature is checked first.
+    pub fn sign_client_request(
+        &self,
+        request_pem: &str,
+        common_name: &str,
+        groups: &[String],
+        usages: ClientUsages,
+        validity: Duration,
+    ) -> anyhow::Result<String> {
+        ensure!(
+            !common_name.is_empty(),
+            "client certificate needs a common name"
+        );
+        let mut request = rcgen::CertificateSigningRequestParams::from_pem(request_pem)
+            .context("parse the certificate request")?;
+        let now = ASN1Time::now().to_datetime();
+        let params = &mut request.params;
+        // Backdated for clocks behind ours, as Kubernetes' signer does, but by no more
+        // than a tenth of a short lifetime: a node rotates at 70–90 % of it.
+        params.not_before = now - BACKDATE.min(validity / 10);
+        params.not_after = now + validity;
+        params.serial_number = Some(random_serial());
+        // Replaced by `der_name` below, as in `Ca::issue`.
+        let mut placeholder = DistinguishedName::new();
+        placeholder.push(DnType::CommonName, common_name);
+        params.distinguished_name = placeholder;
+        params.subject_alt_names = Vec::new();
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if usages.key_encipherment {
+            params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let draft = request
+            .signed_by(&self.ca.issuer)
+            .context("sign the certificate")?;
+        let der = self
+            .ca
+            .rename(draft.der(), &der_name(common_name, groups))?;
+        Ok(pem_encode("CERTIFICATE", &der))
+    }
+}
+
+/// kubeadm's `--discovery-token-ca-cert-hash` of a CA certificate (DER):
+/// `sha256:` and the hex SHA-256 of its SubjectPublicKeyInfo.
+pub fn ca_cert_hash(cert_der: &[u8]) -> anyhow::Result<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+        .map_err(|e| anyhow!("parse the CA certificate: {e}"))?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, cert.public_key().raw);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("sha256:{hex}"))
+}
+
+/// A fresh ECDSA P-256 key and a certificate request for a node's client certificate
+/// (`CN=system:node:NAME, O=system:nodes`), both PEM: what a joining node sends.
+pub fn node_client_request(node_name: &str) -> anyhow::Result<(String, String)> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("generate key")?;
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, format!("system:node:{node_name}"));
+    name.push(DnType::OrganizationName, trellis_api::user::groups::NODES);
+    params.distinguished_name = name;
+    let request = params
+        .serialize_request(&key)
+        .context("make the certificate request")?;
+    let pem = request.pem().context("encode the certificate request")?;
+    Ok((key.serialize_pem(), pem))
+}
+
+/// The validity of a PEM certificate: not before and not after, Unix seconds.
+pub fn cert_validity(cert_pem: &str) -> anyhow::Result<(i64, i64)> {
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+        .map_err(|e| anyhow!("parse the certificate: {e}"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| anyhow!("parse the certificate: {e}"))?;
+    let validity = cert.validity();
+    Ok((
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    ))
+}
+
+/// Key usages of a signed client certificate beyond digital signature and client auth.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientUsages {
+    /// `key encipherment`, which RSA keys of older clients ask for.
+    pub key_encipherment: bool,
 }
 
 /// A certificate and its private key, both PEM.
@@ -720,7 +811,7 @@ fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
 
 /// Replaces `path` with `contents` atomically: readers see the old or the new file,
 /// never a partial one, and a key never exists with wider permissions than `mode`.
-pub(crate) fn write_file_atomic(path: &Path, contents: &[u8], mode: u32) -> anyhow::Result<()> {
+pub fn write_file_atomic(path: &Path, contents: &[u8], mode: u32) -> anyhow::Result<()> {
     let tmp = write_temp_beside(path, contents, mode)?;
     tmp.persist(path)
         .map_err(|e| e.error)

@@ -39,9 +39,12 @@ pub fn server_config(pki: &Pki) -> anyhow::Result<Arc<rustls::ServerConfig>> {
             .build()
             .context("build client certificate verifier")?;
 
-    let chain = CertificateDer::pem_slice_iter(pki.serving_cert_chain_pem().as_bytes())
+    let mut chain = CertificateDer::pem_slice_iter(pki.serving_cert_chain_pem().as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .context("parse serving certificate chain")?;
+    // The CA after the leaf, as kube-apiserver's serving bundle: a node joining with
+    // only the CA's hash finds the CA in the handshake and checks the leaf against it.
+    chain.push(pki.ca_cert_der().clone());
     let key = PrivateKeyDer::from_pem_slice(pki.serving_key_pem().as_bytes())
         .context("parse serving key")?;
 

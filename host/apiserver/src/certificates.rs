@@ -1,0 +1,379 @@
+//! The CertificateSigningRequest approver and signer, in the API server because it
+//! holds the cluster CA's key (kube-controller-manager's `csrapproving` and
+//! `csrsigning` controllers).
+//!
+//! - Approval: a request for signer `kubernetes.io/kube-apiserver-client-kubelet` whose
+//!   subject is `CN=system:node:NAME, O=system:nodes`, without alternative names, with
+//!   usages digital signature and client auth (key encipherment allowed) is approved
+//!   (`AutoApproved`) when its requester may `create` `certificatesigningrequests/
+//!   selfnodeclient` (a node renewing its own, CN its own name) or
+//!   `certificatesigningrequests/nodeclient` (a bootstrap token), as RBAC says.
+//!   Anything else waits for `kubectl certificate approve|deny`.
+//! - Signing: an approved request for the kubelet client signer or
+//!   `kubernetes.io/kube-apiserver-client` gets its certificate in `status.certificate`,
+//!   valid for `spec.expirationSeconds` clamped to [`Signing`]'s bounds; a request the
+//!   signer refuses gets a `Failed` condition. Denied and failed requests stay unsigned.
+//!
+//! It follows the watch cache: after each change to a CSR it looks at every CSR again
+//! (there are few, and each is acted on once).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tracing::{info, warn};
+use trellis_api::registry::ResourceInfo;
+use trellis_api::{ApiError, UserInfo};
+
+use crate::authorization::rbac;
+use crate::endpoints::request::{ApiRequest, BodyFormat, Query};
+use crate::object::{self, Object};
+use crate::registry::certificates::{
+    CLIENT_SIGNER, KUBELET_CLIENT_SIGNER, RequestSubject, condition, parse_request,
+};
+use crate::server::pki::{ClientUsages, Pki};
+use crate::state::AppState;
+
+/// How long issued certificates live.
+#[derive(Clone, Debug)]
+pub struct Signing {
+    /// The longest certificate issued, and what a request naming no duration gets
+    /// (kube-controller-manager's `--cluster-signing-duration`, one year).
+    pub max_duration: Duration,
+    /// The shortest certificate issued, whatever the request asks (ten minutes, as
+    /// Kubernetes; tests lower it).
+    pub min_duration: Duration,
+}
+
+impl Default for Signing {
+    fn default() -> Self {
+        Self {
+            max_duration: Duration::from_secs(365 * 24 * 60 * 60),
+            min_duration: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The user the approver's and signer's writes are recorded as.
+const MANAGER: &str = "certificate-controller";
+const NODES_GROUP: &str = trellis_api::user::groups::NODES;
+/// How long to wait before looking again after the cache could not be followed.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// Starts the approver and signer; it stops with `stop`.
+pub fn start(
+    state: Arc<AppState>,
+    pki: Arc<Pki>,
+    signing: Signing,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Ok(res) = state.resource("certificates.k8s.io", "v1", "certificatesigningrequests")
+        else {
+            return;
+        };
+        let prefix = res.prefix();
+        loop {
+            let listed = state.cache.list(&prefix);
+            let subscription = state.cache.subscribe(&prefix, listed.revision);
+            for csr in &listed.objects {
+                if let Err(e) = reconcile(&state, &res, &pki, &signing, csr).await {
+                    let name = object::name(csr).unwrap_or_default();
+                    warn!(csr = %name, error = %e.message, "handling the certificate signing request failed");
+                }
+            }
+            match subscription {
+                Ok(mut sub) if sub.replay.is_empty() => {
+                    tokio::select! {
+                        event = sub.rx.recv() => if event.is_none() && state.cache.is_stopped() {
+                            return;
+                        },
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(RETRY) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// What to do with one request.
+async fn reconcile(
+    state: &AppState,
+    res: &ResourceInfo,
+    pki: &Pki,
+    signing: &Signing,
+    csr: &Object,
+) -> Result<(), ApiError> {
+    if issued(csr) || condition(csr, "Denied").is_some() || condition(csr, "Failed").is_some() {
+        return Ok(());
+    }
+    let spec = csr.get("spec").cloned().unwrap_or_default();
+    let signer = spec["signerName"].as_str().unwrap_or_default();
+    if signer != KUBELET_CLIENT_SIGNER && signer != CLIENT_SIGNER {
+        return Ok(());
+    }
+    let request = spec["request"]
+        .as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default();
+    let subject = parse_request(&request);
+    let usages: Vec<&str> = spec["usages"]
+        .as_array()
+        .map(|u| u.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let name = object::name(csr).unwrap_or_default().to_owned();
+    let uid = object::meta_str(csr, "uid").unwrap_or_default().to_owned();
+    if condition(csr, "Approved").is_none() {
+        let Ok(subject) = &subject else {
+            return Ok(());
+        };
+        if signer == KUBELET_CLIENT_SIGNER
+            && node_client_request(subject, &usages)
+            && may_have_node_client(state, &spec, subject).await?
+        {
+            let approved = json!({
+                "type": "Approved",
+                "status": "True",
+                "reason": "AutoApproved",
+                "message": "Auto approving kubelet client certificate after SubjectAccessReview.",
+                "lastUpdateTime": object::now_timestamp(),
+                "lastTransitionTime": object::now_timestamp(),
+            });
+            write(state, res, &name, &uid, |status| {
+                push_condition(status, approved.clone());
+            })
+            .await?;
+            info!(csr = %name, requester = spec["username"].as_str().unwrap_or_default(), "approved");
+        }
+        return Ok(());
+    }
+    // Approved: sign, or say why not.
+    let signed = match &subject {
+        Ok(subject) => sign(pki, signing, signer, subject, &usages, &spec, &request),
+        Err(e) => Err(e.to_string()),
+    };
+    match signed {
+        Ok(pem) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(pem);
+            write(state, res, &name, &uid, |status| {
+                status.insert("certificate".into(), json!(encoded));
+            })
+            .await?;
+            info!(csr = %name, signer, "signed");
+        }
+        Err(reason) => {
+            let failed = json!({
+                "type": "Failed",
+                "status": "True",
+                "reason": "SignerValidationFailure",
+                "message": reason,
+                "lastUpdateTime": object::now_timestamp(),
+                "lastTransitionTime": object::now_timestamp(),
+            });
+            write(state, res, &name, &uid, |status| {
+                push_condition(status, failed.clone());
+            })
+            .await?;
+            warn!(csr = %name, signer, %reason, "refused to sign");
+        }
+    }
+    Ok(())
+}
+
+/// Whether the request carries its certificate.
+fn issued(csr: &Object) -> bool {
+    csr.get("status")
+        .and_then(|s| s.get("certificate"))
+        .and_then(Value::as_str)
+        .is_some_and(|c| !c.is_empty())
+}
+
+/// Kubernetes' `isNodeClientCert`: the subject and usages of a node's client
+/// certificate, and nothing more.
+pub fn node_client_request(subject: &RequestSubject, usages: &[&str]) -> bool {
+    let mut usages: Vec<&str> = usages.to_vec();
+    usages.sort_unstable();
+    usages.dedup();
+    let usages_ok = usages == ["client auth", "digital signature"]
+        || usages == ["client auth", "digital signature", "key encipherment"];
+    usages_ok
+        && subject.organizations == [NODES_GROUP]
+        && subject
+            .common_name
+            .strip_prefix("system:node:")
+            .is_some_and(|n| !n.is_empty())
+        && !subject.has_alt_names
+}
+
+/// Whether the requester may have a node client certificate for `subject`: its own
+/// (`selfnodeclient`) or any (`nodeclient`), by RBAC.
+async fn may_have_node_client(
+    state: &AppState,
+    spec: &Value,
+    subject: &RequestSubject,
+) -> Result<bool, ApiError> {
+    let user = UserInfo {
+        name: spec["username"].as_str().unwrap_or_default().to_owned(),
+        uid: spec["uid"].as_str().unwrap_or_default().to_owned(),
+        groups: spec["groups"]
+            .as_array()
+            .map(|g| {
+                g.iter()
+                    .filter_map(|g| g.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        extra: Default::default(),
+    };
+    let allowed = |resource: &'static str| rbac::Attributes {
+        verb: "create",
+        group: "certificates.k8s.io",
+        resource,
+        namespace: "",
+        name: "",
+    };
+    if user.name == subject.common_name
+        && rbac::authorize(
+            &state.rbac,
+            &user,
+            &allowed("certificatesigningrequests/selfnodeclient"),
+        )
+        .await
+        .is_ok()
+    {
+        return Ok(true);
+    }
+    Ok(rbac::authorize(
+        &state.rbac,
+        &user,
+        &allowed("certificatesigningrequests/nodeclient"),
+    )
+    .await
+    .is_ok())
+}
+
+/// The certificate for an approved request, or why the signer refuses it.
+fn sign(
+    pki: &Pki,
+    signing: &Signing,
+    signer: &str,
+    subject: &RequestSubject,
+    usages: &[&str],
+    spec: &Value,
+    request: &str,
+) -> Result<String, String> {
+    if signer == KUBELET_CLIENT_SIGNER && !node_client_request(subject, usages) {
+        return Err(format!(
+            "invalid certificate request for {KUBELET_CLIENT_SIGNER}: the subject must be CN=system:node:NAME, O=system:nodes, without alternative names, with usages digital signature and client auth"
+        ));
+    }
+    if !usages.contains(&"client auth")
+        || usages
+            .iter()
+            .any(|u| !matches!(*u, "client auth" | "digital signature" | "key encipherment"))
+    {
+        return Err(format!(
+            "invalid usages for {signer}: only digital signature, key encipherment and client auth are allowed, and client auth is required"
+        ));
+    }
+    if subject.common_name.is_empty() {
+        return Err("the certificate request has no common name".to_owned());
+    }
+    let requested = spec["expirationSeconds"]
+        .as_u64()
+        .map(Duration::from_secs)
+        .unwrap_or(signing.max_duration);
+    let validity = requested.clamp(signing.min_duration, signing.max_duration);
+    pki.sign_client_request(
+        request,
+        &subject.common_name,
+        &subject.organizations,
+        ClientUsages {
+            key_encipherment: usages.contains(&"key encipherment"),
+        },
+        validity,
+    )
+    .map_err(|e| format!("{e:#}"))
+}
+
+fn push_condition(status: &mut serde_json::Map<String, Value>, condition: Value) {
+    let conditions = status
+        .entry("conditions")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(list) = conditions {
+        list.retain(|c| c["type"] != condition["type"]);
+        list.push(condition);
+    } else {
+        *conditions = Value::Array(vec![condition]);
+    }
+}
+
+/// Writes the status `change` makes to the request `name` (of uid `uid`), as the
+/// server: a request replaced or already decided meanwhile is left alone.
+async fn write(
+    state: &AppState,
+    res: &ResourceInfo,
+    name: &str,
+    uid: &str,
+    mut change: impl FnMut(&mut serde_json::Map<String, Value>),
+) -> Result<(), ApiError> {
+    let req = ApiRequest {
+        resource: res.clone(),
+        namespace: None,
+        name: Some(name.to_owned()),
+        subresource: Some(trellis_api::registry::Subresource::Status),
+        verb: "update",
+        query: Query::default(),
+        user: UserInfo::new(
+            crate::registry::status::INTERNAL_USER,
+            [trellis_api::user::groups::AUTHENTICATED],
+        ),
+        content_type: None,
+        user_agent: Some(MANAGER.to_owned()),
+        body_format: BodyFormat::Json,
+        wants_table: false,
+        dry_run: false,
+        include_uninitialized: true,
+    };
+    let written = crate::registry::guaranteed_update(state, &req, name, |old, new| {
+        if object::meta_str(old, "uid") != Some(uid) {
+            return Ok(());
+        }
+        // Another server (they share the store) may have got there first: a request is
+        // decided and signed once.
+        let decided =
+            condition(old, "Denied").is_some() || condition(old, "Failed").is_some() || issued(old);
+        if decided {
+            return Ok(());
+        }
+        let mut status = old
+            .get("status")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        change(&mut status);
+        new.insert("status".into(), Value::Object(status));
+        crate::registry::typed::default_and_validate_with(
+            res,
+            new,
+            Some(old),
+            crate::registry::typed::UnknownFields::Ignore,
+        )?;
+        crate::fieldmanager::apply::record_write(state, &req, Some(old), new)
+    })
+    .await;
+    match written {
+        Ok(_) => Ok(()),
+        Err(e) if e.0.code == 404 => Ok(()),
+        Err(e) => Err(e.0),
+    }
+}
