@@ -11,6 +11,7 @@
 //!   long-running container is probed, then stopped gracefully when its pod is deleted.
 //! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
 //!   key mapping, batched writes under the controller's identity, events.
+//! - `hollow`: hollow nodes (the agent on fake runtimes) running a Deployment.
 //! - `join`: bootstrap tokens and CertificateSigningRequests: authentication,
 //!   requester, auto-approval, manual approval, signing, validation.
 //! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
@@ -28,6 +29,7 @@ mod apiserver;
 mod client;
 mod containerd;
 mod controllers;
+mod hollow;
 mod join;
 mod node;
 mod plugins;

@@ -13,10 +13,14 @@
 //! - [`logs`]: the HTTPS server the API server calls: container logs, and [`exec`]
 //!   (`kubectl exec` over a WebSocket).
 //!
+//! - [`hollow`]: many simulated nodes in one process (Kubernetes' kubemark): this
+//!   agent on fake runtimes, sharing one informer of pods.
+//!
 //! The agent speaks CRI to any runtime: Trellis' own (`trellis-runtime`, with the
 //! `wasmtime` and `process` handlers) or containerd's.
 
 pub mod exec;
+pub mod hollow;
 pub mod logs;
 pub mod node;
 pub mod pods;
@@ -46,6 +50,9 @@ pub struct AgentConfig {
     pub labels: Vec<(String, String)>,
     /// How often the Lease is renewed (Kubernetes: 10 s).
     pub lease_renew: Duration,
+    /// How much later than `lease_renew` the first renewal comes: many nodes of one
+    /// process are given different offsets so their renewals do not come together.
+    pub lease_offset: Duration,
     /// The Lease's duration.
     pub lease_duration: Duration,
     /// How often the Node's status is written when nothing changed (Kubernetes: 5 min).
@@ -79,6 +86,7 @@ impl AgentConfig {
             root,
             labels: Vec::new(),
             lease_renew: Duration::from_secs(10),
+            lease_offset: Duration::ZERO,
             lease_duration: Duration::from_secs(40),
             status_report: Duration::from_secs(300),
             relist_period: Duration::from_secs(1),
@@ -120,6 +128,17 @@ pub(crate) async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
     let _ = stopped.wait_for(|s| *s).await;
 }
 
+/// What an agent run with [`run_with`] gets besides its configuration: what the
+/// agents of hollow nodes change. The default is a real node's.
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    /// The node's pods from an informer shared by the process's nodes
+    /// ([`pods::PodDispatch`]); `None`: a watch of the node's own.
+    pub pods: Option<pods::NodePods>,
+    /// Told once the Node and its Lease are written.
+    pub registered: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
 /// Runs the agent until `stopped` turns true: the Node first (so the scheduler sees
 /// it), then its pods.
 pub async fn run(
@@ -127,6 +146,26 @@ pub async fn run(
     client: kube::Client,
     cri: trellis_runtime::Client,
     informers: SharedInformers,
+    stopped: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    run_with(
+        config,
+        client,
+        cri,
+        informers,
+        RunOptions::default(),
+        stopped,
+    )
+    .await
+}
+
+/// [`run`], with `options`.
+pub async fn run_with(
+    config: AgentConfig,
+    client: kube::Client,
+    cri: trellis_runtime::Client,
+    informers: SharedInformers,
+    options: RunOptions,
     mut stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let mut config = config;
@@ -181,12 +220,16 @@ pub async fn run(
         .await
         .map_err(|e| anyhow::anyhow!("serve logs on {listen}: {e:#}"))?;
         ctx.port.store(port, std::sync::atomic::Ordering::Relaxed);
-    } else {
+    } else if options.pods.is_none() {
+        // Hollow nodes (a shared pod feed) serve none by design.
         tracing::warn!("no cluster CA given: the node serves no logs");
     }
     node::register(&ctx).await?;
+    if let Some(registered) = options.registered {
+        let _ = registered.send(());
+    }
     let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), stopped.clone()));
-    let pods = tokio::spawn(pods::run(ctx.clone(), stopped.clone()));
+    let pods = tokio::spawn(pods::run(ctx.clone(), options.pods, stopped.clone()));
     until_stopped(&mut stopped).await;
     let _ = pods.await;
     heartbeat.abort();

@@ -63,9 +63,11 @@ pub async fn register(ctx: &Context) -> anyhow::Result<()> {
 /// `stopped`. A failed renewal is retried at the next tick: the node lifecycle
 /// controller allows several.
 pub async fn heartbeat(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
-    let mut lease = tokio::time::interval(ctx.config.lease_renew);
+    let mut lease = tokio::time::interval_at(
+        tokio::time::Instant::now() + ctx.config.lease_renew + ctx.config.lease_offset,
+        ctx.config.lease_renew,
+    );
     let mut report = tokio::time::interval(ctx.config.status_report);
-    lease.tick().await;
     report.tick().await;
     loop {
         tokio::select! {

@@ -2,6 +2,9 @@
 //! pod's versions from a shared informer of `spec.nodeName=NAME`, and woken by a
 //! relist of the runtime's containers when one of its containers changes state (the
 //! kubelet's PLEG). Sandboxes of pods that no longer exist are removed.
+//!
+//! Many agents of one process (hollow nodes) share one informer of every pod instead
+//! of a watch each: [`PodDispatch`] hands each node the changes of its own pods.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -10,10 +13,10 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use trellis_client::informer::Change;
+use trellis_client::informer::{BY_NODE_NAME, Change, Informer, pod_node_name};
 
 use crate::Context;
 use crate::worker::{self, POD_UID};
@@ -24,15 +27,80 @@ struct Handle {
     task: JoinHandle<()>,
 }
 
+/// One node's pods from a [`PodDispatch`]: the shared informer (indexed by
+/// `spec.nodeName`) and the changes of this node's pods.
+#[derive(Debug)]
+pub struct NodePods {
+    informer: Arc<Informer<Pod>>,
+    changes: mpsc::UnboundedReceiver<Change<Pod>>,
+}
+
+/// Hands the changes of one informer of every pod to the agents of the nodes they
+/// are bound to, one map lookup per change: N agents of one process then cost one
+/// watch, rather than N watches each filtered by the API server.
+#[derive(Debug)]
+pub struct PodDispatch {
+    task: JoinHandle<()>,
+}
+
+impl PodDispatch {
+    /// Starts dispatching `informer`'s changes (it must list every pod, or every bound
+    /// pod) to `nodes`: the returned feeds are in the order of `nodes`.
+    pub fn start(informer: Arc<Informer<Pod>>, nodes: &[String]) -> (Self, Vec<NodePods>) {
+        informer.add_index(BY_NODE_NAME, pod_node_name());
+        let mut senders = HashMap::with_capacity(nodes.len());
+        let mut feeds = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let (tx, rx) = mpsc::unbounded_channel();
+            senders.insert(node.clone(), tx);
+            feeds.push(NodePods {
+                informer: informer.clone(),
+                changes: rx,
+            });
+        }
+        // Subscribed before any feed is read: the replay of what is cached comes
+        // first, then every change, so no node misses one.
+        let mut changes = informer.subscribe();
+        let task = tokio::spawn(async move {
+            while let Some(change) = changes.recv().await {
+                let node = change
+                    .object()
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .unwrap_or_default();
+                if let Some(tx) = senders.get(node) {
+                    // A node that stopped drops its feed; the others go on.
+                    let _ = tx.send(change);
+                }
+            }
+        });
+        (Self { task }, feeds)
+    }
+}
+
+impl Drop for PodDispatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Runs the pods' workers until `stopped`. Stopping leaves the containers running: a
 /// restarted agent finds them again by their labels.
-pub async fn run(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
-    let api: Api<Pod> = Api::all(ctx.client.clone());
-    let selector = format!("spec.nodeName={}", ctx.config.node_name);
-    let informer = ctx
-        .informers
-        .informer(api, watcher::Config::default().fields(&selector));
-    let mut changes = informer.subscribe();
+pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, mut stopped: watch::Receiver<bool>) {
+    let shared = feed.is_some();
+    let (informer, mut changes) = match feed {
+        Some(feed) => (feed.informer, feed.changes),
+        None => {
+            let api: Api<Pod> = Api::all(ctx.client.clone());
+            let selector = format!("spec.nodeName={}", ctx.config.node_name);
+            let informer = ctx
+                .informers
+                .informer(api, watcher::Config::default().fields(&selector));
+            let changes = informer.subscribe();
+            (informer, changes)
+        }
+    };
     let mut workers: HashMap<String, Handle> = HashMap::new();
     let mut states: HashMap<String, (i32, String)> = HashMap::new();
     let mut relist = tokio::time::interval(ctx.config.relist_period);
@@ -63,8 +131,13 @@ pub async fn run(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
                 relist_containers(&ctx, &mut states, &workers).await;
                 workers.retain(|_, h| !h.task.is_finished());
                 if informer.has_synced() {
+                    let pods = if shared {
+                        informer.by_index(BY_NODE_NAME, &ctx.config.node_name)
+                    } else {
+                        informer.list()
+                    };
                     let known: HashSet<String> =
-                        informer.list().iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                        pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
                     remove_orphans(&ctx, &known, &workers).await;
                 }
             }

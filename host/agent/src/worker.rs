@@ -37,6 +37,10 @@ pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
 /// The grace period of a pod that sets none.
 const DEFAULT_GRACE: i64 = 30;
 
+/// How soon a pod status write that failed is tried again (the server's in-flight limit
+/// answers 429 under a burst; kube-rs, unlike client-go, does not retry by itself).
+const STATUS_RETRY: Duration = Duration::from_millis(200);
+
 /// What a sync leaves the worker to do.
 enum Step {
     /// Wait for the pod or its containers to change, or until this instant.
@@ -200,9 +204,10 @@ impl Worker {
             Ok(h) => h,
             Err(message) => {
                 self.event(pod, EventType::Warning, "FailedCreatePodSandBox", &message);
-                self.write_failed(pod, "RuntimeClassNotFound", &message)
+                let written = self
+                    .write_failed(pod, "RuntimeClassNotFound", &message)
                     .await;
-                return Ok(None);
+                return Ok((!written).then(|| Instant::now() + STATUS_RETRY));
             }
         };
         if !self.ctx.config.handlers.contains(&handler) {
@@ -211,9 +216,10 @@ impl Worker {
                 self.ctx.config.handlers.join(", ")
             );
             self.event(pod, EventType::Warning, "FailedCreatePodSandBox", &message);
-            self.write_failed(pod, "UnsupportedRuntimeHandler", &message)
+            let written = self
+                .write_failed(pod, "UnsupportedRuntimeHandler", &message)
                 .await;
-            return Ok(None);
+            return Ok((!written).then(|| Instant::now() + STATUS_RETRY));
         }
         if self.start_time.is_none() {
             self.start_time = pod
@@ -405,7 +411,9 @@ impl Worker {
             "initContainerStatuses": (!init.is_empty()).then(|| status::container_statuses(&init, &self.ctx.runtime_name)),
             "containerStatuses": status::container_statuses(&main, &self.ctx.runtime_name),
         });
-        self.write_status(pod, status).await;
+        if !self.write_status(pod, status).await {
+            soonest(Instant::now() + STATUS_RETRY);
+        }
         if terminal {
             self.stop_sandboxes(Some(pod), 0, false).await;
         }
@@ -1059,7 +1067,8 @@ impl Worker {
         }
     }
 
-    async fn write_failed(&mut self, pod: &Pod, reason: &str, message: &str) {
+    /// Reports the pod Failed; `false` when the write failed (see `write_status`).
+    async fn write_failed(&mut self, pod: &Pod, reason: &str, message: &str) -> bool {
         let status = json!({
             "phase": "Failed",
             "reason": reason,
@@ -1068,12 +1077,14 @@ impl Worker {
             "startTime": pod.status.as_ref().and_then(|s| s.start_time.clone()).unwrap_or(Time(jiff::Timestamp::now())),
             "qosClass": status::qos_class(pod),
         });
-        self.write_status(pod, status).await;
+        self.write_status(pod, status).await
     }
 
-    async fn write_status(&mut self, pod: &Pod, status: Value) {
+    /// Writes the pod's status unless it is the one last written; `false` when the
+    /// write failed and should be tried again.
+    async fn write_status(&mut self, pod: &Pod, status: Value) -> bool {
         if self.reported.as_ref() == Some(&status) {
-            return;
+            return true;
         }
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let name = pod.metadata.name.as_deref().unwrap_or_default();
@@ -1085,8 +1096,17 @@ impl Worker {
         {
             Ok(_) => self.reported = Some(status),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => warn!(pod = %pod_label(pod), error = %e, "write pod status"),
+            // The server is busy (its in-flight limit): client-go retries these itself.
+            Err(kube::Error::Api(e)) if e.code == 429 => {
+                debug!(pod = %pod_label(pod), "pod status write throttled; retrying");
+                return false;
+            }
+            Err(e) => {
+                warn!(pod = %pod_label(pod), error = %e, "write pod status");
+                return false;
+            }
         }
+        true
     }
 }
 

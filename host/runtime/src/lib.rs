@@ -30,7 +30,9 @@
 //! - `process`: the `process` handler: spawning, stopping, adopting after a restart,
 //!   `ExecSync`.
 //! - `log`: container output in the CRI log format.
+//! - [`fake`]: the in-memory runtime of hollow nodes, served over an in-memory stream.
 
+pub mod fake;
 mod images;
 mod log;
 mod process;

@@ -16,6 +16,7 @@
 //! - [`components`]: `trellis controllers|scheduler`, and the same components in `up`.
 //! - [`token`]: `trellis token create|list|delete`, bootstrap tokens; [`join`]: a node
 //!   joining with one (TLS bootstrap) and rotating its certificate.
+//! - [`hollow`]: hollow nodes (`trellis node --hollow N`, `trellis up --hollow-nodes N`).
 //! - [`plugin`]: `trellis plugin`.
 //! - [`bench`]: the benchmarks, one module per benchmark, and what they share
 //!   (opening a backend, percentiles, bounded store calls).
@@ -25,6 +26,7 @@
 
 mod bench;
 mod components;
+mod hollow;
 mod join;
 mod node;
 mod plugin;

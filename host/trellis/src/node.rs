@@ -84,6 +84,15 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub process_handler: bool,
 
+    /// Runs this many hollow nodes (simulated, on fake runtimes) instead of this
+    /// machine's: the kubeconfig's user must be allowed to act for all of them and to
+    /// list every pod (an admin's).
+    #[arg(long, value_name = "N")]
+    pub hollow: Option<usize>,
+
+    #[command(flatten)]
+    pub hollow_flags: crate::hollow::HollowFlags,
+
     #[command(flatten)]
     pub node: NodeFlags,
 }
@@ -255,6 +264,16 @@ fn cluster_ca(kubeconfig: &Path) -> anyhow::Result<Option<String>> {
 
 /// `trellis node --kubeconfig FILE`.
 pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if let Some(count) = args.hollow {
+        let config = args
+            .hollow_flags
+            .config(count, args.data_dir.join("hollow"));
+        let kubeconfig = args
+            .kubeconfig
+            .as_deref()
+            .context("run hollow nodes: --kubeconfig is required")?;
+        return crate::hollow::run_remote(kubeconfig, config, shutdown).await;
+    }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create {}", args.data_dir.display()))?;
     let (stop, stopped) = watch::channel(false);

@@ -122,6 +122,15 @@ pub struct UpArgs {
     /// `trellis up` only: the local node's settings.
     #[command(flatten)]
     node: crate::node::NodeFlags,
+
+    /// `trellis up` only: hollow nodes (simulated, on fake runtimes) run in this
+    /// process besides the local node.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    hollow_nodes: usize,
+
+    /// `trellis up` only: the hollow nodes' settings.
+    #[command(flatten)]
+    hollow: crate::hollow::HollowFlags,
 }
 
 /// What `--store` names.
@@ -287,6 +296,20 @@ pub async fn run(
         }
         let mut running =
             crate::components::start_in_process(&in_process, &shared, stopped.clone());
+        if args.hollow_nodes > 0 {
+            let config = args
+                .hollow
+                .config(args.hollow_nodes, args.data_dir.join("hollow"));
+            let nodes = crate::hollow::start_in_process(
+                &in_process,
+                &shared.informers,
+                config,
+                stopped.clone(),
+            );
+            running.push(tokio::spawn(async move {
+                nodes.wait().await.context("run the hollow nodes")
+            }));
+        }
         if args.local_node {
             let name = args
                 .node

@@ -15,11 +15,13 @@
 //! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
 //! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
 //! - [`up`]: how soon `trellis up` is ready on an empty store.
+//! - [`flow`]: a Deployment's pods created → Running on hollow nodes, in one process.
 
 pub(crate) mod api;
 mod compaction;
 mod controller;
 mod controllers;
+mod flow;
 mod informer;
 mod pod_start;
 mod reload;
@@ -79,6 +81,9 @@ enum BenchCommand {
     /// `trellis up` on an empty store: until the API answers and the local node is
     /// Ready.
     Up(up::UpArgs),
+    /// The seed flow on hollow nodes: Deployments created → every pod Running, pod
+    /// startup latency, and the memory and CPU of idle hollow nodes.
+    Flow(flow::FlowArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -114,6 +119,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .await
             .context("run the pod start benchmark"),
         BenchCommand::Up(args) => up::run(args).await.context("run the up benchmark"),
+        BenchCommand::Flow(args) => flow::run(args).await.context("run the flow benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),
