@@ -32,6 +32,7 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Strategy, UpdateDeadline};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::bindings::CommandPre;
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
@@ -579,6 +580,37 @@ impl IsTerminal for LogStream {
 impl StdoutStream for LogStream {
     fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
         Box::new(LineWriter(Lines::new(self.stream, self.log.clone())))
+    }
+
+    /// Written at once, so stdout and stderr lines land in the order the guest wrote
+    /// them: the default adapter writes from a task of its own, and a stderr line
+    /// could land before the stdout line written first.
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(LogOutput(Lines::new(self.stream, self.log.clone())))
+    }
+}
+
+/// A WASI output stream into the log, always ready.
+struct LogOutput(Lines);
+
+#[async_trait::async_trait]
+impl Pollable for LogOutput {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for LogOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.0.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        // WASI's usual permit: what a guest may hand over in one write.
+        Ok(64 * 1024)
     }
 }
 
