@@ -497,9 +497,21 @@ impl ClusterReader for KubeHost {
         let selector = LabelSelector::parse(label_selector)
             .map_err(|e| format!("label selector {label_selector:?}: {e}"))?;
         let none = std::collections::BTreeMap::new();
-        let objects = match namespace {
-            Some(ns) => informer.by_index(trellis_client::informer::BY_NAMESPACE, ns),
-            None => informer.list(),
+        // A label the selector pins narrows the scan to the objects that carry it:
+        // a ReplicaSet's pods among ten thousand in its namespace.
+        let pinned = selector.requirements().iter().find_map(|r| {
+            selector
+                .requires_exact_match(r.key())
+                .map(|value| format!("{}={value}", r.key()))
+        });
+        let objects = match (pinned, namespace) {
+            (Some(label), ns) => informer
+                .by_index(trellis_client::informer::BY_LABEL, &label)
+                .into_iter()
+                .filter(|o| ns.is_none_or(|ns| o.metadata.namespace.as_deref() == Some(ns)))
+                .collect(),
+            (None, Some(ns)) => informer.by_index(trellis_client::informer::BY_NAMESPACE, ns),
+            (None, None) => informer.list(),
         };
         Ok(objects
             .iter()
