@@ -204,6 +204,33 @@ async fn nodes_join_with_bootstrap_tokens_and_signed_requests() -> Result<()> {
         "{listed}"
     );
 
+    // A client certificate in system:masters would be an admin's: refused at create,
+    // whoever asks.
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "mallory");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:masters");
+    let mallory = params.serialize_request(&key)?.pem()?;
+    let refused = cluster
+        .admin()
+        .err(
+            &["create", "-f", "-"],
+            Some(&csr_yaml(
+                "mallory",
+                &mallory,
+                "kubernetes.io/kube-apiserver-client",
+            )),
+        )
+        .await?;
+    ensure!(
+        refused.contains("system:masters group is not allowed"),
+        "{refused}"
+    );
+
     // A malformed request: 422 with a cause per field.
     let bad = "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\n\
                metadata: {name: bad}\nspec:\n  request: aGVsbG8K\n  usages: [client auth, flying]\n";

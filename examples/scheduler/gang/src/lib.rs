@@ -1,8 +1,9 @@
 //! gang: co-scheduling. The pods of a group are bound together, or none is: a pod
 //! of a group waits at Permit (holding its node) until `min-member` pods of its
 //! group have a node, bound or waiting; the one that completes the group is allowed
-//! and releases the others. A group still short when the wait runs out is given up:
-//! its waiting pods go back to the queue and their nodes are freed.
+//! and releases the others. A waiting pod whose wait runs out is given up: it goes
+//! back to the queue and its node is freed (each pod by its own deadline, not the
+//! group at once as the scheduler-plugins project's Coscheduling does).
 //!
 //! A pod joins a group with two labels: `pod-group.trellis.dev/name: NAME` and
 //! `pod-group.trellis.dev/min-member: "N"`. Pods without them are allowed at once.

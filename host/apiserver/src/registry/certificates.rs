@@ -156,15 +156,28 @@ pub fn validate(obj: &Object, causes: &mut Vec<StatusCause>) {
                 .decode(b64)
                 .ok()
                 .and_then(|b| String::from_utf8(b).ok());
-            if let Err(detail) = pem
+            match pem
                 .ok_or("not valid base64".to_owned())
-                .and_then(|p| parse_request(&p).map(|_| ()).map_err(|e| e.to_string()))
+                .and_then(|p| parse_request(&p).map_err(|e| e.to_string()))
             {
-                causes.push(StatusCause::new(
+                Err(detail) => causes.push(StatusCause::new(
                     "FieldValueInvalid",
                     "spec.request",
                     format!("Invalid value: []byte{{...}}: {detail}"),
-                ));
+                )),
+                // As Kubernetes' CertificateSubjectRestriction: a client certificate
+                // in system:masters would be a cluster admin's, whoever approved it.
+                Ok(subject)
+                    if subject.organizations.iter().any(|o| o == "system:masters")
+                        && field("signerName").and_then(Value::as_str)
+                            == Some("kubernetes.io/kube-apiserver-client") =>
+                {
+                    causes.push(StatusCause::forbidden(
+                        "spec.request",
+                        "use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed",
+                    ));
+                }
+                Ok(_) => {}
             }
         }
     }

@@ -2,7 +2,8 @@
 //! PodDisruptionBudget, as kube-apiserver's eviction subresource, which `kubectl
 //! drain` uses.
 //!
-//! - A pod that has finished, or is being deleted, is deleted without asking.
+//! - A pod that is Pending or has finished, or is being deleted, is deleted without
+//!   asking.
 //! - A pod with no budget is deleted; a pod that more than one budget selects is
 //!   refused (500), as Kubernetes refuses it.
 //! - With one budget: a budget whose status has not caught up with its spec, or that
@@ -55,8 +56,9 @@ pub async fn evict(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
         .get("status")
         .and_then(|s| s.get("phase"))
         .and_then(Value::as_str);
-    let finished = matches!(phase, Some("Succeeded" | "Failed"));
-    if !finished && meta_str(&pod, "deletionTimestamp").is_none() {
+    // As Kubernetes' canIgnorePDB: a pod not running disrupts nothing.
+    let not_running = matches!(phase, Some("Succeeded" | "Failed" | "Pending"));
+    if !not_running && meta_str(&pod, "deletionTimestamp").is_none() {
         keep_budget(state, req, &pod, name, dry_run).await?;
     }
     if !dry_run {

@@ -268,8 +268,23 @@ impl Reconcile for Disruption {
                     patch["disruptedPods"][name] = Value::Null;
                 }
             }
-            client::patch_status(&key.resource, ns, &key.name, patch)
-                .map_err(|e| format!("update the status: {e}"))?;
+            // Pinned to the budget this pass read: an eviction that spent a
+            // disruption since makes the write conflict (and the key come back),
+            // rather than be overwritten, so no disruption is spent twice.
+            match client::patch(
+                &key.resource,
+                ns,
+                &key.name,
+                trellis_plugin::controller::PatchType::Merge,
+                json!({"metadata": {"resourceVersion": pdb["metadata"]["resourceVersion"]},
+                    "status": patch}),
+                true,
+            ) {
+                Ok(_) => {}
+                // Deleted meanwhile: nothing left to report on.
+                Err(e) if e.is_not_found() => return Ok(Action::Done),
+                Err(e) => return Err(format!("update the status: {e}")),
+            }
         }
         Ok(recheck.map_or(Action::Done, |secs| {
             Action::RequeueAfter(std::time::Duration::from_secs(secs.max(1) as u64))
