@@ -51,14 +51,18 @@ enum TokenCommand {
 fn parse_ttl(s: &str) -> Result<Duration, String> {
     let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = number.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    let seconds = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
+    let unit_seconds = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
         _ => return Err(format!("{s:?}: expected a number of s, m, h or d")),
     };
-    Ok(Duration::from_secs(seconds))
+    // At most a hundred years: an expiration a timestamp can hold.
+    n.checked_mul(unit_seconds)
+        .filter(|secs| *secs <= 100 * 365 * 86_400)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?}: longer than a hundred years"))
 }
 
 fn default_kubeconfig() -> anyhow::Result<PathBuf> {
@@ -113,7 +117,10 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
             ];
             if !ttl.is_zero() {
                 let expires = jiff::Timestamp::now()
-                    + jiff::SignedDuration::try_from(ttl).context("compute the expiration")?;
+                    .checked_add(
+                        jiff::SignedDuration::try_from(ttl).context("compute the expiration")?,
+                    )
+                    .context("compute the expiration")?;
                 data.push((
                     "expiration",
                     expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),

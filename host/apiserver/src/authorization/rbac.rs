@@ -454,10 +454,10 @@ pub fn non_resource_rule_allows(rule: &Value, verb: &str, path: &str) -> bool {
         })
 }
 
-/// The roles and bindings every cluster starts with.
 /// The group of every bootstrap token's user.
 const BOOTSTRAPPERS: &str = crate::authentication::bootstrap_token::BOOTSTRAPPERS;
 
+/// The roles and bindings every cluster starts with.
 pub fn bootstrap_objects() -> Vec<(String, Value)> {
     let cluster_role = |name: &str, rules: Value| {
         (
