@@ -190,10 +190,43 @@ async fn nodes_join_with_bootstrap_tokens_and_signed_requests() -> Result<()> {
     // The approver has looked at every request by now: jane's still waits.
     let pending = cluster.admin().ok(&["get", "csr", "jane"]).await?;
     ensure!(pending.contains("Pending"), "{pending}");
+    // Approving takes `approve` on the request's signer, not only the /approval
+    // subresource: an approver of requests without it is refused.
+    let approver = cluster.kubectl_with_cert("approver", &[])?;
     cluster
         .admin()
-        .ok(&["certificate", "approve", "jane"])
+        .ok_stdin(
+            &["apply", "-f", "-"],
+            r#"{"apiVersion": "v1", "kind": "List", "items": [
+              {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "csr-approver"},
+               "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list"]},
+                         {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"], "verbs": ["update"]}]},
+              {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "csr-approver"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "csr-approver"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "approver"}]}]}"#,
+        )
         .await?;
+    let refused = approver
+        .err(&["certificate", "approve", "jane"], None)
+        .await?;
+    ensure!(
+        refused.contains("not permitted to approve requests with signerName"),
+        "{refused}"
+    );
+    cluster
+        .admin()
+        .ok_stdin(
+            &["apply", "-f", "-"],
+            r#"{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "csr-approver"},
+               "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list"]},
+                         {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"], "verbs": ["update"]},
+                         {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["kubernetes.io/*"], "verbs": ["approve"]}]}"#,
+        )
+        .await?;
+    approver.ok(&["certificate", "approve", "jane"]).await?;
     let der = issued(&csrs, "jane").await?;
     verify_client_cert(&cluster, &der)?;
     let user = trellis_apiserver::server::tls::identity_from_cert(&der).context("subject")?;

@@ -176,11 +176,22 @@ pub async fn credentials(
     let files = Files::new(data_dir);
     if let Some(creds) = files.load()? {
         let (_, not_after) = pki::cert_validity(&creds.cert_pem)?;
-        if jiff::Timestamp::now().as_second() < not_after {
+        // The stored certificate must be this node's, for this server: a data
+        // directory reused under another name or cluster joins again.
+        let owner = CertificateDer::from_pem_slice(creds.cert_pem.as_bytes())
+            .ok()
+            .and_then(|der| trellis_apiserver::server::tls::identity_from_cert(&der))
+            .map(|user| user.name);
+        let wanted = format!("system:node:{node_name}");
+        let same_server = flags.server.as_ref().is_none_or(|s| *s == creds.server);
+        if owner.as_deref() != Some(wanted.as_str()) || !same_server {
+            warn!(kubeconfig = %files.kubeconfig.display(), ?owner, %wanted, "the stored credentials are another node's or another server's; joining again");
+        } else if jiff::Timestamp::now().as_second() < not_after {
             info!(kubeconfig = %files.kubeconfig.display(), "using the credentials of an earlier join");
             return Ok(creds);
+        } else {
+            warn!(kubeconfig = %files.kubeconfig.display(), "the node's certificate has expired; joining again");
         }
-        warn!(kubeconfig = %files.kubeconfig.display(), "the node's certificate has expired; joining again");
     }
     let (Some(server), Some(token), Some(hash)) = (
         &flags.server,

@@ -466,6 +466,11 @@ async fn handle(
             return reviews::create(&state, &req, body).await;
         }
         ("create", None) if req.name.is_none() => registry::create(&state, &req, body).await,
+        ("update" | "patch", Some(Subresource::Approval))
+            if let Err(e) = registry::certificates::authorize_approval(&state, &req).await =>
+        {
+            Err(e.into())
+        }
         ("update", None | Some(Subresource::Status | Subresource::Approval)) => {
             registry::update(&state, &req, body).await
         }
