@@ -382,3 +382,47 @@ async fn write(
         Err(e) => Err(e.0),
     }
 }
+
+/// Whether the user may approve or deny requests of the stored CSR's signer: the
+/// `approve` verb on `certificates.k8s.io` `signers`, named for the signer or for
+/// all of its domain (`example.com/*`), as Kubernetes' CSR approval admission asks.
+pub async fn authorize_approval(
+    state: &crate::state::AppState,
+    req: &crate::endpoints::request::ApiRequest,
+) -> Result<(), trellis_api::ApiError> {
+    let name = req.name()?;
+    let (csr, _) = crate::registry::read(state, &req.resource, None, name)
+        .await
+        .map_err(|e| e.0)?;
+    let signer = csr
+        .get("spec")
+        .and_then(|s| s.get("signerName"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let domain_wide = signer
+        .split_once('/')
+        .map(|(domain, _)| format!("{domain}/*"))
+        .unwrap_or_default();
+    for signer_name in [signer.as_str(), domain_wide.as_str()] {
+        let attrs = crate::authorization::rbac::Attributes {
+            verb: "approve",
+            group: "certificates.k8s.io",
+            resource: "signers",
+            namespace: "",
+            name: signer_name,
+        };
+        if crate::authorization::rbac::authorize(&state.rbac, &req.user, &attrs)
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+    }
+    Err(trellis_api::ApiError::admission_forbidden(
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        name,
+        &format!("user not permitted to approve requests with signerName {signer:?}"),
+    ))
+}

@@ -467,7 +467,7 @@ async fn handle(
         }
         ("create", None) if req.name.is_none() => registry::create(&state, &req, body).await,
         ("update" | "patch", Some(Subresource::Approval))
-            if let Err(e) = registry::certificates::authorize_approval(&state, &req).await =>
+            if let Err(e) = crate::certificates::authorize_approval(&state, &req).await =>
         {
             Err(e.into())
         }
