@@ -65,6 +65,9 @@ pub struct Nomination {
     pub victims: Vec<Arc<Pod>>,
 }
 
+/// The longest a pod waits at Permit (kube-scheduler's `maxTimeout`).
+const MAX_PERMIT_WAIT: Duration = Duration::from_secs(15 * 60);
+
 /// kube-scheduler's `minCandidateNodesAbsolute`: nodes a preemption looks at, at least.
 const MIN_CANDIDATES: usize = 100;
 /// Candidates whose victims are reprieved one by one before the best is chosen.
@@ -562,7 +565,9 @@ impl Profile {
             }
         }
         let mut waits = Vec::new();
-        let mut timeout = Duration::ZERO;
+        // kube-scheduler gives a waiting pod up when the first plugin's timer fires,
+        // and no wait is longer than its 15 minutes.
+        let mut timeout = MAX_PERMIT_WAIT;
         for i in 0..self.slots.len() {
             if !self.slots[i].points.contains(ExtensionPoints::PERMIT) {
                 continue;
@@ -593,8 +598,15 @@ impl Profile {
                     };
                 }
                 PermitVerdict::Wait(ms) => {
-                    waits.push(self.slots[i].label());
-                    timeout = timeout.max(Duration::from_millis(ms));
+                    // The component whose wait runs out first leads: the timeout's
+                    // message names it.
+                    let wait = Duration::from_millis(ms);
+                    if wait < timeout {
+                        timeout = wait;
+                        waits.insert(0, self.slots[i].label());
+                    } else {
+                        waits.push(self.slots[i].label());
+                    }
                 }
             }
         }

@@ -823,7 +823,8 @@ impl Framework {
         }
     }
 
-    /// Permit of each plugin with one: the first denial, else the longest wait.
+    /// Permit of each plugin with one: the first denial, else the shortest wait (the
+    /// pod is given up when the first plugin's wait runs out, as kube-scheduler does).
     pub fn permit(&mut self, node: NodeId) -> Permit {
         let (Some(pod), Some(info)) = (&self.pod, self.cluster.node(node)) else {
             return Permit::Deny(Status::error("permit outside a cycle"));
@@ -839,7 +840,7 @@ impl Framework {
                 Permit::Deny(status) => return Permit::Deny(status),
                 Permit::Wait(ms) => {
                     waits.push(i);
-                    if !matches!(verdict, Permit::Wait(w) if w >= ms) {
+                    if !matches!(verdict, Permit::Wait(w) if w <= ms) {
                         verdict = Permit::Wait(ms);
                     }
                 }
