@@ -222,12 +222,31 @@ async fn nodes_join_with_bootstrap_tokens_and_signed_requests() -> Result<()> {
             r#"{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                "metadata": {"name": "csr-approver"},
                "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list"]},
-                         {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"], "verbs": ["update"]},
+                         {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval", "certificatesigningrequests/status"], "verbs": ["get", "update", "patch"]},
                          {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["kubernetes.io/*"], "verbs": ["approve"]}]}"#,
         )
         .await?;
     approver.ok(&["certificate", "approve", "jane"]).await?;
     let der = issued(&csrs, "jane").await?;
+    // Writing a certificate takes `sign` on the signer, which the approver lacks.
+    let refused = approver
+        .err(
+            &[
+                "patch",
+                "csr",
+                "jane",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status": {"certificate": "Zm9v"}}"#,
+            ],
+            None,
+        )
+        .await?;
+    ensure!(
+        refused.contains("not permitted to sign requests with signerName"),
+        "{refused}"
+    );
     verify_client_cert(&cluster, &der)?;
     let user = trellis_apiserver::server::tls::identity_from_cert(&der).context("subject")?;
     ensure!(user.name == "jane", "{user:?}");

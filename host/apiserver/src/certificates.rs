@@ -383,12 +383,14 @@ async fn write(
     }
 }
 
-/// Whether the user may approve or deny requests of the stored CSR's signer: the
-/// `approve` verb on `certificates.k8s.io` `signers`, named for the signer or for
-/// all of its domain (`example.com/*`), as Kubernetes' CSR approval admission asks.
-pub async fn authorize_approval(
+/// Whether the user may `verb` requests of the stored CSR's signer: `approve` (to
+/// approve or deny them) or `sign` (to write their status) on `certificates.k8s.io`
+/// `signers`, named for the signer or for all of its domain (`example.com/*`), as
+/// Kubernetes' CSR approval and signing admission ask.
+pub async fn authorize_signer(
     state: &crate::state::AppState,
     req: &crate::endpoints::request::ApiRequest,
+    verb: &str,
 ) -> Result<(), trellis_api::ApiError> {
     let name = req.name()?;
     let (csr, _) = crate::registry::read(state, &req.resource, None, name)
@@ -406,7 +408,7 @@ pub async fn authorize_approval(
         .unwrap_or_default();
     for signer_name in [signer.as_str(), domain_wide.as_str()] {
         let attrs = crate::authorization::rbac::Attributes {
-            verb: "approve",
+            verb,
             group: "certificates.k8s.io",
             resource: "signers",
             namespace: "",
@@ -423,6 +425,6 @@ pub async fn authorize_approval(
         "certificates.k8s.io",
         "certificatesigningrequests",
         name,
-        &format!("user not permitted to approve requests with signerName {signer:?}"),
+        &format!("user not permitted to {verb} requests with signerName {signer:?}"),
     ))
 }

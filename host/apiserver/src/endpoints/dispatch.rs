@@ -467,7 +467,15 @@ async fn handle(
         }
         ("create", None) if req.name.is_none() => registry::create(&state, &req, body).await,
         ("update" | "patch", Some(Subresource::Approval))
-            if let Err(e) = crate::certificates::authorize_approval(&state, &req).await =>
+            if let Err(e) =
+                crate::certificates::authorize_signer(&state, &req, "approve").await =>
+        {
+            Err(e.into())
+        }
+        ("update" | "patch", Some(Subresource::Status))
+            if registry::certificates::is_csr(&req.resource)
+                && let Err(e) =
+                    crate::certificates::authorize_signer(&state, &req, "sign").await =>
         {
             Err(e.into())
         }
