@@ -203,7 +203,7 @@ pub async fn credentials(
         );
     };
     let ca_der = discover_ca(server, hash).await?;
-    let ca_pem = pem_encode_cert(&ca_der);
+    let ca_pem = pki::pem_encode("CERTIFICATE", &ca_der);
     info!(%server, "the server presents the pinned CA; requesting a certificate");
     let bootstrap =
         kubeconfig::token_kubeconfig(server, &ca_pem, "tls-bootstrap-token-user", token);
@@ -225,17 +225,6 @@ pub async fn credentials(
     files.store(&creds, node_name)?;
     info!(kubeconfig = %files.kubeconfig.display(), "joined");
     Ok(creds)
-}
-
-fn pem_encode_cert(der: &[u8]) -> String {
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in body.as_bytes().chunks(64) {
-        pem.push_str(&String::from_utf8_lossy(line));
-        pem.push('\n');
-    }
-    pem.push_str("-----END CERTIFICATE-----\n");
-    pem
 }
 
 /// Submits a CSR for the node's client certificate through `client` and waits until

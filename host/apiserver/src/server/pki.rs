@@ -762,7 +762,8 @@ fn der_name(common_name: &str, organizations: &[String]) -> Vec<u8> {
     der::tlv(der::SEQUENCE, &rdns)
 }
 
-fn pem_encode(label: &str, der: &[u8]) -> String {
+/// DER as PEM under `label` (`CERTIFICATE`), 64 columns.
+pub fn pem_encode(label: &str, der: &[u8]) -> String {
     let body = base64::engine::general_purpose::STANDARD.encode(der);
     let mut pem = format!("-----BEGIN {label}-----\n");
     // Base64 output is ASCII, so splitting bytes never splits a character.
