@@ -511,9 +511,14 @@ async fn informers_resume_after_the_server_restarts() -> Result<()> {
     ensure!(matches!(next(&mut changes).await?, Change::Added(_)));
 
     // Elsewhere in the store: the informer's revision falls behind, then out of history.
+    // Two writes, so that the revision after the informer's is itself compacted away:
+    // a watch from the compacted revision on is still served, as etcd serves it.
     let others: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let latest = others
+    others
         .create(&PostParams::default(), &cm("elsewhere")?)
+        .await?;
+    let latest = others
+        .create(&PostParams::default(), &cm("elsewhere-too")?)
         .await?;
     let revision: u64 = latest
         .metadata
