@@ -13,10 +13,13 @@ directory of its own and its own ports, on loopback:
 - with two API servers on etcd, a token made through one joins a node through the
   other."""
 
+import base64
+import calendar
 import re
 import shlex
 import stat
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -35,6 +38,16 @@ def kubectl(data_dir, *args, check=True):
     if check:
         assert result.returncode == 0, result.stderr
     return result
+
+
+def not_after(certificate):
+    """When a CSR's issued certificate (base64 PEM, as the client returns it) expires,
+    in Unix seconds."""
+    pem = base64.b64decode(certificate)
+    out = subprocess.run(["openssl", "x509", "-noout", "-enddate"], input=pem, capture_output=True,
+                         check=True, timeout=10).stdout.decode()
+    stamp = out.strip().removeprefix("notAfter=")
+    return calendar.timegm(time.strptime(stamp, "%b %d %H:%M:%S %Y %Z"))
 
 
 def join_command(data_dir):
@@ -156,14 +169,17 @@ spec:
 
 def test_a_node_rotates_its_certificate_before_it_expires():
     """With the signer's certificates cut to 6 s, the node asks for a new one at
-    70–90 % of its lifetime, authenticated as itself, and stays Ready on it."""
+    70–90 % of its lifetime, authenticated as itself, and stays Ready on it. Once its
+    first certificate has expired it still runs a pod and reports it: the server
+    refuses an expired certificate on a connection that outlived it, so the node must
+    have moved its connections to the new one."""
     with own_server("trellis-rotate-", "--csr-signing-duration", "6", "--csr-min-duration", "5") as (api, data_dir):
         join = join_command(data_dir)
         node_dir = data_dir / "rotor"
         with open(data_dir / "rotor.log", "wb") as log:
             proc = subprocess.Popen(
                 [str(trellis_binary()), "node", *join, "--data-dir", str(node_dir), "--node-name", "rotor",
-                 "--node-port", "0"],
+                 "--node-port", "0", "--process-handler", "true"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             certificates = client.CertificatesV1Api(api)
@@ -177,6 +193,28 @@ def test_a_node_rotates_its_certificate_before_it_expires():
             nodes = wait_for(client.CoreV1Api(api).list_node, lambda items: "rotor" in items, timeout=10)
             conditions = {c.type: c.status for c in nodes["rotor"].status.conditions}
             assert conditions.get("Ready") == "True", conditions
+            first = min((c for c in renewed.values() if c.spec.username.startswith("system:bootstrap:")),
+                        key=lambda c: c.metadata.creation_timestamp)
+            # Waiting for a certificate to expire is waiting on the clock itself.
+            time.sleep(max(0.0, not_after(first.status.certificate) + 1 - time.time()))
+            manifest = """
+apiVersion: v1
+kind: Pod
+metadata: {name: rotor-sleeper}
+spec:
+  nodeName: rotor
+  runtimeClassName: process
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: file:///bin/sleep
+    args: ["300"]
+"""
+            subprocess.run(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"), "apply", "-f", "-"],
+                           input=manifest, text=True, check=True, capture_output=True)
+            wait_for(client.CoreV1Api(api).list_namespaced_pod,
+                     lambda items: "rotor-sleeper" in items and items["rotor-sleeper"].status.phase == "Running",
+                     timeout=30, namespace="default")
         finally:
             proc.terminate()
             try:

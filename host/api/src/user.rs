@@ -16,7 +16,33 @@ pub struct UserInfo {
 /// in-process client was made for. Extensions never cross the wire, so a remote
 /// client can only get one from its certificate.
 #[derive(Clone, Debug, Default)]
-pub struct Peer(pub Option<UserInfo>);
+pub struct Peer {
+    pub user: Option<UserInfo>,
+    /// When the certificate that proved `user` expires, in Unix seconds; `None` for an
+    /// in-process client. A connection outlives the handshake that checked its
+    /// certificate, so each request checks this again, as Kubernetes' x509
+    /// authenticator verifies the certificate on every request.
+    pub not_after: Option<i64>,
+}
+
+impl Peer {
+    /// An in-process client's identity, which does not expire.
+    pub fn in_process(user: UserInfo) -> Self {
+        Self {
+            user: Some(user),
+            not_after: None,
+        }
+    }
+
+    /// The user this peer is at `now` (Unix seconds): none once its certificate has
+    /// expired.
+    pub fn user_at(&self, now: i64) -> Option<&UserInfo> {
+        match self.not_after {
+            Some(not_after) if now > not_after => None,
+            _ => self.user.as_ref(),
+        }
+    }
+}
 
 impl UserInfo {
     pub fn new(

@@ -94,7 +94,7 @@ impl InProcess {
     /// authenticates each of its requests as that user and nothing else.
     pub fn client(&self, user: UserInfo) -> kube::Client {
         let router = self.router.clone();
-        let peer = Peer(Some(user));
+        let peer = Peer::in_process(user);
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
             let router = router.clone();
             let peer = peer.clone();

@@ -12,10 +12,15 @@
 //!    and used from then on, also by the next start.
 //! 3. Rotation: when 70–90 % (jittered) of the certificate's lifetime has passed, a new
 //!    request is sent with the current certificate; the new one is written and handed
-//!    to the client, whose new connections present it.
+//!    to the client, and every connection opened before is closed, as the kubelet
+//!    closes its connections after a rotation: a connection keeps the certificate
+//!    of its handshake, which the server refuses once it expires.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail, ensure};
@@ -442,22 +447,26 @@ impl ServerCertVerifier for PinnedCa {
 }
 
 /// The node's client certificate, replaced in place when it rotates: connections
-/// opened after a rotation present the new one.
+/// opened after a rotation present the new one, and those opened before are closed.
 #[derive(Debug)]
 pub struct Identity {
     current: RwLock<Arc<CertifiedKey>>,
+    /// Counts rotations; a connection ends when it changes.
+    generation: watch::Sender<u64>,
 }
 
 impl Identity {
     fn new(creds: &Credentials) -> anyhow::Result<Self> {
         Ok(Self {
             current: RwLock::new(Arc::new(certified_key(creds)?)),
+            generation: watch::Sender::new(0),
         })
     }
 
     fn replace(&self, creds: &Credentials) -> anyhow::Result<()> {
         let key = Arc::new(certified_key(creds)?);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = key;
+        self.generation.send_modify(|g| *g += 1);
         Ok(())
     }
 }
@@ -504,11 +513,14 @@ pub fn client(creds: &Credentials, identity: Arc<Identity>) -> anyhow::Result<ku
             .add(ca.context("parse the cluster CA")?)
             .context("trust the cluster CA")?;
     }
-    let tls = rustls::ClientConfig::builder_with_provider(provider())
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .context("select TLS protocol versions")?
         .with_root_certificates(roots)
-        .with_client_cert_resolver(identity);
+        .with_client_cert_resolver(identity.clone());
+    // A resumed session keeps the certificate of the handshake it resumes: after a
+    // rotation that would be the old one again.
+    tls.resumption = rustls::client::Resumption::disabled();
     let url: hyper::Uri = creds
         .server
         .parse()
@@ -518,11 +530,16 @@ pub fn client(creds: &Credentials, identity: Arc<Identity>) -> anyhow::Result<ku
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
+    let generation = identity.generation.subscribe();
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
         .enable_all_versions()
         .wrap_connector(http);
+    let https = ClosedOnRotation {
+        inner: https,
+        generation,
+    };
     let hyper: hyper_util::client::legacy::Client<_, kube::client::Body> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .timer(hyper_util::rt::TokioTimer::new())
@@ -626,6 +643,129 @@ async fn rotate(
                 retry = (retry * 2).min(Duration::from_secs(60));
             }
         }
+    }
+}
+
+/// A connector whose connections end when the node's certificate rotates.
+#[derive(Clone)]
+struct ClosedOnRotation<C> {
+    inner: C,
+    generation: watch::Receiver<u64>,
+}
+
+impl<C> tower::Service<hyper::Uri> for ClosedOnRotation<C>
+where
+    C: tower::Service<hyper::Uri>,
+    C::Future: Send + 'static,
+    C::Response: Send + 'static,
+{
+    type Response = ClosedOnRotationIo<C::Response>;
+    type Error = C::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, C::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), C::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: hyper::Uri) -> Self::Future {
+        // The generation before the handshake: a rotation during it closes the
+        // connection, whichever certificate it presented.
+        let mut generation = self.generation.clone();
+        generation.mark_unchanged();
+        let connecting = self.inner.call(uri);
+        Box::pin(async move {
+            let io = connecting.await?;
+            let rotated = Box::pin(async move {
+                if generation.changed().await.is_err() {
+                    // The identity is gone, and with it any rotation.
+                    std::future::pending::<()>().await;
+                }
+            });
+            Ok(ClosedOnRotationIo {
+                io,
+                rotated,
+                closed: false,
+            })
+        })
+    }
+}
+
+/// A connection that fails its reads and writes once the certificate has rotated, so
+/// that the client's pool drops it and opens a new one with the new certificate.
+struct ClosedOnRotationIo<T> {
+    io: T,
+    rotated: Pin<Box<dyn Future<Output = ()> + Send>>,
+    closed: bool,
+}
+
+impl<T> ClosedOnRotationIo<T> {
+    /// Polled on every read, so an idle connection (whose task waits in a read) is
+    /// woken and ended by a rotation too.
+    fn check(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
+        if !self.closed && self.rotated.as_mut().poll(cx).is_ready() {
+            self.closed = true;
+        }
+        if self.closed {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "closed: the node's certificate rotated",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for ClosedOnRotationIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        this.check(cx)?;
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for ClosedOnRotationIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        this.check(cx)?;
+        Pin::new(&mut this.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        this.check(cx)?;
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl<T: hyper_util::client::legacy::connect::Connection>
+    hyper_util::client::legacy::connect::Connection for ClosedOnRotationIo<T>
+{
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        self.io.connected()
     }
 }
 

@@ -28,8 +28,9 @@ pub async fn authenticate(
     headers: &HeaderMap,
 ) -> Result<UserInfo, ApiError> {
     // As kube-apiserver's union of authenticators: a verified client certificate
-    // first, then a bearer token (a ServiceAccount token, or one of tokens.csv).
-    if let Some(user) = &peer.0 {
+    // first, then a bearer token (a ServiceAccount token, or one of tokens.csv). A
+    // certificate that has expired since the handshake authenticates no one.
+    if let Some(user) = peer.user_at(jiff::Timestamp::now().as_second()) {
         return Ok(user.clone());
     }
     let auth = headers

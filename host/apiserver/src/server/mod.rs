@@ -23,7 +23,6 @@ use crate::admission::Chains;
 use crate::admission::plugins::{
     PluginAdmission, PluginInitializers, PluginManager, PluginsConfig,
 };
-use crate::authentication::Peer;
 use crate::authentication::tokens;
 use crate::endpoints::dispatch::router;
 use crate::observability::audit::AuditConfig;
@@ -365,8 +364,9 @@ pub async fn start(
                     .1
                     .peer_certificates()
                     .and_then(|certs| certs.first())
-                    .and_then(|cert| tls::identity_from_cert(cert));
-                connection::serve(tls, app, Peer(peer), &settings, stop, remote, stalled).await;
+                    .map(|cert| tls::peer_from_cert(cert))
+                    .unwrap_or_default();
+                connection::serve(tls, app, peer, &settings, stop, remote, stalled).await;
             });
         }
         drop(listener);

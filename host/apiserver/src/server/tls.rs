@@ -15,6 +15,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use trellis_api::UserInfo;
+use trellis_api::user::Peer;
 
 use crate::server::pki::Pki;
 
@@ -67,6 +68,22 @@ pub fn server_config(pki: &Pki) -> anyhow::Result<Arc<rustls::ServerConfig>> {
 /// `ServerConnection::peer_certificates`): it checks no signature.
 pub fn identity_from_cert(der: &[u8]) -> Option<UserInfo> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    identity(&cert)
+}
+
+/// What a connection's verified client certificate proves: its user (see
+/// [`identity_from_cert`]) until the certificate expires.
+pub fn peer_from_cert(der: &[u8]) -> Peer {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return Peer::default();
+    };
+    Peer {
+        user: identity(&cert),
+        not_after: Some(cert.validity().not_after.timestamp()),
+    }
+}
+
+fn identity(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<UserInfo> {
     let subject = cert.subject();
     // Go's pkix.Name keeps the last common name when there are several; so do we, so
     // that a certificate names the same user here as in Kubernetes.
@@ -272,5 +289,26 @@ mod tests {
             .push(rcgen::DnType::CommonName, "");
         let empty_cn = params.self_signed(&key).unwrap();
         assert_eq!(identity_from_cert(empty_cn.der()), None);
+    }
+
+    #[test]
+    fn a_peer_is_its_certificates_user_until_the_certificate_expires() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::load_or_create(dir.path(), &[]).unwrap();
+        let (cert_pem, _) = pki
+            .issue_client_cert("system:node:n1", &["system:nodes"], 1)
+            .unwrap();
+        let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
+        let peer = peer_from_cert(&der);
+        let (_, not_after) = crate::server::pki::cert_validity(&cert_pem).unwrap();
+        assert_eq!(peer.not_after, Some(not_after));
+        let user = UserInfo::new("system:node:n1", ["system:nodes"]);
+        assert_eq!(peer.user_at(not_after), Some(&user));
+        assert_eq!(peer.user_at(not_after + 1), None);
+        assert_eq!(
+            Peer::in_process(user.clone()).user_at(i64::MAX),
+            Some(&user)
+        );
+        assert!(peer_from_cert(b"not a certificate").user.is_none());
     }
 }
