@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::watch;
@@ -262,6 +262,23 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         log.contains(" stdout F hello from wasm\n") && log.contains(" stderr F to stderr\n"),
         "{log}"
     );
+    // A copy of the pod that says it runs (as the watch can bring one from before the
+    // terminal status): the agent starts nothing again and puts its status back.
+    let rewound = api
+        .patch_status(
+            "hello",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await?;
+    let rewound_rv = rewound.metadata.resource_version.clone();
+    wait_pod(&pods, "hello", Duration::from_secs(10), |p| {
+        phase(p) == "Succeeded" && p.metadata.resource_version != rewound_rv
+    })
+    .await
+    .context("the agent did not put the terminal status back")?;
+    let again = log_of(root, &pod, "main", 0)?;
+    ensure!(again == log, "the finished pod ran again:\n{again}");
     // The same through the API server and the node's log endpoint, with kubectl.
     let kubectl = cluster.admin();
     // Both streams, whole lines; their order across streams is the runtime's (as

@@ -70,6 +70,7 @@ pub async fn run(
         uid,
         backoff: HashMap::new(),
         reported: None,
+        finished: None,
         start_time: None,
         prober: Prober::default(),
     };
@@ -121,6 +122,9 @@ struct Worker {
     backoff: HashMap<String, Backoff>,
     /// The status last written, so an unchanged one is not written again.
     reported: Option<Value>,
+    /// The terminal status this worker found the pod in: from then on nothing of the
+    /// pod runs again, whatever copy of the pod comes next.
+    finished: Option<Value>,
     start_time: Option<Time>,
     prober: Prober,
 }
@@ -157,6 +161,18 @@ impl Worker {
         if matches!(phase, "Succeeded" | "Failed") {
             // Nothing of a finished pod runs again; its sandbox is released.
             self.stop_sandboxes(Some(pod), 0, false).await;
+            return Step::Wait(None);
+        }
+        if let Some(status) = self.finished.clone() {
+            // The pod ended here, but this copy says it runs: one the watch brought
+            // before the terminal status came back (or a status someone wrote). Its
+            // containers must not start again, as the kubelet never restarts a
+            // finished pod; the terminal status is written again, as the kubelet's
+            // status manager puts back what it knows.
+            self.reported = None;
+            if !self.write_status(pod, status).await {
+                return Step::Wait(Some(Instant::now() + STATUS_RETRY));
+            }
             return Step::Wait(None);
         }
         match self.sync_running(pod).await {
@@ -411,6 +427,9 @@ impl Worker {
             "initContainerStatuses": (!init.is_empty()).then(|| status::container_statuses(&init, &self.ctx.runtime_name)),
             "containerStatuses": status::container_statuses(&main, &self.ctx.runtime_name),
         });
+        if terminal {
+            self.finished = Some(status.clone());
+        }
         if !self.write_status(pod, status).await {
             soonest(Instant::now() + STATUS_RETRY);
         }
