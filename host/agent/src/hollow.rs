@@ -152,7 +152,7 @@ impl HollowNodes {
         self.runtimes().iter().map(|r| r.container_count()).sum()
     }
 
-    /// Waits until every node has stopped.
+    /// Waits until every node has stopped: an error names the nodes that failed.
     pub async fn wait(self) -> anyhow::Result<()> {
         self.task
             .await
@@ -172,6 +172,7 @@ async fn run_nodes(
     let (_dispatch, feeds) = PodDispatch::start(pods, &names);
     let permits = Arc::new(Semaphore::new(config.registering.max(1)));
     let mut nodes = JoinSet::new();
+    let mut failed = Vec::new();
     info!(nodes = config.count, prefix = %config.prefix, "hollow nodes starting");
     for (i, (name, feed)) in names.into_iter().zip(feeds).enumerate() {
         let permit = tokio::select! {
@@ -188,9 +189,14 @@ async fn run_nodes(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(runtime.clone());
-        let cri = fake::connect(runtime)
-            .await
-            .map_err(|e| anyhow::anyhow!("connect to the fake runtime of {name}: {e}"))?;
+        let cri = match fake::connect(runtime).await {
+            Ok(cri) => cri,
+            Err(e) => {
+                warn!(node = %name, error = %e, "cannot connect to the node's fake runtime");
+                failed.push(format!("{name}: connect to its fake runtime: {e}"));
+                continue;
+            }
+        };
         let mut agent = AgentConfig::new(&name, ip, config.root.clone());
         agent.lease_renew = config.lease_renew;
         // Node i renews i/N of a period later than node 0.
@@ -223,13 +229,25 @@ async fn run_nodes(
                     run.await
                 }
             };
-            if let Err(e) = result {
+            result.map_err(|e| {
                 warn!(node = %name, error = %format!("{e:#}"), "failed to run a hollow node");
-            }
+                format!("{name}: {e:#}")
+            })
         });
     }
-    while nodes.join_next().await.is_some() {}
-    Ok(())
+    while let Some(ended) = nodes.join_next().await {
+        match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed.push(e),
+            Err(e) => failed.push(format!("a node's task: {e}")),
+        }
+    }
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let count = failed.len();
+    failed.truncate(3);
+    anyhow::bail!("{count} hollow node(s) failed: {}", failed.join("; "))
 }
 
 #[cfg(test)]
