@@ -38,8 +38,14 @@ pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
 const DEFAULT_GRACE: i64 = 30;
 
 /// How soon a pod status write that failed is tried again (the server's in-flight limit
-/// answers 429 under a burst; kube-rs, unlike client-go, does not retry by itself).
+/// answers 429 under a burst; kube-rs, unlike client-go, does not retry by itself): this
+/// to twice this, so that the pods a burst throttled do not all come back at once.
 const STATUS_RETRY: Duration = Duration::from_millis(200);
+
+/// When a pod status write that failed now is tried again.
+fn status_retry() -> Instant {
+    Instant::now() + STATUS_RETRY.mul_f64(1.0 + rand::random::<f64>())
+}
 
 /// What a sync leaves the worker to do.
 enum Step {
@@ -171,7 +177,7 @@ impl Worker {
             // status manager puts back what it knows.
             self.reported = None;
             if !self.write_status(pod, status).await {
-                return Step::Wait(Some(Instant::now() + STATUS_RETRY));
+                return Step::Wait(Some(status_retry()));
             }
             return Step::Wait(None);
         }
@@ -223,7 +229,7 @@ impl Worker {
                 let written = self
                     .write_failed(pod, "RuntimeClassNotFound", &message)
                     .await;
-                return Ok((!written).then(|| Instant::now() + STATUS_RETRY));
+                return Ok((!written).then(status_retry));
             }
         };
         if !self.ctx.config.handlers.contains(&handler) {
@@ -235,7 +241,7 @@ impl Worker {
             let written = self
                 .write_failed(pod, "UnsupportedRuntimeHandler", &message)
                 .await;
-            return Ok((!written).then(|| Instant::now() + STATUS_RETRY));
+            return Ok((!written).then(status_retry));
         }
         if self.start_time.is_none() {
             self.start_time = pod
@@ -431,7 +437,7 @@ impl Worker {
             self.finished = Some(status.clone());
         }
         if !self.write_status(pod, status).await {
-            soonest(Instant::now() + STATUS_RETRY);
+            soonest(status_retry());
         }
         if terminal {
             self.stop_sandboxes(Some(pod), 0, false).await;
