@@ -1,15 +1,16 @@
 """Joining nodes as kubeadm does: a `trellis server`, a bootstrap token from
-`trellis token create`, and two `trellis node` processes started with the join command
+`trellis token create`, and three `trellis node` processes started with the join command
 it prints (`--server`, `--token`, `--discovery-token-ca-cert-hash`), each with a data
 directory of its own and its own ports, on loopback:
 
-- both nodes become Ready, under the names their certificates carry;
+- all three nodes become Ready, under the names their certificates carry;
 - `kubectl get csr` shows their requests, made by the token's user, approved and issued;
 - each node kept its credentials in `DATA_DIR/node.kubeconfig`, readable by its owner
   alone;
 - a node given another CA's hash refuses to join, and says why;
 - a pod bound to a joined node runs there;
-- a node renews its certificate, as itself, before it expires;
+- a node renews its certificate, as itself, before it expires, and once the first has
+  expired still runs a pod, over connections that present the new one;
 - with two API servers on etcd, a token made through one joins a node through the
   other."""
 
@@ -29,7 +30,7 @@ from conftest import own_server, trellis_binary
 from test_components import two_servers_on_etcd  # noqa: F401 (a fixture)
 from test_controller_plugins import wait_for
 
-NODES = ["join-a", "join-b"]
+NODES = ["join-a", "join-b", "join-c"]
 
 
 def kubectl(data_dir, *args, check=True):
