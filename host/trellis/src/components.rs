@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use crate::flags::seconds;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -131,11 +132,6 @@ pub struct ControllerArgs {
     /// failures) are copied into their status.
     #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = seconds)]
     pub plugin_status_interval: Duration,
-}
-
-fn seconds(s: &str) -> Result<Duration, String> {
-    let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// This machine's name, as events and leases name their source.

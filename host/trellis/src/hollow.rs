@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::flags::seconds;
 use anyhow::Context as _;
 use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
@@ -40,11 +41,6 @@ pub struct HollowFlags {
     /// down.
     #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = seconds)]
     pub hollow_relist_period: Duration,
-}
-
-fn seconds(s: &str) -> Result<Duration, String> {
-    let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
 }
 
 impl HollowFlags {

@@ -241,7 +241,7 @@ async fn request_certificate(
 ) -> anyhow::Result<(String, String)> {
     let (key_pem, request_pem) = pki::node_client_request(node_name)?;
     let api: Api<CertificateSigningRequest> = Api::all(client);
-    let name = format!("node-csr-{}", random_suffix());
+    let name = format!("node-csr-{}", crate::token::random_chars(8));
     let csr: CertificateSigningRequest = serde_json::from_value(serde_json::json!({
         "apiVersion": "certificates.k8s.io/v1",
         "kind": "CertificateSigningRequest",
@@ -288,15 +288,6 @@ async fn request_certificate(
         .map(|c| format!("{}: {}", c.type_, c.message.clone().unwrap_or_default()))
         .unwrap_or_default();
     bail!("CertificateSigningRequest {name} was not signed ({why})")
-}
-
-fn random_suffix() -> String {
-    use rand::Rng as _;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    (0..8)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect()
 }
 
 /// The CA of the server at `url`, found in the chain it presents by `hash`, once its

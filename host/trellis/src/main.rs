@@ -26,6 +26,7 @@
 
 mod bench;
 mod components;
+mod flags;
 mod hollow;
 mod join;
 mod node;

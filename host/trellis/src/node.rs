@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::flags::seconds;
 use anyhow::Context as _;
 use clap::Args;
 use tokio::sync::watch;
@@ -57,11 +58,6 @@ pub struct NodeFlags {
     /// ... up to this.
     #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
     pub restart_backoff_max: Duration,
-}
-
-fn seconds(s: &str) -> Result<Duration, String> {
-    let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// `trellis node`: joins a cluster and runs its pods.

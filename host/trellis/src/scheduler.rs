@@ -13,6 +13,7 @@ use trellis_plugin_host::{HostConfig, PluginHost, PluginKind, PluginSpec};
 use trellis_scheduler::{Component as PluginComponent, QueueSettings, SchedulerConfig};
 
 use crate::components::{Component, ComponentArgs, Shared, run_remote};
+use crate::flags::seconds;
 
 /// `trellis scheduler`: the component's flags and the framework's settings.
 #[derive(Debug, Args)]
@@ -49,11 +50,6 @@ pub struct SchedulerFlags {
     /// again anyway.
     #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
     pub pod_unschedulable_timeout: Duration,
-}
-
-fn seconds(s: &str) -> Result<Duration, String> {
-    let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// What the scheduler runs with.

@@ -74,7 +74,7 @@ fn default_kubeconfig() -> anyhow::Result<PathBuf> {
 }
 
 /// A random string of `n` characters of `[a-z0-9]`.
-fn random_chars(n: usize) -> String {
+pub(crate) fn random_chars(n: usize) -> String {
     use rand::Rng as _;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();

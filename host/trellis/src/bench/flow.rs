@@ -29,6 +29,7 @@ use trellis_client::informer::Change;
 
 use super::Percentiles;
 use super::api::LocalCluster;
+use crate::flags::seconds;
 
 #[derive(Debug, Args)]
 pub struct FlowArgs {
@@ -83,11 +84,6 @@ pub struct FlowArgs {
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
-}
-
-fn seconds(s: &str) -> Result<Duration, String> {
-    let value: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    Duration::try_from_secs_f64(value).map_err(|e| format!("{s:?}: {e}"))
 }
 
 #[derive(Debug, Serialize)]
