@@ -264,7 +264,7 @@ async fn handle(
     }
     let _admitted = state
         .inflight
-        .admit(&user, mutating_method(&method), long_running)
+        .admit(&user, uri.path(), mutating_method(&method), long_running)
         .inspect_err(|_| state.metrics.rejected(&lock(info).labels))?;
     let decoded: Vec<std::borrow::Cow<'_, str>> = uri
         .path()
