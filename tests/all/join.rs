@@ -300,3 +300,61 @@ async fn nodes_join_with_bootstrap_tokens_and_signed_requests() -> Result<()> {
     }
     cluster.stop().await
 }
+
+/// The cleaner deletes requests done with, as kube-controller-manager's `csrcleaner`
+/// (its hours cut to seconds here): a denied request once its denial is old, one
+/// nobody decided once it is old itself. (`certificates::tests` holds the rules.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_done_with_are_cleaned_up() -> Result<()> {
+    use futures::StreamExt as _;
+    use kube::runtime::watcher;
+
+    let cluster = TestCluster::builder()
+        .with_csr_cleaning(trellis_apiserver::certificates::Cleaning {
+            interval: std::time::Duration::from_millis(200),
+            decided: std::time::Duration::from_secs(1),
+            pending: std::time::Duration::from_secs(2),
+        })
+        .start()
+        .await?;
+    let admin = cluster.kube_admin().await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin);
+    let mut changes = watcher(csrs.clone(), watcher::Config::default()).boxed();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    for name in ["denied", "undecided"] {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let request = params.serialize_request(&key)?.pem()?;
+        cluster
+            .admin()
+            .ok_stdin(
+                &["create", "-f", "-"],
+                &csr_yaml(name, &request, "kubernetes.io/kube-apiserver-client"),
+            )
+            .await?;
+    }
+    cluster
+        .admin()
+        .ok(&["certificate", "deny", "denied"])
+        .await?;
+    let both_gone = async {
+        let mut gone = Vec::new();
+        while gone.len() < 2 {
+            match changes.next().await {
+                Some(Ok(watcher::Event::Delete(csr))) => gone.extend(csr.metadata.name),
+                Some(_) => {}
+                None => anyhow::bail!("the watch ended"),
+            }
+        }
+        gone.sort();
+        anyhow::Ok(gone)
+    };
+    let gone = tokio::time::timeout(std::time::Duration::from_secs(20), both_gone)
+        .await
+        .context("the requests were not cleaned up within 20 s")??;
+    ensure!(gone == ["denied", "undecided"], "{gone:?}");
+    cluster.stop().await
+}

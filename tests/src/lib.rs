@@ -126,9 +126,21 @@ pub struct TestClusterBuilder {
     watch_cache_events: Option<usize>,
     /// Leaves namespaces marked for deletion to a controller outside the server.
     no_namespace_controller: bool,
+    /// When CertificateSigningRequests done with are deleted, instead of Kubernetes'
+    /// hours.
+    csr_cleaning: Option<trellis_apiserver::certificates::Cleaning>,
 }
 
 impl TestClusterBuilder {
+    /// When CertificateSigningRequests done with are deleted.
+    pub fn with_csr_cleaning(
+        mut self,
+        cleaning: trellis_apiserver::certificates::Cleaning,
+    ) -> Self {
+        self.csr_cleaning = Some(cleaning);
+        self
+    }
+
     /// A bearer token for `user` in `groups`, written to `tokens.csv` before the
     /// server first starts (it creates the file only when it is missing).
     pub fn with_token(mut self, token: &str, user: &str, groups: &[&str]) -> Self {
@@ -230,6 +242,9 @@ impl TestClusterBuilder {
             config.watch_cache_events = events;
         }
         config.namespace_controller = !self.no_namespace_controller;
+        if let Some(cleaning) = self.csr_cleaning {
+            config.csr_cleaning = cleaning;
+        }
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, dyn_store, async move {
             // A send or a drop of the sender: either way, stop.

@@ -14,6 +14,12 @@
 //!   valid for `spec.expirationSeconds` clamped to [`Signing`]'s bounds; a request the
 //!   signer refuses gets a `Failed` condition. Denied and failed requests stay unsigned.
 //!
+//! - Cleaning (kube-controller-manager's `csrcleaner`): every [`Cleaning::interval`] the
+//!   requests done with are deleted: approved, denied or failed ones an hour after
+//!   their condition was last updated, those whose certificate has expired, and
+//!   pending ones a day after they were made. A node that rotates its certificate
+//!   leaves one request per rotation; without this they would pile up.
+//!
 //! It follows the watch cache: after each change to a CSR it looks at every CSR again
 //! (there are few, and each is acted on once).
 
@@ -55,19 +61,44 @@ impl Default for Signing {
     }
 }
 
+/// When requests done with are deleted; Kubernetes' `csrcleaner` constants by default,
+/// shorter in tests.
+#[derive(Clone, Debug)]
+pub struct Cleaning {
+    /// How often the requests are looked at (an hour).
+    pub interval: Duration,
+    /// How long an approved, denied or failed request stays after its condition was
+    /// last updated (an hour).
+    pub decided: Duration,
+    /// How long a request nobody decided stays after it was made (a day).
+    pub pending: Duration,
+}
+
+impl Default for Cleaning {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(3600),
+            decided: Duration::from_secs(3600),
+            pending: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
 /// The user the approver's and signer's writes are recorded as.
 const MANAGER: &str = "certificate-controller";
 const NODES_GROUP: &str = trellis_api::user::groups::NODES;
 /// How long to wait before looking again after the cache could not be followed.
 const RETRY: Duration = Duration::from_millis(200);
 
-/// Starts the approver and signer; it stops with `stop`.
+/// Starts the approver and signer, and the cleaner; they stop with `stop`.
 pub fn start(
     state: Arc<AppState>,
     pki: Arc<Pki>,
     signing: Signing,
+    cleaning: Cleaning,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(clean(state.clone(), cleaning, stop.clone()));
     tokio::spawn(async move {
         let Ok(res) = state.resource("certificates.k8s.io", "v1", "certificatesigningrequests")
         else {
@@ -102,6 +133,97 @@ pub fn start(
             }
         }
     })
+}
+
+/// The cleaner: deletes, every `cleaning.interval`, the requests [`expired`] says are
+/// done with. Every API server on a store runs it; a request another deleted first is
+/// not found, which is fine.
+async fn clean(
+    state: Arc<AppState>,
+    cleaning: Cleaning,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let Ok(res) = state.resource("certificates.k8s.io", "v1", "certificatesigningrequests") else {
+        return;
+    };
+    let prefix = res.prefix();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(cleaning.interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let now = jiff::Timestamp::now();
+        for csr in &state.cache.list(&prefix).objects {
+            let Some(why) = expired(csr, &cleaning, now) else {
+                continue;
+            };
+            let name = object::name(csr).unwrap_or_default().to_owned();
+            let params = crate::registry::delete::DeleteParams {
+                uid: object::meta_str(csr, "uid").map(str::to_owned),
+                ..Default::default()
+            };
+            let req = internal_request(&res, "delete", Some(&name), None);
+            match crate::registry::delete_one(&state, &req, &name, &params).await {
+                Ok(_) => info!(csr = %name, why, "deleted"),
+                Err(e) if matches!(e.0.code, 404 | 409) => {}
+                Err(e) => {
+                    warn!(csr = %name, error = %e.0.message, "deleting the certificate signing request failed")
+                }
+            }
+        }
+    }
+}
+
+/// Why the request is done with at `now`, by Kubernetes' `csrcleaner` rules; `None`
+/// while it is kept.
+fn expired(csr: &Object, cleaning: &Cleaning, now: jiff::Timestamp) -> Option<&'static str> {
+    let past = |at: Option<&str>, after: Duration| {
+        at.and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .and_then(|t| t.checked_add(after).ok())
+            .is_some_and(|deadline| deadline < now)
+    };
+    let updated = |type_: &str| {
+        condition(csr, type_).map(|c| {
+            c.get("lastUpdateTime")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+    };
+    if issued(csr) {
+        let certificate = csr
+            .get("status")
+            .and_then(|s| s.get("certificate"))
+            .and_then(Value::as_str)
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            .and_then(|pem| String::from_utf8(pem).ok());
+        if let Some(Ok((_, not_after))) =
+            certificate.map(|pem| crate::server::pki::cert_validity(&pem))
+            && not_after < now.as_second()
+        {
+            return Some("its certificate has expired");
+        }
+    }
+    for (type_, why) in [
+        (
+            "Approved",
+            "approved longer ago than decided requests are kept",
+        ),
+        ("Denied", "denied longer ago than decided requests are kept"),
+        ("Failed", "failed longer ago than decided requests are kept"),
+    ] {
+        if let Some(at) = updated(type_)
+            && past(at.as_deref(), cleaning.decided)
+        {
+            return Some(why);
+        }
+    }
+    let undecided = ["Approved", "Denied", "Failed"]
+        .iter()
+        .all(|t| condition(csr, t).is_none());
+    if undecided && past(object::meta_str(csr, "creationTimestamp"), cleaning.pending) {
+        return Some("pending longer than undecided requests are kept");
+    }
+    None
 }
 
 /// What to do with one request.
@@ -322,21 +444,19 @@ fn push_condition(status: &mut serde_json::Map<String, Value>, condition: Value)
     }
 }
 
-/// Writes the status `change` makes to the request `name` (of uid `uid`), as the
-/// server: a request replaced or already decided meanwhile is left alone.
-async fn write(
-    state: &AppState,
+/// A request of the controller's own, made as the server.
+fn internal_request(
     res: &ResourceInfo,
-    name: &str,
-    uid: &str,
-    mut change: impl FnMut(&mut serde_json::Map<String, Value>),
-) -> Result<(), ApiError> {
-    let req = ApiRequest {
+    verb: &'static str,
+    name: Option<&str>,
+    subresource: Option<trellis_api::registry::Subresource>,
+) -> ApiRequest {
+    ApiRequest {
         resource: res.clone(),
         namespace: None,
-        name: Some(name.to_owned()),
-        subresource: Some(trellis_api::registry::Subresource::Status),
-        verb: "update",
+        name: name.map(str::to_owned),
+        subresource,
+        verb,
         query: Query::default(),
         user: UserInfo::new(
             crate::registry::status::INTERNAL_USER,
@@ -348,7 +468,24 @@ async fn write(
         wants_table: false,
         dry_run: false,
         include_uninitialized: true,
-    };
+    }
+}
+
+/// Writes the status `change` makes to the request `name` (of uid `uid`), as the
+/// server: a request replaced or already decided meanwhile is left alone.
+async fn write(
+    state: &AppState,
+    res: &ResourceInfo,
+    name: &str,
+    uid: &str,
+    mut change: impl FnMut(&mut serde_json::Map<String, Value>),
+) -> Result<(), ApiError> {
+    let req = internal_request(
+        res,
+        "update",
+        Some(name),
+        Some(trellis_api::registry::Subresource::Status),
+    );
     let written = crate::registry::guaranteed_update(state, &req, name, |old, new| {
         if object::meta_str(old, "uid") != Some(uid) {
             return Ok(());
@@ -427,4 +564,94 @@ pub async fn authorize_signer(
         name,
         &format!("user not permitted to {verb} requests with signerName {signer:?}"),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn csr(value: Value) -> Object {
+        match value {
+            Value::Object(map) => map,
+            _ => unreachable!(),
+        }
+    }
+
+    fn decided(type_: &str, at: &str) -> Value {
+        json!({"type": type_, "status": "True", "lastUpdateTime": at})
+    }
+
+    #[test]
+    fn the_cleaner_keeps_requests_for_kubernetes_times() {
+        let cleaning = Cleaning::default();
+        let now: jiff::Timestamp = "2026-11-26T12:00:00Z".parse().unwrap();
+        let created = json!({"creationTimestamp": "2026-11-26T11:30:00Z"});
+        for (status, expected) in [
+            // Pending: a day from its creation.
+            (json!({}), None),
+            (
+                json!({"conditions": [decided("Approved", "2026-11-26T11:30:00Z")]}),
+                None,
+            ),
+            (
+                json!({"conditions": [decided("Approved", "2026-11-26T10:59:59Z")]}),
+                Some("approved"),
+            ),
+            (
+                json!({"conditions": [decided("Denied", "2026-11-26T10:59:59Z")]}),
+                Some("denied"),
+            ),
+            (
+                json!({"conditions": [decided("Failed", "2026-11-26T10:59:59Z")]}),
+                Some("failed"),
+            ),
+            (
+                json!({"conditions": [decided("Denied", "2026-11-26T11:00:01Z")]}),
+                None,
+            ),
+        ] {
+            let got = expired(
+                &csr(json!({"metadata": created, "status": status})),
+                &cleaning,
+                now,
+            );
+            assert_eq!(
+                got.map(|why| why.split(' ').next().unwrap_or_default()),
+                expected,
+                "{status}"
+            );
+        }
+        let old = csr(json!({"metadata": {"creationTimestamp": "2026-11-25T11:59:59Z"}}));
+        assert!(expired(&old, &cleaning, now).is_some_and(|w| w.starts_with("pending")));
+        // A condition written as not holding decides nothing.
+        let undecided = csr(
+            json!({"metadata": {"creationTimestamp": "2026-11-25T11:59:59Z"},
+            "status": {"conditions": [{"type": "Denied", "status": "False",
+                                       "lastUpdateTime": "2026-11-26T10:00:00Z"}]}}),
+        );
+        assert!(expired(&undecided, &cleaning, now).is_some_and(|w| w.starts_with("pending")));
+    }
+
+    #[test]
+    fn the_cleaner_deletes_a_request_whose_certificate_has_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::load_or_create(dir.path(), &[]).unwrap();
+        let (cert_pem, _) = pki.issue_client_cert("jane", &[], 1).unwrap();
+        let (_, not_after) = crate::server::pki::cert_validity(&cert_pem).unwrap();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&cert_pem);
+        let approved_now = jiff::Timestamp::from_second(not_after - 60).unwrap();
+        let request = csr(json!({
+            "metadata": {"creationTimestamp": approved_now.to_string()},
+            "status": {"certificate": encoded,
+                       "conditions": [decided("Approved", &approved_now.to_string())]},
+        }));
+        let cleaning = Cleaning::default();
+        let before = jiff::Timestamp::from_second(not_after - 30).unwrap();
+        assert_eq!(expired(&request, &cleaning, before), None);
+        let after = jiff::Timestamp::from_second(not_after + 1).unwrap();
+        assert_eq!(
+            expired(&request, &cleaning, after),
+            Some("its certificate has expired")
+        );
+    }
 }

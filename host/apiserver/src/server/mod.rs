@@ -68,6 +68,8 @@ pub struct Config {
     pub builtin_plugins: Vec<serde_json::Value>,
     /// How long the certificates signed for CertificateSigningRequests live.
     pub signing: crate::certificates::Signing,
+    /// When CertificateSigningRequests done with are deleted.
+    pub csr_cleaning: crate::certificates::Cleaning,
 }
 
 impl Config {
@@ -90,6 +92,7 @@ impl Config {
             namespace_controller: true,
             builtin_plugins: Vec::new(),
             signing: crate::certificates::Signing::default(),
+            csr_cleaning: crate::certificates::Cleaning::default(),
         }
         .with_audit_in_data_dir()
     }
@@ -313,6 +316,7 @@ pub async fn start(
         state.clone(),
         Arc::new(pki),
         config.signing.clone(),
+        config.csr_cleaning.clone(),
         stop.subscribe(),
     );
     let stalled = state.metrics.stalled_connections.clone();
