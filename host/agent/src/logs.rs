@@ -1291,46 +1291,6 @@ mod tests {
         (ca.pem(), cert.pem(), key.serialize_pem())
     }
 
-    /// The test client does not check the node's self-signed certificate, as the API
-    /// server does not.
-    #[derive(Debug)]
-    struct AnyServer(rustls::crypto::WebPkiSupportedAlgorithms);
-
-    impl rustls::client::danger::ServerCertVerifier for AnyServer {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.supported_schemes()
-        }
-    }
-
     /// The identity the server sees when a client presents `identity` (cert, key PEM),
     /// or the handshake's error.
     async fn handshake(
@@ -1345,7 +1305,9 @@ mod tests {
             .with_safe_default_protocol_versions()
             .unwrap()
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer(algorithms)));
+            // The node's self-signed certificate is not checked, as the API server
+            // does not check it.
+            .with_custom_certificate_verifier(Arc::new(crate::probes::AnyServerCert(algorithms)));
         let client = match identity {
             Some((cert, key)) => builder
                 .with_client_auth_cert(
