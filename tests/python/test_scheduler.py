@@ -9,6 +9,8 @@ driven with kubectl and the Python client as a user would.
   joins.
 - A plugin that traps or spins fails the pod's cycle under `failurePolicy: Fail`
   (FailedScheduling names it) and is left out under `Ignore`; the scheduler goes on.
+  Replaced mid-run by a module that does not load, its last good version keeps
+  running.
 - Last: a standby `trellis scheduler` takes over once the leader is killed and its
   Lease has run out (the schedulers renew every 0.2 s, a Lease lasts 2 s).
 
@@ -237,13 +239,32 @@ def test_a_plugin_that_traps_or_spins_fails_the_cycle_by_its_failure_policy(sche
         "metadata": {"name": "calm"}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
     pods_where(core, "default", lambda items: node_of(items, "calm"))
     assert not core.read_namespaced_pod("trapper", "default").spec.node_name
-    # Under Ignore, the plugin is left out of the failing cycles: both are bound.
-    custom.patch_cluster_custom_object(**PLUGINS, name="misbehave",
-                                       body={"spec": {"failurePolicy": "Ignore"}})
+    # Replaced mid-run by a module that does not load: the last good version keeps
+    # running, and says so; a new pod that makes it trap still fails its cycle.
+    custom.patch_cluster_custom_object(**PLUGINS, name="misbehave", body={
+        "spec": {"module": {"url": f"file://{module.parent / 'no-such-plugin.wasm'}"}}})
+
+    def kept(items):
+        status = (items.get("misbehave") or {}).get("status") or {}
+        return any(c["type"] == "Loaded" and c["status"] == "False"
+                   and "last good version" in (c.get("message") or "")
+                   for c in status.get("conditions") or [])
+    wait_for(lambda **kw: custom.list_cluster_custom_object(**PLUGINS, **kw), kept)
+    core.create_namespaced_pod("default", {
+        "metadata": {"name": "trapper-again", "annotations": {"trellis.dev/misbehave": "trap"}},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+    wait_for(core.list_namespaced_event, lambda items: any(
+        e.involved_object.name == "trapper-again" and e.reason == "FailedScheduling"
+        and "plugin misbehave" in e.message and "trapped" in e.message
+        for e in items.values()), namespace="default")
+    # Under Ignore (and its module back), the plugin is left out of the failing
+    # cycles: all are bound.
+    custom.patch_cluster_custom_object(**PLUGINS, name="misbehave", body={
+        "spec": {"failurePolicy": "Ignore", "module": {"url": f"file://{module}"}}})
     items = pods_where(core, "default", lambda items: all(
-        node_of(items, n) for n in ("trapper", "spinner")))
+        node_of(items, n) for n in ("trapper", "spinner", "trapper-again")))
     assert node_of(items, "trapper") == "plain"
-    for name in ("trapper", "spinner", "calm"):
+    for name in ("trapper", "spinner", "calm", "trapper-again"):
         kubectl(data_dir, "delete", "pod", name, "--wait=false")
     kubectl(data_dir, "delete", "plugin", "misbehave")
     kubectl(data_dir, "delete", "node", "plain")
