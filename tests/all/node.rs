@@ -66,6 +66,13 @@ impl TestNode {
         config.backoff_max = Duration::from_millis(800);
         config.port = 0;
         config.client_ca_pem = Some(cluster.ca_pem.clone());
+        // Thresholds no machine meets for PIDs and every machine meets for the rest,
+        // so that the conditions say the same wherever the test runs.
+        config.eviction_hard = Some(
+            "memory.available<0,nodefs.available<0%,nodefs.inodesFree<0%,pid.available<1Ei"
+                .parse()
+                .map_err(anyhow::Error::msg)?,
+        );
         let client = cluster.in_process().client(identity::node(NODE));
         let agent = tokio::spawn(trellis_agent::run(
             config,
@@ -197,6 +204,23 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         .find(|c| c.type_ == "Ready")
         .map(|c| c.status.clone());
     ensure!(ready.as_deref() == Some("True"), "{status:#?}");
+    // The pressure conditions, by the thresholds the node was given.
+    let reason = |kind: &str| {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == kind)
+            .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+    };
+    ensure!(
+        reason("PIDPressure") == Some(("True".into(), "KubeletHasInsufficientPID".into()))
+            && reason("MemoryPressure")
+                == Some(("False".into(), "KubeletHasSufficientMemory".into()))
+            && reason("DiskPressure") == Some(("False".into(), "KubeletHasNoDiskPressure".into())),
+        "{:#?}",
+        status.conditions
+    );
     let handlers: Vec<String> = status
         .runtime_handlers
         .iter()

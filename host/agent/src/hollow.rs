@@ -205,6 +205,7 @@ async fn run_nodes(
         agent.relist_period = config.relist_period;
         agent.handlers = config.handlers.clone();
         agent.capacity = Some(config.capacity);
+        agent.eviction_hard = None;
         agent.port = 0;
         agent.client_ca_pem = None;
         agent

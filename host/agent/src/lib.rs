@@ -24,6 +24,7 @@ pub mod hollow;
 pub mod logs;
 pub mod node;
 pub mod pods;
+pub mod pressure;
 pub mod probes;
 pub mod spec;
 pub mod status;
@@ -76,6 +77,11 @@ pub struct AgentConfig {
     /// The cluster CA, PEM: who may read logs is proven by a certificate it signed.
     /// `None` serves no logs.
     pub client_ca_pem: Option<String>,
+    /// The thresholds of the pressure conditions (the kubelet's `--eviction-hard`);
+    /// `None` reports no pressure (hollow nodes, whose machine is not theirs).
+    pub eviction_hard: Option<pressure::Thresholds>,
+    /// How often the pressure signals are read; a change is written at once.
+    pub pressure_check: Duration,
 }
 
 impl AgentConfig {
@@ -97,6 +103,8 @@ impl AgentConfig {
             capacity: None,
             port: 10250,
             client_ca_pem: None,
+            eviction_hard: Some(pressure::Thresholds::default()),
+            pressure_check: Duration::from_secs(10),
         }
     }
 }

@@ -69,8 +69,21 @@ pub async fn heartbeat(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
     );
     let mut report = tokio::time::interval(ctx.config.status_report);
     report.tick().await;
+    let mut pressure_check = tokio::time::interval(ctx.config.pressure_check);
+    pressure_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reported = pressure(&ctx);
     loop {
         tokio::select! {
+            _ = pressure_check.tick(), if ctx.config.eviction_hard.is_some() => {
+                let now = pressure(&ctx);
+                if now != reported {
+                    info!(node = %ctx.config.node_name, pressure = ?now, "the node's pressure changed");
+                    match write_status(&ctx).await {
+                        Ok(()) => reported = now,
+                        Err(e) => warn!(error = %e, "write the node status"),
+                    }
+                }
+            }
             _ = lease.tick() => {
                 if let Err(e) = renew_lease(&ctx).await {
                     warn!(error = %e, "renew the node lease");
@@ -183,6 +196,16 @@ async fn renew_lease(ctx: &Context) -> anyhow::Result<()> {
     }
 }
 
+/// The pressure conditions that hold now.
+fn pressure(ctx: &Context) -> crate::pressure::Pressure {
+    match &ctx.config.eviction_hard {
+        Some(thresholds) => {
+            crate::pressure::Signals::observe(&ctx.config.root).pressure(thresholds)
+        }
+        None => crate::pressure::Pressure::default(),
+    }
+}
+
 async fn status(ctx: &Context) -> NodeStatus {
     let (cpus, memory) = ctx.config.capacity.unwrap_or_else(machine_capacity);
     let capacity = BTreeMap::from([
@@ -193,6 +216,7 @@ async fn status(ctx: &Context) -> NodeStatus {
         ),
         ("pods".to_owned(), Quantity(MAX_PODS.to_string())),
     ]);
+    let pressure = pressure(ctx);
     let now = Time(jiff::Timestamp::now());
     let condition = |kind: &str, status: &str, reason: &str, message: &str| NodeCondition {
         type_: kind.into(),
@@ -225,24 +249,51 @@ async fn status(ctx: &Context) -> NodeStatus {
             },
         ]),
         conditions: Some(vec![
-            condition(
-                "MemoryPressure",
-                "False",
-                "KubeletHasSufficientMemory",
-                "kubelet has sufficient memory available",
-            ),
-            condition(
-                "DiskPressure",
-                "False",
-                "KubeletHasNoDiskPressure",
-                "kubelet has no disk pressure",
-            ),
-            condition(
-                "PIDPressure",
-                "False",
-                "KubeletHasSufficientPID",
-                "kubelet has sufficient PID available",
-            ),
+            if pressure.memory {
+                condition(
+                    "MemoryPressure",
+                    "True",
+                    "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available",
+                )
+            } else {
+                condition(
+                    "MemoryPressure",
+                    "False",
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                )
+            },
+            if pressure.disk {
+                condition(
+                    "DiskPressure",
+                    "True",
+                    "KubeletHasDiskPressure",
+                    "kubelet has disk pressure",
+                )
+            } else {
+                condition(
+                    "DiskPressure",
+                    "False",
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure",
+                )
+            },
+            if pressure.pid {
+                condition(
+                    "PIDPressure",
+                    "True",
+                    "KubeletHasInsufficientPID",
+                    "kubelet has insufficient PID available",
+                )
+            } else {
+                condition(
+                    "PIDPressure",
+                    "False",
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available",
+                )
+            },
             condition(
                 "Ready",
                 "True",

@@ -47,6 +47,18 @@ pub struct NodeFlags {
     #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
     pub node_status_report: Duration,
 
+    /// The thresholds of the node's MemoryPressure, DiskPressure and PIDPressure
+    /// conditions, as the kubelet's: `SIGNAL<QUANTITY` or `SIGNAL<PERCENT%`, comma
+    /// separated, for memory.available, nodefs.available (the data directory's
+    /// filesystem), nodefs.inodesFree and pid.available; signals not named keep these
+    /// defaults.
+    #[arg(
+        long,
+        default_value = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%",
+        value_name = "THRESHOLDS"
+    )]
+    pub eviction_hard: trellis_agent::pressure::Thresholds,
+
     /// How often the runtime's containers are listed to notice exits.
     #[arg(long, default_value = "1", value_name = "SECONDS", value_parser = seconds)]
     pub relist_period: Duration,
@@ -193,6 +205,7 @@ pub async fn run_local(
     );
     config.lease_renew = flags.node_lease_renew;
     config.status_report = flags.node_status_report;
+    config.eviction_hard = Some(flags.eviction_hard.clone());
     config.relist_period = flags.relist_period;
     config.backoff_base = flags.restart_backoff;
     config.backoff_max = flags.restart_backoff_max;
