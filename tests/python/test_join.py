@@ -92,6 +92,29 @@ def cluster():
                 print(name, (data_dir / f"{name}.log").read_text(errors="replace")[-2000:])
 
 
+def run_sleeper(api, data_dir, name, node):
+    """Applies a pod bound to `node` that sleeps, with kubectl; returns the pods once it
+    is Running."""
+    manifest = f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeName: {node}
+  runtimeClassName: process
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: file:///bin/sleep
+    args: ["300"]
+"""
+    subprocess.run(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"), "apply", "-f", "-"],
+                   input=manifest, text=True, check=True, capture_output=True)
+    return wait_for(client.CoreV1Api(api).list_namespaced_pod,
+                    lambda items: name in items and items[name].status.phase == "Running",
+                    timeout=30, namespace="default")
+
+
 def ready_nodes(api):
     def ready(items):
         def is_ready(node):
@@ -146,25 +169,7 @@ def test_a_node_refuses_a_server_without_the_pinned_ca(cluster):
 def test_a_pod_runs_on_a_joined_node(cluster):
     api, data_dir, _ = cluster
     ready_nodes(api)
-    manifest = """
-apiVersion: v1
-kind: Pod
-metadata: {name: joined-sleeper}
-spec:
-  nodeName: join-b
-  runtimeClassName: process
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: file:///bin/sleep
-    args: ["300"]
-"""
-    subprocess.run(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"), "apply", "-f", "-"],
-                   input=manifest, text=True, check=True, capture_output=True)
-    pods = wait_for(client.CoreV1Api(api).list_namespaced_pod,
-                    lambda items: "joined-sleeper" in items
-                    and items["joined-sleeper"].status.phase == "Running",
-                    timeout=30, namespace="default")
+    pods = run_sleeper(api, data_dir, "joined-sleeper", "join-b")
     assert pods["joined-sleeper"].spec.node_name == "join-b"
 
 
@@ -198,24 +203,7 @@ def test_a_node_rotates_its_certificate_before_it_expires():
                         key=lambda c: c.metadata.creation_timestamp)
             # Waiting for a certificate to expire is waiting on the clock itself.
             time.sleep(max(0.0, not_after(first.status.certificate) + 1 - time.time()))
-            manifest = """
-apiVersion: v1
-kind: Pod
-metadata: {name: rotor-sleeper}
-spec:
-  nodeName: rotor
-  runtimeClassName: process
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: file:///bin/sleep
-    args: ["300"]
-"""
-            subprocess.run(["kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"), "apply", "-f", "-"],
-                           input=manifest, text=True, check=True, capture_output=True)
-            wait_for(client.CoreV1Api(api).list_namespaced_pod,
-                     lambda items: "rotor-sleeper" in items and items["rotor-sleeper"].status.phase == "Running",
-                     timeout=30, namespace="default")
+            run_sleeper(api, data_dir, "rotor-sleeper", "rotor")
         finally:
             proc.terminate()
             try:
