@@ -320,6 +320,14 @@ async fn requests_done_with_are_cleaned_up() -> Result<()> {
     let admin = cluster.kube_admin().await?;
     let csrs: Api<CertificateSigningRequest> = Api::all(admin);
     let mut changes = watcher(csrs.clone(), watcher::Config::default()).boxed();
+    // Listed before the requests exist, so that no deletion happens before the watch.
+    loop {
+        match changes.next().await {
+            Some(Ok(watcher::Event::InitDone)) => break,
+            Some(_) => {}
+            None => anyhow::bail!("the watch ended"),
+        }
+    }
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     for name in ["denied", "undecided"] {
         let mut params = rcgen::CertificateParams::default();

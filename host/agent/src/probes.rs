@@ -377,16 +377,22 @@ async fn http_get(
     tls: bool,
 ) -> Result<u16, String> {
     let scheme = if tls { "https" } else { "http" };
-    let url = format!("{scheme}://{host}:{port}{path}");
+    // An IPv6 address is bracketed in a URL and a Host header, as Go's JoinHostPort.
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let url = format!("{scheme}://{authority}{path}");
     let tcp = tokio::net::TcpStream::connect((host, port))
         .await
-        .map_err(|e| format!("Get \"{url}\": dial tcp {host}:{port}: {e}"))?;
+        .map_err(|e| format!("Get \"{url}\": dial tcp {authority}: {e}"))?;
     // The headers the kubelet sends unless the probe sets its own (a `Host` of the
     // probe's replaces the address).
     let mut request = format!("GET {path} HTTP/1.1\r\n");
     let has = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
     for (name, value) in [
-        ("Host", format!("{host}:{port}")),
+        ("Host", authority.clone()),
         ("User-Agent", "kube-probe/1.33".to_owned()),
         ("Accept", "*/*".to_owned()),
     ] {
@@ -398,8 +404,9 @@ async fn http_get(
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("Connection: close\r\n\r\n");
+    let failed = |e: String| format!("Get \"{url}\": {e}");
     if !tls {
-        return status_of(tcp, &request).await;
+        return status_of(tcp, &request).await.map_err(failed);
     }
     let name = rustls::pki_types::ServerName::try_from(host.to_owned())
         .map_err(|e| format!("Get \"{url}\": {e}"))?;
@@ -407,7 +414,7 @@ async fn http_get(
         .connect(name, tcp)
         .await
         .map_err(|e| format!("Get \"{url}\": {e}"))?;
-    status_of(stream, &request).await
+    status_of(stream, &request).await.map_err(failed)
 }
 
 /// Sends `request` and reads the status code of the answer.

@@ -1102,6 +1102,8 @@ impl Worker {
             "startTime": pod.status.as_ref().and_then(|s| s.start_time.clone()).unwrap_or(Time(jiff::Timestamp::now())),
             "qosClass": status::qos_class(pod),
         });
+        // Failed for good: a copy of the pod from before must not start it.
+        self.finished = Some(status.clone());
         self.write_status(pod, status).await
     }
 

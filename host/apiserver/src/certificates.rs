@@ -147,9 +147,13 @@ async fn clean(
         return;
     };
     let prefix = res.prefix();
+    // The first pass at once, as Kubernetes' cleaner: a server restarted more often
+    // than the interval still cleans.
+    let mut passes = tokio::time::interval(cleaning.interval);
+    passes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = tokio::time::sleep(cleaning.interval) => {}
+            _ = passes.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
         let now = jiff::Timestamp::now();
@@ -182,14 +186,20 @@ fn expired(csr: &Object, cleaning: &Cleaning, now: jiff::Timestamp) -> Option<&'
             .and_then(|t| t.checked_add(after).ok())
             .is_some_and(|deadline| deadline < now)
     };
+    // A condition written without times (a client may send one) counts from the
+    // request's creation, so that it is not kept for ever.
+    let created = object::meta_str(csr, "creationTimestamp");
     let updated = |type_: &str| {
         condition(csr, type_).map(|c| {
             c.get("lastUpdateTime")
+                .or_else(|| c.get("lastTransitionTime"))
                 .and_then(Value::as_str)
+                .or(created)
                 .map(str::to_owned)
         })
     };
-    if issued(csr) {
+    let approved = condition(csr, "Approved").is_some();
+    if approved && issued(csr) {
         let certificate = csr
             .get("status")
             .and_then(|s| s.get("certificate"))
@@ -206,11 +216,16 @@ fn expired(csr: &Object, cleaning: &Cleaning, now: jiff::Timestamp) -> Option<&'
     for (type_, why) in [
         (
             "Approved",
-            "approved longer ago than decided requests are kept",
+            "issued longer ago than decided requests are kept",
         ),
         ("Denied", "denied longer ago than decided requests are kept"),
         ("Failed", "failed longer ago than decided requests are kept"),
     ] {
+        // Approved counts once signed: a request approved for a signer that has not
+        // signed it yet stays, as in Kubernetes.
+        if type_ == "Approved" && !issued(csr) {
+            continue;
+        }
         if let Some(at) = updated(type_)
             && past(at.as_deref(), cleaning.decided)
         {
@@ -593,9 +608,16 @@ mod tests {
                 json!({"conditions": [decided("Approved", "2026-11-26T11:30:00Z")]}),
                 None,
             ),
+            // Approved an hour ago: gone once issued, kept while its signer has not
+            // signed it.
+            (
+                json!({"conditions": [decided("Approved", "2026-11-26T10:59:59Z")],
+                       "certificate": "bm90IHJlYWQ="}),
+                Some("issued"),
+            ),
             (
                 json!({"conditions": [decided("Approved", "2026-11-26T10:59:59Z")]}),
-                Some("approved"),
+                None,
             ),
             (
                 json!({"conditions": [decided("Denied", "2026-11-26T10:59:59Z")]}),
@@ -621,6 +643,12 @@ mod tests {
                 "{status}"
             );
         }
+        // A condition without times counts from the request's creation.
+        let untimed = csr(
+            json!({"metadata": {"creationTimestamp": "2026-11-26T10:00:00Z"},
+            "status": {"conditions": [{"type": "Denied", "status": "True"}]}}),
+        );
+        assert!(expired(&untimed, &cleaning, now).is_some_and(|w| w.starts_with("denied")));
         let old = csr(json!({"metadata": {"creationTimestamp": "2026-11-25T11:59:59Z"}}));
         assert!(expired(&old, &cleaning, now).is_some_and(|w| w.starts_with("pending")));
         // A condition written as not holding decides nothing.

@@ -127,8 +127,8 @@ impl Inflight {
 
 impl Inflight {
     /// A Lease that keeps the cluster standing: the scheduler's or the controller
-    /// manager's leader election in kube-system, or a node's heartbeat in
-    /// kube-node-lease. Kubernetes' default flow schemas (`system-leader-election`,
+    /// manager's leader election in kube-system, or a node's heartbeat in its own
+    /// Lease in kube-node-lease. Kubernetes' default flow schemas (`system-leader-election`,
     /// `system-node-high`) give these their own seats, so that a burst of other
     /// requests cannot cost a leader its lease or mark a node unready; here they are
     /// simply not counted. There are few of them: one a few seconds per component
@@ -145,8 +145,10 @@ impl Inflight {
                     "system:kube-scheduler" | "system:kube-controller-manager"
                 )
             }
+            // A node's own Lease only.
             Some(("kube-node-lease", name)) if !name.is_empty() && !name.contains('/') => {
                 user.in_group("system:nodes")
+                    && user.name.strip_prefix("system:node:") == Some(name)
             }
             _ => false,
         }
@@ -734,6 +736,11 @@ mod tests {
             (
                 &node,
                 "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/",
+            ),
+            // Another node's Lease.
+            (
+                &node,
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n2",
             ),
         ] {
             assert!(
