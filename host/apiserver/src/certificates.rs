@@ -14,10 +14,10 @@
 //!   valid for `spec.expirationSeconds` clamped to [`Signing`]'s bounds; a request the
 //!   signer refuses gets a `Failed` condition. Denied and failed requests stay unsigned.
 //!
-//! - Cleaning (kube-controller-manager's `csrcleaner`): every [`Cleaning::interval`] the
-//!   requests done with are deleted: approved, denied or failed ones an hour after
-//!   their condition was last updated, those whose certificate has expired, and
-//!   pending ones a day after they were made. A node that rotates its certificate
+//! - Cleaning (kube-controller-manager's `csrcleaner`): at start and every
+//!   [`Cleaning::interval`] the requests done with are deleted: issued, denied or
+//!   failed ones an hour after their condition was last updated, those whose
+//!   certificate has expired, and pending ones a day after they were made. A node that rotates its certificate
 //!   leaves one request per rotation; without this they would pile up.
 //!
 //! It follows the watch cache: after each change to a CSR it looks at every CSR again
