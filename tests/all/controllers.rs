@@ -342,7 +342,7 @@ fn fake_kubelet(
 
 /// Starts every built-in controller, each as its own ServiceAccount, held to the
 /// `system:controller:*` roles the API server bootstraps.
-async fn start_builtins(
+pub(super) async fn start_builtins(
     manager: &Manager,
     in_process: &trellis_client::InProcess,
     stopped: &tokio::sync::watch::Receiver<bool>,

@@ -16,13 +16,11 @@ use kube::runtime::watcher;
 use serde_json::json;
 use trellis_agent::hollow::{HollowConfig, HollowNodes};
 use trellis_api::UserInfo;
-use trellis_client::events::EventRecorder;
 use trellis_client::identity;
 use trellis_client::informer::SharedInformers;
 use trellis_client::workqueue::QueueMetrics;
 use trellis_controllers::Manager;
-use trellis_plugin_host::{Compilers, HostConfig, PluginHost, PluginKind, PluginSpec};
-use trellis_scheduler::{Component, QueueSettings, SchedulerConfig};
+use trellis_plugin_host::{Compilers, HostConfig, PluginHost};
 use trellis_tests::TestCluster;
 
 const NODES: usize = 4;
@@ -57,86 +55,6 @@ fn running(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
-/// The scheduler with the bundled default plugins, as its own user.
-async fn start_scheduler(
-    in_process: &trellis_client::InProcess,
-    host: &Arc<PluginHost>,
-    stopped: tokio::sync::watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<Result<()>>> {
-    let mut spec = PluginSpec::new("default-plugins", PluginKind::Scheduler);
-    spec.timeout = Duration::from_secs(2);
-    spec.memory_limit = 256 << 20;
-    let plugin = host
-        .load(
-            spec,
-            Arc::new(trellis_scheduler::DEFAULT_PLUGINS.to_vec()),
-            None,
-        )
-        .await?;
-    let config = SchedulerConfig {
-        profiles: vec![(
-            trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
-            vec![Component {
-                plugin,
-                configuration: "{}".into(),
-                weights: Default::default(),
-                ignore_failures: false,
-            }],
-        )],
-        defaults: Vec::new(),
-        percentage_of_nodes_to_score: 0,
-        queue: QueueSettings {
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(400),
-            unschedulable_timeout: Duration::from_secs(300),
-        },
-    };
-    let client = in_process.client(identity::scheduler());
-    let events = EventRecorder::new(client.clone(), trellis_scheduler::DEFAULT_SCHEDULER, "test");
-    Ok(tokio::spawn(trellis_scheduler::run(
-        config,
-        trellis_scheduler::Parts {
-            host: host.clone(),
-            client,
-            informers: SharedInformers::new(),
-            events,
-            metrics: Default::default(),
-        },
-        tokio::sync::mpsc::unbounded_channel().1,
-        stopped,
-    )))
-}
-
-/// The built-in controllers a Deployment needs, each as its own ServiceAccount.
-async fn start_controllers(
-    in_process: &trellis_client::InProcess,
-    host: &Arc<PluginHost>,
-    stopped: &tokio::sync::watch::Receiver<bool>,
-) -> Result<Vec<trellis_controllers::Running>> {
-    let manager = Manager {
-        plugins: host.clone(),
-        informers: SharedInformers::new(),
-        lister: in_process.client(identity::controller_manager()),
-        queues: QueueMetrics::default(),
-        running: Default::default(),
-    };
-    let mut running = Vec::new();
-    for builtin in trellis_controllers::bundled::BUILTINS
-        .iter()
-        .filter(|b| !b.needs_root_ca)
-    {
-        let writer = in_process.client(identity::controller(builtin.identity));
-        let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
-        running.push(
-            manager
-                .start(builtin.config(), writer, events, stopped.clone())
-                .await
-                .with_context(|| format!("start {}", builtin.name))?,
-        );
-    }
-    Ok(running)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hollow_nodes_register_run_a_deployment_and_stop_cleanly() -> Result<()> {
     let cluster = TestCluster::start().await?;
@@ -147,8 +65,20 @@ async fn hollow_nodes_register_run_a_deployment_and_stop_cleanly() -> Result<()>
         compilers: Compilers::Baseline,
         ..HostConfig::default()
     })?;
-    let controllers = start_controllers(&in_process, &host, &stopped).await?;
-    let scheduler = start_scheduler(&in_process, &host, stopped.clone()).await?;
+    let manager = Manager {
+        plugins: host.clone(),
+        informers: SharedInformers::new(),
+        lister: in_process.client(identity::controller_manager()),
+        queues: QueueMetrics::default(),
+        running: Default::default(),
+    };
+    let controllers = super::controllers::start_builtins(&manager, &in_process, &stopped).await?;
+    let scheduler = super::scheduler::spawn(
+        &in_process,
+        host.clone(),
+        vec![super::scheduler::default_plugins(&host).await?],
+        stopped.clone(),
+    );
 
     let watching = SharedInformers::new();
     let nodes = watching.informer::<Node>(Api::all(admin.clone()), watcher::Config::default());

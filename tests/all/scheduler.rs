@@ -50,6 +50,67 @@ fn pod(name: &str, cpu: &str) -> serde_json::Value {
         "resources": {"requests": {"cpu": cpu}}}]}})
 }
 
+/// The bundled default plugins, loaded as the scheduler loads them, as a component
+/// of a profile.
+pub(super) async fn default_plugins(host: &Arc<PluginHost>) -> Result<Component> {
+    let mut spec = PluginSpec::new("default-plugins", PluginKind::Scheduler);
+    spec.timeout = Duration::from_secs(2);
+    spec.memory_limit = 256 << 20;
+    let plugin = host
+        .load(
+            spec,
+            Arc::new(trellis_scheduler::DEFAULT_PLUGINS.to_vec()),
+            None,
+        )
+        .await?;
+    Ok(component(plugin))
+}
+
+/// A loaded plugin as a component with no configuration, weights or failures ignored.
+fn component(plugin: Arc<trellis_plugin_host::Plugin>) -> Component {
+    Component {
+        plugin,
+        configuration: "{}".into(),
+        weights: Default::default(),
+        ignore_failures: false,
+    }
+}
+
+/// The scheduler over the in-process transport, as its own user, with `components`
+/// in the default profile and back-offs short enough for tests; it runs until
+/// `stopped`.
+pub(super) fn spawn(
+    in_process: &trellis_client::InProcess,
+    host: Arc<PluginHost>,
+    components: Vec<Component>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<()>> {
+    let config = SchedulerConfig {
+        profiles: vec![(trellis_scheduler::DEFAULT_SCHEDULER.to_owned(), components)],
+        defaults: Vec::new(),
+        percentage_of_nodes_to_score: 0,
+        queue: QueueSettings {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(400),
+            unschedulable_timeout: Duration::from_secs(300),
+        },
+    };
+    let client = in_process.client(identity::scheduler());
+    let events = EventRecorder::new(client.clone(), trellis_scheduler::DEFAULT_SCHEDULER, "test");
+    tokio::spawn(trellis_scheduler::run(
+        config,
+        trellis_scheduler::Parts {
+            host,
+            client,
+            informers: SharedInformers::new(),
+            events,
+            metrics: Default::default(),
+        },
+        tokio::sync::mpsc::unbounded_channel().1,
+        stopped,
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_fit() -> Result<()> {
     let cluster = TestCluster::start().await?;
@@ -76,16 +137,7 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
         compilers: Compilers::Baseline,
         ..HostConfig::default()
     })?;
-    let mut spec = PluginSpec::new("default-plugins", PluginKind::Scheduler);
-    spec.timeout = Duration::from_secs(2);
-    spec.memory_limit = 256 << 20;
-    let plugin = host
-        .load(
-            spec,
-            Arc::new(trellis_scheduler::DEFAULT_PLUGINS.to_vec()),
-            None,
-        )
-        .await?;
+    let plugin = default_plugins(&host).await?;
     // The gang example (co-scheduling at Permit) beside them.
     let gang = host
         .load(
@@ -94,47 +146,19 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
             None,
         )
         .await?;
-    let config = SchedulerConfig {
-        profiles: vec![(
-            trellis_scheduler::DEFAULT_SCHEDULER.to_owned(),
-            vec![
-                Component {
-                    plugin,
-                    configuration: "{}".into(),
-                    weights: Default::default(),
-                    ignore_failures: false,
-                },
-                Component {
-                    plugin: gang,
-                    configuration: r#"{"waitSeconds": 2}"#.into(),
-                    weights: Default::default(),
-                    ignore_failures: false,
-                },
-            ],
-        )],
-        defaults: Vec::new(),
-        percentage_of_nodes_to_score: 0,
-        queue: QueueSettings {
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(400),
-            unschedulable_timeout: Duration::from_secs(300),
-        },
-    };
-    let client = in_process.client(identity::scheduler());
-    let events = EventRecorder::new(client.clone(), trellis_scheduler::DEFAULT_SCHEDULER, "test");
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let scheduler = tokio::spawn(trellis_scheduler::run(
-        config,
-        trellis_scheduler::Parts {
-            host,
-            client,
-            informers: SharedInformers::new(),
-            events,
-            metrics: Default::default(),
-        },
-        tokio::sync::mpsc::unbounded_channel().1,
+    let scheduler = spawn(
+        &in_process,
+        host,
+        vec![
+            plugin,
+            Component {
+                configuration: r#"{"waitSeconds": 2}"#.into(),
+                ..component(gang)
+            },
+        ],
         stopped,
-    ));
+    );
 
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
