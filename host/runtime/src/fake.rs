@@ -25,6 +25,7 @@ use tonic::transport::{Endpoint, Uri};
 use tonic::{Request, Response, Status};
 
 use crate::Client;
+use crate::service::{no_container, selects};
 
 type Reply<T> = Result<Response<T>, Status>;
 type EventStream =
@@ -260,14 +261,6 @@ fn image_id(name: &str) -> String {
 
 fn now_ns() -> i64 {
     jiff::Timestamp::now().as_nanosecond() as i64
-}
-
-fn selects(selector: &HashMap<String, String>, labels: &HashMap<String, String>) -> bool {
-    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
-}
-
-fn no_container(id: &str) -> Status {
-    Status::not_found(format!("no container {id}"))
 }
 
 fn unsupported(what: &str) -> Status {

@@ -883,11 +883,15 @@ fn to_image(image: &ImageRecord) -> Image {
     }
 }
 
-fn selects(selector: &HashMap<String, String>, labels: &HashMap<String, String>) -> bool {
+/// Whether `labels` hold every label of a CRI filter's `selector`.
+pub(crate) fn selects(
+    selector: &HashMap<String, String>,
+    labels: &HashMap<String, String>,
+) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-fn no_container(id: &str) -> Status {
+pub(crate) fn no_container(id: &str) -> Status {
     Status::not_found(format!("no container {id}"))
 }
 
