@@ -157,6 +157,45 @@ fn log_of(root: &std::path::Path, pod: &Pod, container: &str, attempt: u32) -> R
     std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
 }
 
+/// A fixture component of the plugins workspace (built by plugins/build.sh).
+fn fixture(name: &str) -> Result<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../plugins/target/dist/{name}.wasm"))
+        .canonicalize()
+        .with_context(|| {
+            format!("plugins/target/dist/{name}.wasm is missing: run plugins/build.sh")
+        })?;
+    Ok(format!("file://{}", path.display()))
+}
+
+/// The node's log directories of pods named `name` in `default`.
+fn log_dirs(root: &std::path::Path, name: &str) -> Vec<String> {
+    let prefix = format!("default_{name}_");
+    std::fs::read_dir(root.join("agent/logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Waits until the node has no log directory left of the pods `names`: a directory
+/// has no watch to wait on, so this looks every 50 ms, up to `limit`.
+async fn wait_logs_removed(root: &std::path::Path, names: &[&str], limit: Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let left: Vec<String> = names.iter().flat_map(|n| log_dirs(root, n)).collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("log directories left after {limit:?}: {left:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn create_pod(api: &Api<Pod>, value: serde_json::Value) -> Result<Pod> {
     let mut value = value;
     value["spec"]["nodeName"] = NODE.into();
@@ -259,6 +298,37 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
             .and_then(|s| s.renew_time)
             .is_some()
     );
+
+    // Containers that fail at start (StartError: a file that is not a program, a
+    // component that exports neither wasi:cli/run nor wasi:http) restart with the
+    // same back-off as containers that exit, not in a tight loop. Started here and
+    // counted further down, so the test's other steps make the time that passes.
+    let storm_started = tokio::time::Instant::now();
+    let storm_writes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counting = {
+        let mut changes = pods.subscribe();
+        let writes = storm_writes.clone();
+        tokio::spawn(async move {
+            while let Some(change) = changes.recv().await {
+                let name = change.object().metadata.name.clone().unwrap_or_default();
+                if name.starts_with("storm-") {
+                    writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "storm-exec"}, "spec": {"runtimeClassName": "process",
+            "containers": [{"name": "main", "image": "file:///etc/hostname"}]}}),
+    )
+    .await?;
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "storm-wasm"}, "spec": {
+            "containers": [{"name": "main", "image": fixture("noop")?}]}}),
+    )
+    .await?;
 
     // A WASM program runs to completion: its output in the log, Succeeded, events.
     create_pod(
@@ -613,6 +683,165 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         "{s:?}"
     );
 
+    // The failed starts, counted over the time since they were created.
+    for name in ["storm-exec", "storm-wasm"] {
+        let pod = wait_pod(&pods, name, Duration::from_secs(10), |p| {
+            waiting_reason(p) == Some("CrashLoopBackOff")
+        })
+        .await?;
+        let c = container(&pod).context("container status")?;
+        let last = c
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .context("last state")?;
+        ensure!(
+            last.reason.as_deref() == Some("StartError") && last.exit_code == 128,
+            "{name}: {last:?}"
+        );
+        // Back-off of 200 ms doubling to 800 ms: the first restart at once, then at
+        // most one per 200, 400, 800, 800… ms. A tight loop makes hundreds a second.
+        let ran = storm_started.elapsed().as_secs_f64();
+        let most = 3 + (ran / 0.8).ceil() as i32;
+        ensure!(
+            (1..=most).contains(&c.restart_count),
+            "{name}: {} restarts in {ran:.1} s, at most {most} expected",
+            c.restart_count
+        );
+    }
+    let ran = storm_started.elapsed().as_secs_f64();
+    let writes = storm_writes.load(std::sync::atomic::Ordering::Relaxed);
+    // Two pods, a few status writes per restart each.
+    let most = 2 * (10 + 4 * (ran / 0.8).ceil() as u64);
+    ensure!(
+        writes <= most,
+        "{writes} changes of the failing pods in {ran:.1} s, at most {most} expected"
+    );
+    counting.abort();
+
+    // A Secret's bytes reach a process as they are, UTF-8 or not; a WASM component,
+    // whose environment is UTF-8 strings, is refused with the reason, not given
+    // another value.
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "raw"}, "data": {"bytes": "//5vaw=="}}),
+            )?,
+        )
+        .await?;
+    let raw_env =
+        json!([{"name": "RAW", "valueFrom": {"secretKeyRef": {"name": "raw", "key": "bytes"}}}]);
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "raw-process"}, "spec": {"runtimeClassName": "process", "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "file:///bin/sh", "env": raw_env,
+                "command": ["/bin/sh", "-c", "printf %s \"$RAW\" | od -An -tx1"]}]}}),
+    )
+    .await?;
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "raw-wasm"}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": image, "env": raw_env, "args": ["env", "RAW"]}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, "raw-process", Duration::from_secs(30), |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    let log = log_of(root, &pod, "main", 0)?;
+    ensure!(
+        phase(&pod) == "Succeeded" && log.contains(" stdout F  ff fe 6f 6b"),
+        "{log}"
+    );
+    let pod = wait_pod(&pods, "raw-wasm", Duration::from_secs(30), |p| {
+        waiting_reason(p).is_some()
+    })
+    .await?;
+    let waiting = container(&pod)
+        .and_then(|c| c.state.as_ref()?.waiting.clone())
+        .context("waiting")?;
+    ensure!(
+        waiting.reason.as_deref() == Some("CreateContainerError")
+            && waiting
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("RAW is not valid UTF-8")),
+        "{waiting:?}"
+    );
+
+    // A pod name as long as Kubernetes allows: its logs and events still work (the
+    // log directory's name and the events' names are cut and hashed).
+    let long = format!("long-{}", "n".repeat(248));
+    create_pod(
+        &api,
+        json!({"metadata": {"name": long}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": image, "args": ["echo", "a long name"]}]}}),
+    )
+    .await?;
+    let pod = wait_pod(&pods, &long, Duration::from_secs(30), |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    ensure!(phase(&pod) == "Succeeded", "{:?}", pod.status);
+    ensure!(kubectl.ok(&["logs", &long]).await? == "a long name\n");
+    let started = async {
+        let mut changes = events.subscribe();
+        loop {
+            if events.list().iter().any(|e| {
+                e.involved_object.name.as_deref() == Some(long.as_str())
+                    && e.reason.as_deref() == Some("Started")
+            }) {
+                return Ok::<_, anyhow::Error>(());
+            }
+            changes.recv().await.context("event informer ended")?;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), started)
+        .await
+        .context("no Started event for the pod with a long name")??;
+
+    // Lines longer than the reader's 1 MiB cap: `--tail` counts each as one line
+    // and shows it whole.
+    create_pod(
+        &api,
+        json!({"metadata": {"name": "long-lines"}, "spec": {"runtimeClassName": "process", "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "file:///bin/sh",
+                "command": ["/bin/sh", "-c", "echo first; head -c 1572864 /dev/zero | tr '\\0' x; echo; echo last"]}]}}),
+    )
+    .await?;
+    wait_pod(&pods, "long-lines", Duration::from_secs(30), |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    let long_line = "x".repeat(1_572_864);
+    ensure!(
+        kubectl.ok(&["logs", "long-lines", "--tail", "2"]).await? == format!("{long_line}\nlast\n"),
+        "--tail 2 is not the long line and the last"
+    );
+    ensure!(
+        kubectl.ok(&["logs", "long-lines"]).await? == format!("first\n{long_line}\nlast\n"),
+        "the whole log is not the three lines"
+    );
+
+    // Logs go with their pods: a finished pod deleted, a running one force-deleted.
+    let forced = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    ensure!(
+        !log_dirs(root, "hello").is_empty() && !log_dirs(root, "storm-exec").is_empty(),
+        "the pods have logs before they are deleted"
+    );
+    api.delete("hello", &DeleteParams::default()).await?;
+    api.delete("storm-exec", &forced).await?;
+    wait_logs_removed(
+        root,
+        &["hello", "probed", "storm-exec"],
+        Duration::from_secs(10),
+    )
+    .await?;
+
     // A process keeps running; the agent restarts; nothing is started twice.
     create_pod(
         &api,
@@ -628,7 +857,11 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
         .and_then(|c| c.container_id.clone())
         .context("container id")?;
     node.stop().await?;
+    // Deleted while its node is down: the node removes its logs when it is back.
+    ensure!(!log_dirs(root, "wired").is_empty(), "wired has logs");
+    api.delete("wired", &forced).await?;
     let node = TestNode::start(&cluster, root).await?;
+    wait_logs_removed(root, &["wired"], Duration::from_secs(10)).await?;
     // The restarted agent writes the same status: wait for a change of any pod, then
     // compare.
     let crasher_restarts = |p: &Pod| container(p).map(|c| c.restart_count).unwrap_or(0);

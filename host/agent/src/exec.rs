@@ -25,6 +25,8 @@
 //! would need CRI's streaming `Exec`, which the agent does not speak yet.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt as _;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -411,7 +413,7 @@ async fn environment(
     pod: &str,
     pod_uid: &str,
     container: &str,
-) -> Result<(Vec<(String, String)>, String), String> {
+) -> Result<(crate::spec::Environment, String), String> {
     let api: Api<Pod> = Api::all(ctx.client.clone());
     let selector = format!("spec.nodeName={}", ctx.config.node_name);
     let informer = ctx
@@ -438,7 +440,7 @@ async fn run(
     incoming: &mut futures::stream::SplitStream<Ws>,
     out: &mpsc::Sender<Message>,
     options: &ExecOptions,
-    env: Vec<(String, String)>,
+    env: crate::spec::Environment,
     dir: String,
 ) -> Outcome {
     let Some((program, args)) = options.command.split_first() else {
@@ -454,7 +456,7 @@ async fn run(
     let spawned = tokio::process::Command::new(program)
         .args(args)
         .env_clear()
-        .envs(env)
+        .envs(env.into_iter().map(|(k, v)| (k, OsString::from_vec(v))))
         .current_dir(if dir.is_empty() { "/" } else { dir.as_str() })
         .stdin(piped(options.stdin))
         .stdout(piped(options.stdout || options.tty))

@@ -43,7 +43,8 @@ pub struct HollowConfig {
     pub capacity: (u64, u64),
     /// The runtime handlers each node serves.
     pub handlers: Vec<String>,
-    /// Where pods' files would live: shared, since pod directories are per UID.
+    /// Where pods' files would live: a directory per node under it, since each
+    /// node's housekeeping removes the files of pods it does not have.
     pub root: PathBuf,
     /// As [`AgentConfig::lease_renew`].
     pub lease_renew: Duration,
@@ -197,7 +198,7 @@ async fn run_nodes(
                 continue;
             }
         };
-        let mut agent = AgentConfig::new(&name, ip, config.root.clone());
+        let mut agent = AgentConfig::new(&name, ip, config.root.join(&name));
         agent.lease_renew = config.lease_renew;
         // Node i renews i/N of a period later than node 0.
         agent.lease_offset = config.lease_renew.mul_f64(i as f64 / config.count as f64);

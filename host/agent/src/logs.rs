@@ -604,13 +604,48 @@ fn locate(
     })
 }
 
+/// The longest file name Linux file systems take (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// The directory of a pod's logs in `logs` (the agent's `ROOT/logs`):
+/// `NAMESPACE_NAME_UID`, as the kubelet names it. A pod name may be 253 characters,
+/// more than one path component holds with the rest, so a name too long is cut and
+/// ends in a hash of the whole name: the directory stays unique to its pod and
+/// [`pod_log_dir`] finds it from the name again.
+pub fn pod_logs_dir(logs: &Path, namespace: &str, name: &str, uid: &str) -> PathBuf {
+    logs.join(format!("{}{uid}", pod_logs_prefix(namespace, name)))
+}
+
+/// `NAMESPACE_NAME_`, with the name cut as [`pod_logs_dir`] says.
+fn pod_logs_prefix(namespace: &str, name: &str) -> String {
+    // A UID is 36 characters; room for it and the two separators.
+    let room = NAME_MAX.saturating_sub(namespace.len() + 2 + 36);
+    if name.len() <= room {
+        return format!("{namespace}_{name}_");
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());
+    let hash: String = digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // Names are ASCII (DNS subdomains), so any byte is a character boundary.
+    let keep = room.saturating_sub(hash.len() + 1).min(name.len());
+    format!("{namespace}_{}-{hash}_", &name[..keep])
+}
+
+/// The UID of a pod logs directory's name (`NAMESPACE_NAME_UID`), if it is one.
+pub fn uid_of_pod_logs_dir(dir_name: &str) -> Option<&str> {
+    let (rest, uid) = dir_name.rsplit_once('_')?;
+    (rest.contains('_') && !uid.is_empty()).then_some(uid)
+}
+
 /// The newest `NAMESPACE_POD_UID` directory in `logs`, with its UID.
 fn pod_log_dir(
     logs: &Path,
     namespace: &str,
     pod: &str,
 ) -> std::io::Result<Option<(PathBuf, String)>> {
-    let prefix = format!("{namespace}_{pod}_");
+    let prefix = pod_logs_prefix(namespace, pod);
     let entries = match std::fs::read_dir(logs) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -701,7 +736,8 @@ impl<'a> Record<'a> {
     }
 }
 
-/// One line of output: a record, or the partial records of a stream joined.
+/// One line of output: a record, or the partial records of a stream joined. A line
+/// longer than [`MAX_LINE`] comes in pieces: the first, then continuations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Line {
     /// The first piece's timestamp, as the file has it.
@@ -710,11 +746,18 @@ struct Line {
     content: Vec<u8>,
     /// Ended by an `F` record; a line the run never finished is shown without a newline.
     complete: bool,
+    /// Which stream it is of: a long line's pieces may be interleaved with the other
+    /// stream's lines.
+    stderr: bool,
+    /// A later piece of a line longer than [`MAX_LINE`]: it carries on the one before
+    /// of its stream, without a timestamp of its own, and is not a line of its own
+    /// for `tailLines`.
+    continuation: bool,
 }
 
 impl Line {
     fn render(&self, timestamps: bool, out: &mut Vec<u8>) {
-        if timestamps {
+        if timestamps && !self.continuation {
             out.extend_from_slice(self.timestamp.as_bytes());
             out.push(b' ');
         }
@@ -733,6 +776,9 @@ struct Decoder {
     carry: Vec<u8>,
     /// The unfinished line of stdout, and of stderr.
     partial: [Option<Line>; 2],
+    /// Per stream, the first piece's timestamp while a line longer than [`MAX_LINE`]
+    /// is being sent in pieces.
+    pieces: [Option<(String, Option<Timestamp>)>; 2],
 }
 
 impl Decoder {
@@ -759,23 +805,40 @@ impl Decoder {
             );
             return;
         };
-        let slot = &mut self.partial[usize::from(record.stderr)];
+        let stream = usize::from(record.stderr);
+        let slot = &mut self.partial[stream];
         let line = match slot {
             Some(pending) => {
                 pending.content.extend_from_slice(record.content);
                 pending
             }
-            None => slot.insert(Line {
-                timestamp: record.timestamp.to_owned(),
-                at: record.timestamp.parse().ok(),
-                content: record.content.to_vec(),
-                complete: false,
-            }),
+            None => {
+                let (timestamp, at, continuation) = match &self.pieces[stream] {
+                    Some((timestamp, at)) => (timestamp.clone(), *at, true),
+                    None => (
+                        record.timestamp.to_owned(),
+                        record.timestamp.parse().ok(),
+                        false,
+                    ),
+                };
+                slot.insert(Line {
+                    timestamp,
+                    at,
+                    content: record.content.to_vec(),
+                    complete: false,
+                    stderr: record.stderr,
+                    continuation,
+                })
+            }
         };
         if !record.partial {
             line.complete = true;
         }
-        if line.complete || line.content.len() >= MAX_LINE {
+        if line.complete {
+            self.pieces[stream] = None;
+            out.extend(slot.take());
+        } else if line.content.len() >= MAX_LINE {
+            self.pieces[stream] = Some((line.timestamp.clone(), line.at));
             out.extend(slot.take());
         }
     }
@@ -799,7 +862,7 @@ struct Selector {
     since: Option<Timestamp>,
     timestamps: bool,
     /// While the file's existing lines are read with `tailLines`: the last ones.
-    tail: Option<(usize, VecDeque<Line>)>,
+    tail: Option<Tail>,
     /// Bytes still allowed by `limitBytes`.
     remaining: Option<u64>,
     out: Vec<u8>,
@@ -812,7 +875,7 @@ impl Selector {
             timestamps: options.timestamps,
             tail: options
                 .tail_lines
-                .map(|n| (usize::try_from(n).unwrap_or(usize::MAX), VecDeque::new())),
+                .map(|n| Tail::new(usize::try_from(n).unwrap_or(usize::MAX))),
             remaining: options.limit_bytes,
             out: Vec::new(),
         }
@@ -829,14 +892,8 @@ impl Selector {
         {
             return;
         }
-        if let Some((n, kept)) = &mut self.tail {
-            if *n == 0 {
-                return;
-            }
-            if kept.len() == *n {
-                kept.pop_front();
-            }
-            kept.push_back(line);
+        if let Some(tail) = &mut self.tail {
+            tail.push(line);
             return;
         }
         self.emit(&line);
@@ -845,8 +902,8 @@ impl Selector {
     /// The existing lines are read: the kept tail goes out, and later lines (a
     /// follow's) are sent as they come.
     fn end_of_existing(&mut self) {
-        if let Some((_, kept)) = self.tail.take() {
-            for line in kept {
+        if let Some(tail) = self.tail.take() {
+            for line in tail.kept {
                 self.emit(&line);
             }
         }
@@ -872,6 +929,62 @@ impl Selector {
 
     fn take(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.out)
+    }
+}
+
+/// The last `n` lines, a line longer than [`MAX_LINE`] with all its pieces.
+#[derive(Debug)]
+struct Tail {
+    n: usize,
+    kept: VecDeque<Line>,
+    /// Lines begun in `kept` (first pieces), which is what `n` counts.
+    lines: usize,
+    /// Per stream: a line was dropped from the front before its last piece, so its
+    /// remaining pieces go too.
+    dropping: [bool; 2],
+}
+
+impl Tail {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            kept: VecDeque::new(),
+            lines: 0,
+            dropping: [false; 2],
+        }
+    }
+
+    fn push(&mut self, line: Line) {
+        let stream = usize::from(line.stderr);
+        if line.continuation && self.dropping[stream] {
+            self.dropping[stream] = !line.complete;
+            return;
+        }
+        if !line.continuation {
+            self.lines += 1;
+        }
+        self.kept.push_back(line);
+        while self.lines > self.n {
+            self.pop_front();
+        }
+        // Pieces whose first piece is gone, now at the front.
+        while self
+            .kept
+            .front()
+            .is_some_and(|l| l.continuation && self.dropping[usize::from(l.stderr)])
+        {
+            self.pop_front();
+        }
+    }
+
+    fn pop_front(&mut self) {
+        let Some(line) = self.kept.pop_front() else {
+            return;
+        };
+        if !line.continuation {
+            self.lines -= 1;
+        }
+        self.dropping[usize::from(line.stderr)] = !line.complete;
     }
 }
 
@@ -1147,6 +1260,65 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert_eq!(lines[0].content.len(), MAX_LINE);
         assert!(!lines[0].complete);
+    }
+
+    /// A log with a line of `len` bytes between two short ones, written as the runtime
+    /// writes one: 16 KiB partial records, then the rest in a full one (an empty one
+    /// with `empty_end`); a stderr line comes in between its pieces.
+    fn log_with_long_line(len: usize, empty_end: bool) -> (String, String) {
+        let long: String = (0..len)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let mut log = String::from("2024-05-01T11:59:00Z stdout F before\n");
+        let mut pieces = long.as_bytes().chunks(16 * 1024).peekable();
+        let mut i = 0;
+        while let Some(piece) = pieces.next() {
+            let tag = if pieces.peek().is_some() || empty_end {
+                "P"
+            } else {
+                "F"
+            };
+            let piece = std::str::from_utf8(piece).unwrap();
+            log.push_str(&format!("2024-05-01T11:59:01Z stdout {tag} {piece}\n"));
+            if i == 3 {
+                log.push_str("2024-05-01T11:59:01Z stderr F between\n");
+            }
+            i += 1;
+        }
+        if empty_end {
+            log.push_str("2024-05-01T11:59:01Z stdout F \n");
+        }
+        log.push_str("2024-05-01T11:59:02Z stdout F after\n");
+        (log, long)
+    }
+
+    #[test]
+    fn tail_counts_a_line_longer_than_the_cap_once() {
+        // More than the cap, and exactly the cap with an empty `F` record after it.
+        for (len, empty_end) in [(MAX_LINE + MAX_LINE / 2, false), (MAX_LINE, true)] {
+            let (log, long) = log_with_long_line(len, empty_end);
+            assert_eq!(
+                read(&log, "tailLines=2"),
+                format!("{long}\nafter\n"),
+                "{len}"
+            );
+            assert_eq!(
+                read(&log, "tailLines=3"),
+                format!("between\n{long}\nafter\n"),
+                "{len}"
+            );
+            assert_eq!(
+                read(&log, "tailLines=4"),
+                format!("before\nbetween\n{long}\nafter\n")
+            );
+            assert_eq!(read(&log, "tailLines=1"), "after\n");
+            assert_eq!(read(&log, ""), read(&log, "tailLines=4"));
+            let stamped = read(&log, "timestamps=true&tailLines=2");
+            assert_eq!(
+                stamped,
+                format!("2024-05-01T11:59:01Z {long}\n2024-05-01T11:59:02Z after\n")
+            );
+        }
     }
 
     #[test]

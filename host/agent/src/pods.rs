@@ -233,4 +233,40 @@ async fn remove_orphans(ctx: &Context, known: &HashSet<String>, workers: &HashMa
             .await;
         let _ = std::fs::remove_dir_all(crate::spec::pod_dir(ctx, uid));
     }
+    remove_orphan_files(ctx, known, workers);
+}
+
+/// The files and logs of pods this node no longer has, as the kubelet's housekeeping
+/// removes them: a pod's worker removes its own when the pod goes, so what is left is
+/// a pod's that went while the agent was down, or whose removal failed.
+fn remove_orphan_files(ctx: &Context, known: &HashSet<String>, workers: &HashMap<String, Handle>) {
+    let orphan = |uid: &str| !known.contains(uid) && !workers.contains_key(uid);
+    let root = &ctx.config.root;
+    for (dir, uid_of) in [
+        (
+            root.join("pods"),
+            (|n: &str| Some(n)) as fn(&str) -> Option<&str>,
+        ),
+        (root.join("logs"), crate::logs::uid_of_pod_logs_dir),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(uid) = name.to_str().and_then(uid_of) else {
+                continue;
+            };
+            if !orphan(uid) {
+                continue;
+            }
+            let path = entry.path();
+            info!(path = %path.display(), pod_uid = %uid, "removing what is left of a pod that is gone");
+            if let Err(e) = std::fs::remove_dir_all(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(path = %path.display(), error = %e, "remove what is left of a pod");
+            }
+        }
+    }
 }

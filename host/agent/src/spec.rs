@@ -68,6 +68,10 @@ impl Sources {
     }
 }
 
+/// A container's environment: names and values, in order. Values are bytes, as the
+/// kubelet's are: a Secret's value reaches a process as it is stored, UTF-8 or not.
+pub type Environment = Vec<(String, Vec<u8>)>;
+
 /// The container's environment, in order, as Kubernetes builds it: `envFrom` first,
 /// then `env`, each value's `$(VAR)` references expanded from what comes before.
 pub async fn environment(
@@ -75,10 +79,10 @@ pub async fn environment(
     pod: &Pod,
     container: &Container,
     sources: &mut Sources,
-) -> Result<Vec<(String, String)>, ConfigError> {
+) -> Result<Environment, ConfigError> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let mut env: Vec<(String, String)> = Vec::new();
-    let set = |env: &mut Vec<(String, String)>, name: String, value: String| match env
+    let mut env: Environment = Vec::new();
+    let set = |env: &mut Environment, name: String, value: Vec<u8>| match env
         .iter_mut()
         .find(|(n, _)| *n == name)
     {
@@ -91,7 +95,7 @@ pub async fn environment(
             match sources.config_map(ctx, ns, &r.name).await? {
                 Some(cm) => {
                     for (k, v) in cm.data.iter().flatten() {
-                        set(&mut env, format!("{prefix}{k}"), v.clone());
+                        set(&mut env, format!("{prefix}{k}"), v.clone().into_bytes());
                     }
                 }
                 None if r.optional == Some(true) => {}
@@ -102,11 +106,7 @@ pub async fn environment(
             match sources.secret(ctx, ns, &r.name).await? {
                 Some(s) => {
                     for (k, v) in s.data.iter().flatten() {
-                        set(
-                            &mut env,
-                            format!("{prefix}{k}"),
-                            String::from_utf8_lossy(&v.0).into_owned(),
-                        );
+                        set(&mut env, format!("{prefix}{k}"), v.0.clone());
                     }
                 }
                 None if r.optional == Some(true) => {}
@@ -119,13 +119,13 @@ pub async fn environment(
             expand(value, &env)
         } else if let Some(from) = &var.value_from {
             if let Some(field) = &from.field_ref {
-                field_value(ctx, pod, field)?
+                field_value(ctx, pod, field)?.into_bytes()
             } else if let Some(field) = &from.resource_field_ref {
-                resource_value(ctx, pod, Some(container), field)?
+                resource_value(ctx, pod, Some(container), field)?.into_bytes()
             } else if let Some(r) = &from.config_map_key_ref {
                 let cm = sources.config_map(ctx, ns, &r.name).await?;
                 match cm.and_then(|cm| cm.data.as_ref()?.get(&r.key).cloned()) {
-                    Some(v) => v,
+                    Some(v) => v.into_bytes(),
                     None if r.optional == Some(true) => continue,
                     None if cm.is_none() => {
                         return Err(ConfigError(format!("configmap \"{}\" not found", r.name)));
@@ -140,7 +140,7 @@ pub async fn environment(
             } else if let Some(r) = &from.secret_key_ref {
                 let secret = sources.secret(ctx, ns, &r.name).await?;
                 match secret.and_then(|s| s.data.as_ref()?.get(&r.key).cloned()) {
-                    Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
+                    Some(v) => v.0,
                     None if r.optional == Some(true) => continue,
                     None if secret.is_none() => {
                         return Err(ConfigError(format!("secret \"{}\" not found", r.name)));
@@ -153,10 +153,10 @@ pub async fn environment(
                     }
                 }
             } else {
-                String::new()
+                Vec::new()
             }
         } else {
-            String::new()
+            Vec::new()
         };
         set(&mut env, var.name.clone(), value);
     }
@@ -165,34 +165,34 @@ pub async fn environment(
 
 /// Kubernetes' `$(VAR)` expansion: a defined variable's value, `$$` an escaped `$`,
 /// anything else left as written.
-pub fn expand(input: &str, env: &[(String, String)]) -> String {
-    let mut out = String::with_capacity(input.len());
+pub fn expand(input: &str, env: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
     let mut rest = input;
     while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
+        out.extend_from_slice(&rest.as_bytes()[..at]);
         let after = &rest[at + 1..];
         if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
+            out.push(b'$');
             rest = tail;
         } else if let Some(body) = after.strip_prefix('(')
             && let Some(end) = body.find(')')
         {
             let name = &body[..end];
             match env.iter().rev().find(|(n, _)| n == name) {
-                Some((_, v)) => out.push_str(v),
+                Some((_, v)) => out.extend_from_slice(v),
                 None => {
-                    out.push_str("$(");
-                    out.push_str(name);
-                    out.push(')');
+                    out.extend_from_slice(b"$(");
+                    out.extend_from_slice(name.as_bytes());
+                    out.push(b')');
                 }
             }
             rest = &body[end + 1..];
         } else {
-            out.push('$');
+            out.push(b'$');
             rest = after;
         }
     }
-    out.push_str(rest);
+    out.extend_from_slice(rest.as_bytes());
     out
 }
 
@@ -610,21 +610,22 @@ pub fn mounts(
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    fn env(pairs: &[(&str, &[u8])]) -> Environment {
         pairs
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
             .collect()
     }
 
     #[test]
     fn expansion_follows_kubernetes() {
-        let vars = env(&[("A", "1"), ("B", "two")]);
-        assert_eq!(expand("$(A)-$(B)", &vars), "1-two");
-        assert_eq!(expand("$(MISSING)", &vars), "$(MISSING)");
-        assert_eq!(expand("$$(A)", &vars), "$(A)");
-        assert_eq!(expand("cost $5", &vars), "cost $5");
-        assert_eq!(expand("$(A", &vars), "$(A");
+        let vars = env(&[("A", b"1"), ("B", b"two"), ("RAW", b"\xff\xfeok")]);
+        assert_eq!(expand("$(A)-$(B)", &vars), b"1-two");
+        assert_eq!(expand("$(MISSING)", &vars), b"$(MISSING)");
+        assert_eq!(expand("$$(A)", &vars), b"$(A)");
+        assert_eq!(expand("cost $5", &vars), b"cost $5");
+        assert_eq!(expand("$(A", &vars), b"$(A");
+        assert_eq!(expand("<$(RAW)>", &vars), b"<\xff\xfeok>");
     }
 
     #[test]

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
@@ -21,8 +23,10 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 use trellis_client::events::EventType;
+use trellis_runtime::ENV_BYTES;
 
 use crate::Context;
+use crate::logs;
 use crate::probes::Prober;
 use crate::spec::{self, Sources};
 use crate::status::{self, Observed, Slot, State};
@@ -89,10 +93,14 @@ pub async fn run(
                 worker.sync(p).await
             }
             None => {
-                // Deleted without a graceful termination (a forced delete): stop what
-                // it ran within its own grace period.
+                // Gone from the API without a graceful termination here (a forced
+                // delete, a finished pod, or one deleted while the node was down):
+                // stop what it ran within its own grace period, then remove its
+                // sandboxes, files and logs, as the kubelet does with a pod it no
+                // longer has.
                 let grace = last.as_deref().map(spec_grace).unwrap_or(DEFAULT_GRACE);
                 worker.terminate(last.as_deref(), grace).await;
+                worker.stop_sandboxes(last.as_deref(), 0, true).await;
                 Step::Done
             }
         };
@@ -556,12 +564,12 @@ impl Worker {
         labels.insert(POD_UID.into(), self.uid.clone());
         labels.insert(POD_NAME.into(), name.clone());
         labels.insert(POD_NAMESPACE.into(), namespace.clone());
-        let log_directory = self
-            .ctx
-            .config
-            .root
-            .join("logs")
-            .join(format!("{namespace}_{name}_{}", self.uid));
+        let log_directory = logs::pod_logs_dir(
+            &self.ctx.config.root.join("logs"),
+            &namespace,
+            &name,
+            &self.uid,
+        );
         cri::PodSandboxConfig {
             metadata: Some(cri::PodSandboxMetadata {
                 name,
@@ -919,12 +927,17 @@ impl Worker {
         }
         let mounts = spec::mounts(container, volumes.as_ref().unwrap_or(&HashMap::new()))?;
         let env = spec::environment(&self.ctx, pod, container, sources).await?;
+        // CRI's arguments are strings: a reference to a value that is not UTF-8 is
+        // passed as its closest string.
         let expand = |list: &Option<Vec<String>>| -> Vec<String> {
             list.iter()
                 .flatten()
-                .map(|s| spec::expand(s, &env))
+                .map(|s| String::from_utf8_lossy(&spec::expand(s, &env)).into_owned())
                 .collect()
         };
+        let (command, args) = (expand(&container.command), expand(&container.args));
+        let mut annotations = annotations(container, attempt);
+        let envs = self.cri_environment(container, env, &mut annotations)?;
         let memory_limit = container
             .resources
             .as_ref()
@@ -952,19 +965,13 @@ impl Worker {
                 image: container.image.clone().unwrap_or_default(),
                 ..Default::default()
             }),
-            command: expand(&container.command),
-            args: expand(&container.args),
+            command,
+            args,
             working_dir: container.working_dir.clone().unwrap_or_default(),
-            envs: env
-                .iter()
-                .map(|(k, v)| cri::KeyValue {
-                    key: k.clone(),
-                    value: v.clone(),
-                })
-                .collect(),
+            envs,
             mounts,
             labels,
-            annotations: annotations(container, attempt),
+            annotations,
             log_path: format!("{}/{attempt}.log", container.name),
             linux: Some(cri::LinuxContainerConfig {
                 resources: Some(cri::LinuxContainerResources {
@@ -975,6 +982,41 @@ impl Worker {
             }),
             ..Default::default()
         })
+    }
+
+    /// The environment as CRI carries it. Its values are protobuf strings, which this
+    /// client can only send as UTF-8: a value that is not (a Secret's bytes) goes to
+    /// Trellis' runtime in [`ENV_BYTES`] instead, as the kubelet's bytes reach
+    /// containerd; another runtime cannot be given it unchanged, so the container
+    /// fails with the reason rather than get a different value.
+    fn cri_environment(
+        &self,
+        container: &Container,
+        env: spec::Environment,
+        annotations: &mut HashMap<String, String>,
+    ) -> Result<Vec<cri::KeyValue>, spec::ConfigError> {
+        let mut raw = serde_json::Map::new();
+        let mut envs = Vec::with_capacity(env.len());
+        for (key, value) in env {
+            let value = match String::from_utf8(value) {
+                Ok(value) => value,
+                Err(e) if self.ctx.runtime_name == "trellis" => {
+                    raw.insert(key.clone(), BASE64.encode(e.as_bytes()).into());
+                    String::new()
+                }
+                Err(_) => {
+                    return Err(spec::ConfigError(format!(
+                        "environment variable {key} of container {:?} is not valid UTF-8, which the {} runtime cannot be given over CRI",
+                        container.name, self.ctx.runtime_name
+                    )));
+                }
+            };
+            envs.push(cri::KeyValue { key, value });
+        }
+        if !raw.is_empty() {
+            annotations.insert(ENV_BYTES.to_owned(), Value::Object(raw).to_string());
+        }
+        Ok(envs)
     }
 
     /// Stops the pod's containers (SIGTERM, `grace` seconds, then SIGKILL) and its
@@ -1055,13 +1097,17 @@ impl Worker {
             }
             if let Some(pod) = pod {
                 let meta = &pod.metadata;
-                let logs = self.ctx.config.root.join("logs").join(format!(
-                    "{}_{}_{}",
+                let dir = logs::pod_logs_dir(
+                    &self.ctx.config.root.join("logs"),
                     meta.namespace.as_deref().unwrap_or_default(),
                     meta.name.as_deref().unwrap_or_default(),
-                    self.uid
-                ));
-                let _ = std::fs::remove_dir_all(logs);
+                    &self.uid,
+                );
+                if let Err(e) = std::fs::remove_dir_all(&dir)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    warn!(dir = %dir.display(), error = %e, "remove the pod's logs");
+                }
             }
         }
     }
@@ -1202,7 +1248,12 @@ fn slot(container: &Container, observed: &mut HashMap<String, Vec<Observed>>) ->
     }
 }
 
+/// How long a run lasted; zero for one that never started (a `StartError`: its start
+/// time is unset), which the back-off must count as a crash, not as a long run.
 fn ran_for(o: &Observed) -> Duration {
+    if o.started_at <= 0 {
+        return Duration::ZERO;
+    }
     Duration::from_nanos((o.finished_at - o.started_at).max(0) as u64)
 }
 

@@ -134,11 +134,7 @@ impl EventRecorder {
             .clone()
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".to_owned());
-        let name = format!(
-            "{}.{:016x}",
-            involved.name.as_deref().unwrap_or("unknown"),
-            rand::random::<u64>()
-        );
+        let name = event_name(involved.name.as_deref().unwrap_or("unknown"));
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(name),
@@ -180,6 +176,24 @@ impl EventRecorder {
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
+}
+
+/// The longest object name Kubernetes takes (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// An event's name: the object's name and a random suffix, as client-go makes it. The
+/// object's name may be as long as the event's may be, so it is cut to leave room for
+/// the suffix, and cut back past a `.` or `-` that would end a label.
+fn event_name(object: &str) -> String {
+    let suffix = format!(".{:016x}", rand::random::<u64>());
+    // Names are ASCII (DNS subdomains or segments), so any byte is a boundary.
+    let room = MAX_NAME - suffix.len();
+    let base = if object.len() > room && object.is_char_boundary(room) {
+        object[..room].trim_end_matches(['.', '-'])
+    } else {
+        object
+    };
+    format!("{base}{suffix}")
 }
 
 /// A reference to `obj` for `involvedObject`.
@@ -338,5 +352,25 @@ async fn write(
             }
             Err(e) => warn!(error = %e, reason = %key.reason, "writing an event failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_names_of_long_objects_fit_and_stay_valid() {
+        let short = event_name("web-1");
+        assert!(short.starts_with("web-1.") && short.len() == "web-1".len() + 17);
+        // 236 characters and a '-' where the cut falls: the '-' goes too.
+        let long = format!("{}-{}", "a".repeat(235), "b".repeat(17));
+        let name = event_name(&long);
+        assert!(name.len() <= MAX_NAME, "{}", name.len());
+        assert!(
+            name.starts_with(&"a".repeat(235)) && !name.contains("-."),
+            "{name}"
+        );
+        assert_ne!(event_name(&long), name, "the suffix keeps names apart");
     }
 }

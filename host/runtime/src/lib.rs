@@ -59,6 +59,37 @@ pub const WASMTIME: &str = "wasmtime";
 /// The handler that runs native executables as host processes.
 pub const PROCESS: &str = "process";
 
+/// A container annotation holding the environment values that are not UTF-8, as a JSON
+/// object of name to base64 bytes: CRI's values are protobuf strings, which a Rust
+/// client sends only as UTF-8, while Kubernetes passes a Secret's bytes unchanged. The
+/// `process` handler sets them as they are; a WebAssembly component's environment is
+/// strings (`wasi:cli/environment`), so the `wasmtime` handler refuses the container.
+pub const ENV_BYTES: &str = "trellis.dev/env-bytes";
+
+/// The values of [`ENV_BYTES`], by name; none when the container has no such
+/// annotation.
+fn env_bytes(
+    config: &k8s_cri::v1::ContainerConfig,
+) -> Result<Vec<(String, Vec<u8>)>, tonic::Status> {
+    use base64::Engine as _;
+    let Some(raw) = config.annotations.get(ENV_BYTES) else {
+        return Ok(Vec::new());
+    };
+    let bad =
+        |why: String| tonic::Status::invalid_argument(format!("annotation {ENV_BYTES}: {why}"));
+    let values: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(raw).map_err(|e| bad(e.to_string()))?;
+    values
+        .into_iter()
+        .map(|(name, value)| {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(&value)
+                .map_err(|e| bad(format!("{name}: {e}")))?;
+            Ok((name, bytes))
+        })
+        .collect()
+}
+
 /// What a [`Runtime`] is given.
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {

@@ -8,6 +8,8 @@
 //! reader while the runtime restarts (up to a pipe's buffer; then the process waits),
 //! and the next run reopens them to carry on copying into the log.
 
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
 use std::process::Stdio;
@@ -31,6 +33,24 @@ const ADOPTED_POLL: Duration = Duration::from_millis(150);
 const DRAIN: Duration = Duration::from_millis(500);
 /// How long a SIGKILLed process may take to be gone before a stop gives up.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// The container's environment, with the values [`crate::ENV_BYTES`] holds as bytes.
+pub(crate) fn environment(
+    config: &k8s_cri::v1::ContainerConfig,
+) -> Result<Vec<(OsString, OsString)>, Status> {
+    let raw = crate::env_bytes(config)?;
+    Ok(config
+        .envs
+        .iter()
+        .map(|kv| {
+            let value = match raw.iter().find(|(k, _)| *k == kv.key) {
+                Some((_, bytes)) => OsString::from_vec(bytes.clone()),
+                None => OsString::from(&kv.value),
+            };
+            (OsString::from(&kv.key), value)
+        })
+        .collect())
+}
 
 /// A started process: its pid and /proc start time, and its live part.
 #[derive(Debug)]
@@ -94,7 +114,7 @@ pub(crate) fn start(
         .arg0(arg0)
         .args(argv)
         .env_clear()
-        .envs(record.config.envs.iter().map(|kv| (&kv.key, &kv.value)))
+        .envs(environment(&record.config)?)
         .current_dir(working_dir(record))
         .stdin(Stdio::null())
         .process_group(0);
@@ -268,7 +288,7 @@ pub(crate) async fn exec_sync(
     let child = tokio::process::Command::new(program)
         .args(args)
         .env_clear()
-        .envs(record.config.envs.iter().map(|kv| (&kv.key, &kv.value)))
+        .envs(environment(&record.config)?)
         .current_dir(working_dir(record))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

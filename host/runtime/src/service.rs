@@ -343,6 +343,14 @@ impl RuntimeService for Runtime {
                 sandbox.handler
             )));
         }
+        let raw_env = crate::env_bytes(&config)?;
+        if image.kind == ImageKind::Wasm
+            && let Some((name, _)) = raw_env.first()
+        {
+            return Err(Status::invalid_argument(format!(
+                "environment variable {name} is not valid UTF-8: a WebAssembly component's environment holds UTF-8 strings only (wasi:cli/environment)"
+            )));
+        }
         let log_path = match config.log_path.as_str() {
             "" => None,
             relative => {
