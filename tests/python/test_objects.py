@@ -1,7 +1,8 @@
 """Object behaviours of `trellis server` through the official Python client: the
 `pods/binding`, `pods/log` and `scale` subresources, a custom resource's `/status`,
-`generateName`, `ownerReferences`, dry runs of updates and patches, and the `all`
-discovery category as `kubectl get all` uses it.
+`generateName`, `ownerReferences`, dry runs of updates and patches, the `all`
+discovery category as `kubectl get all` uses it, and `kubectl get --sort-by`, which
+sorts Tables by the whole objects their rows carry.
 
 Requests go through the official Python client where it can express them, else as
 plain HTTPS requests on the client's own connection pool (its admin client
@@ -700,6 +701,71 @@ def test_kubectl_get_all_lists_the_resources_of_the_all_category(api_client, tre
         "replicaset.apps/web-rs",
     } <= listed, result.stdout
     assert not any(line.startswith("configmap/") for line in listed), result.stdout
+
+
+# ---- kubectl get --sort-by ------------------------------------------------------
+
+
+def kubectl_rows(trellis, tmp_path, *args, stdin=None):
+    """`kubectl ARGS --no-headers` as the admin: the rows printed, split into columns."""
+    result = subprocess.run(
+        ["kubectl", "--kubeconfig", str(trellis.kubeconfig), "--cache-dir", str(tmp_path / "kube-cache"),
+         *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, (args, result.stderr)
+    return [line.split() for line in result.stdout.splitlines()]
+
+
+def test_kubectl_get_sort_by_sorts_by_fields_outside_metadata(api_client, trellis, namespace, tmp_path):
+    """Regression: Table rows carried only the objects' metadata whatever
+    `includeObject` asked for; `kubectl get --sort-by` asks for the whole objects and
+    printed "No resources found" when sorting by `.status.startTime` or by an event's
+    `.lastTimestamp`."""
+    v1 = client.CoreV1Api(api_client)
+    # Names in one order, start times in another.
+    started = {"pod-a": "2024-01-03T00:00:00Z", "pod-b": "2024-01-01T00:00:00Z", "pod-c": "2024-01-02T00:00:00Z"}
+    for name in ("pod-c", "pod-a", "pod-b"):
+        v1.create_namespaced_pod(namespace, pod(name))
+        kubectl_rows(trellis, tmp_path, "patch", "pod", name, "-n", namespace, "--subresource=status",
+                     "--type=merge", "-p", json.dumps({"status": {"startTime": started[name]}}))
+
+    by_name = kubectl_rows(trellis, tmp_path, "get", "pods", "-n", namespace, "--sort-by=.metadata.name",
+                           "--no-headers")
+    assert [row[0] for row in by_name] == ["pod-a", "pod-b", "pod-c"], by_name
+    by_start = kubectl_rows(trellis, tmp_path, "get", "pods", "-n", namespace, "--sort-by=.status.startTime",
+                            "--no-headers")
+    assert [row[0] for row in by_start] == ["pod-b", "pod-c", "pod-a"], by_start
+    # Every column is printed, not only the names.
+    assert all(row[1:3] == ["0/1", "Pending"] for row in by_start), by_start
+
+    # Events as `kubectl get events --sort-by=.lastTimestamp` lists them, oldest first.
+    seen = {"first": "2024-02-01T00:00:00Z", "second": "2024-02-02T00:00:00Z", "third": "2024-02-03T00:00:00Z"}
+    events = "---\n".join(
+        f"""apiVersion: v1
+kind: Event
+metadata: {{name: {name}, namespace: {namespace}}}
+involvedObject: {{apiVersion: v1, kind: Pod, name: {pod_name}, namespace: {namespace}}}
+reason: {reason}
+message: seen {reason}
+type: Normal
+count: 1
+firstTimestamp: "{seen[reason]}"
+lastTimestamp: "{seen[reason]}"
+"""
+        # Names sorted differently from the times.
+        for name, pod_name, reason in (("ev-a", "pod-a", "third"), ("ev-b", "pod-b", "first"),
+                                       ("ev-c", "pod-c", "second"))
+    )
+    kubectl_rows(trellis, tmp_path, "create", "-f", "-", stdin=events)
+    by_time = kubectl_rows(trellis, tmp_path, "get", "events", "-n", namespace, "--sort-by=.lastTimestamp",
+                           "--no-headers")
+    # LAST SEEN, TYPE, REASON, OBJECT, MESSAGE.
+    assert [row[2] for row in by_time] == ["first", "second", "third"], by_time
+    assert [row[3] for row in by_time] == ["pod/pod-b", "pod/pod-c", "pod/pod-a"], by_time
 
 
 # ---- scale -------------------------------------------------------------------

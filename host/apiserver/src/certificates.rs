@@ -480,7 +480,7 @@ fn internal_request(
         content_type: None,
         user_agent: Some(MANAGER.to_owned()),
         body_format: BodyFormat::Json,
-        wants_table: false,
+        table: None,
         dry_run: false,
         include_uninitialized: true,
     }

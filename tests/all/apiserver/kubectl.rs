@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -679,6 +679,141 @@ spec: {holderIdentity: n1}
         ],
         "{nodes}"
     );
+    cluster.stop().await
+}
+
+/// kubectl's Accept header for `kubectl get`: a Table, else the object.
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+
+/// A GET on `connection` that accepts a Table: the status and the body, whole or (for
+/// a watch) up to the end of its first event.
+async fn get_table(
+    cluster: &TestCluster,
+    connection: &hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    path: &str,
+) -> Result<(u16, Value)> {
+    use http_body_util::BodyExt as _;
+    let mut request = cluster.http2_request("GET", path)?;
+    request
+        .headers_mut()
+        .insert("accept", hyper::header::HeaderValue::from_static(TABLE));
+    let response = connection.clone().send_request(request).await?;
+    let status = response.status().as_u16();
+    let mut body = response.into_body();
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                seen.extend_from_slice(&data);
+                if seen.contains(&b'\n') {
+                    break;
+                }
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .with_context(|| format!("{path}: no answer within 10 s"))??;
+    let line = seen.split(|b| *b == b'\n').next().unwrap_or_default();
+    let value = serde_json::from_slice(line)
+        .with_context(|| format!("{path}: {}", String::from_utf8_lossy(&seen)))?;
+    Ok((status, value))
+}
+
+/// Regression: every Table row carried a `PartialObjectMetadata` whatever
+/// `includeObject` asked for, so `kubectl get --sort-by` (which asks for `Object` and
+/// sorts by the rows' objects) printed "No resources found" for any field outside
+/// `metadata`. Rows carry the metadata by default, the whole object or nothing when
+/// asked, in lists, gets and watches; any other value is a 400 as in Kubernetes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_rows_carry_the_object_include_object_asks_for() -> Result<()> {
+    let cluster = TestCluster::start().await?;
+    let connection = cluster.http2().await?;
+    let pods = "/api/v1/namespaces/default/pods";
+    let (_, empty) = get_table(&cluster, &connection, pods).await?;
+    let before = empty["metadata"]["resourceVersion"]
+        .as_str()
+        .context("the Table's resourceVersion")?
+        .to_owned();
+    cluster
+        .kubectl_ok_stdin(&["create", "-f", "-"], PODS)
+        .await?;
+
+    let metadata = |object: &Value, name: &str| {
+        object["kind"] == "PartialObjectMetadata"
+            && object["apiVersion"] == "meta.k8s.io/v1"
+            && object["metadata"]["name"] == name
+            && object.get("spec").is_none()
+    };
+    let whole = |object: &Value, name: &str| {
+        object["kind"] == "Pod"
+            && object["apiVersion"] == "v1"
+            && object["metadata"]["name"] == name
+            && object["spec"]["containers"][0]["name"] == "main"
+            && object["status"]["phase"] == "Pending"
+    };
+    let nothing = |object: &Value, _: &str| object.is_null();
+    type Check<'a> = &'a dyn Fn(&Value, &str) -> bool;
+    let both: &[&str] = &["p1", "p2"];
+    let cases: [(String, &[&str], Check); 5] = [
+        (pods.to_owned(), both, &metadata),
+        (format!("{pods}?includeObject=Metadata"), both, &metadata),
+        // What kubectl asks for with --sort-by.
+        (format!("{pods}?includeObject=Object"), both, &whole),
+        (format!("{pods}?includeObject=None"), both, &nothing),
+        (format!("{pods}/p2?includeObject=Object"), &["p2"], &whole),
+    ];
+    for (path, names, check) in cases {
+        let (status, table) = get_table(&cluster, &connection, &path).await?;
+        ensure!(status == 200 && table["kind"] == "Table", "{path}: {table}");
+        let rows = table["rows"].as_array().context("rows")?;
+        ensure!(rows.len() == names.len(), "{path}: {table}");
+        for (row, name) in rows.iter().zip(names) {
+            ensure!(row["cells"][0] == *name, "{path}: {row}");
+            let object = row.get("object").unwrap_or(&Value::Null);
+            ensure!(check(object, name), "{path}: {name}'s row carries {object}");
+        }
+    }
+
+    // A watch of Tables (kubectl get -w) carries what its rows are asked to.
+    for (query, check) in [
+        ("", &metadata as Check),
+        ("&includeObject=Object", &whole),
+        ("&includeObject=None", &nothing),
+    ] {
+        let path = format!("{pods}?watch=1&resourceVersion={before}{query}");
+        let (status, event) = get_table(&cluster, &connection, &path).await?;
+        ensure!(status == 200 && event["type"] == "ADDED", "{path}: {event}");
+        let row = &event["object"]["rows"][0];
+        let object = row.get("object").unwrap_or(&Value::Null);
+        ensure!(
+            event["object"]["kind"] == "Table" && row["cells"][0] == "p1" && check(object, "p1"),
+            "{path}: {event}"
+        );
+    }
+
+    // Any other value is refused, as kube-apiserver refuses it; without a Table it is
+    // not read at all.
+    let (status, refused) =
+        get_table(&cluster, &connection, &format!("{pods}?includeObject=All")).await?;
+    ensure!(
+        status == 400
+            && refused["kind"] == "Status"
+            && refused["reason"] == "BadRequest"
+            && refused["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("includeObject")),
+        "{refused}"
+    );
+    let plain = cluster
+        .request(
+            "GET",
+            &format!("{pods}?includeObject=All"),
+            "application/json",
+            "",
+        )
+        .await?;
+    ensure!(plain.status == 200, "without a Table: {}", plain.status);
     cluster.stop().await
 }
 

@@ -21,7 +21,7 @@ use trellis_api::registry::Subresource;
 use crate::authentication::Peer;
 use crate::authorization::reviews;
 use crate::endpoints::discovery;
-use crate::endpoints::request::{self, ApiRequest, BodyFormat, MAX_BODY, Query};
+use crate::endpoints::request::{self, ApiRequest, BodyFormat, IncludeObject, MAX_BODY, Query};
 use crate::endpoints::response::{ErrorResponse, json_response};
 use crate::endpoints::watch;
 use crate::observability::metrics::RequestLabels;
@@ -405,7 +405,8 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         body_format,
-        wants_table: request::wants_table(&headers),
+        // Read once the request is authorized, as kube-apiserver reads its options.
+        table: None,
     };
     {
         let mut info = lock(info);
@@ -436,6 +437,10 @@ async fn handle(
         info.name = req.name.clone().unwrap_or_default();
     }
     crate::authorization::authorize(&state, &req).await?;
+    let mut req = req;
+    if request::wants_table(&headers) {
+        req.table = Some(IncludeObject::parse(req.query.include_object.as_deref())?);
+    }
     if matches!(method, Method::POST | Method::PUT | Method::PATCH)
         && req.body_format == BodyFormat::Unsupported
     {
@@ -449,7 +454,6 @@ async fn handle(
         .await
         .map_err(|_| ApiError::timeout("the request body did not arrive in time"))??;
     crate::authorization::node::check_create(&req, &body)?;
-    let mut req = req;
     if matches!(verb, "delete" | "deletecollection") && registry::delete_dry_run(&req, &body)? {
         req.dry_run = true;
     }

@@ -60,6 +60,7 @@ pub struct Query {
     pub force: Option<bool>,
     pub field_validation: Option<String>,
     pub include_uninitialized: bool,
+    /// `includeObject`, read only when a Table is asked for ([`IncludeObject::parse`]).
     pub include_object: Option<String>,
     pub propagation_policy: Option<String>,
     /// `pods/log`: the container whose log is asked for.
@@ -136,6 +137,33 @@ impl Query {
     }
 }
 
+/// What each row of a Table carries as its `object` (`includeObject`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IncludeObject {
+    /// Nothing: the rows' `object` is null.
+    None,
+    /// The object's metadata as a `PartialObjectMetadata`: Kubernetes' default.
+    #[default]
+    Metadata,
+    /// The whole object: what `kubectl get --sort-by` sorts by.
+    Object,
+}
+
+impl IncludeObject {
+    /// `includeObject` as kube-apiserver reads it for a Table: empty or absent is
+    /// `Metadata`, any value it does not know a 400.
+    pub fn parse(value: Option<&str>) -> Result<Self, ApiError> {
+        match value.unwrap_or_default() {
+            "" | "Metadata" => Ok(Self::Metadata),
+            "None" => Ok(Self::None),
+            "Object" => Ok(Self::Object),
+            other => Err(ApiError::bad_request(format!(
+                "Unable to convert to Table as requested: includeObject: Invalid value: {other:?}: must be 'Metadata', 'Object', 'None', or empty"
+            ))),
+        }
+    }
+}
+
 /// `application/x-www-form-urlencoded` pairs (the query string), percent-decoded.
 pub fn form_pairs(raw: &str) -> HashMap<String, String> {
     raw.split('&')
@@ -201,8 +229,9 @@ pub struct ApiRequest {
     /// The client's User-Agent: a write's field manager when it names none.
     pub user_agent: Option<String>,
     pub body_format: BodyFormat,
-    /// The client accepts a `meta.k8s.io` Table (kubectl get).
-    pub wants_table: bool,
+    /// Set when the client accepts a `meta.k8s.io` Table (kubectl get): what the
+    /// Table's rows carry.
+    pub table: Option<IncludeObject>,
     pub dry_run: bool,
     pub include_uninitialized: bool,
 }
@@ -327,6 +356,26 @@ mod tests {
                 .contains("limit")
         );
         assert!(Query::parse(Some("dryRun=Some")).is_err());
+    }
+
+    #[test]
+    fn include_object_takes_kubernetes_values_and_defaults_to_metadata() {
+        assert_eq!(IncludeObject::parse(None).unwrap(), IncludeObject::Metadata);
+        assert_eq!(
+            IncludeObject::parse(Some("")).unwrap(),
+            IncludeObject::Metadata
+        );
+        assert_eq!(
+            IncludeObject::parse(Some("Object")).unwrap(),
+            IncludeObject::Object
+        );
+        assert_eq!(
+            IncludeObject::parse(Some("None")).unwrap(),
+            IncludeObject::None
+        );
+        let refused = IncludeObject::parse(Some("object")).unwrap_err();
+        assert_eq!(refused.code, 400);
+        assert!(refused.message.contains("includeObject"), "{refused:?}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use trellis_api::registry::{PrinterColumn, ResourceInfo};
 use trellis_store::Revision;
 
+use crate::endpoints::request::IncludeObject;
 use crate::object::{Object, meta_str, metadata};
 
 struct Column {
@@ -800,11 +801,13 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
     }
 }
 
-/// A Table of `items`. `list` carries the list's revision and continue token.
+/// A Table of `items`, each row carrying what `include` asks for. `list` carries the
+/// list's revision and continue token.
 pub fn object_table(
     res: &ResourceInfo,
     items: &[Object],
     list: Option<(Revision, Option<String>)>,
+    include: IncludeObject,
 ) -> Value {
     let printer = res.printer_columns.as_deref();
     let column_definitions: Vec<Value> = match printer {
@@ -825,14 +828,7 @@ pub fn object_table(
                     .collect(),
                 None => cells(res, obj),
             };
-            json!({
-                "cells": cells,
-                "object": {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
-                },
-            })
+            json!({"cells": cells, "object": row_object(res, obj, include)})
         })
         .collect();
     let mut meta = json!({});
@@ -849,6 +845,30 @@ pub fn object_table(
         "columnDefinitions": column_definitions,
         "rows": rows,
     })
+}
+
+/// A row's `object`, as kube-apiserver fills it for `includeObject`.
+fn row_object(res: &ResourceInfo, obj: &Object, include: IncludeObject) -> Value {
+    match include {
+        IncludeObject::None => Value::Null,
+        IncludeObject::Metadata => json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+        }),
+        IncludeObject::Object => {
+            // Clients decode it on its own (kubectl's sorter), so it names its kind even
+            // where a list's items may not.
+            let mut whole = obj.clone();
+            whole
+                .entry("apiVersion")
+                .or_insert_with(|| res.api_version().into());
+            whole
+                .entry("kind")
+                .or_insert_with(|| res.kind.clone().into());
+            Value::Object(whole)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -878,7 +898,7 @@ mod tests {
             "status": {"phase": "Running", "containerStatuses": [{"ready": true, "restartCount": 2}, {"ready": false, "restartCount": 1}]}
         }))
         .unwrap();
-        let table = object_table(&res, &[pod], Some((7, None)));
+        let table = object_table(&res, &[pod], Some((7, None)), IncludeObject::Metadata);
         assert_eq!(table["columnDefinitions"][1]["name"], "Ready");
         assert_eq!(
             table["rows"][0]["cells"],
@@ -897,6 +917,33 @@ mod tests {
         assert_eq!(table["columnDefinitions"][5]["name"], "IP");
         assert_eq!(table["columnDefinitions"][5]["priority"], 1);
         assert_eq!(table["metadata"]["resourceVersion"], "7");
+    }
+
+    #[test]
+    fn rows_carry_what_include_object_asks_for() {
+        let res = trellis_api::registry::builtins()
+            .into_iter()
+            .find(|r| r.plural == "pods")
+            .unwrap();
+        let pod: Object = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "status": {"startTime": "2020-01-01T00:00:00Z"}
+        }))
+        .unwrap();
+        let row = |include| {
+            object_table(&res, std::slice::from_ref(&pod), None, include)["rows"][0]["object"]
+                .clone()
+        };
+        assert_eq!(
+            row(IncludeObject::Metadata),
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "web"}})
+        );
+        assert_eq!(
+            row(IncludeObject::Object),
+            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "web"},
+                   "status": {"startTime": "2020-01-01T00:00:00Z"}})
+        );
+        assert_eq!(row(IncludeObject::None), Value::Null);
     }
 
     #[test]
@@ -1003,7 +1050,7 @@ mod tests {
             ]}
         }))
         .unwrap();
-        let table = object_table(&res, &[widget], None);
+        let table = object_table(&res, &[widget], None, IncludeObject::Metadata);
         let names: Vec<&Value> = table["columnDefinitions"]
             .as_array()
             .unwrap()

@@ -31,7 +31,7 @@ use trellis_api::registry::ResourceInfo;
 use trellis_api::selector::{FieldSelector, LabelSelector};
 use trellis_store::{EventKind, Revision, WatchStream};
 
-use crate::endpoints::request::ApiRequest;
+use crate::endpoints::request::{ApiRequest, IncludeObject};
 use crate::endpoints::response::{ApiResult, store_error};
 use crate::endpoints::table;
 use crate::object::{Object, metadata};
@@ -142,7 +142,7 @@ pub async fn watch(state: State, req: ApiRequest) -> ApiResult {
         .map_or(DEFAULT_TIMEOUT, Duration::from_secs);
     let lines = Lines {
         resource: req.resource.clone(),
-        wants_table: req.wants_table,
+        table: req.table,
         filter,
     };
     let events = Events::new(
@@ -435,18 +435,20 @@ impl Chunk {
 /// How one client watch writes its lines.
 struct Lines {
     resource: ResourceInfo,
-    /// The client asked for `meta.k8s.io` Tables (kubectl get -w).
-    wants_table: bool,
+    /// Set when the client asked for `meta.k8s.io` Tables (kubectl get -w): what their
+    /// rows carry.
+    table: Option<IncludeObject>,
     filter: Filter,
 }
 
 impl Lines {
     /// An event line for `obj`, encoded for this watch alone.
     fn encode(&self, kind: &str, obj: Object) -> Bytes {
-        let object = if self.wants_table {
-            table::object_table(&self.resource, std::slice::from_ref(&obj), None)
-        } else {
-            Value::Object(obj)
+        let object = match self.table {
+            Some(include) => {
+                table::object_table(&self.resource, std::slice::from_ref(&obj), None, include)
+            }
+            None => Value::Object(obj),
         };
         value_line(kind, &object)
     }
@@ -464,7 +466,7 @@ impl Lines {
             EventKind::Delete if was => EventType::Deleted,
             EventKind::Delete => return,
         };
-        chunk.push(if self.wants_table {
+        chunk.push(if self.table.is_some() {
             self.encode(kind.as_str(), (**event.object()).clone())
         } else {
             event.line(kind)
@@ -550,7 +552,7 @@ mod tests {
                 .into_iter()
                 .find(|r| r.plural == "configmaps")
                 .unwrap(),
-            wants_table: false,
+            table: None,
             filter: Filter {
                 labels: LabelSelector::parse(selector).unwrap(),
                 fields: FieldSelector::default(),

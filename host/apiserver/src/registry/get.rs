@@ -266,10 +266,10 @@ pub async fn list(state: &AppState, req: &ApiRequest) -> ApiResult {
         next,
         remaining,
     } = list_objects(state, req).await?;
-    if req.wants_table {
+    if let Some(include) = req.table {
         return Ok(json_response(
             StatusCode::OK,
-            &table::object_table(&req.resource, &items, Some((revision, next))),
+            &table::object_table(&req.resource, &items, Some((revision, next)), include),
         ));
     }
     let mut meta = json!({"resourceVersion": revision.to_string()});

@@ -60,10 +60,10 @@ use crate::state::AppState;
 use crate::storage::watch_cache::decode_stored;
 
 pub fn respond(code: StatusCode, obj: &Object, req: &ApiRequest) -> Response {
-    if req.wants_table {
+    if let Some(include) = req.table {
         return json_response(
             code,
-            &table::object_table(&req.resource, std::slice::from_ref(obj), None),
+            &table::object_table(&req.resource, std::slice::from_ref(obj), None, include),
         );
     }
     json_response(code, &Value::Object(obj.clone()))

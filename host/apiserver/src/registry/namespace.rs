@@ -114,7 +114,7 @@ fn controller_request(resource: ResourceInfo, namespace: Option<&str>) -> ApiReq
         content_type: None,
         user_agent: Some("namespace-controller".into()),
         body_format: BodyFormat::Json,
-        wants_table: false,
+        table: None,
         dry_run: false,
         include_uninitialized: true,
     }

@@ -94,7 +94,7 @@ fn internal_request(resource: ResourceInfo, target: &StatusTarget) -> ApiRequest
         content_type: None,
         user_agent: Some(target.manager.to_owned()),
         body_format: BodyFormat::Json,
-        wants_table: false,
+        table: None,
         dry_run: false,
         include_uninitialized: true,
     }
