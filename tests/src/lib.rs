@@ -759,8 +759,8 @@ impl TestCluster {
         Ok(answer)
     }
 
-    /// A TLS connection to the server that offers only `alpn`.
-    async fn tls_stream(
+    /// A TLS connection to the server that offers only `alpn`, its handshake done.
+    pub async fn tls_stream(
         &self,
         alpn: &[u8],
     ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {

@@ -29,10 +29,14 @@ pub struct Settings {
     /// How long a request other than a watch may take before it gets 504
     /// (`--request-timeout`).
     pub request_timeout: std::time::Duration,
-    /// How long a connection may take to send a request's headers (Go's
-    /// `ReadHeaderTimeout`), after which it is closed.
+    /// How long a new connection may take, after its TLS handshake, to send its first
+    /// request's headers, and an HTTP/1.1 connection each next request's (Go's
+    /// `ReadHeaderTimeout`), after which it is closed (`--header-read-timeout`).
+    /// Separate from `idle_timeout`: a client that connects and says nothing is closed
+    /// at this deadline, not kept until the connection idles out.
     pub header_read_timeout: std::time::Duration,
-    /// How long a connection may stay open without a request in flight.
+    /// How long a connection may stay open without a request in flight
+    /// (`--idle-timeout`).
     pub idle_timeout: std::time::Duration,
     /// The longest ServiceAccount token a TokenRequest is given
     /// (`--service-account-max-token-expiration`); longer requests are cut to it.

@@ -18,6 +18,8 @@ use trellis_store::{
     Compactor, CompactorConfig, EtcdConfig, EtcdStore, RedbConfig, RedbStore, Store,
 };
 
+use crate::flags::seconds;
+
 #[derive(Debug, Args)]
 pub struct UpArgs {
     /// Where Trellis keeps its state: the store file, the cluster CA and credentials,
@@ -69,6 +71,16 @@ pub struct UpArgs {
     /// How long a request other than a watch may take before it gets 504, in seconds.
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     request_timeout: u64,
+
+    /// How long a new connection may take to send its first request's headers after
+    /// its TLS handshake (and an HTTP/1.1 connection each next request's) before it is
+    /// closed, in seconds (Go's `ReadHeaderTimeout`, 32 s in kube-apiserver).
+    #[arg(long, default_value = "32", value_name = "SECONDS", value_parser = seconds)]
+    header_read_timeout: Duration,
+
+    /// How long a connection may stay open with no request in flight, in seconds.
+    #[arg(long, default_value = "90", value_name = "SECONDS", value_parser = seconds)]
+    idle_timeout: Duration,
 
     /// The longest ServiceAccount token a TokenRequest is given, in seconds; longer
     /// requests are cut to it. Without it, up to 2^32 s as Kubernetes allows.
@@ -168,6 +180,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let spec: StoreSpec = args.store.parse()?;
+    // Zero would close every connection before its first request.
+    if args.header_read_timeout.is_zero() || args.idle_timeout.is_zero() {
+        bail!("--header-read-timeout and --idle-timeout must be above 0");
+    }
     trellis_apiserver::server::private_data_dir(&args.data_dir)?;
     let (store, redb): (Arc<dyn Store>, Option<Arc<RedbStore>>) = match spec {
         StoreSpec::Redb => {
@@ -219,6 +235,8 @@ pub async fn run(
         max_requests_inflight: args.max_requests_inflight,
         max_mutating_requests_inflight: args.max_mutating_requests_inflight,
         request_timeout: Duration::from_secs(args.request_timeout),
+        header_read_timeout: args.header_read_timeout,
+        idle_timeout: args.idle_timeout,
         max_token_expiration: args
             .service_account_max_token_expiration
             .map(Duration::from_secs),

@@ -659,3 +659,108 @@ async fn protocol_errors_are_answered_with_a_status() -> Result<()> {
     );
     Ok(())
 }
+
+/// Regression: a client that finished its TLS handshake and sent nothing kept its
+/// connection until the idle timeout (90 s), as did one that sent only HTTP/2's
+/// preface: hyper's header deadline starts only once the first bytes have told
+/// HTTP/1.1 from HTTP/2, and HTTP/2 has none. kube-apiserver closes them after its
+/// `ReadHeaderTimeout` (32 s). Clients that are slow but within the deadline are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_without_request_headers_are_closed_at_the_header_deadline() -> Result<()> {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const DEADLINE: Duration = Duration::from_secs(1);
+    let settings = trellis_apiserver::state::Settings {
+        header_read_timeout: DEADLINE,
+        idle_timeout: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let cluster = TestCluster::builder()
+        .with_settings(settings)
+        .start()
+        .await?;
+    let authority = cluster.url.trim_start_matches("https://").to_owned();
+
+    for (what, alpn, sent) in [
+        ("nothing, HTTP/1.1 negotiated", &b"http/1.1"[..], &b""[..]),
+        ("nothing, HTTP/2 negotiated", b"h2", b""),
+        (
+            "HTTP/2's preface alone",
+            b"h2",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        ),
+        ("half a request line", b"http/1.1", b"GET /version HT"),
+    ] {
+        let mut stream = cluster.tls_stream(alpn).await?;
+        let connected = Instant::now();
+        stream.write_all(sent).await?;
+        stream.flush().await?;
+        // Closed: a read reaches the end (or fails, the server not saying goodbye).
+        let mut sink = vec![0_u8; 1 << 16];
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match stream.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .with_context(|| format!("{what}: the connection is still open after 30 s"))?;
+        let open = connected.elapsed();
+        ensure!(
+            open >= DEADLINE.mul_f64(0.9) && open < DEADLINE + Duration::from_secs(5),
+            "{what}: closed after {open:?}, the header deadline being {DEADLINE:?}"
+        );
+    }
+
+    // HTTP/1.1 headers that trickle in but are whole within the deadline are served.
+    let mut stream = cluster.tls_stream(b"http/1.1").await?;
+    let request = format!("GET /version HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+    for piece in request.as_bytes().chunks(request.len().div_ceil(4)) {
+        stream.write_all(piece).await?;
+        stream.flush().await?;
+        tokio::time::sleep(DEADLINE / 10).await;
+    }
+    let mut answer = Vec::new();
+    let mut buf = vec![0_u8; 1 << 16];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !String::from_utf8_lossy(&answer).contains("gitVersion") {
+            match stream.read(&mut buf).await {
+                Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+    })
+    .await
+    .context("the slow request was not answered")?;
+    let answer = String::from_utf8_lossy(&answer);
+    ensure!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("gitVersion"),
+        "the slow request: {answer}"
+    );
+
+    // An HTTP/2 client that opens its connection and sends its first request after a
+    // pause within the deadline is served, and its connection then lasts past the
+    // deadline: with a request seen, only the idle timeout applies.
+    let connection = cluster.http2().await?;
+    for pause in [DEADLINE / 2, DEADLINE * 2] {
+        tokio::time::sleep(pause).await;
+        let response = tokio::time::timeout(
+            Duration::from_secs(10),
+            connection
+                .clone()
+                .send_request(cluster.http2_request("GET", "/version")?),
+        )
+        .await
+        .context("HTTP/2 request unanswered")?
+        .with_context(|| format!("an HTTP/2 request after {pause:?}"))?;
+        ensure!(
+            response.status() == 200,
+            "HTTP/2 after {pause:?}: {}",
+            response.status()
+        );
+    }
+    drop((stream, connection));
+    cluster.stop().await
+}

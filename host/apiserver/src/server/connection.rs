@@ -2,8 +2,12 @@
 //! kube-apiserver's Go server has, so that a client that connects and sends nothing,
 //! or stops halfway through its headers, cannot hold a file descriptor for ever.
 //!
-//! - Headers must arrive within [`Settings::header_read_timeout`] (HTTP/1.1; hyper
-//!   closes the connection).
+//! - A new connection's first request must have sent its headers within
+//!   [`Settings::header_read_timeout`] (both protocols), else the connection is
+//!   closed: a client that finishes its TLS handshake and says nothing, or sends only
+//!   HTTP/2's preface, does not hold it until the idle timeout. Each later request on
+//!   an HTTP/1.1 connection has the same deadline, from the end of the response before
+//!   it (hyper's `header_read_timeout`).
 //! - A connection with no request in flight for [`Settings::idle_timeout`] is closed
 //!   gracefully (both protocols). A request is in flight from its headers until its
 //!   response body ends, so a quiet watch is not idle.
@@ -50,7 +54,10 @@ pub async fn serve<I>(
     I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let (active, mut idle) = watch::channel(0_usize);
+    // Set once a request's headers are in: the first request's deadline is met.
+    let (requested, mut first_request) = watch::channel(false);
     let service = tower::service_fn(move |request: axum::http::Request<hyper::body::Incoming>| {
+        requested.send_replace(true);
         let app = app.clone();
         let guard = InFlight::new(active.clone());
         let mut request = request.map(Body::new);
@@ -96,6 +103,12 @@ pub async fn serve<I>(
             }
             return;
         }
+        () = no_request_within(&mut first_request, settings.header_read_timeout) => {
+            // Dropped rather than shut down gracefully: there is no request to
+            // finish, and HTTP/2's graceful goodbye waits for the client to answer.
+            debug!(%remote, "no request headers in time: closing the connection");
+            return;
+        }
         () = idled_for(&mut idle, idle_timeout) => "idle",
         _ = stop.wait_for(|s| *s) => "server stopping",
     };
@@ -103,6 +116,20 @@ pub async fn serve<I>(
     connection.as_mut().graceful_shutdown();
     if let Err(e) = connection.await {
         debug!(%remote, error = %e, "connection ended with an error");
+    }
+}
+
+/// Completes if no request has sent its headers within `timeout` (Go's
+/// `ReadHeaderTimeout` for a new connection). hyper's own deadline does not cover this:
+/// its HTTP/1.1 timer starts only once the first bytes have told HTTP/1.1 from HTTP/2,
+/// and HTTP/2 has none.
+async fn no_request_within(requested: &mut watch::Receiver<bool>, timeout: Duration) {
+    let in_time = tokio::time::timeout(timeout, requested.wait_for(|r| *r))
+        .await
+        .is_ok();
+    // In time, or the connection is over (its service, and the sender, dropped).
+    if in_time {
+        std::future::pending::<()>().await;
     }
 }
 
