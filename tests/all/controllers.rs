@@ -928,6 +928,238 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     Ok(())
 }
 
+/// Issue 27: a Plugin named after a built-in controller stopped the built-in before
+/// it loaded, so one whose module could not load left ReplicaSets with no controller,
+/// and deleting it never started the built-in again (until another controller
+/// manager took the lease); the built-in's entry read `Loaded=True` all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_replacing_a_built_in_runs_only_once_loaded_and_gives_it_back_when_deleted()
+-> Result<()> {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    use trellis::components::{Component, ControllerSetup, Credentials, Shared};
+
+    let cluster = TestCluster::start().await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let plugin_api: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &trellis::plugin_controllers::plugins_resource(),
+    );
+    // The built-in's entry, as the API server of `trellis up` creates it.
+    for entry in trellis::plugin_controllers::builtin_entries()
+        .into_iter()
+        .filter(|e| e["metadata"]["name"] == "replicaset-controller")
+    {
+        plugin_api
+            .create(&PostParams::default(), &serde_json::from_value(entry)?)
+            .await?;
+    }
+
+    // The controller manager of `trellis up` (no leader election), with the ReplicaSet
+    // controller as its only built-in.
+    let dir = tempfile::tempdir()?;
+    let mut shared = Shared::new();
+    shared.controllers = Some(ControllerSetup {
+        plugins: PluginHost::new(HostConfig {
+            compilers: Compilers::Baseline,
+            ..HostConfig::default()
+        })?,
+        credentials: Credentials::InProcess(in_process.clone()),
+        builtins: trellis_controllers::bundled::select("replicaset")?,
+        modules_dir: dir.path().join("modules"),
+        running: Default::default(),
+        root_ca: None,
+        node_monitor_grace_period: 50,
+        plugin_status_interval: Duration::from_secs(10),
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller_manager = tokio::spawn(trellis::components::run(
+        Component::Controllers,
+        in_process.client(identity::controller_manager()),
+        shared,
+        None,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let watching = SharedInformers::new();
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let plugins = watching.informer::<DynamicObject>(
+        Api::all_with(
+            admin.clone(),
+            &trellis::plugin_controllers::plugins_resource(),
+        ),
+        watcher::Config::default(),
+    );
+    let events = watching.informer::<Event>(Api::all(admin.clone()), watcher::Config::default());
+    let mut changes = fan_in(vec![
+        Box::new(pods.subscribe()) as Box<dyn ChangeSource>,
+        Box::new(plugins.subscribe()),
+        Box::new(events.subscribe()),
+    ]);
+    // Live pods of the set.
+    let web = || -> Vec<Arc<Pod>> {
+        pods.list()
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|l| l.get("app").map(String::as_str) == Some("web"))
+            })
+            .collect()
+    };
+    // The pods of the set a controller created, as its events tell.
+    let made_by = |controller: &str| {
+        events
+            .list()
+            .iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("SuccessfulCreate")
+                    && e.involved_object.name.as_deref() == Some("web")
+                    && e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(controller)
+            })
+            .count()
+    };
+    // A Plugin's `Loaded` condition: status, reason and message.
+    let loaded = |name: &str| {
+        plugins.get(name).and_then(|p| {
+            let conditions = p.data["status"]["conditions"].as_array()?.clone();
+            let c = conditions.into_iter().find(|c| c["type"] == "Loaded")?;
+            Some((
+                c["status"].as_str()?.to_owned(),
+                c["reason"].as_str()?.to_owned(),
+                c["message"].as_str().unwrap_or_default().to_owned(),
+            ))
+        })
+    };
+    let is = |name: &str, status: &str, reason: &str| {
+        loaded(name).is_some_and(|(s, r, _)| s == status && r == reason)
+    };
+    let rs_api: Api<ReplicaSet> = Api::namespaced(admin.clone(), "default");
+    let scale = |replicas: i32| {
+        let rs_api = rs_api.clone();
+        async move {
+            rs_api
+                .patch(
+                    "web",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+        }
+    };
+    create(
+        &rs_api,
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                         "spec": {"containers": [{"name": "c", "image": "i"}]}}}}),
+    )
+    .await?;
+    until(
+        &mut changes,
+        "2 pods from the built-in, its entry Builtin",
+        || Ok(web().len() == 2 && is("replicaset-controller", "True", "Builtin")),
+    )
+    .await?;
+
+    // A replacement whose module is not a component: it cannot load, so the built-in
+    // keeps the ReplicaSets, and the Plugin says so.
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"not a component")?;
+    let replacement = |url: String| -> Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+        "apiVersion": "trellis.dev/v1", "kind": "Plugin",
+        "metadata": {"name": "replicaset"},
+        "spec": {"kind": "controller", "module": {"url": url},
+            "controller": {
+                "for": {"group": "apps", "version": "v1", "resource": "replicasets"},
+                "owns": [{"version": "v1", "resource": "pods"}],
+                "rules": [
+                    {"apiGroups": ["apps"], "resources": ["replicasets/status"], "verbs": ["update", "patch"]},
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "patch"]},
+                ]}}}))?)
+    };
+    plugin_api
+        .create(
+            &PostParams::default(),
+            &replacement(format!("file://{}", garbage.display()))?,
+        )
+        .await?;
+    until(&mut changes, "the broken replacement LoadFailed", || {
+        Ok(is("replicaset", "False", "LoadFailed"))
+    })
+    .await?;
+    let (_, _, message) = loaded("replicaset").context("no Loaded condition")?;
+    ensure!(
+        message.contains("the built-in controller replicaset-controller keeps running"),
+        "{message}"
+    );
+    scale(4).await?;
+    until(
+        &mut changes,
+        "4 pods while the replacement cannot load",
+        || Ok(web().len() == 4),
+    )
+    .await?;
+    ensure!(
+        is("replicaset-controller", "True", "Builtin"),
+        "the built-in's entry: {:?}",
+        loaded("replicaset-controller")
+    );
+    plugin_api.delete("replicaset", &Default::default()).await?;
+    scale(1).await?;
+    until(
+        &mut changes,
+        "1 pod once the broken replacement is gone",
+        || Ok(web().len() == 1),
+    )
+    .await?;
+
+    // A replacement that loads runs in the built-in's place, and its entry says so;
+    // deleted, the built-in runs again at once.
+    let stood_in = made_by("replicaset");
+    ensure!(stood_in == 0, "{stood_in} pods made by the replacement");
+    plugin_api
+        .create(
+            &PostParams::default(),
+            &replacement("builtin:replicaset".to_owned())?,
+        )
+        .await?;
+    until(
+        &mut changes,
+        "the replacement Loaded, the built-in Replaced",
+        || {
+            Ok(is("replicaset", "True", "Loaded")
+                && is("replicaset-controller", "False", "Replaced"))
+        },
+    )
+    .await?;
+    scale(3).await?;
+    until(&mut changes, "3 pods, 2 made by the replacement", || {
+        Ok(web().len() == 3 && made_by("replicaset") == 2)
+    })
+    .await?;
+    let before = made_by("replicaset-controller");
+    plugin_api.delete("replicaset", &Default::default()).await?;
+    until(&mut changes, "the built-in's entry Builtin again", || {
+        Ok(is("replicaset-controller", "True", "Builtin"))
+    })
+    .await?;
+    scale(5).await?;
+    until(&mut changes, "5 pods, 2 more made by the built-in", || {
+        Ok(web().len() == 5 && made_by("replicaset-controller") == before + 2)
+    })
+    .await?;
+
+    let _ = stop.send(());
+    controller_manager.await??;
+    Ok(())
+}
+
 /// The change streams of informers of different kinds, as one interface.
 #[async_trait::async_trait]
 trait ChangeSource: Send {

@@ -9,7 +9,8 @@
 //! queue.
 //!
 //! # Layout
-//! - [`runner`]: [`ControllerConfig`], [`Manager`], the key mapping and the workers.
+//! - [`runner`]: [`ControllerConfig`], [`Manager`] (which loads a controller, [`Loaded`],
+//!   then runs it, [`Running`]), the key mapping and the workers.
 //! - [`bundled`]: the built-in controllers, built from `plugins/controllers` and
 //!   included in the binary.
 //! - `expectations`: a key waits until the caches show its last reconcile's writes.
@@ -21,4 +22,4 @@ mod expectations;
 pub mod host;
 pub mod runner;
 
-pub use runner::{ControllerConfig, Key, Manager, Mapping, Running, RunningPlugins, Watch};
+pub use runner::{ControllerConfig, Key, Loaded, Manager, Mapping, Running, RunningPlugins, Watch};

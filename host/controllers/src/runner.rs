@@ -505,7 +505,7 @@ impl Manager {
 
     /// Loads the controller's plugin and runs it until `shutdown` (or
     /// [`Running::stop`]): writes through `writer` (the controller's own identity),
-    /// events through `events`.
+    /// events through `events`. [`Manager::load`] then [`Loaded::run`].
     pub async fn start(
         &self,
         config: ControllerConfig,
@@ -513,6 +513,20 @@ impl Manager {
         events: EventRecorder,
         shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<Running> {
+        Ok(self.load(config, writer, events, shutdown).await?.run())
+    }
+
+    /// Loads the controller's plugin and waits until its caches have synced, but
+    /// reconciles nothing yet: what replaces a running controller is loaded first,
+    /// so that a version that cannot load leaves the running one alone, and the
+    /// running one is stopped only before the new one runs, never two at once.
+    pub async fn load(
+        &self,
+        config: ControllerConfig,
+        writer: kube::Client,
+        events: EventRecorder,
+        shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<Loaded> {
         check(&config)?;
         let name = config.spec.name.clone();
         let every = is_every(&config.primary);
@@ -599,8 +613,64 @@ impl Manager {
         for cached in caches.by_resource.values() {
             cached.informer.wait_synced().await;
         }
+        Ok(Loaded {
+            manager: self.clone(),
+            config,
+            plugin,
+            caches,
+            shared,
+            expectations,
+            shutdown,
+        })
+    }
+}
 
-        let queue = WorkQueue::with_limits(&name, &self.queues, config.rate_limits);
+/// A controller loaded, its caches synced, that reconciles nothing until
+/// [`Loaded::run`]; dropped, it never runs.
+pub struct Loaded {
+    manager: Manager,
+    config: ControllerConfig,
+    plugin: Arc<Plugin>,
+    caches: Arc<Caches>,
+    shared: SharedCaches,
+    expectations: Arc<Expectations>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded")
+            .field("plugin", &self.plugin.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loaded {
+    /// The plugin loaded.
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// Feeds the work queue from the caches (a subscription replays every cached
+    /// object, so nothing changed while loading is missed) and starts the workers.
+    pub fn run(self) -> Running {
+        let Loaded {
+            manager,
+            config,
+            plugin,
+            caches,
+            shared,
+            expectations,
+            shutdown,
+        } = self;
+        let name = config.spec.name.clone();
+        let every = is_every(&config.primary);
+        let watch_every = config
+            .watches
+            .iter()
+            .find(|w| is_every(&w.resource))
+            .map(|w| w.map);
+        let queue = WorkQueue::with_limits(&name, &manager.queues, config.rate_limits);
         let mut tasks = JoinSet::new();
         let mut workers = JoinSet::new();
         if every {
@@ -614,7 +684,7 @@ impl Manager {
                 ));
             }
             tasks.spawn(follow_resources(
-                self.clone(),
+                manager.clone(),
                 shared.clone(),
                 queue.clone(),
                 Feed::Every,
@@ -692,7 +762,7 @@ impl Manager {
                     ));
                 }
                 tasks.spawn(follow_resources(
-                    self.clone(),
+                    manager.clone(),
                     shared.clone(),
                     queue.clone(),
                     Feed::Mapped(map, target.clone()),
@@ -717,7 +787,7 @@ impl Manager {
             workers.spawn(work(
                 queue.clone(),
                 plugin.clone(),
-                self.plugins.clone(),
+                manager.plugins.clone(),
                 shared.clone(),
                 expectations.clone(),
             ));
@@ -729,12 +799,12 @@ impl Manager {
             q.shut_down();
         });
         info!(controller = %name, primary = %gvr_key(&config.primary), resources = caches.by_resource.len(), workers = config.workers, "controller running");
-        Ok(Running {
+        Running {
             plugin,
             queue,
             workers,
             feeders: tasks,
-        })
+        }
     }
 }
 

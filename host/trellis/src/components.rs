@@ -135,7 +135,7 @@ pub struct ControllerArgs {
 }
 
 /// This machine's name, as events and leases name their source.
-pub(crate) fn host_name() -> String {
+pub fn host_name() -> String {
     trellis_apiserver::server::pki::hostname().unwrap_or_else(|| "localhost".to_owned())
 }
 
@@ -409,7 +409,7 @@ async fn write_token(
 
 /// The controller manager of this process: its plugin host, the shared informers
 /// (listing as `client`) and the queues' metrics.
-pub(crate) fn manager(setup: &ControllerSetup, client: &kube::Client, shared: &Shared) -> Manager {
+pub fn manager(setup: &ControllerSetup, client: &kube::Client, shared: &Shared) -> Manager {
     Manager {
         plugins: setup.plugins.clone(),
         informers: shared.informers.clone(),
@@ -421,7 +421,7 @@ pub(crate) fn manager(setup: &ControllerSetup, client: &kube::Client, shared: &S
 
 /// A built-in's configuration in this controller manager: the cluster CA or the grace
 /// period it takes from flags. `None` when it needs the CA and none is known.
-pub(crate) fn builtin_configuration(setup: &ControllerSetup, builtin: &Builtin) -> Option<String> {
+pub fn builtin_configuration(setup: &ControllerSetup, builtin: &Builtin) -> Option<String> {
     if builtin.needs_root_ca {
         let ca = setup.root_ca.as_ref()?;
         return Some(serde_json::json!({"caCrt": ca}).to_string());
@@ -436,33 +436,22 @@ pub(crate) fn builtin_configuration(setup: &ControllerSetup, builtin: &Builtin) 
 
 /// Starts the setup's built-in controllers; each that cannot start is named and left
 /// out.
-pub(crate) async fn start_controllers(
+pub async fn start_controllers(
     setup: &ControllerSetup,
     manager: &Manager,
     client: &kube::Client,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Vec<Running> {
-    let host = host_name();
     let mut running = Vec::new();
     for builtin in &setup.builtins {
-        let mut config = builtin.config();
-        let Some(configuration) = builtin_configuration(setup, builtin) else {
+        if builtin_configuration(setup, builtin).is_none() {
             info!(
                 controller = builtin.name,
                 "no cluster CA known: not started"
             );
             continue;
-        };
-        config.spec.configuration = configuration;
-        let started = async {
-            let writer = setup
-                .credentials
-                .client(client, builtin.identity, stopped.clone())
-                .await?;
-            let events = EventRecorder::new(writer.clone(), builtin.identity, &host);
-            manager.start(config, writer, events, stopped.clone()).await
-        };
-        match started.await {
+        }
+        match start_builtin(setup, manager, client, builtin, stopped).await {
             Ok(r) => running.push(r),
             Err(e) => {
                 warn!(controller = builtin.name, error = %format!("{e:#}"), "the controller cannot start; the others run");
@@ -470,6 +459,25 @@ pub(crate) async fn start_controllers(
         }
     }
     running
+}
+
+/// Starts one built-in controller, as its own ServiceAccount.
+pub async fn start_builtin(
+    setup: &ControllerSetup,
+    manager: &Manager,
+    client: &kube::Client,
+    builtin: &Builtin,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    let mut config = builtin.config();
+    config.spec.configuration =
+        builtin_configuration(setup, builtin).context("find the cluster CA it needs")?;
+    let writer = setup
+        .credentials
+        .client(client, builtin.identity, stopped.clone())
+        .await?;
+    let events = EventRecorder::new(writer.clone(), builtin.identity, &host_name());
+    manager.start(config, writer, events, stopped.clone()).await
 }
 
 impl Default for Shared {

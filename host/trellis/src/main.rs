@@ -13,7 +13,9 @@
 //!
 //! # Layout
 //! - [`up`]: `trellis up`, and how it shuts down (Ctrl-C or SIGTERM).
-//! - [`components`]: `trellis controllers|scheduler`, and the same components in `up`.
+//! - [`components`]: `trellis controllers|scheduler`, and the same components in `up`
+//!   (with [`plugin_controllers`], [`scheduler`] and [`flags`], in the package's
+//!   library, `src/lib.rs`).
 //! - [`token`]: `trellis token create|list|delete`, bootstrap tokens; [`join`]: a node
 //!   joining with one (TLS bootstrap) and rotating its certificate.
 //! - [`hollow`]: hollow nodes (`trellis node --hollow N`, `trellis up --hollow-nodes N`).
@@ -25,16 +27,16 @@
 //! with `--json`, exactly one JSON object a script can parse.
 
 mod bench;
-mod components;
-mod flags;
 mod hollow;
 mod join;
 mod node;
 mod plugin;
-mod plugin_controllers;
-mod scheduler;
 mod token;
 mod up;
+
+// The components, from this package's library (`src/lib.rs`), which the end-to-end
+// tests run too.
+use trellis::{components, flags, plugin_controllers, scheduler};
 
 /// mimalloc rather than the system's malloc: see `mimalloc` in the workspace manifest.
 #[global_allocator]

@@ -7,17 +7,21 @@
 //! its writes are held to (the API server grants them to its ServiceAccount
 //! `kube-system/NAME`). Each generation is loaded beside the running one and replaces
 //! it only once it loaded and accepted its configuration: a version that fails leaves
-//! the last good one running, and the Plugin's `Loaded` condition says why. The new
-//! version starts from the informers' full contents, so no key is lost in the swap.
+//! the last good one running, and the Plugin's `Loaded` condition says why. The old
+//! version stops before the new one runs, and the new one starts from the informers'
+//! full contents, so no key is lost in the swap and no key is reconciled by both.
 //! A Plugin named after a built-in controller (`replicaset`, or its ServiceAccount
-//! `replicaset-controller`) replaces it while it exists.
+//! `replicaset-controller`) replaces it by the same rule, the built-in being the
+//! version before its first: the built-in keeps running until the Plugin has loaded,
+//! and runs again as soon as the Plugin is deleted.
 //!
 //! The built-ins have Plugin objects too, which the API server creates so that
 //! `kubectl get plugins` lists them: named after their ServiceAccount, labelled
 //! `trellis.dev/builtin`, with the module `builtin:NAME`. Such an entry is not loaded:
 //! the controller manager reports in its status whether the built-in runs here (or
-//! was left out by `--controllers`) and its counters. Any other Plugin may name a
-//! `builtin:` module, to run a bundled controller again under its own name and rules.
+//! was left out by `--controllers`, or is replaced) and its counters. Any other
+//! Plugin may name a `builtin:` module, to run a bundled controller again under its
+//! own name and rules.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -29,8 +33,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 use trellis_apiserver::admission::plugins::{source, spec};
 use trellis_client::events::EventRecorder;
-use trellis_client::informer::Change;
-use trellis_controllers::{ControllerConfig, Manager, Running};
+use trellis_client::informer::{Change, Informer};
+use trellis_controllers::bundled::Builtin;
+use trellis_controllers::{ControllerConfig, Loaded, Manager, Running};
 use trellis_plugin_host::{GroupVersionResource, PluginKind};
 
 use crate::components::{ControllerSetup, Shared};
@@ -38,7 +43,7 @@ use crate::components::{ControllerSetup, Shared};
 /// The field manager of the statuses written here.
 const MANAGER: &str = "trellis-controller-manager";
 
-pub(crate) fn plugins_resource() -> ApiResource {
+pub fn plugins_resource() -> ApiResource {
     ApiResource {
         group: spec::GROUP.into(),
         version: spec::VERSION.into(),
@@ -57,6 +62,13 @@ struct Followed {
     reported: [u64; 4],
     /// The entry of a built-in: its counters are those of the built-in running.
     entry: bool,
+}
+
+/// A built-in controller this controller manager was asked to run (`--controllers`),
+/// running unless a Plugin runs in its place, or it could not start.
+struct Slot {
+    builtin: &'static Builtin,
+    running: Option<Running>,
 }
 
 /// A plugin's calls, failed reconciles (`denials`: it returned an error), failures
@@ -79,6 +91,14 @@ fn is_controller(obj: &DynamicObject) -> bool {
         .is_some_and(|k| k.eq_ignore_ascii_case("controller"))
 }
 
+/// Whether a Plugin object is the entry of a built-in (see the module's docs).
+fn is_entry(obj: &DynamicObject) -> bool {
+    spec::is_builtin_entry(
+        &serde_json::to_value(&obj.metadata).unwrap_or_default(),
+        &obj.data["spec"],
+    )
+}
+
 fn gvr(r: &spec::ResourceRef) -> GroupVersionResource {
     GroupVersionResource {
         group: r.group.clone(),
@@ -92,14 +112,112 @@ pub(crate) fn replaced_by(name: &str, builtin_name: &str, identity: &str) -> boo
     name == builtin_name || name == identity
 }
 
-/// Follows the Plugin objects until `stopped`; `builtins` are the built-ins running,
-/// stopped while a Plugin of their name exists.
+/// The slot of the built-in a Plugin named `name` replaces, if it is one of ours.
+fn slot_of(slots: &[Slot], name: &str) -> Option<usize> {
+    slots
+        .iter()
+        .position(|s| replaced_by(name, s.builtin.name, s.builtin.identity))
+}
+
+/// The Plugin running in the place of the built-in of `slot`, if one does.
+fn replacer<'a>(slot: &Slot, followed: &'a HashMap<String, Followed>) -> Option<&'a str> {
+    followed
+        .iter()
+        .find(|(n, f)| {
+            !f.entry
+                && f.running.is_some()
+                && replaced_by(n, slot.builtin.name, slot.builtin.identity)
+        })
+        .map(|(n, _)| n.as_str())
+}
+
+/// What a built-in's entry says: whether the built-in runs here, and if not, why.
+fn entry_status(
+    setup: &ControllerSetup,
+    slots: &[Slot],
+    followed: &HashMap<String, Followed>,
+    name: &str,
+) -> Result<String, (&'static str, String)> {
+    let Some(slot) = slots.iter().find(|s| s.builtin.identity == name) else {
+        return Err((
+            "Disabled",
+            "not among this controller manager's --controllers".to_owned(),
+        ));
+    };
+    if let Some(running) = &slot.running {
+        return Ok(running.plugin.digest().to_owned());
+    }
+    match replacer(slot, followed) {
+        Some(n) => Err(("Replaced", format!("the Plugin {n} runs in its place"))),
+        None if crate::components::builtin_configuration(setup, slot.builtin).is_none() => Err((
+            "Disabled",
+            "it needs the cluster CA, which this controller manager does not know".to_owned(),
+        )),
+        None => Err((
+            "LoadFailed",
+            "it could not start here; the controller manager's log says why".to_owned(),
+        )),
+    }
+}
+
+/// Writes the `Loaded` condition of the entry of the built-in in `slot`, as the
+/// informer holds it, after the built-in stopped or started again.
+async fn write_entry_status(
+    setup: &ControllerSetup,
+    client: &kube::Client,
+    entries: &Informer<DynamicObject>,
+    slots: &[Slot],
+    followed: &HashMap<String, Followed>,
+    slot: usize,
+) {
+    let name = slots[slot].builtin.identity;
+    // One an administrator took over is theirs, and says how it runs itself.
+    if let Some(obj) = entries.get(name).filter(|obj| is_entry(obj)) {
+        let status = entry_status(setup, slots, followed, name);
+        write_status(client, &obj, status, "Builtin").await;
+    }
+}
+
+/// Starts the built-in of `slots[i]` again, a Plugin that ran in its place having
+/// stopped, unless another Plugin of its names still runs there.
+async fn give_back(
+    setup: &ControllerSetup,
+    manager: &Manager,
+    client: &kube::Client,
+    slots: &mut [Slot],
+    followed: &HashMap<String, Followed>,
+    i: usize,
+    stopped: &watch::Receiver<bool>,
+) {
+    let builtin = slots[i].builtin;
+    if slots[i].running.is_some()
+        || replacer(&slots[i], followed).is_some()
+        || crate::components::builtin_configuration(setup, builtin).is_none()
+    {
+        return;
+    }
+    match crate::components::start_builtin(setup, manager, client, builtin, stopped).await {
+        Ok(running) => {
+            info!(builtin = builtin.name, "the built-in controller runs again");
+            slots[i].running = Some(running);
+        }
+        Err(e) => {
+            warn!(controller = builtin.name, error = %format!("{e:#}"), "the built-in controller cannot start again");
+        }
+    }
+}
+
+/// Follows the Plugin objects until `stopped`; `builtins` are the built-ins running.
+/// A Plugin named after one of them runs in its place once it loaded (until then,
+/// and whenever it cannot load, the built-in or the Plugin's last good version
+/// keeps running, as for any other Plugin), and deleting it starts the built-in
+/// again.
 pub(crate) async fn follow(
     setup: ControllerSetup,
     manager: Manager,
     client: kube::Client,
     shared: Shared,
-    mut builtins: Vec<Running>,
+    builtins: Vec<Running>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let informer = shared.informers.informer::<DynamicObject>(
@@ -107,6 +225,23 @@ pub(crate) async fn follow(
         watcher::Config::default(),
     );
     let mut changes = informer.subscribe();
+    let mut slots: Vec<Slot> = setup
+        .builtins
+        .iter()
+        .map(|builtin| Slot {
+            builtin,
+            running: None,
+        })
+        .collect();
+    for running in builtins {
+        match slots
+            .iter_mut()
+            .find(|s| s.builtin.identity == running.plugin.name())
+        {
+            Some(slot) => slot.running = Some(running),
+            None => running.stop().await,
+        }
+    }
     let mut followed: HashMap<String, Followed> = HashMap::new();
     let mut status_tick = tokio::time::interval(setup.plugin_status_interval);
     status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -117,7 +252,7 @@ pub(crate) async fn follow(
             _ = stopped.wait_for(|s| *s) => break,
         };
         let Some(change) = change else {
-            report_counters(&client, &mut followed, &builtins).await;
+            report_counters(&client, &mut followed, &slots).await;
             continue;
         };
         let Some(change) = change else { break };
@@ -127,11 +262,17 @@ pub(crate) async fn follow(
             || obj.metadata.deletion_timestamp.is_some()
             || !is_controller(&obj);
         if gone {
-            if let Some(f) = followed.remove(&name)
-                && let Some(running) = f.running
-            {
-                running.stop().await;
-                info!(plugin = %name, "controller plugin stopped");
+            let Some(running) = followed.remove(&name).and_then(|f| f.running) else {
+                continue;
+            };
+            running.stop().await;
+            info!(plugin = %name, "controller plugin stopped");
+            if let Some(i) = slot_of(&slots, &name) {
+                give_back(
+                    &setup, &manager, &client, &mut slots, &followed, i, &stopped,
+                )
+                .await;
+                write_entry_status(&setup, &client, &informer, &slots, &followed, i).await;
             }
             continue;
         }
@@ -140,64 +281,79 @@ pub(crate) async fn follow(
             obj.metadata.uid.as_deref().unwrap_or_default(),
             obj.metadata.generation.unwrap_or_default()
         );
-        let entry = followed.entry(name.clone()).or_insert(Followed {
-            fingerprint: String::new(),
-            running: None,
-            reported: [0; 4],
-            entry: false,
-        });
-        if entry.fingerprint == fingerprint {
+        if followed
+            .get(&name)
+            .is_some_and(|f| f.fingerprint == fingerprint)
+        {
             continue;
         }
-        entry.fingerprint = fingerprint;
-        entry.entry = spec::is_builtin_entry(
-            &serde_json::to_value(&obj.metadata).unwrap_or_default(),
-            &obj.data["spec"],
-        );
-        if entry.entry {
-            let here = builtins.iter().find(|b| b.plugin.name() == name);
-            let result = match here {
-                Some(running) => Ok(running.plugin.digest().to_owned()),
-                None => Err((
-                    "Disabled",
-                    "not among this controller manager's --controllers, or replaced by another Plugin".to_owned(),
-                )),
-            };
+        let entry = is_entry(&obj);
+        if entry {
+            let f = followed.entry(name.clone()).or_insert(Followed {
+                fingerprint: String::new(),
+                running: None,
+                reported: [0; 4],
+                entry,
+            });
+            f.fingerprint = fingerprint;
+            f.entry = true;
+            // An entry that was a Plugin of its own before (an administrator's, given
+            // back) runs no more: the built-in's own run is what it stands for.
+            if let Some(running) = f.running.take() {
+                running.stop().await;
+                if let Some(i) = slot_of(&slots, &name) {
+                    give_back(
+                        &setup, &manager, &client, &mut slots, &followed, i, &stopped,
+                    )
+                    .await;
+                }
+            }
+            let result = entry_status(&setup, &slots, &followed, &name);
             write_status(&client, &obj, result, "Builtin").await;
             continue;
         }
-        // A built-in of the same name gives way.
-        if let Some(i) = builtins.iter().position(|b| {
-            setup
-                .builtins
-                .iter()
-                .any(|s| s.identity == b.plugin.name() && replaced_by(&name, s.name, s.identity))
-        }) {
-            let builtin = builtins.swap_remove(i);
-            info!(plugin = %name, builtin = builtin.plugin.name(), "a Plugin replaces the built-in controller");
-            builtin.stop().await;
-        }
+        let slot = slot_of(&slots, &name);
         let outcome = load(&setup, &manager, &client, &obj, &stopped).await;
+        let f = followed.entry(name.clone()).or_insert(Followed {
+            fingerprint: String::new(),
+            running: None,
+            reported: [0; 4],
+            entry,
+        });
+        f.fingerprint = fingerprint;
+        f.entry = false;
         let result = match outcome {
-            Ok(running) => {
-                let digest = running.plugin.digest().to_owned();
-                if let Some(old) = entry.running.replace(running) {
+            Ok(loaded) => {
+                let digest = loaded.plugin().digest().to_owned();
+                // What ran in its place stops before it runs, so that two versions
+                // of one controller never reconcile at once.
+                if let Some(old) = f.running.take() {
                     old.stop().await;
                 }
+                let stood_down = slot.and_then(|i| slots[i].running.take());
+                if let Some(builtin) = stood_down {
+                    info!(plugin = %name, builtin = builtin.plugin.name(), "a Plugin replaces the built-in controller");
+                    builtin.stop().await;
+                }
+                f.running = Some(loaded.run());
                 info!(plugin = %name, %digest, "controller plugin running");
+                if let Some(i) = slot {
+                    write_entry_status(&setup, &client, &informer, &slots, &followed, i).await;
+                }
                 Ok(digest)
             }
             Err((reason, message)) => {
-                let keeps = entry
-                    .running
-                    .as_ref()
-                    .map(|r| {
-                        format!(
-                            "; the last good version ({}) keeps running",
-                            r.plugin.digest()
-                        )
-                    })
-                    .unwrap_or_default();
+                let keeps = match (&f.running, slot.and_then(|i| slots[i].running.as_ref())) {
+                    (Some(r), _) => format!(
+                        "; the last good version ({}) keeps running",
+                        r.plugin.digest()
+                    ),
+                    (None, Some(builtin)) => format!(
+                        "; the built-in controller {} keeps running",
+                        builtin.plugin.name()
+                    ),
+                    (None, None) => String::new(),
+                };
                 warn!(plugin = %name, reason, "{message}{keeps}");
                 Err((reason, format!("{message}{keeps}")))
             }
@@ -209,19 +365,21 @@ pub(crate) async fn follow(
             running.stop().await;
         }
     }
-    for builtin in builtins {
-        builtin.stop().await;
+    for slot in slots {
+        if let Some(running) = slot.running {
+            running.stop().await;
+        }
     }
 }
 
-/// Parses, fetches and starts one controller Plugin.
+/// Parses, fetches and loads one controller Plugin, ready to run.
 async fn load(
     setup: &ControllerSetup,
     manager: &Manager,
     client: &kube::Client,
     obj: &DynamicObject,
     stopped: &watch::Receiver<bool>,
-) -> Result<Running, (&'static str, String)> {
+) -> Result<Loaded, (&'static str, String)> {
     let name = obj.metadata.name.clone().unwrap_or_default();
     let parsed = spec::parse(&name, &obj.data["spec"]).map_err(|e| ("InvalidSpec", e))?;
     let controller = parsed
@@ -300,7 +458,7 @@ async fn load(
         .map_err(|e| ("CredentialsFailed", format!("{e:#}")))?;
     let events = EventRecorder::new(writer.clone(), &name, &crate::components::host_name());
     manager
-        .start(config, writer, events, stopped.clone())
+        .load(config, writer, events, stopped.clone())
         .await
         .map_err(|e| ("LoadFailed", format!("{e:#}")))
 }
@@ -363,7 +521,7 @@ pub(crate) async fn write_status(
 async fn report_counters(
     client: &kube::Client,
     followed: &mut HashMap<String, Followed>,
-    builtins: &[Running],
+    slots: &[Slot],
 ) {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &plugins_resource());
     let params = PatchParams {
@@ -373,7 +531,11 @@ async fn report_counters(
     for (name, f) in followed.iter_mut() {
         let running = match &f.running {
             Some(running) => running,
-            None if f.entry => match builtins.iter().find(|b| b.plugin.name() == name) {
+            None if f.entry => match slots
+                .iter()
+                .find(|s| s.builtin.identity == name)
+                .and_then(|s| s.running.as_ref())
+            {
                 Some(running) => running,
                 None => continue,
             },
@@ -396,7 +558,7 @@ async fn report_counters(
 
 /// Where fetched modules are kept: the plugin cache's `modules`, or a directory of
 /// the process's own.
-pub(crate) fn modules_dir(cache: Option<&std::path::Path>) -> PathBuf {
+pub fn modules_dir(cache: Option<&std::path::Path>) -> PathBuf {
     match cache {
         Some(dir) => dir.join("modules"),
         None => std::env::temp_dir().join(format!("trellis-modules-{}", std::process::id())),
@@ -405,7 +567,7 @@ pub(crate) fn modules_dir(cache: Option<&std::path::Path>) -> PathBuf {
 
 /// The Plugin objects that stand for the bundled controllers, which the API server
 /// creates (see the module's docs).
-pub(crate) fn builtin_entries() -> Vec<Value> {
+pub fn builtin_entries() -> Vec<Value> {
     let resource = |(group, version, resource): (&str, &str, &str)| json!({"group": group, "version": version, "resource": resource});
     trellis_controllers::bundled::BUILTINS
         .iter()
