@@ -1237,6 +1237,17 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
         )
         .await?;
     }
+    // Evicted pods are told in their own namespace (issue 27: the events named the
+    // node, in `default`).
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    create(&namespaces, json!({"metadata": {"name": "tenant"}})).await?;
+    create(
+        &Api::<Pod>::namespaced(admin.clone(), "tenant"),
+        json!({"metadata": {"name": "elsewhere"}, "spec": {"nodeName": "n1",
+               "tolerations": [{"key": unreachable, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}],
+               "containers": [{"name": "c", "image": "i"}]}}),
+    )
+    .await?;
     let plain = pod_api.get("plain").await?;
     ensure!(
         plain
@@ -1253,9 +1264,11 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
     let watching = SharedInformers::new();
     let node_cache = watching.informer::<Node>(Api::all(admin.clone()), watcher::Config::default());
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let events = watching.informer::<Event>(Api::all(admin.clone()), watcher::Config::default());
     let mut changes = fan_in(vec![
         Box::new(node_cache.subscribe()) as Box<dyn ChangeSource>,
         Box::new(pods.subscribe()),
+        Box::new(events.subscribe()),
     ]);
     let node_ready = || {
         node_cache
@@ -1291,6 +1304,55 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
     )
     .await?;
     ensure!(!evicted("short"), "pod short evicted before its 2 s");
+    // Each eviction is an event on its pod, as Kubernetes' taint manager records it,
+    // where `kubectl describe pod` finds it (by the pod's uid too).
+    let evictions = || -> Vec<[String; 6]> {
+        events
+            .list()
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("TaintManagerEviction"))
+            .map(|e| {
+                let o = &e.involved_object;
+                [
+                    e.metadata.namespace.clone(),
+                    o.kind.clone(),
+                    o.namespace.clone(),
+                    o.name.clone(),
+                    o.uid.clone(),
+                    e.message.clone(),
+                ]
+                .map(Option::unwrap_or_default)
+            })
+            .collect()
+    };
+    let told = |namespace: &str, name: &str| {
+        let uid = pods
+            .get(&format!("{namespace}/{name}"))
+            .and_then(|p| p.metadata.uid.clone())
+            .unwrap_or_default();
+        evictions().contains(&[
+            namespace.to_owned(),
+            "Pod".to_owned(),
+            namespace.to_owned(),
+            name.to_owned(),
+            uid,
+            format!("Marking for deletion Pod {namespace}/{name}"),
+        ])
+    };
+    until(
+        &mut changes,
+        "TaintManagerEviction events on pods default/zero and tenant/elsewhere",
+        || Ok(told("default", "zero") && told("tenant", "elsewhere")),
+    )
+    .await
+    .with_context(|| format!("the evictions told: {:?}", evictions()))?;
+    let described = cluster
+        .kubectl_ok(&["describe", "pod", "elsewhere", "--namespace", "tenant"])
+        .await?;
+    ensure!(
+        described.contains("TaintManagerEviction"),
+        "kubectl describe pod shows no eviction: {described}"
+    );
     until(&mut changes, "pod short evicted after its 2 s", || {
         Ok(evicted("short"))
     })

@@ -291,12 +291,26 @@ impl NodeLifecycle {
         let mut failures = Vec::new();
         for (write, result) in writes.iter().zip(client::batch(writes.clone())?) {
             match (write, result) {
-                (Write::Delete { name, .. }, Ok(_)) => events::record(
-                    node,
-                    EventType::Normal,
-                    "TaintManagerEviction",
-                    &format!("Marking for deletion Pod {name}"),
-                ),
+                // Told on the pod, in its namespace, as Kubernetes' taint manager
+                // does: where `kubectl describe pod` looks (by its uid too).
+                (
+                    Write::Delete {
+                        namespace,
+                        name,
+                        uid,
+                        ..
+                    },
+                    Ok(_),
+                ) => {
+                    let namespace = namespace.as_deref().unwrap_or_default();
+                    events::record(
+                        &json!({"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"namespace": namespace, "name": name, "uid": uid}}),
+                        EventType::Normal,
+                        "TaintManagerEviction",
+                        &format!("Marking for deletion Pod {namespace}/{name}"),
+                    )
+                }
                 (_, Err(e)) if e.is_not_found() || e.code == 409 => {}
                 (_, Err(e)) => failures.push(e.to_string()),
                 _ => {}
