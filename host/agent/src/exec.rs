@@ -54,7 +54,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tracing::{debug, warn};
 
 use crate::Context;
-use crate::logs::{Body, parse_bool, percent_decode, text, valid_name};
+use crate::logs::{Body, parse_bool, text, valid_name};
 use crate::worker::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
 
 /// The subprotocols served, best first.
@@ -98,11 +98,9 @@ impl ExecOptions {
     /// for the client.
     pub fn parse(query: &str) -> Result<ExecOptions, String> {
         let mut options = ExecOptions::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let (key, value) = (percent_decode(key), percent_decode(value));
-            match key.as_str() {
-                "command" => options.command.push(value),
+        for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+            match key.as_ref() {
+                "command" => options.command.push(value.into_owned()),
                 "stdin" | "input" => options.stdin = parse_bool(&key, &value)?,
                 "stdout" | "output" => options.stdout = parse_bool(&key, &value)?,
                 "stderr" | "error" => options.stderr = parse_bool(&key, &value)?,

@@ -523,17 +523,6 @@ fn cache_file(engine: &Engine, dir: &Path, digest: &str) -> PathBuf {
     dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish()))
 }
 
-/// `sha256:<hex>` of a module's bytes: how a plugin version is named.
-pub fn digest_of(bytes: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = String::with_capacity(7 + 64);
-    out.push_str("sha256:");
-    for b in digest.as_ref() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
-
 /// Advances the engines' epochs from an OS thread, so a spinning guest on the async
 /// runtime cannot starve the clock that stops it.
 struct Ticker {

@@ -47,7 +47,7 @@ pub use bindings::admission::exports::trellis::admission::handler::{
 };
 pub use bindings::initializer::exports::trellis::initializer::handler::InitializeRequest;
 pub use bindings::types::{GroupVersionKind, GroupVersionResource, Operation, Status, UserInfo};
-pub use host::{Compilers, HostConfig, PluginHost, Tier, digest_of};
+pub use host::{Compilers, HostConfig, PluginHost, Tier};
 pub use imports::controller::{
     Action, ApiError, Cause, CreateRequest, DeleteRequest, EventType, ObjectKey, PatchRequest,
     PatchType, Propagation, ServedResource, UpdateRequest, Write,
@@ -57,6 +57,9 @@ pub use metrics::{PluginMetrics, render_metrics};
 pub use plugin::{
     LoadError, LoadErrorReason, Plugin, PluginError, PluginErrorKind, PluginSpec, SchedulerSession,
 };
+/// `sha256:<hex>` of a module's bytes: how a plugin version is named, as OCI names
+/// content.
+pub use trellis_oci::digest_of;
 /// The `scheduler` world's types, as a [`SchedulerSession`]'s calls take and return
 /// them.
 pub mod scheduler {

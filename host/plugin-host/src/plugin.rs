@@ -12,7 +12,8 @@ use wasmtime::component::{Component, ResourceTable};
 use wasmtime::{PoolConcurrencyLimitError, Store, StoreLimitsBuilder, Trap, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
-use crate::host::{Compiler, PluginHost, Tier, digest_of, first_line};
+use crate::digest_of;
+use crate::host::{Compiler, PluginHost, Tier, first_line};
 use crate::imports::{ClusterReader, ControllerHost};
 use crate::metrics::PluginMetrics;
 use crate::pool::{self, Member, Slot};

@@ -134,9 +134,12 @@ pub struct ControllerArgs {
     pub plugin_status_interval: Duration,
 }
 
-/// This machine's name, as events and leases name their source.
+/// This machine's host name, lowercased as Kubernetes names nodes (the kubelet's
+/// default node name); events and leases name their source by it too.
 pub fn host_name() -> String {
-    trellis_apiserver::server::pki::hostname().unwrap_or_else(|| "localhost".to_owned())
+    trellis_apiserver::server::pki::hostname()
+        .map(|h| h.to_lowercase())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// The holder identity of this process: host name and a unique suffix, as Kubernetes'

@@ -132,15 +132,6 @@ fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("parse the endpoint {endpoint:?}: expected unix:///PATH"))
 }
 
-/// This machine's host name, lowercased as Kubernetes names nodes.
-pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_lowercase())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 pub async fn run_runtime(
     args: RuntimeArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -199,7 +190,10 @@ pub async fn run_local(
         None => connect_when_up(&socket).await?,
     };
     let mut config = AgentConfig::new(
-        &flags.node_name.clone().unwrap_or_else(host_name),
+        &flags
+            .node_name
+            .clone()
+            .unwrap_or_else(crate::components::host_name),
         flags.node_address,
         data_dir.join("node"),
     );
@@ -292,7 +286,11 @@ pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> any
             cluster_ca(kubeconfig)?,
         ),
         None => {
-            let node_name = args.node.node_name.clone().unwrap_or_else(host_name);
+            let node_name = args
+                .node
+                .node_name
+                .clone()
+                .unwrap_or_else(crate::components::host_name);
             let (client, ca) =
                 crate::join::joined_client(&args.join, &args.data_dir, &node_name, stopped.clone())
                     .await?;

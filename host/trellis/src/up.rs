@@ -333,7 +333,7 @@ pub async fn run(
                 .node
                 .node_name
                 .clone()
-                .unwrap_or_else(crate::node::host_name);
+                .unwrap_or_else(crate::components::host_name);
             let client = in_process.client(trellis_client::identity::node(&name));
             let informers = shared.informers.clone();
             let data_dir = args.data_dir.clone();

@@ -137,24 +137,11 @@ fn service_account(user: &str) -> Option<(&str, &str)> {
     user.strip_prefix("system:serviceaccount:")?.split_once(':')
 }
 
+/// An extra's key as its header name carries it, percent-decoded.
 fn percent_decode(key: &str) -> String {
-    let bytes = key.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(byte) = key
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(byte);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(key)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]

@@ -166,53 +166,15 @@ impl IncludeObject {
 
 /// `application/x-www-form-urlencoded` pairs (the query string), percent-decoded.
 pub fn form_pairs(raw: &str) -> HashMap<String, String> {
-    raw.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
+    form_urlencoded::parse(raw.as_bytes())
+        .into_owned()
         .collect()
 }
 
 /// One segment of a URL's path, percent-decoded (`system%3Anodes`: `system:nodes`,
 /// as clients escape names with colons); a `+` stays a `+`.
 pub fn path_segment(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains('%') {
-        std::borrow::Cow::Owned(decode(s, false))
-    } else {
-        std::borrow::Cow::Borrowed(s)
-    }
-}
-
-fn percent_decode(s: &str) -> String {
-    decode(s, true)
-}
-
-fn decode(s: &str, plus_is_space: bool) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' if plus_is_space => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy()
 }
 
 /// A request on a resource, ready for its handler.
