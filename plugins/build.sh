@@ -64,9 +64,12 @@ for manifest in "$plugins"/controllers/*/Cargo.toml "$plugins"/fixtures/*/Cargo.
   [ -e "$manifest" ] && rust_dirs+=("$(dirname "$manifest")")
 done
 
+# The host's crates the plugins build in (quantities, quota accounting), by path.
+host_crates=("$repo/host/quantity" "$repo/host/quota")
+
 rust_stale=()
 for dir in "${rust_dirs[@]}"; do
-  fresh "$dist/$(basename "$dir").wasm" "$dir" "$plugins/sdk" "$wit" "$plugins/Cargo.toml" "$plugins/Cargo.lock" ||
+  fresh "$dist/$(basename "$dir").wasm" "$dir" "$plugins/sdk" "${host_crates[@]}" "$wit" "$plugins/Cargo.toml" "$plugins/Cargo.lock" ||
     rust_stale+=("$(basename "$dir")")
 done
 
@@ -90,7 +93,7 @@ frozen_stale=()
 for manifest in "$examples"/*/Cargo.toml; do
   [ -e "$manifest" ] || continue
   dir=$(dirname "$manifest")
-  fresh "$frozen_dist/$(basename "$dir").wasm" "$dir" "$plugins/sdk" "$wit" "$plugins/Cargo.toml" "$plugins/Cargo.lock" ||
+  fresh "$frozen_dist/$(basename "$dir").wasm" "$dir" "$plugins/sdk" "${host_crates[@]}" "$wit" "$plugins/Cargo.toml" "$plugins/Cargo.lock" ||
     frozen_stale+=("$(basename "$dir")")
 done
 

@@ -27,6 +27,7 @@ pub fn bundle(names: &[&str], inputs: &[&str]) -> Result<(), String> {
         "plugins/Cargo.toml",
         "plugins/Cargo.lock",
         "host/quantity",
+        "host/quota",
         "wit",
     ]
     .iter()

@@ -1,19 +1,12 @@
 //! ResourceQuota: built-in admission that keeps a namespace within its quotas, and
 //! the accounting that keeps each quota's `status.hard` and `status.used` current.
 //!
-//! What is counted, per namespace: `pods` (those not `Succeeded` or `Failed`),
-//! `configmaps`, `secrets`, `services`, `resourcequotas`, the pods' compute resources
-//! (`requests.cpu`, `requests.memory`, `limits.cpu`, `limits.memory`, and `cpu` and
-//! `memory` as requests; any other `requests.X`/`limits.X` the containers name), and
-//! `count/<resource>[.<group>]` for every resource.
-//!
-//! Scopes (`spec.scopes` and `spec.scopeSelector`, all of which must match) narrow a
-//! quota to the pods they select, as in Kubernetes: `Terminating` and `NotTerminating`
-//! (`activeDeadlineSeconds` set or not), `BestEffort` and `NotBestEffort` (no container
-//! requests or limits, or some), `PriorityClass` (`In`, `NotIn`, `Exists`,
-//! `DoesNotExist` on the pod's `priorityClassName`) and `CrossNamespacePodAffinity`
-//! (affinity terms naming other namespaces). A scoped quota counts and charges pods
-//! only.
+//! What an object counts for and which objects a quota's scopes select are the rules
+//! of `trellis-quota` (`host/quota`), which the ResourceQuota controller counts by
+//! too: `pods` not `Succeeded` or `Failed`, `configmaps`, `secrets`, `services`,
+//! `resourcequotas`, the pods' compute resources, `count/<resource>[.<group>]`, and
+//! the scopes `Terminating`, `NotTerminating`, `BestEffort`, `NotBestEffort`,
+//! `PriorityClass` and `CrossNamespacePodAffinity`. A scoped quota charges pods only.
 //!
 //! - A create is charged as Kubernetes charges it: under the namespace's lock, the
 //!   new object's usage is added to each matching quota's `status.used` with a
@@ -34,7 +27,7 @@
 //! namespace without quotas costs no store read and no lock. Once there is one, the
 //! charge reads the quotas and writes their usage on the store, as above.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -44,6 +37,9 @@ use tokio::time::Instant;
 use trellis_api::ApiError;
 use trellis_api::quantity::Quantity;
 use trellis_api::registry::ResourceInfo;
+use trellis_quota::{
+    Usage, add, amounts, counted_resources, plural_and_group, selects, to_json, usage_of,
+};
 use trellis_store::{ListRequest, Revision, Store};
 
 use crate::admission::chain::{Admission, Attributes};
@@ -59,9 +55,6 @@ const MANAGER: &str = "resourcequota-controller";
 /// How long a charged create may take to appear in the store before its charge is
 /// dropped from recounts: longer than a create waits for its initializers.
 pub const RESERVATION_TTL: Duration = Duration::from_secs(60);
-
-/// Resource amounts by quota resource name (`pods`, `requests.cpu`, `count/secrets`).
-pub type Usage = BTreeMap<String, Quantity>;
 
 /// A charged create not yet seen in the store.
 #[derive(Debug)]
@@ -107,248 +100,12 @@ fn objects_prefix(resource: &str, namespace: &str) -> String {
     format!("/registry/{group}/{plural}/{namespace}/")
 }
 
-/// The resources a quota resource name counts objects of.
-fn counted_resource(name: &str) -> Option<String> {
-    if let Some(resource) = name.strip_prefix("count/") {
-        return Some(resource.to_owned());
-    }
-    match name {
-        "pods" | "cpu" | "memory" | "ephemeral-storage" => Some("pods".into()),
-        _ if name.starts_with("requests.") || name.starts_with("limits.") => Some("pods".into()),
-        "configmaps" | "secrets" | "services" | "resourcequotas" => Some(name.to_owned()),
-        _ => None,
-    }
-}
-
-/// A pod's requests and limits by resource: containers summed; init containers run
-/// one at a time, so each resource takes the larger of that sum and the largest init
-/// container. A limit without a request stands for the request, as Kubernetes defaults.
-fn pod_compute(pod: &Object) -> Usage {
-    let spec = pod.get("spec");
-    let list = |key: &str| {
-        spec.and_then(|s| s.get(key))
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let container_usage = |c: &Value| {
-        let mut out = Usage::new();
-        let resources = c.get("resources");
-        let amounts = |key: &str| {
-            resources
-                .and_then(|r| r.get(key))
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default()
-        };
-        let (requests, limits) = (amounts("requests"), amounts("limits"));
-        for (name, value) in &limits {
-            if let Some(q) = value.as_str().and_then(|v| Quantity::parse(v).ok()) {
-                out.insert(format!("limits.{name}"), q);
-                if !requests.contains_key(name) {
-                    out.insert(format!("requests.{name}"), q);
-                }
-            }
-        }
-        for (name, value) in &requests {
-            if let Some(q) = value.as_str().and_then(|v| Quantity::parse(v).ok()) {
-                out.insert(format!("requests.{name}"), q);
-            }
-        }
-        out
-    };
-    let mut total = Usage::new();
-    for c in list("containers") {
-        for (k, v) in container_usage(&c) {
-            let sum = total.get(&k).copied().unwrap_or_default().saturating_add(v);
-            total.insert(k, sum);
-        }
-    }
-    for c in list("initContainers") {
-        for (k, v) in container_usage(&c) {
-            if total.get(&k).is_none_or(|t| *t < v) {
-                total.insert(k, v);
-            }
-        }
-    }
-    total
-}
-
-/// Whether `quota`'s scopes select `obj`, an object of `group`/`plural`: a quota
-/// without scopes selects every object; a scoped one selects pods only, those that
-/// match each of its scopes.
-fn selects(quota: &Object, group: &str, plural: &str, obj: &Object) -> bool {
-    let spec = quota.get("spec");
-    let scopes: Vec<&str> = spec
-        .and_then(|s| s.get("scopes"))
-        .and_then(Value::as_array)
-        .map(|l| l.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let expressions: Vec<&Value> = spec
-        .and_then(|s| s.pointer("/scopeSelector/matchExpressions"))
-        .and_then(Value::as_array)
-        .map(|l| l.iter().collect())
-        .unwrap_or_default();
-    if scopes.is_empty() && expressions.is_empty() {
-        return true;
-    }
-    if !group.is_empty() || plural != "pods" {
-        return false;
-    }
-    scopes
-        .iter()
-        .all(|scope| pod_in_scope(obj, scope, "Exists", &[]))
-        && expressions.iter().all(|e| {
-            let values: Vec<&str> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|l| l.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            pod_in_scope(
-                obj,
-                e.get("scopeName")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default(),
-                e.get("operator")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default(),
-                &values,
-            )
-        })
-}
-
-/// Whether `pod` is in `scope` (with `operator` and `values` for the scopes that take
-/// them; `Exists` for a scope named in `spec.scopes`). Unknown scopes select nothing.
-fn pod_in_scope(pod: &Object, scope: &str, operator: &str, values: &[&str]) -> bool {
-    let spec = pod.get("spec");
-    let matches = |holds: bool| match operator {
-        "Exists" => holds,
-        "DoesNotExist" => !holds,
-        _ => false,
-    };
-    let terminating = spec
-        .and_then(|s| s.get("activeDeadlineSeconds"))
-        .and_then(Value::as_i64)
-        .is_some_and(|d| d >= 0);
-    match scope {
-        "Terminating" => matches(terminating),
-        "NotTerminating" => matches(!terminating),
-        "BestEffort" => matches(pod_compute(pod).is_empty()),
-        "NotBestEffort" => matches(!pod_compute(pod).is_empty()),
-        "CrossNamespacePodAffinity" => matches(cross_namespace_affinity(pod)),
-        "PriorityClass" => {
-            let class = spec
-                .and_then(|s| s.get("priorityClassName"))
-                .and_then(Value::as_str)
-                .filter(|c| !c.is_empty());
-            match operator {
-                "In" => class.is_some_and(|c| values.contains(&c)),
-                "NotIn" => class.is_none_or(|c| !values.contains(&c)),
-                "Exists" => class.is_some(),
-                "DoesNotExist" => class.is_none(),
-                _ => false,
-            }
-        }
-        _ => false,
-    }
-}
-
-/// Whether a pod's (anti-)affinity terms reach into other namespaces: a term with
-/// `namespaces` or a `namespaceSelector`.
-fn cross_namespace_affinity(pod: &Object) -> bool {
-    let Some(affinity) = pod.get("spec").and_then(|s| s.get("affinity")) else {
-        return false;
-    };
-    ["podAffinity", "podAntiAffinity"].iter().any(|kind| {
-        let Some(rules) = affinity.get(*kind) else {
-            return false;
-        };
-        let required = rules
-            .get("requiredDuringSchedulingIgnoredDuringExecution")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten();
-        let preferred = rules
-            .get("preferredDuringSchedulingIgnoredDuringExecution")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|w| w.get("podAffinityTerm"));
-        required.chain(preferred).any(|term| {
-            term.get("namespaces")
-                .and_then(Value::as_array)
-                .is_some_and(|n| !n.is_empty())
-                || term.get("namespaceSelector").is_some_and(|s| !s.is_null())
-        })
-    })
-}
-
-/// What one object of `group`/`plural` counts for in its namespace's quotas.
-pub fn usage_of(group: &str, plural: &str, obj: &Object) -> Usage {
-    let mut usage = Usage::new();
-    let one = Quantity::from_units(1);
-    let qualified = if group.is_empty() {
-        plural.to_owned()
-    } else {
-        format!("{plural}.{group}")
-    };
-    usage.insert(format!("count/{qualified}"), one);
-    if !group.is_empty() {
-        return usage;
-    }
-    match plural {
-        "pods" => {
-            let phase = obj
-                .get("status")
-                .and_then(|s| s.get("phase"))
-                .and_then(Value::as_str);
-            if matches!(phase, Some("Succeeded" | "Failed")) {
-                return usage;
-            }
-            usage.insert("pods".into(), one);
-            for (k, v) in pod_compute(obj) {
-                if let Some(bare) = k.strip_prefix("requests.") {
-                    usage.insert(bare.to_owned(), v);
-                }
-                usage.insert(k, v);
-            }
-        }
-        "configmaps" | "secrets" | "services" | "resourcequotas" => {
-            usage.insert(plural.to_owned(), one);
-        }
-        _ => {}
-    }
-    usage
-}
-
 /// `a=1,b=2`, sorted, as Kubernetes prints resource lists in quota messages.
 fn pretty(list: &Usage) -> String {
     list.iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// Reads `hard` or `used` of a quota into quantities; bad entries are skipped (the
-/// validation of ResourceQuota refuses them on write).
-fn amounts(obj: &Object, (outer, inner): (&str, &str)) -> Usage {
-    obj.get(outer)
-        .and_then(|o| o.get(inner))
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), Quantity::parse(v.as_str()?).ok()?)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn to_json(list: &Usage) -> Value {
-    Value::Object(
-        list.iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.to_string())))
-            .collect::<Map<_, _>>(),
-    )
 }
 
 fn store_failed(e: trellis_store::Error) -> ApiError {
@@ -393,20 +150,17 @@ impl ResourceQuota {
         quota: &Object,
         reservations: &mut Vec<Reservation>,
     ) -> Result<Usage, ApiError> {
-        let names: Vec<String> = amounts(quota, ("spec", "hard")).into_keys().collect();
+        let names: Vec<String> = amounts(quota, "spec", "hard").into_keys().collect();
         let quota_name = meta_str(quota, "name").unwrap_or_default();
-        let mut resources: Vec<String> = names.iter().filter_map(|n| counted_resource(n)).collect();
-        resources.sort();
-        resources.dedup();
         let mut used: Usage = names.iter().map(|n| (n.clone(), Quantity::ZERO)).collect();
         let mut stored_keys = std::collections::HashSet::new();
-        for resource in &resources {
+        for resource in counted_resources(&names) {
             let prefix = objects_prefix(resource, namespace);
             let page = store
                 .list(ListRequest::prefix(&prefix))
                 .await
                 .map_err(store_failed)?;
-            let (plural, group) = resource.split_once('.').unwrap_or((resource.as_str(), ""));
+            let (plural, group) = plural_and_group(resource);
             for kv in &page.kvs {
                 stored_keys.insert(kv.key.clone());
                 let Some(obj) = decode_stored(&kv.value, kv.mod_revision) else {
@@ -415,11 +169,7 @@ impl ResourceQuota {
                 if !selects(quota, group, plural, &obj) {
                     continue;
                 }
-                for (k, v) in usage_of(group, plural, &obj) {
-                    if let Some(total) = used.get_mut(&k) {
-                        *total = total.saturating_add(v);
-                    }
-                }
+                add(&mut used, &usage_of(group, plural, &obj));
             }
         }
         let now = Instant::now();
@@ -428,11 +178,7 @@ impl ResourceQuota {
             .iter()
             .filter(|r| r.quotas.iter().any(|q| q == quota_name))
         {
-            for (k, v) in &r.usage {
-                if let Some(total) = used.get_mut(k) {
-                    *total = total.saturating_add(*v);
-                }
-            }
+            add(&mut used, &r.usage);
         }
         Ok(used)
     }
@@ -507,7 +253,7 @@ impl ResourceQuota {
             let quotas = Self::quotas(store.as_ref(), namespace).await?;
             let mut all_written = true;
             for (quota, rev) in quotas {
-                let hard = amounts(&quota, ("spec", "hard"));
+                let hard = amounts(&quota, "spec", "hard");
                 let used =
                     Self::count(store.as_ref(), namespace, &quota, &mut reservations).await?;
                 all_written &= self.write_status(quota, rev, &hard, &used).await?;
@@ -606,11 +352,11 @@ impl ResourceQuota {
                 }
                 let quota_name = meta_str(quota, "name").unwrap_or_default().to_owned();
                 selected.push(quota_name.clone());
-                let hard = amounts(quota, ("spec", "hard"));
-                let status_current = amounts(quota, ("status", "hard")) == hard
+                let hard = amounts(quota, "spec", "hard");
+                let status_current = amounts(quota, "status", "hard") == hard
                     && quota.get("status").and_then(|s| s.get("used")).is_some();
                 let mut used = if status_current {
-                    amounts(quota, ("status", "used"))
+                    amounts(quota, "status", "used")
                 } else {
                     Self::count(store.as_ref(), namespace, quota, &mut reservations).await?
                 };
@@ -762,136 +508,16 @@ impl Admission for ResourceQuota {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn q(s: &str) -> Quantity {
-        Quantity::parse(s).unwrap()
-    }
-
-    fn obj(v: Value) -> Object {
-        serde_json::from_value(v).unwrap()
-    }
 
     #[test]
-    fn scopes_select_pods_as_kubernetes_does() {
-        let quota = |spec: Value| obj(json!({"metadata": {"name": "q"}, "spec": spec}));
-        let pod = |spec: Value| obj(json!({"metadata": {"name": "p"}, "spec": spec}));
-        let best_effort = pod(json!({"containers": [{"name": "a"}]}));
-        let sized = pod(json!({"containers": [{"name": "a",
-            "resources": {"requests": {"cpu": "100m"}}}]}));
-        let deadline = pod(
-            json!({"activeDeadlineSeconds": 30, "priorityClassName": "high",
-            "containers": [{"name": "a"}]}),
-        );
-        let reaching = pod(
-            json!({"containers": [{"name": "a"}], "affinity": {"podAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"topologyKey": "zone", "namespaces": ["other"]}]}}}),
-        );
-        let cm = obj(json!({"metadata": {"name": "c"}}));
-
-        let unscoped = quota(json!({"hard": {"pods": "1"}}));
-        assert!(selects(&unscoped, "", "pods", &sized));
-        assert!(selects(&unscoped, "", "configmaps", &cm));
-
-        let scoped = |scopes: &[&str]| quota(json!({"scopes": scopes}));
-        let be = scoped(&["BestEffort"]);
-        assert!(selects(&be, "", "pods", &best_effort));
-        assert!(!selects(&be, "", "pods", &sized));
-        assert!(
-            !selects(&be, "", "configmaps", &cm),
-            "scoped quotas count pods only"
-        );
-        assert!(selects(&scoped(&["NotBestEffort"]), "", "pods", &sized));
-        assert!(selects(&scoped(&["Terminating"]), "", "pods", &deadline));
-        assert!(!selects(&scoped(&["Terminating"]), "", "pods", &sized));
-        assert!(selects(&scoped(&["NotTerminating"]), "", "pods", &sized));
-        assert!(selects(
-            &scoped(&["CrossNamespacePodAffinity"]),
-            "",
-            "pods",
-            &reaching
-        ));
-        assert!(!selects(
-            &scoped(&["CrossNamespacePodAffinity"]),
-            "",
-            "pods",
-            &sized
-        ));
-        // Every scope must match.
-        assert!(selects(
-            &scoped(&["Terminating", "BestEffort"]),
-            "",
-            "pods",
-            &deadline
-        ));
-        assert!(!selects(
-            &scoped(&["Terminating", "NotBestEffort"]),
-            "",
-            "pods",
-            &deadline
-        ));
-
-        let priority = |operator: &str, values: &[&str]| {
-            quota(json!({"scopeSelector": {"matchExpressions": [
-                {"scopeName": "PriorityClass", "operator": operator, "values": values}]}}))
-        };
-        assert!(selects(&priority("In", &["high"]), "", "pods", &deadline));
-        assert!(!selects(&priority("In", &["low"]), "", "pods", &deadline));
-        assert!(!selects(&priority("In", &["high"]), "", "pods", &sized));
-        assert!(selects(&priority("NotIn", &["high"]), "", "pods", &sized));
-        assert!(!selects(
-            &priority("NotIn", &["high"]),
-            "",
-            "pods",
-            &deadline
-        ));
-        assert!(selects(&priority("Exists", &[]), "", "pods", &deadline));
-        assert!(selects(&priority("DoesNotExist", &[]), "", "pods", &sized));
-        assert!(!selects(&priority("Bogus", &[]), "", "pods", &sized));
-    }
-
-    #[test]
-    fn a_pod_counts_its_containers_and_its_largest_init_container() {
-        let pod = obj(json!({"spec": {
-            "containers": [
-                {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "500m"}}},
-                {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "128Mi"}}},
-            ],
-            "initContainers": [
-                {"name": "i", "resources": {"requests": {"cpu": "2"}}},
-            ],
-        }}));
-        let usage = usage_of("", "pods", &pod);
-        assert_eq!(usage["pods"], q("1"));
-        assert_eq!(usage["count/pods"], q("1"));
-        // b's limits stand for its requests; the init container's 2 cpu wins.
-        assert_eq!(usage["requests.cpu"], q("2"));
-        assert_eq!(usage["cpu"], q("2"));
-        assert_eq!(usage["limits.cpu"], q("1500m"));
-        assert_eq!(usage["requests.memory"], q("192Mi"));
-        assert_eq!(usage["limits.memory"], q("128Mi"));
-        let done = obj(json!({"spec": {"containers": []}, "status": {"phase": "Succeeded"}}));
-        assert!(!usage_of("", "pods", &done).contains_key("pods"));
-    }
-
-    #[test]
-    fn counted_resources_map_to_store_prefixes() {
-        assert_eq!(counted_resource("requests.cpu").as_deref(), Some("pods"));
-        assert_eq!(
-            counted_resource("count/deployments.apps").as_deref(),
-            Some("deployments.apps")
-        );
-        assert_eq!(counted_resource("secrets").as_deref(), Some("secrets"));
-        assert_eq!(counted_resource("persistentvolumeclaims"), None);
+    fn resources_map_to_store_prefixes_and_usage_prints_sorted() {
         assert_eq!(
             objects_prefix("deployments.apps", "ns"),
             "/registry/apps/deployments/ns/"
         );
         assert_eq!(objects_prefix("pods", "ns"), "/registry/core/pods/ns/");
-        let mut usage = Usage::new();
-        usage.insert("requests.cpu".into(), q("500m"));
-        usage.insert("pods".into(), q("1"));
+        let q = |s: &str| Quantity::parse(s).unwrap();
+        let usage = Usage::from([("requests.cpu".into(), q("500m")), ("pods".into(), q("1"))]);
         assert_eq!(pretty(&usage), "pods=1,requests.cpu=500m");
     }
 }

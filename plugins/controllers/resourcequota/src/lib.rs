@@ -6,11 +6,13 @@
 //!
 //! The API server charges creates at admission and recounts after writes
 //! (`host/apiserver/src/admission/quota.rs`); the controller counts by the same
-//! rules ([`usage`], [`scope`]) and compares *parsed* quantities, so a value the
-//! server spelled differently is no difference. It writes only when its count
-//! differs from the status, after reading the quota again from the API server and
-//! counting again, with an update that carries that read's resourceVersion: a quota
-//! the server changed meanwhile answers 409 and the key is looked at again.
+//! rules, from the crate both use (`trellis-quota`, in `host/quota`: what an object
+//! counts for, which objects a scoped quota counts), and compares *parsed*
+//! quantities, so a value the server spelled differently is no difference. It
+//! writes only when its count differs from the status, after reading the quota
+//! again from the API server and counting again, with an update that carries that
+//! read's resourceVersion: a quota the server changed meanwhile answers 409 and the
+//! key is looked at again.
 //!
 //! # The race left
 //!
@@ -26,13 +28,6 @@
 //! right again once the controller's write is answered; a create admitted in
 //! between, in the same namespace, is judged against the lower usage and may pass a
 //! hard limit by what was miscounted. Kubernetes' controller has the same window.
-//!
-//! # Layout
-//! - [`usage`]: what one object counts for, by quota resource name.
-//! - [`scope`]: which objects a scoped quota counts.
-
-pub mod scope;
-pub mod usage;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -45,7 +40,10 @@ use trellis_plugin::controller::{
 use trellis_plugin::log;
 use trellis_plugin::quantity::Quantity;
 
-use crate::usage::{Usage, amounts, counted_resource, to_json, usage_of};
+use trellis_quota::{
+    Usage, add, amounts, counted_resource, counted_resources, plural_and_group, selects, to_json,
+    usage_of,
+};
 
 /// How soon a quota whose status write lost to another writer is looked at again;
 /// the other write's change brings it back too.
@@ -82,14 +80,13 @@ pub struct Counted {
 /// has. Objects are added in the server's order (by name), so that a sum is written
 /// in the notation the server's would be.
 pub fn count(quota: &Value, namespace: &str, served: &[ServedResource]) -> Result<Counted, String> {
-    let hard = amounts(&quota["spec"]["hard"]);
+    let hard = amounts(quota, "spec", "hard");
     let mut counted = Counted {
         used: hard.keys().map(|n| (n.clone(), Quantity::ZERO)).collect(),
         uncached: BTreeSet::new(),
     };
-    let resources: BTreeSet<&str> = hard.keys().filter_map(|n| counted_resource(n)).collect();
-    for resource in resources {
-        let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
+    for resource in counted_resources(hard.keys()) {
+        let (plural, group) = plural_and_group(resource);
         let Some(found) = served
             .iter()
             .find(|s| s.resource.group == group && s.resource.resource == plural)
@@ -111,15 +108,8 @@ pub fn count(quota: &Value, namespace: &str, served: &[ServedResource]) -> Resul
                 .as_str()
                 .cmp(&b["metadata"]["name"].as_str())
         });
-        for obj in objects
-            .iter()
-            .filter(|o| scope::selects(quota, group, plural, o))
-        {
-            for (name, q) in usage_of(group, plural, obj) {
-                if let Some(total) = counted.used.get_mut(&name) {
-                    *total = total.saturating_add(q);
-                }
-            }
+        for obj in objects.iter().filter(|o| selects(quota, group, plural, *o)) {
+            add(&mut counted.used, &usage_of(group, plural, obj));
         }
     }
     Ok(counted)
@@ -151,13 +141,13 @@ pub fn accounted_at(quota: &Value) -> Option<i64> {
 /// The `hard` and `used` `quota`'s status should have, when they differ from what
 /// it has (compared as quantities); `None` when it is right.
 pub fn correction(quota: &Value, counted: &Counted) -> Option<(Usage, Usage)> {
-    let hard = amounts(&quota["spec"]["hard"]);
-    let current = amounts(&quota["status"]["used"]);
+    let hard = amounts(quota, "spec", "hard");
+    let current = amounts(quota, "status", "used");
     let mut used = counted.used.clone();
     for name in &counted.uncached {
         used.insert(name.clone(), current.get(name).copied().unwrap_or_default());
     }
-    (amounts(&quota["status"]["hard"]) != hard || current != used).then_some((hard, used))
+    (amounts(quota, "status", "hard") != hard || current != used).then_some((hard, used))
 }
 
 impl Reconcile for ResourceQuotas {
