@@ -1,35 +1,37 @@
-//! A fake CRI runtime for hollow nodes (Kubernetes' kubemark uses one the same way):
-//! the real `RuntimeService` and `ImageService` over gRPC, answered from an in-memory
-//! map. Every image is present and a pull is instant; a container runs from its
-//! `StartContainer` (after [`FakeConfig::start_delay`]) until it is stopped, and runs
-//! nothing. One [`FakeRuntime`] serves one node: a node agent lists every container of
-//! its runtime, so runtimes are never shared between nodes.
+//! The runtime of hollow nodes (Kubernetes' kubemark fakes one the same way): the
+//! runtime's own CRI service over a handler whose containers run nothing and over
+//! stores that keep nothing on disk, as containerd fakes its stores, not its service.
+//! Every image is present and a pull is instant; a container runs from its
+//! `StartContainer` (after [`FakeConfig::start_delay`]) until it is stopped. One
+//! [`FakeRuntime`] serves one node: a node agent lists every container of its runtime,
+//! so runtimes are never shared between nodes.
 //!
 //! [`connect`] serves a runtime on an in-memory stream and returns the [`Client`] an
-//! agent takes, with no socket and no thread: a few tens of KB per node.
+//! agent takes, with no socket, no file and no thread: a few tens of KB per node.
 
-use std::collections::HashMap;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::image_service_server::{ImageService, ImageServiceServer};
+use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
-use k8s_cri::v1::*;
-use tokio::sync::{broadcast, watch};
+use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+use k8s_cri::v1::{AuthConfig, ExecSyncResponse, FilesystemUsage};
+use tokio::sync::watch;
+use tonic::Status;
 use tonic::transport::{Endpoint, Uri};
-use tonic::{Request, Response, Status};
 
-use crate::Client;
-use crate::service::{no_container, selects};
+use crate::handler::{Handler, Prepared, Started};
+use crate::images::{ImageKind, ImageRecord, ImageStore};
+use crate::state::{ContainerRecord, Exit, Live, State, Stopper, Tables};
+use crate::{Client, Runtime};
 
-type Reply<T> = Result<Response<T>, Status>;
-type EventStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<ContainerEventResponse, Status>> + Send>>;
+/// The name of what runs a hollow node's images, whichever handler a sandbox names.
+pub(crate) const HOLLOW: &str = "hollow";
 
 /// What a fake runtime reports and how its containers behave.
 #[derive(Clone, Debug)]
@@ -52,666 +54,158 @@ impl Default for FakeConfig {
     }
 }
 
-struct Sandbox {
-    id: String,
-    metadata: Option<PodSandboxMetadata>,
-    labels: HashMap<String, String>,
-    annotations: HashMap<String, String>,
-    handler: String,
-    state: i32,
-    created_at: i64,
-}
-
-struct FakeContainer {
-    id: String,
-    sandbox_id: String,
-    metadata: Option<ContainerMetadata>,
-    image: Option<ImageSpec>,
-    labels: HashMap<String, String>,
-    annotations: HashMap<String, String>,
-    log_path: String,
-    state: i32,
-    created_at: i64,
-    started_at: i64,
-    finished_at: i64,
-    exit_code: i32,
-    reason: String,
-}
-
-impl FakeContainer {
-    fn listed(&self) -> Container {
-        let image_ref = self.image_ref();
-        Container {
-            id: self.id.clone(),
-            pod_sandbox_id: self.sandbox_id.clone(),
-            metadata: self.metadata.clone(),
-            image: self.image.clone(),
-            image_ref: image_ref.clone(),
-            state: self.state,
-            created_at: self.created_at,
-            labels: self.labels.clone(),
-            annotations: self.annotations.clone(),
-            image_id: image_ref,
-        }
-    }
-
-    fn status(&self) -> ContainerStatus {
-        let image_ref = self.image_ref();
-        ContainerStatus {
-            id: self.id.clone(),
-            metadata: self.metadata.clone(),
-            state: self.state,
-            created_at: self.created_at,
-            started_at: self.started_at,
-            finished_at: self.finished_at,
-            exit_code: self.exit_code,
-            image: self.image.clone(),
-            image_ref: image_ref.clone(),
-            reason: self.reason.clone(),
-            labels: self.labels.clone(),
-            annotations: self.annotations.clone(),
-            log_path: self.log_path.clone(),
-            image_id: image_ref,
-            ..Default::default()
-        }
-    }
-
-    fn image_ref(&self) -> String {
-        self.image
-            .as_ref()
-            .map(|i| image_id(&i.image))
-            .unwrap_or_default()
-    }
-}
-
-#[derive(Default)]
-struct Tables {
-    sandboxes: HashMap<String, Sandbox>,
-    containers: HashMap<String, FakeContainer>,
-    next_id: u64,
-}
-
-impl Tables {
-    /// Ids unique within the runtime; 16 hex digits, as short as is readable.
-    fn new_id(&mut self) -> String {
-        self.next_id += 1;
-        format!("{:016x}", self.next_id)
-    }
-}
-
-/// One node's fake runtime.
+/// One node's fake runtime: a [`Runtime`] whose every handler is hollow.
+#[derive(Debug)]
 pub struct FakeRuntime {
-    config: FakeConfig,
-    tables: Mutex<Tables>,
-    /// Container events, for `GetContainerEvents`; created with the first reader so
-    /// an idle node keeps no buffer.
-    events: Mutex<Option<broadcast::Sender<ContainerEventResponse>>>,
-    /// Bumped at every container state change: what an agent may wait on instead of
-    /// relisting.
-    changed: watch::Sender<u64>,
-}
-
-impl std::fmt::Debug for FakeRuntime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FakeRuntime")
-            .field("handlers", &self.config.handlers)
-            .finish_non_exhaustive()
-    }
+    runtime: Arc<Runtime>,
 }
 
 impl FakeRuntime {
     pub fn new(config: FakeConfig) -> Arc<Self> {
-        Arc::new(Self {
-            config,
-            tables: Mutex::default(),
-            events: Mutex::default(),
-            changed: watch::channel(0).0,
-        })
-    }
-
-    fn tables(&self) -> MutexGuard<'_, Tables> {
-        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+        let hollow: Arc<dyn Handler> = Arc::new(Hollow {
+            start_delay: config.start_delay,
+        });
+        let runtime = Arc::new(Runtime {
+            name: "fake",
+            node_ip: config
+                .node_ip
+                .parse()
+                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            state: State::with(Box::new(crate::store::Memory), Tables::default()),
+            images: Arc::new(HollowImages),
+            handlers: config
+                .handlers
+                .into_iter()
+                .map(|name| (name, hollow.clone()))
+                .collect(),
+        });
+        Arc::new(Self { runtime })
     }
 
     /// The containers it holds, whatever their state.
     pub fn container_count(&self) -> usize {
-        self.tables().containers.len()
+        self.runtime.container_count()
     }
 
     /// The sandboxes it holds, whatever their state.
     pub fn sandbox_count(&self) -> usize {
-        self.tables().sandboxes.len()
+        self.runtime.sandbox_count()
     }
 
     /// A receiver that changes whenever a container changes state.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
+        self.runtime.subscribe()
     }
+}
 
-    fn event(&self, c: &FakeContainer, kind: ContainerEventType) {
-        self.changed.send_modify(|n| *n += 1);
-        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = events.as_ref().filter(|tx| tx.receiver_count() > 0) {
-            let _ = tx.send(ContainerEventResponse {
-                container_id: c.id.clone(),
-                container_event_type: kind as i32,
-                created_at: now_ns(),
-                pod_sandbox_status: None,
-                containers_statuses: vec![c.status()],
-            });
-        }
-    }
+/// The hollow handler: a container is a record; it runs nothing.
+struct Hollow {
+    start_delay: Duration,
+}
 
-    /// Stops container `id` if it runs; `false` when there is no such container.
-    fn stop(&self, tables: &mut Tables, id: &str) -> bool {
-        let Some(c) = tables.containers.get_mut(id) else {
-            return false;
-        };
-        if c.state == ContainerState::ContainerRunning as i32
-            || c.state == ContainerState::ContainerCreated as i32
-        {
-            c.state = ContainerState::ContainerExited as i32;
-            c.finished_at = now_ns();
-            // What a container killed by its stop reports (SIGKILL's 128 + 9).
-            c.exit_code = 137;
-            c.reason = "Error".into();
-            self.event(c, ContainerEventType::ContainerStoppedEvent);
-        }
+#[tonic::async_trait]
+impl Handler for Hollow {
+    fn runs(&self, _: ImageKind) -> bool {
         true
     }
 
-    fn remove(&self, tables: &mut Tables, id: &str) {
-        self.stop(tables, id);
-        if let Some(c) = tables.containers.remove(id) {
-            self.event(&c, ContainerEventType::ContainerDeletedEvent);
+    async fn prepare(&self, _: &ContainerRecord) -> Result<Prepared, Status> {
+        if !self.start_delay.is_zero() {
+            tokio::time::sleep(self.start_delay).await;
         }
+        // No log: a hollow node writes no file.
+        Ok(Prepared::default())
     }
 
-    fn containers_of(tables: &Tables, sandbox: &str) -> Vec<String> {
-        tables
-            .containers
-            .values()
-            .filter(|c| c.sandbox_id == sandbox)
-            .map(|c| c.id.clone())
-            .collect()
+    fn start(&self, _: &Arc<State>, _: &ContainerRecord, _: Prepared) -> Result<Started, Status> {
+        Ok(Started {
+            live: Live {
+                exited: watch::channel(false).0,
+                stop: Stopper::Hollow,
+                log: None,
+                tasks: Vec::new(),
+                memory: None,
+            },
+            pid: None,
+            pid_start: None,
+        })
     }
 
-    fn sandbox_status(&self, s: &Sandbox) -> PodSandboxStatus {
-        PodSandboxStatus {
-            id: s.id.clone(),
-            metadata: s.metadata.clone(),
-            state: s.state,
-            created_at: s.created_at,
-            network: Some(PodSandboxNetworkStatus {
-                ip: self.config.node_ip.clone(),
-                additional_ips: Vec::new(),
-            }),
-            labels: s.labels.clone(),
-            annotations: s.annotations.clone(),
-            runtime_handler: s.handler.clone(),
-            ..Default::default()
-        }
-    }
-}
-
-/// The id an image has: every image is present, named by itself.
-fn image_id(name: &str) -> String {
-    format!("fake://{name}")
-}
-
-fn now_ns() -> i64 {
-    jiff::Timestamp::now().as_nanosecond() as i64
-}
-
-fn unsupported(what: &str) -> Status {
-    Status::unimplemented(format!("a hollow node's runtime has no {what}"))
-}
-
-#[tonic::async_trait]
-impl RuntimeService for FakeRuntime {
-    async fn version(&self, _: Request<VersionRequest>) -> Reply<VersionResponse> {
-        Ok(Response::new(VersionResponse {
-            version: "0.1.0".into(),
-            runtime_name: "fake".into(),
-            runtime_version: env!("CARGO_PKG_VERSION").into(),
-            runtime_api_version: "v1".into(),
-        }))
-    }
-
-    async fn run_pod_sandbox(
+    async fn stop(
         &self,
-        request: Request<RunPodSandboxRequest>,
-    ) -> Reply<RunPodSandboxResponse> {
-        let request = request.into_inner();
-        let config = request
-            .config
-            .ok_or_else(|| Status::invalid_argument("RunPodSandbox needs a sandbox config"))?;
-        let handler = request.runtime_handler;
-        if !handler.is_empty() && !self.config.handlers.contains(&handler) {
-            return Err(Status::invalid_argument(format!(
-                "no runtime handler {handler:?} on this node (it has: {})",
-                self.config.handlers.join(", ")
-            )));
-        }
-        let mut tables = self.tables();
-        let id = tables.new_id();
-        tables.sandboxes.insert(
-            id.clone(),
-            Sandbox {
-                id: id.clone(),
-                metadata: config.metadata,
-                labels: config.labels,
-                annotations: config.annotations,
-                handler,
-                state: PodSandboxState::SandboxReady as i32,
-                created_at: now_ns(),
+        state: &Arc<State>,
+        id: &str,
+        _: Stopper,
+        _: Duration,
+        _: watch::Receiver<bool>,
+    ) -> Result<(), Status> {
+        // What a container killed by its stop reports (SIGKILL's 128 + 9).
+        state.finish(
+            id,
+            Exit {
+                code: 137,
+                reason: "Error",
+                message: String::new(),
             },
         );
-        Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
+        Ok(())
     }
 
-    async fn stop_pod_sandbox(
+    fn usage(&self, _: &Live) -> (Option<u64>, Option<u64>) {
+        (None, None)
+    }
+
+    async fn exec_sync(
         &self,
-        request: Request<StopPodSandboxRequest>,
-    ) -> Reply<StopPodSandboxResponse> {
-        let id = request.into_inner().pod_sandbox_id;
-        let mut tables = self.tables();
-        for container in Self::containers_of(&tables, &id) {
-            self.stop(&mut tables, &container);
-        }
-        if let Some(s) = tables.sandboxes.get_mut(&id) {
-            s.state = PodSandboxState::SandboxNotready as i32;
-        }
-        Ok(Response::new(StopPodSandboxResponse {}))
-    }
-
-    async fn remove_pod_sandbox(
-        &self,
-        request: Request<RemovePodSandboxRequest>,
-    ) -> Reply<RemovePodSandboxResponse> {
-        let id = request.into_inner().pod_sandbox_id;
-        let mut tables = self.tables();
-        for container in Self::containers_of(&tables, &id) {
-            self.remove(&mut tables, &container);
-        }
-        tables.sandboxes.remove(&id);
-        Ok(Response::new(RemovePodSandboxResponse {}))
-    }
-
-    async fn pod_sandbox_status(
-        &self,
-        request: Request<PodSandboxStatusRequest>,
-    ) -> Reply<PodSandboxStatusResponse> {
-        let id = request.into_inner().pod_sandbox_id;
-        let tables = self.tables();
-        let sandbox = tables
-            .sandboxes
-            .get(&id)
-            .ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
-        Ok(Response::new(PodSandboxStatusResponse {
-            status: Some(self.sandbox_status(sandbox)),
-            info: HashMap::new(),
-            containers_statuses: tables
-                .containers
-                .values()
-                .filter(|c| c.sandbox_id == id)
-                .map(FakeContainer::status)
-                .collect(),
-            timestamp: now_ns(),
-        }))
-    }
-
-    async fn list_pod_sandbox(
-        &self,
-        request: Request<ListPodSandboxRequest>,
-    ) -> Reply<ListPodSandboxResponse> {
-        let filter = request.into_inner().filter.unwrap_or_default();
-        let tables = self.tables();
-        let items = tables
-            .sandboxes
-            .values()
-            .filter(|s| filter.id.is_empty() || s.id == filter.id)
-            .filter(|s| filter.state.is_none_or(|f| f.state == s.state))
-            .filter(|s| selects(&filter.label_selector, &s.labels))
-            .map(|s| PodSandbox {
-                id: s.id.clone(),
-                metadata: s.metadata.clone(),
-                state: s.state,
-                created_at: s.created_at,
-                labels: s.labels.clone(),
-                annotations: s.annotations.clone(),
-                runtime_handler: s.handler.clone(),
-            })
-            .collect();
-        Ok(Response::new(ListPodSandboxResponse { items }))
-    }
-
-    async fn create_container(
-        &self,
-        request: Request<CreateContainerRequest>,
-    ) -> Reply<CreateContainerResponse> {
-        let request = request.into_inner();
-        let config = request
-            .config
-            .ok_or_else(|| Status::invalid_argument("CreateContainer needs a container config"))?;
-        let mut tables = self.tables();
-        if !tables.sandboxes.contains_key(&request.pod_sandbox_id) {
-            return Err(Status::not_found(format!(
-                "no sandbox {}",
-                request.pod_sandbox_id
-            )));
-        }
-        let id = tables.new_id();
-        let container = FakeContainer {
-            id: id.clone(),
-            sandbox_id: request.pod_sandbox_id,
-            metadata: config.metadata,
-            image: config.image,
-            labels: config.labels,
-            annotations: config.annotations,
-            log_path: config.log_path,
-            state: ContainerState::ContainerCreated as i32,
-            created_at: now_ns(),
-            started_at: 0,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-        };
-        self.event(&container, ContainerEventType::ContainerCreatedEvent);
-        tables.containers.insert(id.clone(), container);
-        Ok(Response::new(CreateContainerResponse { container_id: id }))
-    }
-
-    async fn start_container(
-        &self,
-        request: Request<StartContainerRequest>,
-    ) -> Reply<StartContainerResponse> {
-        let id = request.into_inner().container_id;
-        if !self.config.start_delay.is_zero() {
-            tokio::time::sleep(self.config.start_delay).await;
-        }
-        let mut tables = self.tables();
-        let c = tables
-            .containers
-            .get_mut(&id)
-            .ok_or_else(|| no_container(&id))?;
-        if c.state != ContainerState::ContainerCreated as i32 {
-            return Err(Status::failed_precondition(format!(
-                "container {id} is not CREATED"
-            )));
-        }
-        c.state = ContainerState::ContainerRunning as i32;
-        c.started_at = now_ns();
-        self.event(c, ContainerEventType::ContainerStartedEvent);
-        Ok(Response::new(StartContainerResponse {}))
-    }
-
-    async fn stop_container(
-        &self,
-        request: Request<StopContainerRequest>,
-    ) -> Reply<StopContainerResponse> {
-        let id = request.into_inner().container_id;
-        if !self.stop(&mut self.tables(), &id) {
-            return Err(no_container(&id));
-        }
-        Ok(Response::new(StopContainerResponse {}))
-    }
-
-    async fn remove_container(
-        &self,
-        request: Request<RemoveContainerRequest>,
-    ) -> Reply<RemoveContainerResponse> {
-        let id = request.into_inner().container_id;
-        self.remove(&mut self.tables(), &id);
-        Ok(Response::new(RemoveContainerResponse {}))
-    }
-
-    async fn list_containers(
-        &self,
-        request: Request<ListContainersRequest>,
-    ) -> Reply<ListContainersResponse> {
-        let filter = request.into_inner().filter.unwrap_or_default();
-        let tables = self.tables();
-        let containers = tables
-            .containers
-            .values()
-            .filter(|c| filter.id.is_empty() || c.id == filter.id)
-            .filter(|c| filter.pod_sandbox_id.is_empty() || c.sandbox_id == filter.pod_sandbox_id)
-            .filter(|c| filter.state.is_none_or(|f| f.state == c.state))
-            .filter(|c| selects(&filter.label_selector, &c.labels))
-            .map(FakeContainer::listed)
-            .collect();
-        Ok(Response::new(ListContainersResponse { containers }))
-    }
-
-    async fn container_status(
-        &self,
-        request: Request<ContainerStatusRequest>,
-    ) -> Reply<ContainerStatusResponse> {
-        let id = request.into_inner().container_id;
-        let tables = self.tables();
-        let c = tables
-            .containers
-            .get(&id)
-            .ok_or_else(|| no_container(&id))?;
-        Ok(Response::new(ContainerStatusResponse {
-            status: Some(c.status()),
-            info: HashMap::new(),
-        }))
-    }
-
-    async fn update_container_resources(
-        &self,
-        _: Request<UpdateContainerResourcesRequest>,
-    ) -> Reply<UpdateContainerResourcesResponse> {
-        Ok(Response::new(UpdateContainerResourcesResponse {}))
-    }
-
-    async fn reopen_container_log(
-        &self,
-        _: Request<ReopenContainerLogRequest>,
-    ) -> Reply<ReopenContainerLogResponse> {
-        Ok(Response::new(ReopenContainerLogResponse {}))
-    }
-
-    async fn exec_sync(&self, _: Request<ExecSyncRequest>) -> Reply<ExecSyncResponse> {
+        _: &ContainerRecord,
+        _: &[String],
+        _: Duration,
+    ) -> Result<ExecSyncResponse, Status> {
         // Probes that exec succeed: a hollow container is always healthy.
-        Ok(Response::new(ExecSyncResponse {
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            exit_code: 0,
-        }))
-    }
-
-    async fn exec(&self, _: Request<ExecRequest>) -> Reply<ExecResponse> {
-        Err(unsupported("exec"))
-    }
-
-    async fn attach(&self, _: Request<AttachRequest>) -> Reply<AttachResponse> {
-        Err(unsupported("attach"))
-    }
-
-    async fn port_forward(&self, _: Request<PortForwardRequest>) -> Reply<PortForwardResponse> {
-        Err(unsupported("port forwarding"))
-    }
-
-    async fn container_stats(
-        &self,
-        _: Request<ContainerStatsRequest>,
-    ) -> Reply<ContainerStatsResponse> {
-        Ok(Response::new(ContainerStatsResponse { stats: None }))
-    }
-
-    async fn list_container_stats(
-        &self,
-        _: Request<ListContainerStatsRequest>,
-    ) -> Reply<ListContainerStatsResponse> {
-        Ok(Response::new(ListContainerStatsResponse::default()))
-    }
-
-    async fn pod_sandbox_stats(
-        &self,
-        _: Request<PodSandboxStatsRequest>,
-    ) -> Reply<PodSandboxStatsResponse> {
-        Ok(Response::new(PodSandboxStatsResponse { stats: None }))
-    }
-
-    async fn list_pod_sandbox_stats(
-        &self,
-        _: Request<ListPodSandboxStatsRequest>,
-    ) -> Reply<ListPodSandboxStatsResponse> {
-        Ok(Response::new(ListPodSandboxStatsResponse::default()))
-    }
-
-    async fn update_runtime_config(
-        &self,
-        _: Request<UpdateRuntimeConfigRequest>,
-    ) -> Reply<UpdateRuntimeConfigResponse> {
-        Ok(Response::new(UpdateRuntimeConfigResponse {}))
-    }
-
-    async fn status(&self, _: Request<StatusRequest>) -> Reply<StatusResponse> {
-        let condition = |kind: &str| RuntimeCondition {
-            r#type: kind.into(),
-            status: true,
-            reason: String::new(),
-            message: String::new(),
-        };
-        Ok(Response::new(StatusResponse {
-            status: Some(RuntimeStatus {
-                conditions: vec![condition("RuntimeReady"), condition("NetworkReady")],
-            }),
-            info: HashMap::new(),
-            runtime_handlers: self
-                .config
-                .handlers
-                .iter()
-                .map(|name| RuntimeHandler {
-                    name: name.clone(),
-                    features: Some(RuntimeHandlerFeatures::default()),
-                })
-                .collect(),
-            features: Some(RuntimeFeatures::default()),
-        }))
-    }
-
-    async fn checkpoint_container(
-        &self,
-        _: Request<CheckpointContainerRequest>,
-    ) -> Reply<CheckpointContainerResponse> {
-        Err(unsupported("checkpoints"))
-    }
-
-    type GetContainerEventsStream = EventStream;
-
-    async fn get_container_events(
-        &self,
-        _: Request<GetEventsRequest>,
-    ) -> Reply<Self::GetContainerEventsStream> {
-        let events = self
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| broadcast::channel(256).0)
-            .subscribe();
-        let stream = futures::stream::unfold(events, |mut events| async move {
-            loop {
-                match events.recv().await {
-                    Ok(event) => return Some((Ok(event), events)),
-                    // A reader too slow for the backlog relists, as CRI allows.
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(stream)))
-    }
-
-    async fn list_metric_descriptors(
-        &self,
-        _: Request<ListMetricDescriptorsRequest>,
-    ) -> Reply<ListMetricDescriptorsResponse> {
-        Ok(Response::new(ListMetricDescriptorsResponse::default()))
-    }
-
-    async fn list_pod_sandbox_metrics(
-        &self,
-        _: Request<ListPodSandboxMetricsRequest>,
-    ) -> Reply<ListPodSandboxMetricsResponse> {
-        Ok(Response::new(ListPodSandboxMetricsResponse::default()))
-    }
-
-    async fn runtime_config(
-        &self,
-        _: Request<RuntimeConfigRequest>,
-    ) -> Reply<RuntimeConfigResponse> {
-        Err(unsupported("cgroup driver"))
+        Ok(ExecSyncResponse::default())
     }
 }
+
+/// A hollow node's images: every one is present, named by itself, and none is listed.
+struct HollowImages;
 
 #[tonic::async_trait]
-impl ImageService for FakeRuntime {
-    async fn list_images(&self, request: Request<ListImagesRequest>) -> Reply<ListImagesResponse> {
-        // Every image is present, but only those asked for by name can be listed.
-        let images = request
-            .into_inner()
-            .filter
-            .and_then(|f| f.image)
-            .map(|i| vec![image(&i.image)])
-            .unwrap_or_default();
-        Ok(Response::new(ListImagesResponse { images }))
+impl ImageStore for HollowImages {
+    fn get(&self, name: &str) -> Option<ImageRecord> {
+        let name = name.strip_prefix(IMAGE_ID).unwrap_or(name);
+        Some(ImageRecord {
+            id: format!("{IMAGE_ID}{name}"),
+            tags: vec![name.to_owned()],
+            digests: Vec::new(),
+            kind: ImageKind::Hollow,
+            path: PathBuf::new(),
+            size: 0,
+        })
     }
 
-    async fn image_status(
-        &self,
-        request: Request<ImageStatusRequest>,
-    ) -> Reply<ImageStatusResponse> {
-        let name = request
-            .into_inner()
-            .image
-            .map(|i| i.image)
-            .unwrap_or_default();
-        Ok(Response::new(ImageStatusResponse {
-            image: Some(image(&name)),
-            info: HashMap::new(),
-        }))
+    fn list(&self) -> Vec<ImageRecord> {
+        Vec::new()
     }
 
-    async fn pull_image(&self, request: Request<PullImageRequest>) -> Reply<PullImageResponse> {
-        let name = request
-            .into_inner()
-            .image
-            .map(|i| i.image)
-            .unwrap_or_default();
-        Ok(Response::new(PullImageResponse {
-            image_ref: image_id(&name),
-        }))
+    async fn pull(
+        self: Arc<Self>,
+        reference: String,
+        _: Option<AuthConfig>,
+    ) -> Result<String, Status> {
+        Ok(format!("{IMAGE_ID}{reference}"))
     }
 
-    async fn remove_image(&self, _: Request<RemoveImageRequest>) -> Reply<RemoveImageResponse> {
-        Ok(Response::new(RemoveImageResponse {}))
+    fn remove(&self, _: &str) -> Result<(), Status> {
+        Ok(())
     }
 
-    async fn image_fs_info(&self, _: Request<ImageFsInfoRequest>) -> Reply<ImageFsInfoResponse> {
-        Ok(Response::new(ImageFsInfoResponse::default()))
+    fn filesystems(&self) -> Vec<FilesystemUsage> {
+        Vec::new()
     }
 }
 
-fn image(name: &str) -> Image {
-    Image {
-        id: image_id(name),
-        repo_tags: vec![name.to_owned()],
-        repo_digests: Vec::new(),
-        size: 0,
-        uid: None,
-        username: String::new(),
-        spec: Some(ImageSpec {
-            image: name.to_owned(),
-            ..Default::default()
-        }),
-        pinned: false,
-    }
-}
+/// What a hollow image's id starts with.
+const IMAGE_ID: &str = "fake://";
 
 /// Bytes an in-memory stream buffers each way: CRI messages of a hollow node are small.
 const STREAM_BUFFER: usize = 64 << 10;
@@ -720,6 +214,7 @@ const STREAM_BUFFER: usize = 64 << 10;
 /// an agent speaks to a runtime on a socket, for the price of one HTTP/2 connection in
 /// memory. The connection ends when the client and its clones are dropped.
 pub async fn connect(runtime: Arc<FakeRuntime>) -> Result<Client, tonic::transport::Error> {
+    let runtime = runtime.runtime.clone();
     let routes = tonic::service::Routes::new(RuntimeServiceServer::from_arc(runtime.clone()))
         .add_service(ImageServiceServer::from_arc(runtime));
     // The endpoint dials once: the connector hands over the stream's client half and
@@ -750,6 +245,8 @@ pub async fn connect(runtime: Arc<FakeRuntime>) -> Result<Client, tonic::transpo
 
 #[cfg(test)]
 mod tests {
+    use k8s_cri::v1::*;
+
     use super::*;
 
     fn sandbox_config(uid: &str) -> PodSandboxConfig {

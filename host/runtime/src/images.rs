@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::Context as _;
-use k8s_cri::v1::AuthConfig;
+use std::sync::Arc;
+
+use k8s_cri::v1::{AuthConfig, FilesystemIdentifier, FilesystemUsage, UInt64Value};
 use serde::{Deserialize, Serialize};
 use tonic::Status;
 
@@ -31,6 +33,8 @@ const WASM_MAGIC: [u8; 4] = [0, b'a', b's', b'm'];
 pub(crate) enum ImageKind {
     Wasm,
     Process,
+    /// A hollow node's: every image, with nothing in it to run.
+    Hollow,
 }
 
 impl ImageKind {
@@ -39,6 +43,7 @@ impl ImageKind {
         match self {
             ImageKind::Wasm => crate::WASMTIME,
             ImageKind::Process => crate::PROCESS,
+            ImageKind::Hollow => crate::fake::HOLLOW,
         }
     }
 }
@@ -56,6 +61,67 @@ pub(crate) struct ImageRecord {
     /// The component's copy in the store, or the executable's own path.
     pub path: PathBuf,
     pub size: u64,
+}
+
+/// Where a runtime's images come from and are kept.
+#[tonic::async_trait]
+pub(crate) trait ImageStore: Send + Sync {
+    /// The image `name` names: a reference it was pulled by, or its id.
+    fn get(&self, name: &str) -> Option<ImageRecord>;
+    /// Every image it holds.
+    fn list(&self) -> Vec<ImageRecord>;
+    /// Pulls the image `reference` names, with the pull request's credentials;
+    /// returns its ref.
+    async fn pull(
+        self: Arc<Self>,
+        reference: String,
+        auth: Option<AuthConfig>,
+    ) -> Result<String, Status>;
+    /// Removes the image `name` names; nothing to do when there is none.
+    fn remove(&self, name: &str) -> Result<(), Status>;
+    /// What `ImageFsInfo` reports.
+    fn filesystems(&self) -> Vec<FilesystemUsage>;
+}
+
+#[tonic::async_trait]
+impl ImageStore for Images {
+    fn get(&self, name: &str) -> Option<ImageRecord> {
+        Images::get(self, name)
+    }
+
+    fn list(&self) -> Vec<ImageRecord> {
+        Images::list(self)
+    }
+
+    async fn pull(
+        self: Arc<Self>,
+        reference: String,
+        auth: Option<AuthConfig>,
+    ) -> Result<String, Status> {
+        if reference.starts_with("file://") {
+            tokio::task::spawn_blocking(move || self.pull_file(&reference))
+                .await
+                .map_err(|e| Status::internal(format!("the pull failed: {e}")))?
+        } else {
+            self.pull_oci(&reference, auth).await
+        }
+    }
+
+    fn remove(&self, name: &str) -> Result<(), Status> {
+        Images::remove(self, name)
+    }
+
+    fn filesystems(&self) -> Vec<FilesystemUsage> {
+        let (bytes, files) = self.usage();
+        vec![FilesystemUsage {
+            timestamp: crate::state::now_ns(),
+            fs_id: Some(FilesystemIdentifier {
+                mountpoint: self.dir.display().to_string(),
+            }),
+            used_bytes: Some(UInt64Value { value: bytes }),
+            inodes_used: Some(UInt64Value { value: files }),
+        }]
+    }
 }
 
 #[derive(Debug)]
@@ -185,7 +251,7 @@ impl Images {
             .dir
             .join(format!("{}.wasm", id.trim_start_matches("sha256:")));
         if !stored.exists() {
-            crate::state::write_whole(&stored, bytes).map_err(|e| {
+            crate::store::write_whole(&stored, bytes).map_err(|e| {
                 Status::internal(format!("cannot store image {}: {e}", stored.display()))
             })?;
         }
@@ -246,15 +312,11 @@ impl Images {
             .fold((0, 0), |(bytes, files), i| (bytes + i.size, files + 1))
     }
 
-    pub(crate) fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     fn save(&self, index: &[ImageRecord]) -> Result<(), Status> {
         let path = self.dir.join("index.json");
         let bytes = serde_json::to_vec_pretty(index)
             .map_err(|e| Status::internal(format!("cannot encode the image index: {e}")))?;
-        crate::state::write_whole(&path, &bytes).map_err(|e| {
+        crate::store::write_whole(&path, &bytes).map_err(|e| {
             Status::internal(format!(
                 "cannot write the image index {}: {e}",
                 path.display()

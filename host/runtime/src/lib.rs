@@ -17,10 +17,15 @@
 //! and reports what it could not keep.
 //!
 //! # Layout
+//! One CRI service over the runtime's records, whatever runs the containers: as in
+//! containerd, a sandbox names a handler, and persistence is a store, so a hollow
+//! node's runtime is this service with a hollow handler and stores in memory.
 //! - `service`: the two CRI services on [`Runtime`], the gRPC edge (every error a
 //!   client sees is a `tonic::Status` made there or in the module that knows why).
-//! - `state`: sandbox and container records, their files under the root, and the
-//!   container events stream.
+//! - `handler`: what a runtime handler does for the service: start, stop, measure a
+//!   container, exec into it.
+//! - `state`: sandbox and container records, and the container events stream.
+//! - `store`: where the records persist: JSON files under the root, or nowhere.
 //! - `images`: the image store: pulling `file://` and registry images (through
 //!   `trellis-oci`), the JSON index.
 //! - `wasm`: the `wasmtime` handler: its engine, the compiled-component cache, a
@@ -30,15 +35,18 @@
 //! - `process`: the `process` handler: spawning, stopping, adopting after a restart,
 //!   `ExecSync`.
 //! - `log`: container output in the CRI log format.
-//! - [`fake`]: the in-memory runtime of hollow nodes, served over an in-memory stream.
+//! - [`fake`]: the runtime of hollow nodes: the hollow handler, an image store where
+//!   every image is present, served over an in-memory stream.
 
 pub mod fake;
+mod handler;
 mod images;
 mod log;
 mod process;
 mod proxy;
 mod service;
 mod state;
+mod store;
 mod wasm;
 
 use std::future::Future;
@@ -116,18 +124,23 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// The container runtime: implements the CRI `RuntimeService` and `ImageService`.
+/// The container runtime: implements the CRI `RuntimeService` and `ImageService`
+/// over its records, running containers through its handlers.
 pub struct Runtime {
-    config: RuntimeConfig,
+    /// What `Version` reports as the runtime's name.
+    name: &'static str,
+    /// Every sandbox is on the host network and reports it as its IP.
+    node_ip: IpAddr,
     state: Arc<state::State>,
-    images: Arc<images::Images>,
-    wasm: Arc<wasm::WasmHost>,
+    images: Arc<dyn images::ImageStore>,
+    /// The handlers by name; the first is a sandbox's that names none.
+    handlers: Vec<(String, Arc<dyn handler::Handler>)>,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("root", &self.config.root)
+            .field("name", &self.name)
             .field("handlers", &self.handlers())
             .finish_non_exhaustive()
     }
@@ -147,13 +160,22 @@ impl Runtime {
             .cache_dir
             .clone()
             .unwrap_or_else(|| config.root.join("compiled"));
-        let wasm = Arc::new(wasm::WasmHost::new(cache_dir)?);
-        let state = state::State::open(&config.root)?;
+        let wasm = wasm::Wasmtime {
+            host: Arc::new(wasm::WasmHost::new(cache_dir)?),
+            node_ip: config.node_ip,
+        };
+        let mut handlers: Vec<(String, Arc<dyn handler::Handler>)> =
+            vec![(WASMTIME.to_string(), Arc::new(wasm))];
+        if config.process_handler {
+            handlers.push((PROCESS.to_string(), Arc::new(process::Process)));
+        }
+        let state = state::State::open(Box::new(store::Files { root: config.root }))?;
         let runtime = Arc::new(Self {
-            config,
+            name: "trellis",
+            node_ip: config.node_ip,
             state,
             images,
-            wasm,
+            handlers,
         });
         runtime.recover();
         Ok(runtime)
@@ -161,11 +183,23 @@ impl Runtime {
 
     /// The runtime handlers this node offers: `wasmtime`, and `process` when on.
     pub fn handlers(&self) -> Vec<String> {
-        let mut handlers = vec![WASMTIME.to_string()];
-        if self.config.process_handler {
-            handlers.push(PROCESS.to_string());
-        }
-        handlers
+        self.handlers.iter().map(|(name, _)| name.clone()).collect()
+    }
+
+    /// The containers it holds, whatever their state.
+    pub fn container_count(&self) -> usize {
+        self.state.tables().containers.len()
+    }
+
+    /// The sandboxes it holds, whatever their state.
+    pub fn sandbox_count(&self) -> usize {
+        self.state.tables().sandboxes.len()
+    }
+
+    /// A receiver that changes whenever a container is created, changes state or is
+    /// removed.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.state.changes()
     }
 
     /// What a previous run left: containers that were running are adopted (a live
@@ -192,7 +226,7 @@ impl Runtime {
                         ),
                     }
                 }
-                images::ImageKind::Wasm => self.state.finish(
+                images::ImageKind::Wasm | images::ImageKind::Hollow => self.state.finish(
                     &id,
                     state::Exit {
                         code: 1,

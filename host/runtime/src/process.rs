@@ -23,6 +23,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
+use crate::handler::{self, Handler, Prepared};
+use crate::images::ImageKind;
 use crate::log::{Lines, LogFile, Stream};
 use crate::state::{ContainerRecord, Exit, Live, State, Stopper};
 
@@ -67,7 +69,9 @@ pub(crate) fn start(
     record: &ContainerRecord,
     log: Option<Arc<LogFile>>,
 ) -> Result<Started, Status> {
-    let dir = state.container_dir(&record.id);
+    let dir = state.store().container_dir(&record.id).ok_or_else(|| {
+        Status::failed_precondition("this runtime keeps no files: it cannot run a process")
+    })?;
     let internal = |what: &str, e: std::io::Error| {
         Status::internal(format!("container {}: cannot {what}: {e}", record.id))
     };
@@ -198,7 +202,9 @@ pub(crate) fn adopt(state: &Arc<State>, id: &str, pid: i32, start: u64) {
                 None
             }
         });
-    let dir = state.container_dir(id);
+    let Some(dir) = state.store().container_dir(id) else {
+        return;
+    };
     let readers: Vec<_> = ["stdout", "stderr"]
         .iter()
         .filter_map(|name| pipe::OpenOptions::new().open_receiver(dir.join(name)).ok())
@@ -377,4 +383,93 @@ pub(crate) fn start_time(pid: i32) -> Option<u64> {
     }
     // Field 22 of stat(5), the 20th after the name.
     fields.get(19)?.parse().ok()
+}
+
+/// The `process` handler.
+pub(crate) struct Process;
+
+#[tonic::async_trait]
+impl Handler for Process {
+    fn runs(&self, kind: ImageKind) -> bool {
+        kind == ImageKind::Process
+    }
+
+    async fn prepare(&self, record: &ContainerRecord) -> Result<Prepared, Status> {
+        Ok(Prepared {
+            component: None,
+            log: handler::open_log(record)?,
+        })
+    }
+
+    fn start(
+        &self,
+        state: &Arc<State>,
+        record: &ContainerRecord,
+        prepared: Prepared,
+    ) -> Result<handler::Started, Status> {
+        let started = start(state, record, prepared.log)?;
+        Ok(handler::Started {
+            live: started.live,
+            pid: Some(started.pid),
+            pid_start: started.start,
+        })
+    }
+
+    async fn stop(
+        &self,
+        _: &Arc<State>,
+        _: &str,
+        how: Stopper,
+        timeout: Duration,
+        exited: watch::Receiver<bool>,
+    ) -> Result<(), Status> {
+        match how {
+            Stopper::Process { pid } => stop(pid, timeout, exited).await,
+            _ => Ok(()),
+        }
+    }
+
+    fn usage(&self, live: &Live) -> (Option<u64>, Option<u64>) {
+        match live.stop {
+            Stopper::Process { pid } => {
+                usage(pid).map_or((None, None), |(cpu, rss)| (Some(cpu), Some(rss)))
+            }
+            _ => (None, None),
+        }
+    }
+
+    async fn exec_sync(
+        &self,
+        record: &ContainerRecord,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> Result<k8s_cri::v1::ExecSyncResponse, Status> {
+        if record.state != k8s_cri::v1::ContainerState::ContainerRunning as i32 {
+            return Err(Status::failed_precondition(format!(
+                "container {} is {}, not running",
+                record.id,
+                crate::service::state_name(record.state)
+            )));
+        }
+        exec_sync(record, cmd, timeout).await
+    }
+}
+
+/// CPU time (ns) and resident bytes of process `pid` (its own, not its children's).
+fn usage(pid: i32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    // utime and stime (fields 14 and 15 of stat(5)) in USER_HZ, 100 on Linux.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some((ticks * 10_000_000, rss_kib * 1024))
 }

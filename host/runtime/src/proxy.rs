@@ -353,6 +353,7 @@ mod tests {
             config,
             image_id: String::new(),
             kind: crate::images::ImageKind::Wasm,
+            handler: crate::WASMTIME.into(),
             program: Default::default(),
             log_path: None,
             state: 0,

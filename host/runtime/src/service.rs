@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_cri::v1::image_service_server::ImageService;
@@ -15,90 +14,60 @@ use k8s_cri::v1::runtime_service_server::RuntimeService;
 use k8s_cri::v1::*;
 use tonic::{Request, Response, Status};
 
+use crate::Runtime;
+use crate::handler::Handler;
 use crate::images::{ImageKind, ImageRecord};
-use crate::log::LogFile;
-use crate::state::{Container, ContainerRecord, Exit, SandboxRecord, Stopper, now_ns};
-use crate::{Runtime, WASMTIME, process};
+use crate::state::{Container, ContainerRecord, Exit, SandboxRecord, now_ns};
 
 type Reply<T> = Result<Response<T>, Status>;
 type EventStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<ContainerEventResponse, Status>> + Send>>;
 
-/// How long a stopped WASM container may take to end before a stop gives up: a
-/// program notices at once, an HTTP handler's requests have up to
-/// `proxy::MAX_GRACE`.
-const CANCEL_WAIT: Duration = Duration::from_secs(10);
-
 impl Runtime {
     /// The handler a sandbox asking for `name` gets.
     fn handler(&self, name: &str) -> Result<String, Status> {
-        let handlers = self.handlers();
         match name {
-            "" => Ok(WASMTIME.to_string()),
-            name if handlers.iter().any(|h| h == name) => Ok(name.to_string()),
+            "" => self
+                .handlers
+                .first()
+                .map(|(h, _)| h.clone())
+                .ok_or_else(|| Status::failed_precondition("this node has no runtime handler")),
+            name if self.handlers.iter().any(|(h, _)| h == name) => Ok(name.to_string()),
             name => Err(Status::invalid_argument(format!(
                 "no runtime handler {name:?} on this node (it has: {})",
-                handlers.join(", ")
+                self.handlers().join(", ")
             ))),
         }
     }
 
+    /// The handler named `name`.
+    fn handler_named(&self, name: &str) -> Result<&Arc<dyn Handler>, Status> {
+        self.handlers
+            .iter()
+            .find(|(h, _)| h == name)
+            .map(|(_, handler)| handler)
+            .ok_or_else(|| Status::failed_precondition(format!("no runtime handler {name:?}")))
+    }
+
     /// Stops container `id` (see `StopContainer`); `Ok` when it is not running.
     async fn stop(&self, id: &str, timeout: Duration) -> Result<(), Status> {
-        enum How {
-            Process(i32),
-            Wasm(Arc<crate::state::Cancel>),
-        }
-        let (how, exited) = {
+        let (handler, how, exited) = {
             let tables = self.state.tables();
             let container = tables.containers.get(id).ok_or_else(|| no_container(id))?;
             let Some(live) = &container.live else {
                 return Ok(());
             };
-            let how = match &live.stop {
-                Stopper::Process { pid } => How::Process(*pid),
-                Stopper::Wasm(cancel) => How::Wasm(cancel.clone()),
-            };
-            (how, live.exited.subscribe())
+            let handler = self.handler_named(container.record.handler())?.clone();
+            (handler, live.stop.clone(), live.exited.subscribe())
         };
         tracing::info!(container = %id, ?timeout, "stopping container");
-        match how {
-            How::Process(pid) => process::stop(pid, timeout, exited).await,
-            How::Wasm(cancel) => {
-                // A program ends at once; an HTTP handler's requests get the grace.
-                cancel.stop(timeout);
-                let mut exited = exited;
-                match tokio::time::timeout(CANCEL_WAIT, exited.wait_for(|e| *e)).await {
-                    Ok(_) => Ok(()),
-                    Err(_) => Err(Status::deadline_exceeded(format!(
-                        "container {id} has not ended {CANCEL_WAIT:?} after it was cancelled"
-                    ))),
-                }
-            }
-        }
+        handler.stop(&self.state, id, how, timeout, exited).await
     }
 
     /// Starts a container whose record was just taken as CREATED.
     async fn launch(&self, record: ContainerRecord) -> Result<(), Status> {
-        let program = match record.kind {
-            ImageKind::Wasm => {
-                let wasm = self.wasm.clone();
-                let (digest, path) = (record.image_id.clone(), record.program.clone());
-                let program = tokio::task::spawn_blocking(move || wasm.prepare(&digest, &path))
-                    .await
-                    .map_err(|e| {
-                        Status::internal(format!("compiling the component failed: {e}"))
-                    })??;
-                Some(program)
-            }
-            ImageKind::Process => None,
-        };
-        let log = match &record.log_path {
-            Some(path) => Some(LogFile::open(path).map_err(|e| {
-                Status::internal(format!("cannot open the log {}: {e}", path.display()))
-            })?),
-            None => None,
-        };
+        let handler = self.handler_named(record.handler())?;
+        let prepared = handler.prepare(&record).await?;
         let mut tables = self.state.tables();
         let container = tables
             .containers
@@ -110,28 +79,17 @@ impl Runtime {
                 record.id
             )));
         }
-        let (live, pid, pid_start) = match program {
-            Some(program) => (
-                self.wasm
-                    .start(&self.state, &record, program, log, self.config.node_ip)?,
-                None,
-                None,
-            ),
-            None => {
-                let started = process::start(&self.state, &record, log)?;
-                (started.live, Some(started.pid), started.start)
-            }
-        };
+        let started = handler.start(&self.state, &record, prepared)?;
         let record = &mut container.record;
         record.state = ContainerState::ContainerRunning as i32;
         record.started_at = now_ns();
-        record.pid = pid;
-        record.pid_start = pid_start;
-        container.live = Some(live);
-        self.state.save_container(record);
+        record.pid = started.pid;
+        record.pid_start = started.pid_start;
+        container.live = Some(started.live);
+        self.state.store().save_container(record);
         self.state
             .event(record, ContainerEventType::ContainerStartedEvent);
-        tracing::info!(container = %record.id, ?pid, "container started");
+        tracing::info!(container = %record.id, pid = ?started.pid, "container started");
         Ok(())
     }
 
@@ -148,7 +106,7 @@ impl Runtime {
     fn remove_record(&self, id: &str) {
         let removed = self.state.tables().containers.remove(id);
         if let Some(container) = removed {
-            self.state.delete_container(id);
+            self.state.store().delete_container(id);
             self.state
                 .event(&container.record, ContainerEventType::ContainerDeletedEvent);
         }
@@ -162,7 +120,7 @@ impl Runtime {
             state: sandbox.state,
             created_at: sandbox.created_at,
             network: Some(PodSandboxNetworkStatus {
-                ip: self.config.node_ip.to_string(),
+                ip: self.node_ip.to_string(),
                 additional_ips: Vec::new(),
             }),
             linux: Some(LinuxPodSandboxStatus {
@@ -187,7 +145,7 @@ impl RuntimeService for Runtime {
     async fn version(&self, _: Request<VersionRequest>) -> Reply<VersionResponse> {
         Ok(Response::new(VersionResponse {
             version: "0.1.0".into(),
-            runtime_name: "trellis".into(),
+            runtime_name: self.name.into(),
             runtime_version: env!("CARGO_PKG_VERSION").into(),
             runtime_api_version: "v1".into(),
         }))
@@ -209,7 +167,7 @@ impl RuntimeService for Runtime {
             state: PodSandboxState::SandboxReady as i32,
             created_at: now_ns(),
         };
-        self.state.save_sandbox(&record);
+        self.state.store().save_sandbox(&record);
         let id = record.id.clone();
         tracing::info!(sandbox = %id, handler = %record.handler, "sandbox ready");
         self.state.tables().sandboxes.insert(id.clone(), record);
@@ -232,7 +190,7 @@ impl RuntimeService for Runtime {
         let mut tables = self.state.tables();
         if let Some(sandbox) = tables.sandboxes.get_mut(&id) {
             sandbox.state = PodSandboxState::SandboxNotready as i32;
-            self.state.save_sandbox(sandbox);
+            self.state.store().save_sandbox(sandbox);
         }
         Ok(Response::new(StopPodSandboxResponse {}))
     }
@@ -250,7 +208,7 @@ impl RuntimeService for Runtime {
             }
         }
         if self.state.tables().sandboxes.remove(&id).is_some() {
-            self.state.delete_sandbox(&id);
+            self.state.store().delete_sandbox(&id);
         }
         Ok(Response::new(RemovePodSandboxResponse {}))
     }
@@ -331,10 +289,11 @@ impl RuntimeService for Runtime {
                 sandbox.id
             )));
         }
-        if image.kind.handler() != sandbox.handler {
+        if !self.handler_named(&sandbox.handler)?.runs(image.kind) {
             let what = match image.kind {
                 ImageKind::Wasm => "a WebAssembly component",
                 ImageKind::Process => "a native executable",
+                ImageKind::Hollow => "a hollow node's",
             };
             return Err(Status::invalid_argument(format!(
                 "image {image_name:?} is {what}, which the {:?} runtime handler runs; sandbox {} has the {:?} handler",
@@ -371,6 +330,7 @@ impl RuntimeService for Runtime {
             config,
             image_id: image.id.clone(),
             kind: image.kind,
+            handler: sandbox.handler.clone(),
             program: image.path.clone(),
             log_path,
             state: ContainerState::ContainerCreated as i32,
@@ -383,7 +343,7 @@ impl RuntimeService for Runtime {
             pid: None,
             pid_start: None,
         };
-        self.state.save_container(&record);
+        self.state.store().save_container(&record);
         self.state
             .event(&record, ContainerEventType::ContainerCreatedEvent);
         let id = record.id.clone();
@@ -561,19 +521,11 @@ impl RuntimeService for Runtime {
             let container = tables.containers.get(id).ok_or_else(|| no_container(id))?;
             container.record.clone()
         };
-        if record.kind == ImageKind::Wasm {
-            return Err(Status::failed_precondition(format!(
-                "container {id} runs a WebAssembly component: it has no shell to exec into"
-            )));
-        }
-        if record.state != ContainerState::ContainerRunning as i32 {
-            return Err(Status::failed_precondition(format!(
-                "container {id} is {}, not running",
-                state_name(record.state)
-            )));
-        }
         let timeout = Duration::from_secs(request.timeout.max(0).unsigned_abs());
-        let response = process::exec_sync(&record, &request.cmd, timeout).await?;
+        let response = self
+            .handler_named(record.handler())?
+            .exec_sync(&record, &request.cmd, timeout)
+            .await?;
         Ok(Response::new(response))
     }
 
@@ -606,7 +558,7 @@ impl RuntimeService for Runtime {
             .get(&id)
             .ok_or_else(|| no_container(&id))?;
         Ok(Response::new(ContainerStatsResponse {
-            stats: Some(container_stats(container)),
+            stats: Some(self.container_stats(container)),
         }))
     }
 
@@ -625,7 +577,7 @@ impl RuntimeService for Runtime {
                 filter.pod_sandbox_id.is_empty() || c.record.sandbox_id == filter.pod_sandbox_id
             })
             .filter(|c| selects(&filter.label_selector, &c.record.config.labels))
-            .map(container_stats)
+            .map(|c| self.container_stats(c))
             .collect();
         Ok(Response::new(ListContainerStatsResponse { stats }))
     }
@@ -695,7 +647,7 @@ impl RuntimeService for Runtime {
         &self,
         _: Request<GetEventsRequest>,
     ) -> Reply<Self::GetContainerEventsStream> {
-        let events = self.state.events.subscribe();
+        let events = self.state.events();
         let stream = futures::stream::unfold(events, |mut events| async move {
             loop {
                 match events.recv().await {
@@ -743,13 +695,11 @@ impl ImageService for Runtime {
             .and_then(|f| f.image)
             .map(|i| i.image)
             .unwrap_or_default();
-        let images = self
-            .images
-            .list()
-            .iter()
-            .filter(|i| name.is_empty() || self.images.get(&name).is_some_and(|n| n.id == i.id))
-            .map(to_image)
-            .collect();
+        // An image named is looked up (a hollow node's are never listed, all present).
+        let images = match name.as_str() {
+            "" => self.images.list().iter().map(to_image).collect(),
+            name => self.images.get(name).iter().map(to_image).collect(),
+        };
         Ok(Response::new(ListImagesResponse { images }))
     }
 
@@ -771,14 +721,7 @@ impl ImageService for Runtime {
     async fn pull_image(&self, request: Request<PullImageRequest>) -> Reply<PullImageResponse> {
         let request = request.into_inner();
         let reference = request.image.map(|i| i.image).unwrap_or_default();
-        let image_ref = if reference.starts_with("file://") {
-            let images = self.images.clone();
-            tokio::task::spawn_blocking(move || images.pull_file(&reference))
-                .await
-                .map_err(|e| Status::internal(format!("the pull failed: {e}")))??
-        } else {
-            self.images.pull_oci(&reference, request.auth).await?
-        };
+        let image_ref = self.images.clone().pull(reference, request.auth).await?;
         Ok(Response::new(PullImageResponse { image_ref }))
     }
 
@@ -796,83 +739,46 @@ impl ImageService for Runtime {
     }
 
     async fn image_fs_info(&self, _: Request<ImageFsInfoRequest>) -> Reply<ImageFsInfoResponse> {
-        let (bytes, files) = self.images.usage();
-        let usage = FilesystemUsage {
-            timestamp: now_ns(),
-            fs_id: Some(FilesystemIdentifier {
-                mountpoint: self.images.dir().display().to_string(),
-            }),
-            used_bytes: Some(UInt64Value { value: bytes }),
-            inodes_used: Some(UInt64Value { value: files }),
-        };
         Ok(Response::new(ImageFsInfoResponse {
-            image_filesystems: vec![usage],
+            image_filesystems: self.images.filesystems(),
             container_filesystems: Vec::new(),
         }))
     }
 }
 
-/// What is cheap to know: a WASM program's linear memory; a process's CPU time and
-/// resident memory from /proc (its own, not its children's).
-fn container_stats(c: &Container) -> ContainerStats {
-    let r = &c.record;
-    let now = now_ns();
-    let mut stats = ContainerStats {
-        attributes: Some(ContainerAttributes {
-            id: r.id.clone(),
-            metadata: r.config.metadata.clone(),
-            labels: r.config.labels.clone(),
-            annotations: r.config.annotations.clone(),
-        }),
-        ..Default::default()
-    };
-    let Some(live) = &c.live else { return stats };
-    let memory = |bytes: u64| MemoryUsage {
-        timestamp: now,
-        working_set_bytes: Some(UInt64Value { value: bytes }),
-        usage_bytes: Some(UInt64Value { value: bytes }),
-        rss_bytes: Some(UInt64Value { value: bytes }),
-        ..Default::default()
-    };
-    match &live.stop {
-        Stopper::Wasm(_) => {
-            let bytes = live
-                .memory
-                .as_ref()
-                .map_or(0, |m| m.load(Ordering::Relaxed));
-            stats.memory = Some(memory(bytes));
-        }
-        Stopper::Process { pid } => {
-            if let Some((cpu_ns, rss)) = process_usage(*pid) {
-                stats.cpu = Some(CpuUsage {
-                    timestamp: now,
-                    usage_core_nano_seconds: Some(UInt64Value { value: cpu_ns }),
-                    usage_nano_cores: None,
-                });
-                stats.memory = Some(memory(rss));
-            }
-        }
+impl Runtime {
+    /// A container's attributes, and what its handler knows of its use.
+    fn container_stats(&self, c: &Container) -> ContainerStats {
+        let r = &c.record;
+        let now = now_ns();
+        let mut stats = ContainerStats {
+            attributes: Some(ContainerAttributes {
+                id: r.id.clone(),
+                metadata: r.config.metadata.clone(),
+                labels: r.config.labels.clone(),
+                annotations: r.config.annotations.clone(),
+            }),
+            ..Default::default()
+        };
+        let Some(live) = &c.live else { return stats };
+        let Ok(handler) = self.handler_named(r.handler()) else {
+            return stats;
+        };
+        let (cpu, memory) = handler.usage(live);
+        stats.cpu = cpu.map(|ns| CpuUsage {
+            timestamp: now,
+            usage_core_nano_seconds: Some(UInt64Value { value: ns }),
+            usage_nano_cores: None,
+        });
+        stats.memory = memory.map(|bytes| MemoryUsage {
+            timestamp: now,
+            working_set_bytes: Some(UInt64Value { value: bytes }),
+            usage_bytes: Some(UInt64Value { value: bytes }),
+            rss_bytes: Some(UInt64Value { value: bytes }),
+            ..Default::default()
+        });
+        stats
     }
-    stats
-}
-
-/// CPU time (ns) and resident bytes of process `pid`.
-fn process_usage(pid: i32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .collect();
-    // utime and stime (fields 14 and 15 of stat(5)) in USER_HZ, 100 on Linux.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Some((ticks * 10_000_000, rss_kib * 1024))
 }
 
 fn to_image(image: &ImageRecord) -> Image {
@@ -903,7 +809,7 @@ pub(crate) fn no_container(id: &str) -> Status {
     Status::not_found(format!("no container {id}"))
 }
 
-fn state_name(state: i32) -> &'static str {
+pub(crate) fn state_name(state: i32) -> &'static str {
     ContainerState::try_from(state)
         .map(|s| s.as_str_name())
         .unwrap_or("CONTAINER_UNKNOWN")

@@ -1,15 +1,14 @@
-//! Sandbox and container records: in memory, and each in a JSON file under the root
-//! (`sandboxes/<id>.json`, `containers/<id>.json`, written whole under a temporary
-//! name and renamed) so a restarted runtime finds them. A running container also has
-//! a [`Live`] part that dies with the runtime: how to stop it and who waits for it.
+//! Sandbox and container records: in memory, and kept by a [`Store`] (files, so a
+//! restarted runtime finds them, or nothing for a hollow node). A running container
+//! also has a [`Live`] part that dies with the runtime: how to stop it and who waits
+//! for it.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use k8s_cri::v1::{
     ContainerConfig, ContainerEventResponse, ContainerEventType, ContainerResources,
     ContainerState, ContainerStatus, PodSandboxConfig,
@@ -19,6 +18,7 @@ use tokio::sync::{Notify, broadcast, watch};
 
 use crate::images::ImageKind;
 use crate::log::LogFile;
+use crate::store::Store;
 
 /// Events kept for a slow `GetContainerEvents` reader before it misses some.
 const EVENT_BACKLOG: usize = 256;
@@ -40,6 +40,10 @@ pub(crate) struct ContainerRecord {
     pub config: ContainerConfig,
     pub image_id: String,
     pub kind: ImageKind,
+    /// The runtime handler that runs it (its sandbox's); records of earlier versions
+    /// have none and are run by their kind's.
+    #[serde(default)]
+    pub handler: String,
     /// The component file or the executable the container runs.
     pub program: PathBuf,
     /// `None` when the sandbox and container name no log: output is dropped.
@@ -59,6 +63,14 @@ pub(crate) struct ContainerRecord {
 }
 
 impl ContainerRecord {
+    /// The name of the runtime handler that runs it.
+    pub(crate) fn handler(&self) -> &str {
+        match self.handler.as_str() {
+            "" => self.kind.handler(),
+            name => name,
+        }
+    }
+
     /// The record as CRI reports it.
     pub(crate) fn status(&self) -> ContainerStatus {
         let r = self;
@@ -130,10 +142,14 @@ pub(crate) struct Live {
     pub memory: Option<Arc<AtomicU64>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Stopper {
-    Process { pid: i32 },
+    Process {
+        pid: i32,
+    },
     Wasm(Arc<Cancel>),
+    /// A hollow container: nothing runs.
+    Hollow,
 }
 
 /// Asks a WASM container to end. A program: the flag stops guest code at its next
@@ -183,36 +199,51 @@ pub(crate) struct Tables {
 
 #[derive(Debug)]
 pub(crate) struct State {
-    root: PathBuf,
+    store: Box<dyn Store>,
     tables: Mutex<Tables>,
-    pub events: broadcast::Sender<ContainerEventResponse>,
+    /// Container events, for `GetContainerEvents`; made with the first reader, so a
+    /// runtime nobody watches (a hollow node's) keeps no backlog.
+    events: Mutex<Option<broadcast::Sender<ContainerEventResponse>>>,
+    /// Bumped at every container event: what a hollow node's driver may wait on.
+    changed: watch::Sender<u64>,
     /// Set when the runtime is dropped: what its threads still report is not
     /// recorded, so the files stay as a crash would leave them.
     closed: AtomicBool,
 }
 
 impl State {
-    pub(crate) fn open(root: &Path) -> anyhow::Result<Arc<Self>> {
+    pub(crate) fn open(store: Box<dyn Store>) -> anyhow::Result<Arc<Self>> {
         let mut tables = Tables::default();
-        for record in load::<SandboxRecord>(&root.join("sandboxes"))? {
+        let (sandboxes, containers) = store.load()?;
+        for record in sandboxes {
             tables.sandboxes.insert(record.id.clone(), record);
         }
-        for record in load::<ContainerRecord>(&root.join("containers"))? {
+        for record in containers {
             let id = record.id.clone();
             tables
                 .containers
                 .insert(id, Container { record, live: None });
         }
-        Ok(Arc::new(Self {
-            root: root.to_path_buf(),
+        Ok(Self::with(store, tables))
+    }
+
+    /// The state of `tables`, kept by `store`.
+    pub(crate) fn with(store: Box<dyn Store>, tables: Tables) -> Arc<Self> {
+        Arc::new(Self {
+            store,
             tables: Mutex::new(tables),
-            events: broadcast::channel(EVENT_BACKLOG).0,
+            events: Mutex::default(),
+            changed: watch::channel(0).0,
             closed: AtomicBool::new(false),
-        }))
+        })
     }
 
     pub(crate) fn tables(&self) -> MutexGuard<'_, Tables> {
         self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn store(&self) -> &dyn Store {
+        &*self.store
     }
 
     /// Containers a previous run left running: id, kind, pid and its start time.
@@ -247,7 +278,7 @@ impl State {
         record.reason = exit.reason.to_string();
         record.message = exit.message;
         tracing::info!(container = %id, exit_code = exit.code, reason = exit.reason, "container exited");
-        self.save_container(record);
+        self.store.save_container(record);
         self.event(record, ContainerEventType::ContainerStoppedEvent);
         if let Some(live) = container.live.take() {
             live.exited.send_replace(true);
@@ -270,101 +301,34 @@ impl State {
         }
     }
 
-    pub(crate) fn container_dir(&self, id: &str) -> PathBuf {
-        self.root.join("containers").join(id)
+    /// A reader of the container events from now on.
+    pub(crate) fn events(&self) -> broadcast::Receiver<ContainerEventResponse> {
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| broadcast::channel(EVENT_BACKLOG).0)
+            .subscribe()
     }
 
-    pub(crate) fn save_container(&self, record: &ContainerRecord) {
-        let path = self
-            .root
-            .join("containers")
-            .join(format!("{}.json", record.id));
-        save(&path, record);
-    }
-
-    pub(crate) fn save_sandbox(&self, record: &SandboxRecord) {
-        let path = self
-            .root
-            .join("sandboxes")
-            .join(format!("{}.json", record.id));
-        save(&path, record);
-    }
-
-    pub(crate) fn delete_container(&self, id: &str) {
-        let containers = self.root.join("containers");
-        remove(&containers.join(format!("{id}.json")));
-        if let Err(e) = std::fs::remove_dir_all(containers.join(id))
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(container = %id, error = %e, "cannot delete a container's directory");
-        }
-    }
-
-    pub(crate) fn delete_sandbox(&self, id: &str) {
-        remove(&self.root.join("sandboxes").join(format!("{id}.json")));
+    /// A receiver that changes at every container event.
+    pub(crate) fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     pub(crate) fn event(&self, record: &ContainerRecord, kind: ContainerEventType) {
-        // No receiver is no error: nobody watches.
-        let _ = self.events.send(ContainerEventResponse {
-            container_id: record.id.clone(),
-            container_event_type: kind as i32,
-            created_at: now_ns(),
-            pod_sandbox_status: None,
-            containers_statuses: vec![record.status()],
-        });
-    }
-}
-
-fn load<T: for<'de> Deserialize<'de>>(dir: &Path) -> anyhow::Result<Vec<T>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let mut records = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
-        let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-        match serde_json::from_slice(&bytes) {
-            Ok(record) => records.push(record),
-            // One unreadable record must not keep the node's runtime down.
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping a bad record"),
+        self.changed.send_modify(|n| *n += 1);
+        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        // No reader is no error: nobody watches.
+        if let Some(events) = events.as_ref().filter(|tx| tx.receiver_count() > 0) {
+            let _ = events.send(ContainerEventResponse {
+                container_id: record.id.clone(),
+                container_event_type: kind as i32,
+                created_at: now_ns(),
+                pod_sandbox_status: None,
+                containers_statuses: vec![record.status()],
+            });
         }
     }
-    Ok(records)
-}
-
-fn save<T: Serialize>(path: &Path, record: &T) {
-    let written = serde_json::to_vec_pretty(record)
-        .map_err(std::io::Error::other)
-        .and_then(|bytes| write_whole(path, &bytes));
-    if let Err(e) = written {
-        tracing::warn!(path = %path.display(), error = %e, "cannot save a record");
-    }
-}
-
-fn remove(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(path = %path.display(), error = %e, "cannot delete a record");
-    }
-}
-
-/// Writes `bytes` under a temporary name, then renames it into place: a reader (or
-/// the next run after a crash) never sees a partial file.
-pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static WRITES: AtomicU64 = AtomicU64::new(0);
-    let tmp = path.with_extension(format!(
-        "tmp{}-{}",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 /// Nanoseconds since the Unix epoch, as CRI's timestamps are.

@@ -37,6 +37,8 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, Wasi
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use crate::handler::{self, Handler};
+use crate::images::ImageKind;
 use crate::log::{Lines, LogFile, Stream};
 use crate::state::{Cancel, ContainerRecord, Exit, Live, State, Stopper};
 
@@ -634,5 +636,95 @@ impl AsyncWrite for LineWriter {
     fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         self.0.finish();
         Poll::Ready(Ok(()))
+    }
+}
+
+/// How long a stopped WASM container may take to end before a stop gives up: a
+/// program notices at once, an HTTP handler's requests have up to
+/// `proxy::MAX_GRACE`.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+/// The `wasmtime` handler: components on `host`, HTTP servers on `node_ip`.
+pub(crate) struct Wasmtime {
+    pub host: Arc<WasmHost>,
+    pub node_ip: IpAddr,
+}
+
+#[tonic::async_trait]
+impl Handler for Wasmtime {
+    fn runs(&self, kind: ImageKind) -> bool {
+        kind == ImageKind::Wasm
+    }
+
+    async fn prepare(&self, record: &ContainerRecord) -> Result<handler::Prepared, Status> {
+        let host = self.host.clone();
+        let (digest, path) = (record.image_id.clone(), record.program.clone());
+        let component = tokio::task::spawn_blocking(move || host.prepare(&digest, &path))
+            .await
+            .map_err(|e| Status::internal(format!("compiling the component failed: {e}")))??;
+        Ok(handler::Prepared {
+            component: Some(component),
+            log: handler::open_log(record)?,
+        })
+    }
+
+    fn start(
+        &self,
+        state: &Arc<State>,
+        record: &ContainerRecord,
+        prepared: handler::Prepared,
+    ) -> Result<handler::Started, Status> {
+        let component = prepared
+            .component
+            .ok_or_else(|| Status::internal("the component was not compiled"))?;
+        let live = self
+            .host
+            .start(state, record, component, prepared.log, self.node_ip)?;
+        Ok(handler::Started {
+            live,
+            pid: None,
+            pid_start: None,
+        })
+    }
+
+    async fn stop(
+        &self,
+        _: &Arc<State>,
+        id: &str,
+        how: Stopper,
+        timeout: Duration,
+        mut exited: watch::Receiver<bool>,
+    ) -> Result<(), Status> {
+        let Stopper::Wasm(cancel) = how else {
+            return Ok(());
+        };
+        // A program ends at once; an HTTP handler's requests get the grace.
+        cancel.stop(timeout);
+        match tokio::time::timeout(CANCEL_WAIT, exited.wait_for(|e| *e)).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "container {id} has not ended {CANCEL_WAIT:?} after it was cancelled"
+            ))),
+        }
+    }
+
+    fn usage(&self, live: &Live) -> (Option<u64>, Option<u64>) {
+        let memory = live
+            .memory
+            .as_ref()
+            .map_or(0, |m| m.load(Ordering::Relaxed));
+        (None, Some(memory))
+    }
+
+    async fn exec_sync(
+        &self,
+        record: &ContainerRecord,
+        _: &[String],
+        _: Duration,
+    ) -> Result<k8s_cri::v1::ExecSyncResponse, Status> {
+        Err(Status::failed_precondition(format!(
+            "container {} runs a WebAssembly component: it has no shell to exec into",
+            record.id
+        )))
     }
 }

@@ -1,0 +1,142 @@
+//! Where the runtime's records persist. [`Files`]: each record is a JSON file under
+//! the root (`sandboxes/<id>.json`, `containers/<id>.json`, written whole under a
+//! temporary name and renamed) so a restarted runtime finds them. [`Memory`]: nowhere,
+//! for hollow nodes, whose records die with them and must cost no file.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use crate::state::{ContainerRecord, SandboxRecord};
+
+/// Keeps the records the tables hold in memory.
+pub(crate) trait Store: Send + Sync + std::fmt::Debug {
+    /// The records a previous run left.
+    fn load(&self) -> anyhow::Result<(Vec<SandboxRecord>, Vec<ContainerRecord>)>;
+    fn save_container(&self, record: &ContainerRecord);
+    fn save_sandbox(&self, record: &SandboxRecord);
+    /// Deletes the container's record and its directory.
+    fn delete_container(&self, id: &str);
+    fn delete_sandbox(&self, id: &str);
+    /// A container's own directory (a process's output pipes); none without files.
+    fn container_dir(&self, id: &str) -> Option<PathBuf>;
+}
+
+/// Records in JSON files under a root.
+#[derive(Debug)]
+pub(crate) struct Files {
+    pub root: PathBuf,
+}
+
+impl Store for Files {
+    fn load(&self) -> anyhow::Result<(Vec<SandboxRecord>, Vec<ContainerRecord>)> {
+        Ok((
+            load(&self.root.join("sandboxes"))?,
+            load(&self.root.join("containers"))?,
+        ))
+    }
+
+    fn save_container(&self, record: &ContainerRecord) {
+        let path = self
+            .root
+            .join("containers")
+            .join(format!("{}.json", record.id));
+        save(&path, record);
+    }
+
+    fn save_sandbox(&self, record: &SandboxRecord) {
+        let path = self
+            .root
+            .join("sandboxes")
+            .join(format!("{}.json", record.id));
+        save(&path, record);
+    }
+
+    fn delete_container(&self, id: &str) {
+        let containers = self.root.join("containers");
+        remove(&containers.join(format!("{id}.json")));
+        if let Err(e) = std::fs::remove_dir_all(containers.join(id))
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(container = %id, error = %e, "cannot delete a container's directory");
+        }
+    }
+
+    fn delete_sandbox(&self, id: &str) {
+        remove(&self.root.join("sandboxes").join(format!("{id}.json")));
+    }
+
+    fn container_dir(&self, id: &str) -> Option<PathBuf> {
+        Some(self.root.join("containers").join(id))
+    }
+}
+
+/// Records in the tables only.
+#[derive(Debug)]
+pub(crate) struct Memory;
+
+impl Store for Memory {
+    fn load(&self) -> anyhow::Result<(Vec<SandboxRecord>, Vec<ContainerRecord>)> {
+        Ok((Vec::new(), Vec::new()))
+    }
+    fn save_container(&self, _: &ContainerRecord) {}
+    fn save_sandbox(&self, _: &SandboxRecord) {}
+    fn delete_container(&self, _: &str) {}
+    fn delete_sandbox(&self, _: &str) {}
+    fn container_dir(&self, _: &str) -> Option<PathBuf> {
+        None
+    }
+}
+
+fn load<T: for<'de> Deserialize<'de>>(dir: &Path) -> anyhow::Result<Vec<T>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut records = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+        match serde_json::from_slice(&bytes) {
+            Ok(record) => records.push(record),
+            // One unreadable record must not keep the node's runtime down.
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping a bad record"),
+        }
+    }
+    Ok(records)
+}
+
+fn save<T: Serialize>(path: &Path, record: &T) {
+    let written = serde_json::to_vec_pretty(record)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| write_whole(path, &bytes));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "cannot save a record");
+    }
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot delete a record");
+    }
+}
+
+/// Writes `bytes` under a temporary name, then renames it into place: a reader (or
+/// the next run after a crash) never sees a partial file.
+pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let tmp = path.with_extension(format!(
+        "tmp{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
