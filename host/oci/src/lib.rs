@@ -39,6 +39,25 @@ pub fn digest_of(bytes: &[u8]) -> String {
     out
 }
 
+/// Writes `bytes` whole under a temporary name, then renames it into place, as a
+/// content store commits what it ingested: a reader (or the next run after a crash)
+/// never sees a partial file. The temporary name is this write's own, so two writers
+/// of one file never truncate what the other just renamed into place (and a reader
+/// may have mapped).
+pub fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = path.with_extension(format!(
+        "tmp{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 fn is_sha256_hex(hex: &str) -> bool {
     hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }

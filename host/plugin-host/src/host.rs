@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy};
 
+use trellis_oci::write_whole;
+
 use crate::calls::CallThreads;
 use crate::plugin::{LoadError, LoadErrorReason, Plugin};
 use crate::pool::Pool;
@@ -462,24 +464,6 @@ impl TierUpThread {
             tracing::warn!(error = %e, "no background compiler thread: plugins keep their baseline code");
         }
     }
-}
-
-/// Writes `bytes` whole under a temporary name, then renames it into place: a reader
-/// never sees a partial file. The name is this write's own: two loads of one module
-/// may compile it at once, and one must not truncate the file the other just renamed
-/// into place (and mapped).
-fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tmp = path.with_extension(format!(
-        "tmp{}-{}",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 impl Drop for PluginHost {

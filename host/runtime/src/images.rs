@@ -251,7 +251,7 @@ impl Images {
             .dir
             .join(format!("{}.wasm", id.trim_start_matches("sha256:")));
         if !stored.exists() {
-            crate::store::write_whole(&stored, bytes).map_err(|e| {
+            trellis_oci::write_whole(&stored, bytes).map_err(|e| {
                 Status::internal(format!("cannot store image {}: {e}", stored.display()))
             })?;
         }
@@ -316,7 +316,7 @@ impl Images {
         let path = self.dir.join("index.json");
         let bytes = serde_json::to_vec_pretty(index)
             .map_err(|e| Status::internal(format!("cannot encode the image index: {e}")))?;
-        crate::store::write_whole(&path, &bytes).map_err(|e| {
+        trellis_oci::write_whole(&path, &bytes).map_err(|e| {
             Status::internal(format!(
                 "cannot write the image index {}: {e}",
                 path.display()

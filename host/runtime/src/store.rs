@@ -4,7 +4,6 @@
 //! for hollow nodes, whose records die with them and must cost no file.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -111,7 +110,7 @@ fn load<T: for<'de> Deserialize<'de>>(dir: &Path) -> anyhow::Result<Vec<T>> {
 fn save<T: Serialize>(path: &Path, record: &T) {
     let written = serde_json::to_vec_pretty(record)
         .map_err(std::io::Error::other)
-        .and_then(|bytes| write_whole(path, &bytes));
+        .and_then(|bytes| trellis_oci::write_whole(path, &bytes));
     if let Err(e) = written {
         tracing::warn!(path = %path.display(), error = %e, "cannot save a record");
     }
@@ -123,20 +122,4 @@ fn remove(path: &Path) {
     {
         tracing::warn!(path = %path.display(), error = %e, "cannot delete a record");
     }
-}
-
-/// Writes `bytes` under a temporary name, then renames it into place: a reader (or
-/// the next run after a crash) never sees a partial file.
-pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static WRITES: AtomicU64 = AtomicU64::new(0);
-    let tmp = path.with_extension(format!(
-        "tmp{}-{}",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
