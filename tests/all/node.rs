@@ -180,19 +180,43 @@ fn log_dirs(root: &std::path::Path, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits until the node has no log directory left of the pods `names`: a directory
-/// has no watch to wait on, so this looks every 50 ms, up to `limit`.
+/// Waits until the node has no log directory left of the pods `names`, up to `limit`:
+/// woken by inotify at each removal in the logs directory, not by a clock.
 async fn wait_logs_removed(root: &std::path::Path, names: &[&str], limit: Duration) -> Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    use rustix::fs::inotify;
+    let removals = Arc::new(inotify::init(
+        inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK,
+    )?);
+    inotify::add_watch(
+        &*removals,
+        root.join("agent/logs"),
+        inotify::WatchFlags::DELETE,
+    )?;
     let deadline = tokio::time::Instant::now() + limit;
     loop {
+        // Looked at after the watch is set, so no removal goes unseen.
         let left: Vec<String> = names.iter().flat_map(|n| log_dirs(root, n)).collect();
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_empty() {
             return Ok(());
         }
-        if tokio::time::Instant::now() >= deadline {
+        if remaining.is_zero() {
             bail!("log directories left after {limit:?}: {left:?}");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let removals = removals.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let timeout = Timespec::try_from(remaining)?;
+            poll(
+                &mut [PollFd::new(&*removals, PollFlags::IN)],
+                Some(&timeout),
+            )?;
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            let mut events = inotify::Reader::new(&*removals, &mut buf);
+            while events.next().is_ok() {}
+            Ok(())
+        })
+        .await??;
     }
 }
 

@@ -391,6 +391,16 @@ pub fn is_every(gvr: &GroupVersionResource) -> bool {
     gvr.resource == "*"
 }
 
+/// The mapping of the controller's watch of `*` (every resource: each change that
+/// removes something mapped), if it has one.
+fn watch_of_every(config: &ControllerConfig) -> Option<Mapping> {
+    config
+        .watches
+        .iter()
+        .find(|w| is_every(&w.resource))
+        .map(|w| w.map)
+}
+
 /// The process's controller manager: the plugin host, the shared informers (listing
 /// and watching as the controller manager), and the queues' metrics.
 #[derive(Clone)]
@@ -530,12 +540,7 @@ impl Manager {
         check(&config)?;
         let name = config.spec.name.clone();
         let every = is_every(&config.primary);
-        // A watch of `*`: every resource, each change that removes something mapped.
-        let watch_every = config
-            .watches
-            .iter()
-            .find(|w| is_every(&w.resource))
-            .map(|w| w.map);
+        let watch_every = watch_of_every(&config);
         let resources = if every {
             self.resolve_every().await?
         } else {
@@ -665,11 +670,7 @@ impl Loaded {
         } = self;
         let name = config.spec.name.clone();
         let every = is_every(&config.primary);
-        let watch_every = config
-            .watches
-            .iter()
-            .find(|w| is_every(&w.resource))
-            .map(|w| w.map);
+        let watch_every = watch_of_every(&config);
         let queue = WorkQueue::with_limits(&name, &manager.queues, config.rate_limits);
         let mut tasks = JoinSet::new();
         let mut workers = JoinSet::new();

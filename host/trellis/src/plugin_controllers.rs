@@ -54,6 +54,7 @@ pub fn plugins_resource() -> ApiResource {
 }
 
 /// One controller Plugin as it runs.
+#[derive(Default)]
 struct Followed {
     /// uid and generation of the declaration last loaded or tried.
     fingerprint: String,
@@ -289,14 +290,7 @@ pub(crate) async fn follow(
         }
         let entry = is_entry(&obj);
         if entry {
-            let f = followed.entry(name.clone()).or_insert(Followed {
-                fingerprint: String::new(),
-                running: None,
-                reported: [0; 4],
-                entry,
-            });
-            f.fingerprint = fingerprint;
-            f.entry = true;
+            let f = record(&mut followed, &name, fingerprint, true);
             // An entry that was a Plugin of its own before (an administrator's, given
             // back) runs no more: the built-in's own run is what it stands for.
             if let Some(running) = f.running.take() {
@@ -314,14 +308,7 @@ pub(crate) async fn follow(
         }
         let slot = slot_of(&slots, &name);
         let outcome = load(&setup, &manager, &client, &obj, &stopped).await;
-        let f = followed.entry(name.clone()).or_insert(Followed {
-            fingerprint: String::new(),
-            running: None,
-            reported: [0; 4],
-            entry,
-        });
-        f.fingerprint = fingerprint;
-        f.entry = false;
+        let f = record(&mut followed, &name, fingerprint, false);
         let result = match outcome {
             Ok(loaded) => {
                 let digest = loaded.plugin().digest().to_owned();
@@ -370,6 +357,19 @@ pub(crate) async fn follow(
             running.stop().await;
         }
     }
+}
+
+/// The record of the Plugin `name`, made if new, with the declaration now followed.
+fn record<'a>(
+    followed: &'a mut HashMap<String, Followed>,
+    name: &str,
+    fingerprint: String,
+    entry: bool,
+) -> &'a mut Followed {
+    let f = followed.entry(name.to_owned()).or_default();
+    f.fingerprint = fingerprint;
+    f.entry = entry;
+    f
 }
 
 /// Parses, fetches and loads one controller Plugin, ready to run.

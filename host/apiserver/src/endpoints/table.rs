@@ -886,12 +886,16 @@ mod tests {
         assert_eq!(human_duration(400 * 86400), "400d");
     }
 
-    #[test]
-    fn pod_rows_show_readiness_and_phase() {
-        let res = trellis_api::registry::builtins()
+    fn pods() -> trellis_api::registry::ResourceInfo {
+        trellis_api::registry::builtins()
             .into_iter()
             .find(|r| r.plural == "pods")
-            .unwrap();
+            .unwrap()
+    }
+
+    #[test]
+    fn pod_rows_show_readiness_and_phase() {
+        let res = pods();
         let pod: Object = serde_json::from_value(json!({
             "metadata": {"name": "web"},
             "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
@@ -921,10 +925,7 @@ mod tests {
 
     #[test]
     fn rows_carry_what_include_object_asks_for() {
-        let res = trellis_api::registry::builtins()
-            .into_iter()
-            .find(|r| r.plural == "pods")
-            .unwrap();
+        let res = pods();
         let pod: Object = serde_json::from_value(json!({
             "metadata": {"name": "web"},
             "status": {"startTime": "2020-01-01T00:00:00Z"}
