@@ -5,7 +5,6 @@
 //! Each verb works on any resource of the registry, built-in or custom: objects are
 //! Kubernetes JSON, the server owns their uid, timestamps, resourceVersion and
 //! generation. Watch is served by [`crate::endpoints::watch`] from the watch cache.
-
 //!
 //! # Layout
 //! - [`get`], [`create`], [`update`] (update and patch), [`apply`] (server-side apply),
@@ -15,7 +14,11 @@
 //!   itself (a binding, after admitting the Binding).
 //! - [`typed`]: built-in kinds through their `k8s-openapi` types, defaults, validation.
 //! - [`crd`]: custom resources from CRDs: registry entries, schema validation, pruning.
-//! - [`subresources`]: `scale` and `pods/binding`.
+//! - [`subresources`]: `scale`, `pods/binding`, `pods/log` (read from the pod's node)
+//!   and `serviceaccounts/token` (a TokenRequest). `status`,
+//!   `certificatesigningrequests/approval` and `namespaces/finalize` have no handler of
+//!   their own: [`get`], [`update`] and [`patch`] serve them, writing only
+//!   what the subresource may change.
 //! - [`exec`]: `pods/exec`, a WebSocket relayed to the pod's node.
 //! - [`eviction`]: `pods/eviction`, a delete that keeps PodDisruptionBudgets.
 //! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
