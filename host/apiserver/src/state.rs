@@ -577,7 +577,7 @@ impl AppState {
     /// marked built-in up to date; one an administrator took over (its label or
     /// module changed) is left alone, as bootstrap roles are.
     pub async fn publish_builtin_plugins(&self, plugins: &[Value]) -> anyhow::Result<()> {
-        use crate::admission::plugins::spec;
+        use trellis_plugins::spec;
         let resource = self.resource(spec::GROUP, spec::VERSION, spec::PLURAL)?;
         for wanted in plugins {
             let name = wanted["metadata"]["name"].as_str().unwrap_or_default();
@@ -619,7 +619,7 @@ impl AppState {
 
     /// Creates (or brings up to date) the CRD serving `plugins.trellis.dev`.
     pub async fn install_plugin_crd(&self) -> anyhow::Result<()> {
-        let mut crd = crate::admission::plugins::spec::crd();
+        let mut crd = trellis_plugins::spec::crd();
         let name = crd["metadata"]["name"]
             .as_str()
             .unwrap_or_default()

@@ -31,12 +31,12 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
-use trellis_apiserver::admission::plugins::{source, spec};
 use trellis_client::events::EventRecorder;
 use trellis_client::informer::{Change, Informer};
 use trellis_controllers::bundled::Builtin;
 use trellis_controllers::{ControllerConfig, Loaded, Manager, Running};
 use trellis_plugin_host::{GroupVersionResource, PluginKind};
+use trellis_plugins::{source, spec};
 
 use crate::components::{ControllerSetup, Shared};
 

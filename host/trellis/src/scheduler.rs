@@ -175,8 +175,8 @@ async fn follow_plugins(
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     use kube::api::{Api, DynamicObject};
-    use trellis_apiserver::admission::plugins::{source, spec};
     use trellis_client::informer::Change;
+    use trellis_plugins::{source, spec};
 
     let informer = shared.informers.informer::<DynamicObject>(
         Api::all_with(
@@ -250,8 +250,7 @@ async fn follow_plugins(
                 plugin: plugin.clone(),
                 configuration: parsed.spec.configuration.clone(),
                 weights: scheduler.weights.into_iter().collect(),
-                ignore_failures: parsed.failure_policy
-                    == trellis_apiserver::admission::plugins::spec::FailurePolicy::Ignore,
+                ignore_failures: parsed.failure_policy == spec::FailurePolicy::Ignore,
             };
             Ok::<_, (&'static str, String)>((plugin, scheduler.profile, component))
         }

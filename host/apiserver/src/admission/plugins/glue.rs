@@ -15,10 +15,10 @@ use trellis_plugin_host::{
 };
 
 use super::Cluster;
-use super::spec::FailurePolicy;
 use super::{Bound, PluginManager};
 use crate::admission::{Admission, Attributes, Initializer, InitializerSource};
 use crate::object::{Object, metadata};
+use trellis_plugins::spec::FailurePolicy;
 
 /// Most objects one `cluster.list` call returns.
 const MAX_LIST: usize = 10_000;

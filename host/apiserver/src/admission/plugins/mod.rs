@@ -14,12 +14,7 @@
 //! admission chain; [`PluginInitializers`] offers the initializer plugins to the
 //! initializer chain. Both apply each plugin's rules, selectors and failure policy.
 
-mod dir;
 mod glue;
-mod http;
-mod oci;
-pub mod source;
-pub mod spec;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +26,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind, Tier};
+use trellis_plugins::{dir, source, spec};
 use trellis_store::{ListRequest, Store};
 
 pub use crate::admission::Cluster;

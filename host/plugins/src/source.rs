@@ -1,6 +1,6 @@
 //! Fetching a plugin's module: `file://` paths, `https://` URLs whose content must
 //! match `spec.module.sha256`, and `oci://` artifacts pulled from a registry (see
-//! [`super::oci`]). Fetched modules are kept by digest in the server's plugin cache,
+//! [`crate::oci`]). Fetched modules are kept by digest in the server's plugin cache,
 //! so a restart does not need the network when the digest is pinned.
 
 use std::path::{Path, PathBuf};
@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use trellis_plugin_host::digest_of;
 
-use super::http;
-use super::oci;
-use super::spec::ModuleDoc;
+use crate::http;
+use crate::oci;
+use crate::spec::ModuleDoc;
 
 /// Largest module accepted (a Python component is ~20 MB).
 const MAX_MODULE: usize = 128 << 20;

@@ -5,6 +5,7 @@ pub use trellis_oci::Client;
 
 /// How the API server reads an `oci://HOST[:PORT]/REPOSITORY[:TAG|@sha256:HEX]`
 /// module URL: its errors name the field.
+#[derive(Debug)]
 pub struct Reference;
 
 impl Reference {

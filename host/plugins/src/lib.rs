@@ -1,0 +1,21 @@
+//! The `Plugin` object (`trellis.dev/v1`): what a declaration says, where its module
+//! comes from, and the loop that follows declarations for every world (admission,
+//! initializer, controller, scheduler).
+//!
+//! A plugin is declared by a `Plugin` object, or by a `NAME.yaml` + `NAME.wasm` pair in
+//! the API server's plugins directory. Whoever runs a world (the API server for
+//! admission and initializer plugins, the controller manager, the scheduler) reads the
+//! declaration with [`spec::parse`] and fetches its module with [`source::fetch`].
+//!
+//! # Layout
+//! - [`spec`]: the spec as a plugin author writes it, its defaults and limits, the CRD
+//!   that serves it, and how match rules select requests.
+//! - [`source`]: fetching a module (`file://`, `https://` pinned by digest, `oci://`),
+//!   kept by digest in a cache; [`oci`] reads `oci://` references, [`http`] GETs.
+//! - [`dir`]: the plugins directory, polled.
+
+pub mod dir;
+pub mod http;
+pub mod oci;
+pub mod source;
+pub mod spec;
