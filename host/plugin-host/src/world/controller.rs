@@ -2,61 +2,31 @@
 //! queue the controller runtime keeps for them (`trellis:controller@0.1.0`).
 
 use wasmtime::Store;
-use wasmtime::component::{HasSelf, InstancePre, Linker};
+use wasmtime::component::{HasSelf, Linker};
 
-use super::{Call, World};
+use super::{Call, handler_world};
 use crate::bindings::controller;
 use crate::state::PluginState;
 use crate::{Action, ObjectKey};
 
-pub(crate) struct Controller;
-
-pub(crate) enum Pre {
-    V0_1(controller::ControllerPre<PluginState>),
+handler_world! {
+    /// Controller plugins.
+    Controller = "controller",
+    versions: [
+        V0_1: controller::ControllerPre<PluginState>, controller::Controller,
+            trellis_controller_handler ("trellis:controller/handler@0.1.0"),
+    ],
+    imports: add_imports,
 }
 
-pub(crate) enum Exports {
-    V0_1(controller::Controller),
-}
-
-impl World for Controller {
-    const NAME: &'static str = "controller";
-    const EXPORTS: &'static [&'static str] = &["trellis:controller/handler@0.1.0"];
-    type Pre = Pre;
-    type Exports = Exports;
-
-    fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-        use controller::trellis::controller::{cache, client, events, types};
-        types::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
-        cache::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
-        client::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
-        events::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
-        Ok(())
-    }
-
-    fn pre(instance_pre: InstancePre<PluginState>) -> wasmtime::Result<Pre> {
-        controller::ControllerPre::new(instance_pre).map(Pre::V0_1)
-    }
-
-    async fn instantiate(pre: &Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Exports> {
-        Ok(match pre {
-            Pre::V0_1(pre) => Exports::V0_1(pre.instantiate_async(store).await?),
-        })
-    }
-
-    async fn validate_configuration<'a>(
-        exports: &'a Exports,
-        store: &'a mut Store<PluginState>,
-        configuration: &'a str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        match exports {
-            Exports::V0_1(e) => {
-                e.trellis_controller_handler()
-                    .call_validate_configuration(store, configuration)
-                    .await
-            }
-        }
-    }
+/// The world's own imports: the controller runtime's cache, client and events.
+fn add_imports(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    use controller::trellis::controller::{cache, client, events, types};
+    types::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
+    cache::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
+    client::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
+    events::add_to_linker::<PluginState, HasSelf<PluginState>>(linker, |s| s)?;
+    Ok(())
 }
 
 /// `reconcile`: the action, or the plugin's reason for failing.

@@ -23,6 +23,114 @@ pub(crate) mod controller;
 pub(crate) mod initializer;
 pub(crate) mod scheduler;
 
+/// A world whose components export one handler interface with
+/// `validate-configuration`, in every version the host serves, newest first: the
+/// world's type, `Pre` and `Exports` with a variant per version, and its [`World`]
+/// impl. Each version's generated bindings are types of their own with no trait in
+/// common, hence a macro rather than a generic.
+///
+/// ```ignore
+/// handler_world! {
+///     /// The `admission` world.
+///     Admission = "admission",
+///     versions: [
+///         V0_1: admission::AdmissionPre<PluginState>, admission::Admission,
+///             trellis_admission_handler ("trellis:admission/handler@0.1.0"),
+///     ],
+///     imports: add_imports,   // optional: the world's own imports
+/// }
+/// ```
+macro_rules! handler_world {
+    (
+        $(#[$doc:meta])*
+        $world:ident = $name:literal,
+        versions: [
+            $newest:ident: $newest_pre:ty, $newest_exports:ty, $newest_handler:ident ($newest_export:literal)
+            $(, $older:ident: $older_pre:ty, $older_exports:ty, $older_handler:ident ($older_export:literal))*
+            $(,)?
+        ],
+        $(imports: $add_imports:path,)?
+    ) => {
+        $(#[$doc])*
+        pub(crate) struct $world;
+
+        /// A component linked against one version of the world.
+        pub(crate) enum Pre {
+            $newest($newest_pre),
+            $($older($older_pre),)*
+        }
+
+        /// One instance's exports, of the version its component implements.
+        pub(crate) enum Exports {
+            $newest($newest_exports),
+            $($older($older_exports),)*
+        }
+
+        impl $crate::world::World for $world {
+            const NAME: &'static str = $name;
+            const EXPORTS: &'static [&'static str] = &[$newest_export $(, $older_export)*];
+            type Pre = Pre;
+            type Exports = Exports;
+
+            $(
+                fn add_to_linker(
+                    linker: &mut ::wasmtime::component::Linker<$crate::state::PluginState>,
+                ) -> ::wasmtime::Result<()> {
+                    $add_imports(linker)
+                }
+            )?
+
+            fn pre(
+                instance_pre: ::wasmtime::component::InstancePre<$crate::state::PluginState>,
+            ) -> ::wasmtime::Result<Pre> {
+                match <$newest_pre>::new(instance_pre.clone()) {
+                    Ok(pre) => Ok(Pre::$newest(pre)),
+                    Err(newest) => {
+                        $(
+                            if let Ok(pre) = <$older_pre>::new(instance_pre.clone()) {
+                                return Ok(Pre::$older(pre));
+                            }
+                        )*
+                        Err(newest)
+                    }
+                }
+            }
+
+            async fn instantiate(
+                pre: &Pre,
+                store: &mut ::wasmtime::Store<$crate::state::PluginState>,
+            ) -> ::wasmtime::Result<Exports> {
+                Ok(match pre {
+                    Pre::$newest(pre) => Exports::$newest(pre.instantiate_async(store).await?),
+                    $(Pre::$older(pre) => Exports::$older(pre.instantiate_async(store).await?),)*
+                })
+            }
+
+            async fn validate_configuration<'a>(
+                exports: &'a Exports,
+                store: &'a mut ::wasmtime::Store<$crate::state::PluginState>,
+                configuration: &'a str,
+            ) -> ::wasmtime::Result<Result<(), String>> {
+                match exports {
+                    Exports::$newest(e) => {
+                        e.$newest_handler()
+                            .call_validate_configuration(store, configuration)
+                            .await
+                    }
+                    $(
+                        Exports::$older(e) => {
+                            e.$older_handler()
+                                .call_validate_configuration(store, configuration)
+                                .await
+                        }
+                    )*
+                }
+            }
+        }
+    };
+}
+pub(crate) use handler_world;
+
 /// One kind of plugin.
 pub(crate) trait World: Sized + Send + Sync + 'static {
     /// How errors and logs name the world.
