@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::bail;
 use trellis_plugin_host::GroupVersionResource;
 
-use crate::runner::{ControllerConfig, Mapping, Watch};
+use crate::config::{ControllerConfig, Mapping, Watch};
 
 /// One built-in controller.
 #[derive(Debug)]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use kube::api::DynamicObject;
 use trellis_client::informer::Informer;
 
-use crate::runner::Key;
+use crate::key::Key;
 
 /// One write waited for.
 pub(crate) struct Expected {

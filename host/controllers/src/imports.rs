@@ -6,11 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::expectations::{Expectations, Expected};
-use crate::runner::{Cached, Key, SharedCaches};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject};
-use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use serde_json::{Value, json};
 use trellis_api::selector::LabelSelector;
 use trellis_client::events::{EventRecorder, EventType as RecordedType};
@@ -20,32 +17,15 @@ use trellis_plugin_host::{
     Propagation, ServedResource, UpdateRequest, Write,
 };
 
+use crate::cache::{Cached, SharedCaches};
+use crate::expectations::{Expectations, Expected};
+use crate::key::{Key, gvr_key, object_key};
+
 /// Retries of a write answered 429, and how long to wait when the answer says not.
 const MAX_RETRIES: u32 = 5;
 const RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The longest `Retry-After` honoured: a reconcile has a deadline.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
-
-/// A resource a controller reads or writes, resolved through discovery.
-#[derive(Clone, Debug)]
-pub struct Resolved {
-    pub resource: ApiResource,
-    pub namespaced: bool,
-}
-
-impl Resolved {
-    pub fn new(resource: ApiResource, capabilities: &ApiCapabilities) -> Self {
-        Self {
-            resource,
-            namespaced: capabilities.scope == Scope::Namespaced,
-        }
-    }
-}
-
-/// `group/version/resource`, as resources are looked up.
-pub fn gvr_key(r: &GroupVersionResource) -> String {
-    format!("{}/{}/{}", r.group, r.version, r.resource)
-}
 
 /// The primary resource of a controller, as ownerReferences name its kind.
 #[derive(Clone, Debug)]
@@ -94,14 +74,6 @@ impl std::fmt::Debug for KubeHost {
         f.debug_struct("KubeHost")
             .field("name", &self.name)
             .finish_non_exhaustive()
-    }
-}
-
-/// An object's key in an informer's cache.
-pub(crate) fn object_key(namespace: Option<&str>, name: &str) -> String {
-    match namespace {
-        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_owned(),
     }
 }
 
