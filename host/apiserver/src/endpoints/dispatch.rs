@@ -1,10 +1,6 @@
 //! The request chain: health and version endpoints, then for everything else
-//! authentication → authorization → discovery or a resource handler.
-//!
-//! Resource paths are parsed by hand rather than by a route table, because which
-//! segment is a name and which a resource depends on the registry (which grows with
-//! custom resources): `/api/v1/namespaces/x/pods` is a namespaced collection while
-//! `/api/v1/namespaces/x/status` is a subresource of namespace `x`.
+//! authentication → authorization → discovery or a resource handler, chosen by what
+//! [`RequestInfo::parse`] reads from the path.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -21,7 +17,10 @@ use trellis_api::registry::Subresource;
 use crate::authentication::Peer;
 use crate::authorization::reviews;
 use crate::endpoints::discovery;
-use crate::endpoints::request::{self, ApiRequest, BodyFormat, IncludeObject, MAX_BODY, Query};
+use crate::endpoints::request::{
+    self, ApiRequest, BodyFormat, IncludeObject, MAX_BODY, NonResourcePath, Query, RequestInfo,
+    ResourcePath,
+};
 use crate::endpoints::response::{ErrorResponse, json_response};
 use crate::endpoints::watch;
 use crate::observability::metrics::RequestLabels;
@@ -57,11 +56,11 @@ async fn dispatch(
     let long_running =
         request::is_long_running(&uri) || crate::registry::exec::wants_websocket(request.headers());
     let mutating = mutating_method(&method);
-    let info = Arc::new(Mutex::new(RequestInfo::default()));
+    let record = Arc::new(Mutex::new(RequestRecord::default()));
     let work = {
-        let (state, info) = (state.clone(), info.clone());
+        let (state, record) = (state.clone(), record.clone());
         crate::warnings::collect(async move {
-            handle(state, peer, request, &info, long_running)
+            handle(state, peer, request, &record, long_running)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         })
@@ -96,21 +95,21 @@ async fn dispatch(
     };
     let code = response.status().as_u16();
     let elapsed = started.elapsed();
-    let mut info = std::mem::take(&mut *lock(&info));
-    if info.name.is_empty()
+    let mut record = std::mem::take(&mut *lock(&record));
+    if record.name.is_empty()
         && let Some(crate::observability::audit::ObjectName(name)) = response.extensions().get()
     {
-        info.name.clone_from(name);
+        record.name.clone_from(name);
     }
-    state.metrics.record(&info.labels, code, elapsed);
+    state.metrics.record(&record.labels, code, elapsed);
     if let Some(audit) = &state.audit {
         audit.record(crate::observability::audit::Entry {
-            user: info.user,
-            impersonated_user: info.impersonated,
-            verb: info.verb,
-            resource: info.resource,
-            namespace: info.namespace,
-            name: info.name,
+            user: record.user,
+            impersonated_user: record.impersonated,
+            verb: record.verb,
+            resource: record.resource,
+            namespace: record.namespace,
+            name: record.name,
             code,
             latency_ms: elapsed.as_secs_f64() * 1e3,
         });
@@ -118,13 +117,13 @@ async fn dispatch(
     response
 }
 
-fn lock(info: &Mutex<RequestInfo>) -> std::sync::MutexGuard<'_, RequestInfo> {
-    info.lock().unwrap_or_else(|e| e.into_inner())
+fn lock(record: &Mutex<RequestRecord>) -> std::sync::MutexGuard<'_, RequestRecord> {
+    record.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What the metrics and the audit log record of a request, filled in as it is parsed.
 #[derive(Debug, Default)]
-struct RequestInfo {
+struct RequestRecord {
     /// What `/metrics` counts the request as: bounded label values only.
     labels: RequestLabels,
     user: String,
@@ -234,21 +233,76 @@ fn not_found() -> ApiError {
     )
 }
 
+/// A non-resource path, once authorized by its URL.
+async fn non_resource(
+    state: &State,
+    path: NonResourcePath,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Response, ErrorResponse> {
+    match path {
+        NonResourcePath::Metrics => {
+            let mut text = state.metrics.render(
+                state.cache.watcher_count(),
+                state.cache.terminated_watchers(),
+            );
+            if let Some(plugins) = state.plugins.get() {
+                plugins.render_metrics(&mut text);
+            }
+            Ok((
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                text,
+            )
+                .into_response())
+        }
+        NonResourcePath::ApiVersions | NonResourcePath::ApiGroupList => {
+            let core = path == NonResourcePath::ApiVersions;
+            if let Some(r) = discovery::aggregated_response(state, core, headers) {
+                return Ok(r);
+            }
+            Ok(if core {
+                json_response(StatusCode::OK, &discovery::core_versions(state))
+            } else {
+                json_response(StatusCode::OK, &discovery::group_list(state))
+            })
+        }
+        NonResourcePath::ApiGroup(group) => discovery::group(state, &group)
+            .map(|g| json_response(StatusCode::OK, &g))
+            .ok_or_else(|| not_found().into()),
+        NonResourcePath::ApiResourceList { group, version } => {
+            if !state.serves(&group, &version) {
+                return Err(not_found().into());
+            }
+            Ok(json_response(
+                StatusCode::OK,
+                &discovery::resource_list(state, &group, &version),
+            ))
+        }
+        NonResourcePath::OpenApi(rest) => {
+            let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+            openapi(state, &rest, query, headers).await
+        }
+        NonResourcePath::SwaggerProtobuf => Ok(openapi_v2_protobuf(&*state.openapi().await)),
+        NonResourcePath::Unknown => Err(not_found().into()),
+    }
+}
+
 async fn handle(
     state: State,
     peer: Peer,
     request: axum::extract::Request,
-    info: &Mutex<RequestInfo>,
+    record: &Mutex<RequestRecord>,
     long_running: bool,
 ) -> Result<Response, ErrorResponse> {
     let (parts, body) = request.into_parts();
     let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     let mut extensions = parts.extensions;
     {
-        let mut info = lock(info);
-        info.verb = method.as_str().to_lowercase();
-        info.resource = uri.path().to_owned();
-        info.labels = RequestLabels::non_resource(method.as_str());
+        let mut record = lock(record);
+        record.verb = method.as_str().to_lowercase();
+        record.resource = uri.path().to_owned();
+        record.labels = RequestLabels::non_resource(method.as_str());
     }
     let mut user = crate::authentication::authenticate(&state, &peer, &headers).await?;
     // Kubernetes puts every authenticated user in this group too.
@@ -256,119 +310,38 @@ async fn handle(
         user.groups
             .push(trellis_api::user::groups::AUTHENTICATED.to_owned());
     }
-    lock(info).user = user.name.clone();
+    lock(record).user = user.name.clone();
     let requester = user.name.clone();
     let user = crate::authentication::impersonation::impersonate(&state, user, &headers).await?;
     if user.name != requester {
-        lock(info).impersonated = Some(user.name.clone());
+        lock(record).impersonated = Some(user.name.clone());
     }
     let _admitted = state
         .inflight
         .admit(&user, uri.path(), mutating_method(&method), long_running)
-        .inspect_err(|_| state.metrics.rejected(&lock(info).labels))?;
-    let decoded: Vec<std::borrow::Cow<'_, str>> = uri
-        .path()
-        .trim_end_matches('/')
-        .split('/')
-        .skip(1)
-        .map(crate::endpoints::request::path_segment)
-        .collect();
-    let segments: Vec<&str> = decoded.iter().map(AsRef::as_ref).collect();
-    let names_resource = matches!(
-        segments.as_slice(),
-        ["api", "v1", _, ..] | ["apis", _, _, _, ..]
-    );
-    if !names_resource {
-        crate::authorization::authorize_non_resource(&state, &user, &method, uri.path()).await?;
-    }
-    if uri.path() == "/metrics" {
-        let mut text = state.metrics.render(
-            state.cache.watcher_count(),
-            state.cache.terminated_watchers(),
-        );
-        if let Some(plugins) = state.plugins.get() {
-            plugins.render_metrics(&mut text);
-        }
-        return Ok((
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            text,
-        )
-            .into_response());
-    }
-    if let ["api" | "apis"] = segments.as_slice()
-        && let Some(r) = discovery::aggregated_response(&state, segments[0] == "api", &headers)
-    {
-        return Ok(r);
-    }
-    let (group, version, rest) = match segments.as_slice() {
-        ["api"] => {
-            return Ok(json_response(
-                StatusCode::OK,
-                &discovery::core_versions(&state),
-            ));
-        }
-        ["apis"] => {
-            return Ok(json_response(
-                StatusCode::OK,
-                &discovery::group_list(&state),
-            ));
-        }
-        ["api", "v1", rest @ ..] => ("", "v1", rest),
-        ["apis", group] => {
-            return discovery::group(&state, group)
-                .map(|g| json_response(StatusCode::OK, &g))
-                .ok_or_else(|| not_found().into());
-        }
-        ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        ["openapi", rest @ ..] => return openapi(&state, rest, uri.query(), &headers).await,
-        ["swagger-2.0.0.pb-v1"] => return Ok(openapi_v2_protobuf(&*state.openapi().await)),
-        _ => return Err(not_found().into()),
-    };
-    if !state.serves(group, version) {
-        return Err(not_found().into());
-    }
-    if rest.is_empty() {
-        return Ok(json_response(
-            StatusCode::OK,
-            &discovery::resource_list(&state, group, version),
-        ));
-    }
-
-    // namespaces/{ns}/{plural}… is a namespaced request when {plural} is a namespaced
-    // resource of this group-version; otherwise it addresses the namespace itself.
-    let namespaced_target = |plural: &str| {
+        .inspect_err(|_| state.metrics.rejected(&lock(record).labels))?;
+    let info = RequestInfo::parse(uri.path(), |group, version, plural| {
         state
             .resource(group, version, plural)
-            .ok()
-            .filter(|r| r.namespaced)
+            .is_ok_and(|r| r.namespaced)
+    });
+    let path = match info {
+        RequestInfo::NonResource(path) => {
+            crate::authorization::authorize_non_resource(&state, &user, &method, uri.path())
+                .await?;
+            return non_resource(&state, path, uri.query(), &headers).await;
+        }
+        RequestInfo::Resource(None) => return Err(not_found().into()),
+        RequestInfo::Resource(Some(path)) => path,
     };
-    let (namespace, plural, name, sub) = match rest {
-        ["namespaces", ns, plural, tail @ ..] if namespaced_target(plural).is_some() => (
-            Some(*ns),
-            *plural,
-            tail.first().copied(),
-            tail.get(1).copied(),
-        ),
-        [plural, tail @ ..] => (None, *plural, tail.first().copied(), tail.get(1).copied()),
-        [] => return Err(not_found().into()),
-    };
-    if rest.len() > 5 {
+    if !state.serves(&path.group, &path.version) {
         return Err(not_found().into());
     }
-    let resource = state.resource(group, version, plural)?;
-    if resource.namespaced != namespace.is_some()
-        && !(resource.namespaced && namespace.is_none() && name.is_none())
-    {
-        return Err(not_found().into());
-    }
-    let subresource = match sub {
-        None => None,
-        Some(s) => match Subresource::parse(s).filter(|r| resource.has(*r)) {
-            Some(r) => Some(r),
-            None => return Err(not_found().into()),
-        },
-    };
+    let resource = state.resource(&path.group, &path.version, &path.resource)?;
+    let subresource = path.subresource_of(&resource).ok_or_else(not_found)?;
+    let ResourcePath {
+        namespace, name, ..
+    } = path;
     let query = Query::parse(uri.query())?;
     let verb = request::verb(&method, name.is_some(), query.watch).ok_or_else(|| {
         ApiError::method_not_allowed(
@@ -393,8 +366,8 @@ async fn handle(
         dry_run: query.dry_run,
         include_uninitialized: query.include_uninitialized,
         resource,
-        namespace: namespace.map(str::to_owned),
-        name: name.map(str::to_owned),
+        namespace,
+        name,
         subresource,
         verb,
         query,
@@ -409,8 +382,8 @@ async fn handle(
         table: None,
     };
     {
-        let mut info = lock(info);
-        info.labels = RequestLabels {
+        let mut record = lock(record);
+        record.labels = RequestLabels {
             verb: req.verb.to_owned(),
             group: req.resource.group.clone(),
             version: req.resource.version.clone(),
@@ -428,13 +401,13 @@ async fn handle(
             }
             .to_owned(),
         };
-        info.verb = req.verb.to_owned();
-        info.resource = match req.subresource {
+        record.verb = req.verb.to_owned();
+        record.resource = match req.subresource {
             Some(sub) => format!("{}/{}", req.resource.qualified(), sub.name()),
             None => req.resource.qualified(),
         };
-        info.namespace = req.namespace.clone().unwrap_or_default();
-        info.name = req.name.clone().unwrap_or_default();
+        record.namespace = req.namespace.clone().unwrap_or_default();
+        record.name = req.name.clone().unwrap_or_default();
     }
     crate::authorization::authorize(&state, &req).await?;
     let mut req = req;

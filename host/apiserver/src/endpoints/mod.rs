@@ -4,7 +4,9 @@
 //!
 //! # Layout
 //! - [`dispatch`]: the router; authentication → authorization → a handler.
-//! - [`request`]: what a request asks for (resource, verb, query, formats).
+//! - [`request`]: what a request asks for: its path read as a [`request::RequestInfo`]
+//!   (a resource, or discovery, OpenAPI and the other non-resource paths), the verb,
+//!   the query options, the body's format.
 //! - [`response`]: responses, and every error as a Kubernetes `Status`.
 //! - [`watch`]: client watches, served from the watch cache.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.

@@ -1,6 +1,7 @@
-//! What a resource request asks for, parsed once from its path, query and headers:
-//! the resource, namespace, name and subresource, the verb, the query options, the
-//! body's format and the representation the client accepts.
+//! What a request asks for, parsed once from its path, query and headers: the path
+//! as a [`RequestInfo`] (a resource's group, version, namespace, name and subresource,
+//! or one of the non-resource paths), the verb, the query options, the body's format
+//! and the representation the client accepts.
 
 use std::collections::HashMap;
 
@@ -177,6 +178,146 @@ pub fn path_segment(s: &str) -> std::borrow::Cow<'_, str> {
     percent_encoding::percent_decode_str(s).decode_utf8_lossy()
 }
 
+/// What a request's path names, read before anything else of the request: Kubernetes'
+/// `RequestInfo` (`RequestInfoFactory.NewRequestInfo`). A path with a group-version and
+/// at least one segment after it (`/api/v1/…`, `/apis/{group}/{version}/…`) is a
+/// resource request, authorized by what it does to which resource; every other path is
+/// a non-resource path (discovery, OpenAPI, `/metrics`), authorized by its URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestInfo {
+    /// A request on a resource; `None` when its path has more segments than
+    /// `namespaces/{namespace}/{resource}/{name}/{subresource}`, where nothing is served.
+    Resource(Option<ResourcePath>),
+    NonResource(NonResourcePath),
+}
+
+/// The non-resource paths served besides health and `/version`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NonResourcePath {
+    /// `/metrics`, in Prometheus' text format.
+    Metrics,
+    /// `/api`: the core group's versions (`APIVersions`).
+    ApiVersions,
+    /// `/apis`: the named groups (`APIGroupList`).
+    ApiGroupList,
+    /// `/apis/{group}` (`APIGroup`).
+    ApiGroup(String),
+    /// `/api/v1`, `/apis/{group}/{version}`: a group-version's resources
+    /// (`APIResourceList`).
+    ApiResourceList { group: String, version: String },
+    /// `/openapi/…`: the segments after `openapi` (`v2`, `v3`, `v3/apis/apps/v1`).
+    OpenApi(Vec<String>),
+    /// `/swagger-2.0.0.pb-v1`: the OpenAPI v2 document in protobuf under its old name.
+    SwaggerProtobuf,
+    /// Anything else: 404.
+    Unknown,
+}
+
+/// Where a resource request points: `[namespaces/{namespace}/]{resource}[/{name}[/{subresource}]]`
+/// of a group-version, each segment percent-decoded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourcePath {
+    /// `""` for the core group.
+    pub group: String,
+    pub version: String,
+    pub namespace: Option<String>,
+    /// The resource's plural (`pods`).
+    pub resource: String,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+}
+
+impl RequestInfo {
+    /// Reads a request's path. Which segment is a name and which a resource depends on
+    /// the registry, which grows with custom resources: `namespaces/x/pods` is a
+    /// namespaced collection while `namespaces/x/status` is a subresource of namespace
+    /// `x`. `namespaced(group, version, resource)` says which: whether the group-version
+    /// serves `resource` and it is namespaced.
+    pub fn parse(path: &str, namespaced: impl Fn(&str, &str, &str) -> bool) -> Self {
+        // Exactly this path: `/metrics/` is not it.
+        if path == "/metrics" {
+            return Self::NonResource(NonResourcePath::Metrics);
+        }
+        let decoded: Vec<std::borrow::Cow<'_, str>> = path
+            .trim_end_matches('/')
+            .split('/')
+            .skip(1)
+            .map(path_segment)
+            .collect();
+        let segments: Vec<&str> = decoded.iter().map(AsRef::as_ref).collect();
+        let (group, version, rest) = match segments.as_slice() {
+            ["api", "v1", rest @ ..] if !rest.is_empty() => ("", "v1", rest),
+            ["apis", group, version, rest @ ..] if !rest.is_empty() => (*group, *version, rest),
+            other => return Self::NonResource(NonResourcePath::parse(other)),
+        };
+        if rest.len() > 5 {
+            return Self::Resource(None);
+        }
+        let (namespace, resource, tail) = match rest {
+            ["namespaces", ns, plural, tail @ ..] if namespaced(group, version, plural) => {
+                (Some(*ns), *plural, tail)
+            }
+            [plural, tail @ ..] => (None, *plural, tail),
+            [] => return Self::Resource(None),
+        };
+        // Segments past the subresource of a cluster-scoped path are not read.
+        Self::Resource(Some(ResourcePath {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            namespace: namespace.map(str::to_owned),
+            resource: resource.to_owned(),
+            name: tail.first().map(|s| (*s).to_owned()),
+            subresource: tail.get(1).map(|s| (*s).to_owned()),
+        }))
+    }
+
+    /// Whether the request is authorized by resource (RBAC's `resources`) rather than
+    /// by URL (`nonResourceURLs`).
+    pub fn is_resource_request(&self) -> bool {
+        matches!(self, Self::Resource(_))
+    }
+}
+
+impl NonResourcePath {
+    fn parse(segments: &[&str]) -> Self {
+        match segments {
+            ["api"] => Self::ApiVersions,
+            ["apis"] => Self::ApiGroupList,
+            ["apis", group] => Self::ApiGroup((*group).to_owned()),
+            ["api", "v1"] => Self::ApiResourceList {
+                group: String::new(),
+                version: "v1".to_owned(),
+            },
+            ["apis", group, version] => Self::ApiResourceList {
+                group: (*group).to_owned(),
+                version: (*version).to_owned(),
+            },
+            ["openapi", rest @ ..] => Self::OpenApi(rest.iter().map(|s| (*s).to_owned()).collect()),
+            ["swagger-2.0.0.pb-v1"] => Self::SwaggerProtobuf,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+impl ResourcePath {
+    /// The subresource asked for, once the path is known to fit `resource`, the
+    /// resource it names: a namespaced resource in a namespace (or listed across all
+    /// of them, without a name), a cluster-scoped one outside any, and a subresource
+    /// `resource` has. `None` when it does not fit: a 404.
+    pub fn subresource_of(&self, resource: &ResourceInfo) -> Option<Option<Subresource>> {
+        let namespaced = self.namespace.is_some();
+        if resource.namespaced != namespaced
+            && !(resource.namespaced && !namespaced && self.name.is_none())
+        {
+            return None;
+        }
+        match &self.subresource {
+            None => Some(None),
+            Some(s) => Subresource::parse(s).filter(|r| resource.has(*r)).map(Some),
+        }
+    }
+}
+
 /// A request on a resource, ready for its handler.
 #[derive(Clone, Debug)]
 pub struct ApiRequest {
@@ -300,6 +441,202 @@ mod tests {
         assert_eq!(path_segment("a+b"), "a+b");
         assert_eq!(path_segment("plain"), "plain");
         assert_eq!(form_pairs("q=a+b")["q"], "a b");
+    }
+
+    /// Reads `path` against the built-in resources.
+    fn info(path: &str) -> RequestInfo {
+        let builtins = trellis_api::registry::builtins();
+        RequestInfo::parse(path, |group, version, plural| {
+            builtins.iter().any(|r| {
+                r.group == group && r.version == version && r.plural == plural && r.namespaced
+            })
+        })
+    }
+
+    fn resource(
+        group: &str,
+        namespace: Option<&str>,
+        plural: &str,
+        name: Option<&str>,
+        subresource: Option<&str>,
+    ) -> RequestInfo {
+        RequestInfo::Resource(Some(ResourcePath {
+            group: group.to_owned(),
+            version: "v1".to_owned(),
+            namespace: namespace.map(str::to_owned),
+            resource: plural.to_owned(),
+            name: name.map(str::to_owned),
+            subresource: subresource.map(str::to_owned),
+        }))
+    }
+
+    #[test]
+    fn reads_core_and_named_group_resource_paths() {
+        assert_eq!(
+            info("/api/v1/namespaces/default/pods/web"),
+            resource("", Some("default"), "pods", Some("web"), None)
+        );
+        assert_eq!(
+            info("/apis/apps/v1/namespaces/default/deployments"),
+            resource("apps", Some("default"), "deployments", None, None)
+        );
+        assert_eq!(
+            info("/api/v1/pods/"),
+            resource("", None, "pods", None, None),
+            "a trailing slash changes nothing"
+        );
+        assert_eq!(
+            info("/apis/rbac.authorization.k8s.io/v1/clusterroles/system%3Anodes"),
+            RequestInfo::Resource(Some(ResourcePath {
+                group: "rbac.authorization.k8s.io".to_owned(),
+                version: "v1".to_owned(),
+                resource: "clusterroles".to_owned(),
+                name: Some("system:nodes".to_owned()),
+                ..ResourcePath::default()
+            }))
+        );
+    }
+
+    #[test]
+    fn namespaces_segment_is_a_scope_only_before_a_namespaced_resource() {
+        assert_eq!(
+            info("/api/v1/namespaces/x"),
+            resource("", None, "namespaces", Some("x"), None)
+        );
+        assert_eq!(
+            info("/api/v1/namespaces/x/status"),
+            resource("", None, "namespaces", Some("x"), Some("status"))
+        );
+        assert_eq!(
+            info("/api/v1/namespaces/x/finalize"),
+            resource("", None, "namespaces", Some("x"), Some("finalize"))
+        );
+        assert_eq!(
+            info("/api/v1/nodes/n1/status"),
+            resource("", None, "nodes", Some("n1"), Some("status"))
+        );
+    }
+
+    #[test]
+    fn reads_subresources() {
+        assert_eq!(
+            info("/apis/apps/v1/namespaces/x/deployments/web/scale"),
+            resource("apps", Some("x"), "deployments", Some("web"), Some("scale"))
+        );
+        assert_eq!(
+            info("/api/v1/namespaces/x/pods/web/log"),
+            resource("", Some("x"), "pods", Some("web"), Some("log"))
+        );
+        assert_eq!(
+            info("/api/v1/namespaces/x/pods/web/status/more"),
+            RequestInfo::Resource(None),
+            "nothing is deeper than a subresource"
+        );
+    }
+
+    #[test]
+    fn watches_are_asked_by_query_and_paths_under_watch_are_no_resource_of_theirs() {
+        let uri: axum::http::Uri = "/api/v1/namespaces/x/pods?watch=true".parse().unwrap();
+        assert_eq!(
+            info(uri.path()),
+            resource("", Some("x"), "pods", None, None)
+        );
+        let query = Query::parse(uri.query()).unwrap();
+        assert_eq!(verb(&Method::GET, false, query.watch), Some("watch"));
+        assert!(is_long_running(&uri));
+        // The deprecated `/watch/` prefix runs long, but is read as a resource called
+        // `watch`, which no group serves: a 404.
+        let uri: axum::http::Uri = "/api/v1/watch/namespaces/x/pods".parse().unwrap();
+        assert!(is_long_running(&uri));
+        assert_eq!(
+            info(uri.path()),
+            resource("", None, "watch", Some("namespaces"), Some("x"))
+        );
+        assert!(!is_long_running(&"/api/v1/pods".parse().unwrap()));
+    }
+
+    #[test]
+    fn reads_discovery_and_non_resource_paths() {
+        let non = RequestInfo::NonResource;
+        assert_eq!(info("/api"), non(NonResourcePath::ApiVersions));
+        assert_eq!(info("/apis/"), non(NonResourcePath::ApiGroupList));
+        assert_eq!(
+            info("/apis/apps"),
+            non(NonResourcePath::ApiGroup("apps".to_owned()))
+        );
+        assert_eq!(
+            info("/api/v1"),
+            non(NonResourcePath::ApiResourceList {
+                group: String::new(),
+                version: "v1".to_owned()
+            })
+        );
+        assert_eq!(
+            info("/apis/apps/v1"),
+            non(NonResourcePath::ApiResourceList {
+                group: "apps".to_owned(),
+                version: "v1".to_owned()
+            })
+        );
+        assert_eq!(
+            info("/openapi/v3/apis/apps/v1"),
+            non(NonResourcePath::OpenApi(
+                ["v3", "apis", "apps", "v1"].map(str::to_owned).to_vec()
+            ))
+        );
+        assert_eq!(
+            info("/swagger-2.0.0.pb-v1"),
+            non(NonResourcePath::SwaggerProtobuf)
+        );
+        assert_eq!(info("/metrics"), non(NonResourcePath::Metrics));
+        assert_eq!(info("/metrics/"), non(NonResourcePath::Unknown));
+        assert_eq!(info("/api/v2/pods"), non(NonResourcePath::Unknown));
+        assert_eq!(info("/"), non(NonResourcePath::Unknown));
+        assert!(!info("/apis/apps/v1").is_resource_request());
+        assert!(info("/apis/apps/v1/deployments").is_resource_request());
+        assert!(info("/apis/apps/v1/a/b/c/d/e/f").is_resource_request());
+    }
+
+    #[test]
+    fn a_path_fits_its_resource_by_scope_and_subresource() {
+        let builtins = trellis_api::registry::builtins();
+        let find = |plural: &str| {
+            builtins
+                .iter()
+                .find(|r| r.group.is_empty() && r.plural == plural)
+                .unwrap()
+                .clone()
+        };
+        let (pods, nodes) = (find("pods"), find("nodes"));
+        let path = |info: RequestInfo| match info {
+            RequestInfo::Resource(Some(path)) => path,
+            other => panic!("not a resource path: {other:?}"),
+        };
+        let fits = |p: &str, r: &ResourceInfo| path(info(p)).subresource_of(r);
+        assert_eq!(fits("/api/v1/namespaces/x/pods/a", &pods), Some(None));
+        assert_eq!(
+            fits("/api/v1/pods", &pods),
+            Some(None),
+            "listed across namespaces"
+        );
+        assert_eq!(
+            fits("/api/v1/pods/a", &pods),
+            None,
+            "a name needs a namespace"
+        );
+        assert_eq!(
+            fits("/api/v1/namespaces/x/pods/a/binding", &pods),
+            Some(Some(Subresource::Binding))
+        );
+        assert_eq!(fits("/api/v1/namespaces/x/pods/a/scale", &pods), None);
+        assert_eq!(fits("/api/v1/namespaces/x/pods/a/nothing", &pods), None);
+        assert_eq!(
+            fits("/api/v1/nodes/a/status", &nodes),
+            Some(Some(Subresource::Status))
+        );
+        let mut in_namespace = path(info("/api/v1/nodes/a"));
+        in_namespace.namespace = Some("x".to_owned());
+        assert_eq!(in_namespace.subresource_of(&nodes), None);
     }
 
     #[test]
