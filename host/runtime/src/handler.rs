@@ -4,6 +4,7 @@
 //! handler is named by the sandbox (`RunPodSandboxRequest.runtime_handler`, from the
 //! pod's RuntimeClass), as containerd's are.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,15 +12,16 @@ use k8s_cri::v1::ExecSyncResponse;
 use tokio::sync::watch;
 use tonic::Status;
 
-use crate::images::ImageKind;
 use crate::log::LogFile;
-use crate::state::{ContainerRecord, Live, State, Stopper};
+use crate::record::{ContainerRecord, ImageKind};
+use crate::state::{Live, State, Stopper};
 
 /// What a handler readied, outside the tables' lock, for a start.
 #[derive(Default)]
 pub(crate) struct Prepared {
-    /// A component compiled and linked (`wasmtime`).
-    pub component: Option<crate::wasm::Prepared>,
+    /// What the handler readied for itself (`wasmtime`: a component compiled and
+    /// linked), handed back unopened to its own `start`.
+    pub readied: Option<Box<dyn Any + Send>>,
     /// Where the container's output goes; none drops it.
     pub log: Option<Arc<LogFile>>,
 }

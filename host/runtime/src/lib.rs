@@ -19,35 +19,39 @@
 //! # Layout
 //! One CRI service over the runtime's records, whatever runs the containers: as in
 //! containerd, a sandbox names a handler, and persistence is a store, so a hollow
-//! node's runtime is this service with a hollow handler and stores in memory.
-//! - `service`: the two CRI services on [`Runtime`], the gRPC edge (every error a
-//!   client sees is a `tonic::Status` made there or in the module that knows why).
+//! node's runtime is this service with a hollow handler and stores in memory. The
+//! modules form layers, each using only those listed before it:
+//! - `record`: what the runtime knows of each sandbox (`record::sandbox`), container
+//!   (`record::container`) and image (`record::image`), as it persists them.
+//! - `store`: where the records persist: JSON files under the root, or nowhere; and
+//!   the image store (`store::image`): pulling `file://` and registry images (through
+//!   `trellis-oci`), the JSON index.
+//! - `log`: container output in the CRI log format.
+//! - `state`: the live tables of sandboxes and containers over a store, what a running
+//!   container has in memory only, and the container events stream.
 //! - `handler`: what a runtime handler does for the service: start, stop, measure a
 //!   container, exec into it.
-//! - `state`: sandbox and container records, and the container events stream.
-//! - `store`: where the records persist: JSON files under the root, or nowhere.
-//! - `images`: the image store: pulling `file://` and registry images (through
-//!   `trellis-oci`), the JSON index.
-//! - `wasm`: the `wasmtime` handler: its engine, the compiled-component cache, a
-//!   component's kind, and a program's run on a thread of its own.
-//! - `proxy`: the `wasmtime` handler's HTTP servers for `wasi:http` components: the
-//!   port from the container's annotation, an instance per request, graceful stops.
-//! - `process`: the `process` handler: spawning, stopping, adopting after a restart,
-//!   `ExecSync`.
-//! - `log`: container output in the CRI log format.
-//! - [`fake`]: the runtime of hollow nodes: the hollow handler, an image store where
-//!   every image is present, served over an in-memory stream.
+//! - the handlers: `wasm`, the `wasmtime` handler (its engine and compiled-component
+//!   cache, a program's run on a thread of its own, and `wasm::proxy`, the HTTP
+//!   servers of `wasi:http` components); `process`, the `process` handler (spawning,
+//!   stopping, adopting after a restart, `ExecSync`); and [`hollow`], the runtime of
+//!   hollow nodes: the hollow handler, an image store where every image is present,
+//!   served over an in-memory stream.
+//! - `service`: the two CRI services on [`Runtime`], the gRPC edge (every error a
+//!   client sees is a `tonic::Status` made there or in the module that knows why).
 
-pub mod fake;
 mod handler;
-mod images;
+pub mod hollow;
 mod log;
 mod process;
-mod proxy;
+mod record;
 mod service;
 mod state;
 mod store;
 mod wasm;
+
+/// The hollow node's runtime under its former name.
+pub use hollow as fake;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -66,6 +70,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 pub const WASMTIME: &str = "wasmtime";
 /// The handler that runs native executables as host processes.
 pub const PROCESS: &str = "process";
+/// The name of what runs a hollow node's images, whichever handler a sandbox names.
+pub(crate) const HOLLOW: &str = "hollow";
 
 /// A container annotation holding the environment values that are not UTF-8, as a JSON
 /// object of name to base64 bytes: CRI's values are protobuf strings, which a Rust
@@ -132,7 +138,7 @@ pub struct Runtime {
     /// Every sandbox is on the host network and reports it as its IP.
     node_ip: IpAddr,
     state: Arc<state::State>,
-    images: Arc<dyn images::ImageStore>,
+    images: Arc<dyn store::ImageStore>,
     /// The handlers by name; the first is a sandbox's that names none.
     handlers: Vec<(String, Arc<dyn handler::Handler>)>,
 }
@@ -155,7 +161,7 @@ impl Runtime {
             .context("the container runtime must be created within a Tokio runtime")?;
         std::fs::create_dir_all(&config.root)
             .with_context(|| format!("create the runtime root {}", config.root.display()))?;
-        let images = Arc::new(images::Images::open(&config.root.join("images"))?);
+        let images = Arc::new(store::Images::open(&config.root.join("images"))?);
         let cache_dir = config
             .cache_dir
             .clone()
@@ -207,7 +213,7 @@ impl Runtime {
     fn recover(&self) {
         for (id, kind, pid, start) in self.state.running_after_restart() {
             match kind {
-                images::ImageKind::Process => {
+                record::ImageKind::Process => {
                     let alive = pid.zip(start).filter(|&(pid, start)| {
                         process::start_time(pid).is_some_and(|now| now == start)
                     });
@@ -226,7 +232,7 @@ impl Runtime {
                         ),
                     }
                 }
-                images::ImageKind::Wasm | images::ImageKind::Hollow => self.state.finish(
+                record::ImageKind::Wasm | record::ImageKind::Hollow => self.state.finish(
                     &id,
                     state::Exit {
                         code: 1,

@@ -24,9 +24,9 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 
 use crate::handler::{self, Handler, Prepared};
-use crate::images::ImageKind;
 use crate::log::{Lines, LogFile, Stream};
-use crate::state::{ContainerRecord, Exit, Live, State, Stopper};
+use crate::record::{ContainerRecord, ImageKind, state_name};
+use crate::state::{Exit, Live, State, Stopper};
 
 /// How often an adopted process (not our child: no exit notification) is checked.
 const ADOPTED_POLL: Duration = Duration::from_millis(150);
@@ -396,7 +396,7 @@ impl Handler for Process {
 
     async fn prepare(&self, record: &ContainerRecord) -> Result<Prepared, Status> {
         Ok(Prepared {
-            component: None,
+            readied: None,
             log: handler::open_log(record)?,
         })
     }
@@ -448,7 +448,7 @@ impl Handler for Process {
             return Err(Status::failed_precondition(format!(
                 "container {} is {}, not running",
                 record.id,
-                crate::service::state_name(record.state)
+                state_name(record.state)
             )));
         }
         exec_sync(record, cmd, timeout).await

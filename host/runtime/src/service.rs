@@ -16,8 +16,8 @@ use tonic::{Request, Response, Status};
 
 use crate::Runtime;
 use crate::handler::Handler;
-use crate::images::{ImageKind, ImageRecord};
-use crate::state::{Container, ContainerRecord, Exit, SandboxRecord, now_ns};
+use crate::record::{ContainerRecord, ImageKind, ImageRecord, SandboxRecord, now_ns, state_name};
+use crate::state::{Container, Exit};
 
 type Reply<T> = Result<Response<T>, Status>;
 type EventStream =
@@ -807,12 +807,6 @@ pub(crate) fn selects(
 
 pub(crate) fn no_container(id: &str) -> Status {
     Status::not_found(format!("no container {id}"))
-}
-
-pub(crate) fn state_name(state: i32) -> &'static str {
-    ContainerState::try_from(state)
-        .map(|s| s.as_str_name())
-        .unwrap_or("CONTAINER_UNKNOWN")
 }
 
 /// A new sandbox or container id: 32 hex digits.

@@ -1,113 +1,22 @@
-//! Sandbox and container records: in memory, and kept by a [`Store`] (files, so a
-//! restarted runtime finds them, or nothing for a hollow node). A running container
-//! also has a [`Live`] part that dies with the runtime: how to stop it and who waits
-//! for it.
+//! The runtime's live state: the tables of sandbox and container records in memory,
+//! kept by a [`Store`] (files, so a restarted runtime finds them, or nothing for a
+//! hollow node), and the container events stream. A running container also has a
+//! [`Live`] part that dies with the runtime: how to stop it and who waits for it.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_cri::v1::{
-    ContainerConfig, ContainerEventResponse, ContainerEventType, ContainerResources,
-    ContainerState, ContainerStatus, PodSandboxConfig,
-};
-use serde::{Deserialize, Serialize};
+use k8s_cri::v1::{ContainerEventResponse, ContainerEventType, ContainerState};
 use tokio::sync::{Notify, broadcast, watch};
 
-use crate::images::ImageKind;
 use crate::log::LogFile;
+use crate::record::{ContainerRecord, ImageKind, SandboxRecord, now_ns};
 use crate::store::Store;
 
 /// Events kept for a slow `GetContainerEvents` reader before it misses some.
 const EVENT_BACKLOG: usize = 256;
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct SandboxRecord {
-    pub id: String,
-    pub config: PodSandboxConfig,
-    pub handler: String,
-    /// A `PodSandboxState`.
-    pub state: i32,
-    pub created_at: i64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct ContainerRecord {
-    pub id: String,
-    pub sandbox_id: String,
-    pub config: ContainerConfig,
-    pub image_id: String,
-    pub kind: ImageKind,
-    /// The runtime handler that runs it (its sandbox's); records of earlier versions
-    /// have none and are run by their kind's.
-    #[serde(default)]
-    pub handler: String,
-    /// The component file or the executable the container runs.
-    pub program: PathBuf,
-    /// `None` when the sandbox and container name no log: output is dropped.
-    pub log_path: Option<PathBuf>,
-    /// A `ContainerState`.
-    pub state: i32,
-    pub created_at: i64,
-    pub started_at: i64,
-    pub finished_at: i64,
-    pub exit_code: i32,
-    pub reason: String,
-    pub message: String,
-    /// A process container's pid and its start time (in clock ticks after boot, as
-    /// /proc reports it), which tell it from a later process given the same pid.
-    pub pid: Option<i32>,
-    pub pid_start: Option<u64>,
-}
-
-impl ContainerRecord {
-    /// The name of the runtime handler that runs it.
-    pub(crate) fn handler(&self) -> &str {
-        match self.handler.as_str() {
-            "" => self.kind.handler(),
-            name => name,
-        }
-    }
-
-    /// The record as CRI reports it.
-    pub(crate) fn status(&self) -> ContainerStatus {
-        let r = self;
-        ContainerStatus {
-            id: r.id.clone(),
-            metadata: r.config.metadata.clone(),
-            state: r.state,
-            created_at: r.created_at,
-            started_at: r.started_at,
-            finished_at: r.finished_at,
-            exit_code: r.exit_code,
-            image: r.config.image.clone(),
-            image_ref: r.image_id.clone(),
-            reason: r.reason.clone(),
-            message: r.message.clone(),
-            labels: r.config.labels.clone(),
-            annotations: r.config.annotations.clone(),
-            mounts: r.config.mounts.clone(),
-            log_path: r
-                .log_path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            resources: r
-                .config
-                .linux
-                .as_ref()
-                .and_then(|l| l.resources.clone())
-                .map(|linux| ContainerResources {
-                    linux: Some(linux),
-                    windows: None,
-                }),
-            image_id: r.image_id.clone(),
-            user: None,
-        }
-    }
-}
 
 /// How a container ended.
 #[derive(Debug)]
@@ -329,9 +238,4 @@ impl State {
             });
         }
     }
-}
-
-/// Nanoseconds since the Unix epoch, as CRI's timestamps are.
-pub(crate) fn now_ns() -> i64 {
-    jiff::Timestamp::now().as_nanosecond() as i64
 }

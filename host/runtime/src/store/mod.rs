@@ -1,14 +1,20 @@
-//! Where the runtime's records persist. [`Files`]: each record is a JSON file under
-//! the root (`sandboxes/<id>.json`, `containers/<id>.json`, written whole under a
-//! temporary name and renamed) so a restarted runtime finds them. [`Memory`]: nowhere,
-//! for hollow nodes, whose records die with them and must cost no file.
+//! Where the runtime's records persist. Sandbox and container records are kept by a
+//! [`Store`]: [`Files`], each record a JSON file under the root
+//! (`sandboxes/<id>.json`, `containers/<id>.json`, written whole under a temporary
+//! name and renamed) so a restarted runtime finds them; or [`Memory`], nowhere, for
+//! hollow nodes, whose records die with them and must cost no file. Images are kept
+//! by an [`ImageStore`] (`image`), which also pulls them.
+
+mod image;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
-use crate::state::{ContainerRecord, SandboxRecord};
+use crate::record::{ContainerRecord, SandboxRecord};
+
+pub(crate) use image::{ImageStore, Images};
 
 /// Keeps the records the tables hold in memory.
 pub(crate) trait Store: Send + Sync + std::fmt::Debug {

@@ -37,9 +37,10 @@ use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
+use super::workload::{WasiConfig, Workload, memory_limit, new_store, trap_message};
 use crate::log::{Lines, LogFile, Stream};
-use crate::state::{Cancel, ContainerRecord, Exit, Live, State, Stopper};
-use crate::wasm::{WasiConfig, Workload, memory_limit, new_store, trap_message};
+use crate::record::ContainerRecord;
+use crate::state::{Cancel, Exit, Live, State, Stopper};
 
 /// The container annotation the kubelet writes the container's ports into.
 pub(crate) const PORTS_ANNOTATION: &str = "io.kubernetes.container.ports";
@@ -352,7 +353,7 @@ mod tests {
             sandbox_id: "s1".into(),
             config,
             image_id: String::new(),
-            kind: crate::images::ImageKind::Wasm,
+            kind: crate::record::ImageKind::Wasm,
             handler: crate::WASMTIME.into(),
             program: Default::default(),
             log_path: None,

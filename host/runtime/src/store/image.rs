@@ -12,14 +12,13 @@
 //! and id do.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
-use std::sync::Arc;
-
 use k8s_cri::v1::{AuthConfig, FilesystemIdentifier, FilesystemUsage, UInt64Value};
-use serde::{Deserialize, Serialize};
 use tonic::Status;
+
+use crate::record::{ImageKind, ImageRecord, now_ns};
 
 /// The largest layer pulled from a registry (components are a few MiB at most).
 const MAX_LAYER: usize = 256 << 20;
@@ -27,41 +26,6 @@ const MAX_LAYER: usize = 256 << 20;
 /// The component encoding's preamble: the magic, then version 0x0d and layer 1.
 const COMPONENT_PREAMBLE: [u8; 8] = [0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00];
 const WASM_MAGIC: [u8; 4] = [0, b'a', b's', b'm'];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum ImageKind {
-    Wasm,
-    Process,
-    /// A hollow node's: every image, with nothing in it to run.
-    Hollow,
-}
-
-impl ImageKind {
-    /// The runtime handler that runs images of this kind.
-    pub(crate) fn handler(self) -> &'static str {
-        match self {
-            ImageKind::Wasm => crate::WASMTIME,
-            ImageKind::Process => crate::PROCESS,
-            ImageKind::Hollow => crate::fake::HOLLOW,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct ImageRecord {
-    /// `sha256:<hex>` of the file's bytes.
-    pub id: String,
-    /// The references it was pulled by (a registry image's tags; `file://` URLs).
-    pub tags: Vec<String>,
-    /// A registry image's `REPOSITORY@sha256:<manifest digest>`s.
-    #[serde(default)]
-    pub digests: Vec<String>,
-    pub kind: ImageKind,
-    /// The component's copy in the store, or the executable's own path.
-    pub path: PathBuf,
-    pub size: u64,
-}
 
 /// Where a runtime's images come from and are kept.
 #[tonic::async_trait]
@@ -114,7 +78,7 @@ impl ImageStore for Images {
     fn filesystems(&self) -> Vec<FilesystemUsage> {
         let (bytes, files) = self.usage();
         vec![FilesystemUsage {
-            timestamp: crate::state::now_ns(),
+            timestamp: now_ns(),
             fs_id: Some(FilesystemIdentifier {
                 mountpoint: self.dir.display().to_string(),
             }),

@@ -26,12 +26,10 @@ use tonic::Status;
 use tonic::transport::{Endpoint, Uri};
 
 use crate::handler::{Handler, Prepared, Started};
-use crate::images::{ImageKind, ImageRecord, ImageStore};
-use crate::state::{ContainerRecord, Exit, Live, State, Stopper, Tables};
+use crate::record::{ContainerRecord, ImageKind, ImageRecord};
+use crate::state::{Exit, Live, State, Stopper, Tables};
+use crate::store::{ImageStore, Memory};
 use crate::{Client, Runtime};
-
-/// The name of what runs a hollow node's images, whichever handler a sandbox names.
-pub(crate) const HOLLOW: &str = "hollow";
 
 /// What a fake runtime reports and how its containers behave.
 #[derive(Clone, Debug)]
@@ -71,7 +69,7 @@ impl FakeRuntime {
                 .node_ip
                 .parse()
                 .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-            state: State::with(Box::new(crate::store::Memory), Tables::default()),
+            state: State::with(Box::new(Memory), Tables::default()),
             images: Arc::new(HollowImages),
             handlers: config
                 .handlers

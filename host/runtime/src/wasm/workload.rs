@@ -1,0 +1,336 @@
+//! What a workload's store is made of, for programs and HTTP handlers alike: the
+//! container's WASI context, its memory limit, its output into the log, and how a
+//! trap reads in its status.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use tokio::io::AsyncWrite;
+use tonic::Status;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, ResourceLimiter, Store, UpdateDeadline};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use crate::log::{Lines, LogFile, Stream};
+use crate::record::ContainerRecord;
+use crate::state::Cancel;
+
+/// Frames of a trap's WASM backtrace kept in the container's status message.
+const TRAP_FRAMES: usize = 6;
+
+/// What a container's WASI context is made of: kept so an HTTP handler can make one
+/// per request.
+#[derive(Clone, Debug)]
+pub(crate) struct WasiConfig {
+    id: String,
+    argv: Vec<String>,
+    envs: Vec<(String, String)>,
+    /// Host path, guest path, read-only.
+    mounts: Vec<(String, String, bool)>,
+    working_dir: Option<String>,
+}
+
+impl WasiConfig {
+    pub(crate) fn of(record: &ContainerRecord) -> Self {
+        let config = &record.config;
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        let argv: Vec<String> = if config.command.is_empty() {
+            std::iter::once(name)
+                .chain(config.args.iter().cloned())
+                .collect()
+        } else {
+            config.command.iter().chain(&config.args).cloned().collect()
+        };
+        Self {
+            id: record.id.clone(),
+            argv,
+            envs: config
+                .envs
+                .iter()
+                .map(|kv| (kv.key.clone(), kv.value.clone()))
+                .collect(),
+            mounts: config
+                .mounts
+                .iter()
+                .map(|m| (m.host_path.clone(), m.container_path.clone(), m.readonly))
+                .collect(),
+            working_dir: Some(config.working_dir.clone()).filter(|d| !d.is_empty()),
+        }
+    }
+
+    /// A WASI context granting the container's arguments, environment and mounts, its
+    /// output into `log`, and no sockets.
+    pub(crate) fn context(&self, log: Option<Arc<LogFile>>) -> Result<WasiCtx, Status> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.args(&self.argv)
+            .envs(&self.envs)
+            .stdout(LogStream::new(Stream::Stdout, log.clone()))
+            .stderr(LogStream::new(Stream::Stderr, log))
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        for (host_path, container_path, readonly) in &self.mounts {
+            let perms = if *readonly {
+                FsPerms::ReadOnly
+            } else {
+                FsPerms::ReadWrite
+            };
+            wasi.preopened_dir(host_path, container_path, perms)
+                .map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "container {}: cannot mount {host_path} at {container_path}: {e}",
+                        self.id
+                    ))
+                })?;
+        }
+        if let Some(dir) = &self.working_dir {
+            wasi.initial_cwd(dir);
+        }
+        Ok(wasi.build())
+    }
+}
+
+/// The container's memory limit, if it has one.
+pub(crate) fn memory_limit(record: &ContainerRecord) -> Option<usize> {
+    record
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.resources.as_ref())
+        .map(|r| r.memory_limit_in_bytes)
+        .filter(|&l| l > 0)
+        .and_then(|l| usize::try_from(l).ok())
+}
+
+/// A store for one instance: its memory held to `limit` and counted into `memory`
+/// (the container's, over all of its instances), its guest code stopped once
+/// `cancel`'s flag is set.
+pub(crate) fn new_store(
+    engine: &Engine,
+    wasi: WasiCtx,
+    limit: Option<usize>,
+    memory: Arc<AtomicU64>,
+    cancel: Arc<Cancel>,
+) -> Store<Workload> {
+    let mut store = Store::new(
+        engine,
+        Workload {
+            wasi,
+            http: WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            limits: MemoryLimits {
+                limit,
+                own: 0,
+                total: memory,
+                hit: false,
+            },
+            cancel,
+        },
+    );
+    store.limiter(|w| &mut w.limits);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|ctx| {
+        if ctx.data().cancel.flag.load(Ordering::Relaxed) {
+            wasmtime::bail!("stopped");
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    store
+}
+
+/// A trap, briefly: what happened and the innermost frames of the WASM backtrace.
+pub(crate) fn trap_message(e: &wasmtime::Error) -> String {
+    let what = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => trap.to_string(),
+        None => first_line(&e.root_cause().to_string()).to_string(),
+    };
+    let Some(backtrace) = e.downcast_ref::<wasmtime::WasmBacktrace>() else {
+        return what;
+    };
+    let frames: Vec<String> = backtrace
+        .frames()
+        .iter()
+        .take(TRAP_FRAMES)
+        .map(|f| match f.func_name() {
+            Some(name) => name.to_string(),
+            None => format!("wasm function {}", f.func_index()),
+        })
+        .collect();
+    if frames.is_empty() {
+        return what;
+    }
+    let more = if backtrace.frames().len() > TRAP_FRAMES {
+        " …"
+    } else {
+        ""
+    };
+    format!("{what} (backtrace: {}{more})", frames.join(" < "))
+}
+
+pub(crate) fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+/// What a workload's store holds.
+pub(crate) struct Workload {
+    wasi: WasiCtx,
+    /// Unused by programs, whose linker has no `wasi:http`.
+    http: WasiHttpCtx,
+    table: ResourceTable,
+    pub(crate) limits: MemoryLimits,
+    cancel: Arc<Cancel>,
+}
+
+impl WasiView for Workload {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for Workload {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: Default::default(),
+        }
+    }
+}
+
+/// An instance's memory limit over all of its linear memories together.
+pub(crate) struct MemoryLimits {
+    pub(crate) limit: Option<usize>,
+    /// Bytes this store's memories hold.
+    own: usize,
+    /// Bytes the container's stores hold together: what `ContainerStats` reports.
+    total: Arc<AtomicU64>,
+    /// Whether a growth was refused: the trap that follows is an OOM kill.
+    pub(crate) hit: bool,
+}
+
+impl ResourceLimiter for MemoryLimits {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let own = self.own.saturating_sub(current).saturating_add(desired);
+        if let Some(limit) = self.limit
+            && own > limit
+        {
+            self.hit = true;
+            wasmtime::bail!("memory limit of {limit} bytes reached (growing to {own} bytes)");
+        }
+        self.total
+            .fetch_add(own.saturating_sub(self.own) as u64, Ordering::Relaxed);
+        self.own = own;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        _desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(true)
+    }
+}
+
+impl Drop for MemoryLimits {
+    fn drop(&mut self) {
+        // The store's memories go with it.
+        self.total.fetch_sub(self.own as u64, Ordering::Relaxed);
+    }
+}
+
+/// A guest's stdout or stderr, into the container's log.
+struct LogStream {
+    stream: Stream,
+    log: Option<Arc<LogFile>>,
+}
+
+impl LogStream {
+    fn new(stream: Stream, log: Option<Arc<LogFile>>) -> Self {
+        Self { stream, log }
+    }
+}
+
+impl IsTerminal for LogStream {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for LogStream {
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(LineWriter(Lines::new(self.stream, self.log.clone())))
+    }
+
+    /// Written at once, so stdout and stderr lines land in the order the guest wrote
+    /// them: the default adapter writes from a task of its own, and a stderr line
+    /// could land before the stdout line written first.
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(LogOutput(Lines::new(self.stream, self.log.clone())))
+    }
+}
+
+/// A WASI output stream into the log, always ready.
+struct LogOutput(Lines);
+
+#[async_trait::async_trait]
+impl Pollable for LogOutput {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for LogOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.0.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        // WASI's usual permit: what a guest may hand over in one write.
+        Ok(64 * 1024)
+    }
+}
+
+/// Writes go to the file at once (a log write is short): never pending.
+struct LineWriter(Lines);
+
+impl AsyncWrite for LineWriter {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.0.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.0.finish();
+        Poll::Ready(Ok(()))
+    }
+}
