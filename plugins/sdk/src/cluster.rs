@@ -27,7 +27,7 @@ pub fn get_as<T: DeserializeOwned>(
     namespace: Option<&str>,
     name: &str,
 ) -> Result<Option<T>, String> {
-    match crate::host::current().get(resource, namespace, name)? {
+    match crate::imports::current().get(resource, namespace, name)? {
         None => Ok(None),
         Some(json) => serde_json::from_str(&json)
             .map(Some)
@@ -51,7 +51,7 @@ pub fn list_as<T: DeserializeOwned>(
     namespace: Option<&str>,
     label_selector: &str,
 ) -> Result<Vec<T>, String> {
-    crate::host::current()
+    crate::imports::current()
         .list(resource, namespace, label_selector)?
         .iter()
         .map(|json| serde_json::from_str(json).map_err(|e| format!("decode {resource} item: {e}")))

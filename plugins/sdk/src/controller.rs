@@ -193,7 +193,7 @@ pub enum EventType {
     Warning,
 }
 
-/// What a controller can ask of the host beyond [`Host`](crate::host::Host): the
+/// What a controller can ask of the host beyond [`Host`](crate::imports::Host): the
 /// controller world's imports, in plain Rust types.
 pub trait ControllerHost {
     fn get(
@@ -273,7 +273,7 @@ thread_local! {
 
 /// Runs `f` with `host` installed, restoring the previous one afterwards.
 pub fn with_controller_host<R>(host: Rc<dyn ControllerHost>, f: impl FnOnce() -> R) -> R {
-    crate::host::with_installed(&CURRENT, host, f)
+    crate::imports::with_installed(&CURRENT, host, f)
 }
 
 fn current() -> Result<Rc<dyn ControllerHost>, String> {

@@ -33,8 +33,7 @@ use serde_json::Value;
 use crate::{
     GroupVersionKind, GroupVersionResource, Initialize, InitializeRequest, Mutate, Operation,
     Request, Status, UserInfo, Validate,
-    host::{Host, with_host},
-    log::{Level, format_record},
+    imports::{Host, Level, format_record, with_host},
     plugin::{self, AdmissionResponse},
     request::Json,
 };

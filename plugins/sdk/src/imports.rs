@@ -1,4 +1,5 @@
-//! The seam between plugin code and the host's imports.
+//! The guest side of the host's imports: the seam between plugin code and whoever
+//! serves the `log` and `cluster` imports.
 //!
 //! [`log`](crate::log) and [`cluster`](crate::cluster) call whichever [`Host`] is
 //! installed on the current thread. In a component, the glue that the export macros
@@ -7,9 +8,31 @@
 //! serves a fixture map. With none installed (native code outside the harness), logs
 //! go to stderr and cluster reads fail.
 
-use std::{cell::RefCell, rc::Rc};
+use std::{cell::RefCell, fmt, rc::Rc};
 
-use crate::{GroupVersionResource, log::Level};
+use crate::GroupVersionResource;
+
+/// Severity, as the WIT `log.level` enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Trace => "TRACE",
+            Level::Debug => "DEBUG",
+            Level::Info => "INFO",
+            Level::Warn => "WARN",
+            Level::Error => "ERROR",
+        })
+    }
+}
 
 /// What a plugin can ask of the host: the `log` and `cluster` imports of the WIT
 /// contract, in plain Rust types.
@@ -75,7 +98,7 @@ struct Stderr;
 
 impl Host for Stderr {
     fn log(&self, level: Level, message: &str, fields: &[(&str, &str)]) {
-        eprintln!("{}", crate::log::format_record(level, message, fields));
+        eprintln!("{}", format_record(level, message, fields));
     }
 
     fn get(
@@ -98,6 +121,16 @@ impl Host for Stderr {
 }
 
 const NO_CLUSTER: &str = "no cluster outside a Trellis host or the test harness";
+
+/// One line: `INFO message key=value ...`, as the stderr fallback and the harness
+/// print it.
+pub(crate) fn format_record(level: Level, message: &str, fields: &[(&str, &str)]) -> String {
+    let mut line = format!("{level} {message}");
+    for (k, v) in fields {
+        line.push_str(&format!(" {k}={v:?}"));
+    }
+    line
+}
 
 #[cfg(test)]
 mod tests {
@@ -149,5 +182,13 @@ mod tests {
         });
         assert!(caught.is_err());
         assert!(who().is_err(), "the host was removed while unwinding");
+    }
+
+    #[test]
+    fn records_print_fields_quoted() {
+        assert_eq!(
+            format_record(Level::Warn, "denied", &[("image", "a b"), ("n", "1")]),
+            r#"WARN denied image="a b" n="1""#
+        );
     }
 }
