@@ -8,6 +8,8 @@ use crate::{
     GroupVersionKind, GroupVersionResource, Mutate, Operation, Request, UserInfo, Validate,
 };
 
+// What the macros call, through `__private`.
+
 /// The fields of the WIT `admission-request`, in WIT order.
 #[allow(clippy::too_many_arguments)]
 pub fn request(

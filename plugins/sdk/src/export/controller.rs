@@ -5,6 +5,8 @@
 
 use crate::plugin;
 
+// What the macros call, through `__private`.
+
 pub fn validate_configuration_controller<T: crate::controller::Reconcile>(
     configuration: &str,
 ) -> Result<(), String> {
@@ -19,7 +21,8 @@ pub fn reconcile<T: crate::controller::Reconcile>(
     plugin.reconcile(key)
 }
 
-/// Exports a [`controller::Reconcile`](crate::controller::Reconcile) type as the component's `controller` handler.
+/// Exports a [`controller::Reconcile`](crate::controller::Reconcile) type as the
+/// component's `controller` handler.
 #[macro_export]
 macro_rules! controller {
     ($plugin:ty) => {
@@ -58,7 +61,8 @@ macro_rules! controller {
     };
 }
 
-/// The controller world's imports as a [`controller::ControllerHost`](crate::controller::ControllerHost): expanded in the
+/// The controller world's imports as a
+/// [`controller::ControllerHost`](crate::controller::ControllerHost): expanded in the
 /// module that holds the bindings.
 #[doc(hidden)]
 #[macro_export]

@@ -4,6 +4,8 @@
 use crate::plugin;
 use crate::{GroupVersionKind, GroupVersionResource, Initialize, InitializeRequest};
 
+// What the macro calls, through `__private`.
+
 pub fn initialize_request(
     kind: GroupVersionKind,
     resource: GroupVersionResource,
@@ -25,7 +27,8 @@ pub fn initialize<T: Initialize>(
     plugin::initialize::<T>(req, object, configuration)
 }
 
-/// Exports an [`Initialize`](crate::Initialize) type as the component's `initializer` handler.
+/// Exports an [`Initialize`](crate::Initialize) type as the component's `initializer`
+/// handler.
 #[macro_export]
 macro_rules! initializer {
     ($plugin:ty) => {
