@@ -15,11 +15,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bytes::Bytes;
 use http_body_util::Empty;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use trellis_pki::AcceptAnyServerCert;
 
 /// The common name of the API server's client certificate for nodes.
 pub const CLIENT_COMMON_NAME: &str = "kube-apiserver-kubelet-client";
@@ -52,9 +50,9 @@ impl KubeletClient {
             .context("parse the node client certificate")?;
         let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
             .context("parse the node client key")?;
-        let verifier = Arc::new(AnyServerCert {
-            algorithms: provider.signature_verification_algorithms,
-        });
+        let verifier = Arc::new(AcceptAnyServerCert(
+            provider.signature_verification_algorithms,
+        ));
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("select TLS protocol versions")?
@@ -134,48 +132,6 @@ impl KubeletClient {
         .map_err(|_| failed("net/http: TLS handshake timeout".into()))?
         .map_err(|e| failed(format!("remote error: tls: {e}")))?;
         Ok(tls)
-    }
-}
-
-/// Accepts any serving certificate (see the module's documentation); signatures of the
-/// handshake are still checked against the certificate shown.
-#[derive(Debug)]
-struct AnyServerCert {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.algorithms.supported_schemes()
     }
 }
 

@@ -12,10 +12,9 @@ use trellis_api::{UserInfo, registry::ResourceInfo, registry::Subresource};
 
 use crate::object::Object;
 
-/// The signer of node client certificates (`system:node:NAME`, `system:nodes`).
-pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-/// The signer of any other client certificate for the API server; never auto-approved.
-pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+// The signers' names are `trellis_pki`'s, which the nodes that ask for certificates
+// share; the signing controller finds them here.
+pub use trellis_pki::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
 /// The shortest `spec.expirationSeconds` Kubernetes accepts (ten minutes).
 pub const MIN_EXPIRATION_SECONDS: i64 = 600;
 

@@ -14,17 +14,18 @@
 //! - `sa.key`: ECDSA P-256 key (PKCS#8) for signing ServiceAccount tokens.
 //!
 //! Keys are written with mode 0600, certificates with 0644, all atomically.
+//!
+//! What nodes use as well (certificate requests, the CA hash, private files) is
+//! `trellis_pki`'s.
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail, ensure};
-use base64::Engine as _;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, PublicKeyData as _, SanType,
@@ -37,9 +38,15 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, DnsName, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
+use trellis_pki::file::{CERT_MODE, KEY_MODE, create_private_dir, read_optional};
+use trellis_pki::{pem_encode, write_file_atomic};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 use x509_parser::time::ASN1Time;
+
+// Where other modules and crates found these before they moved to `trellis-pki`.
+pub(crate) use trellis_pki::create_file_atomic;
+pub use trellis_pki::{cert_validity, hostname, node_client_request};
 
 /// The subdirectory of the data dir that holds the PKI.
 const PKI_DIR: &str = "pki";
@@ -58,10 +65,6 @@ const RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 /// Certificates start this far in the past so that peers whose clocks lag ours accept
 /// them right away (Kubernetes backdates by the same amount).
 const BACKDATE: Duration = Duration::from_secs(5 * 60);
-
-const KEY_MODE: u32 = 0o600;
-const CERT_MODE: u32 = 0o644;
-const DIR_MODE: u32 = 0o700;
 
 /// The cluster's CA and the credentials the API server needs, loaded from (or created
 /// in) `DIR/pki/`.
@@ -253,45 +256,6 @@ impl Pki {
             .rename(draft.der(), &der_name(common_name, groups))?;
         Ok(pem_encode("CERTIFICATE", &der))
     }
-}
-
-/// kubeadm's `--discovery-token-ca-cert-hash` of a CA certificate (DER):
-/// `sha256:` and the hex SHA-256 of its SubjectPublicKeyInfo.
-pub fn ca_cert_hash(cert_der: &[u8]) -> anyhow::Result<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
-        .map_err(|e| anyhow!("parse the CA certificate: {e}"))?;
-    let digest = ring::digest::digest(&ring::digest::SHA256, cert.public_key().raw);
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!("sha256:{hex}"))
-}
-
-/// A fresh ECDSA P-256 key and a certificate request for a node's client certificate
-/// (`CN=system:node:NAME, O=system:nodes`), both PEM: what a joining node sends.
-pub fn node_client_request(node_name: &str) -> anyhow::Result<(String, String)> {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("generate key")?;
-    let mut params = CertificateParams::default();
-    let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, format!("system:node:{node_name}"));
-    name.push(DnType::OrganizationName, trellis_api::user::groups::NODES);
-    params.distinguished_name = name;
-    let request = params
-        .serialize_request(&key)
-        .context("make the certificate request")?;
-    let pem = request.pem().context("encode the certificate request")?;
-    Ok((key.serialize_pem(), pem))
-}
-
-/// The validity of a PEM certificate: not before and not after, Unix seconds.
-pub fn cert_validity(cert_pem: &str) -> anyhow::Result<(i64, i64)> {
-    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
-        .map_err(|e| anyhow!("parse the certificate: {e}"))?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der)
-        .map_err(|e| anyhow!("parse the certificate: {e}"))?;
-    let validity = cert.validity();
-    Ok((
-        validity.not_before.timestamp(),
-        validity.not_after.timestamp(),
-    ))
 }
 
 /// Key usages of a signed client certificate beyond digital signature and client auth.
@@ -728,15 +692,6 @@ fn normalize_dns_name(name: &str) -> anyhow::Result<String> {
     Ok(name)
 }
 
-/// The machine's hostname, read where Linux publishes it (no libc dependency).
-pub fn hostname() -> Option<String> {
-    ["/proc/sys/kernel/hostname", "/etc/hostname"]
-        .iter()
-        .filter_map(|path| std::fs::read_to_string(path).ok())
-        .map(|name| name.trim().to_owned())
-        .find(|name| !name.is_empty())
-}
-
 fn expires_within(x509: &X509Certificate<'_>, window: Duration) -> bool {
     let deadline = ASN1Time::now().to_datetime() + window;
     x509.validity().not_after.to_datetime() <= deadline
@@ -762,19 +717,6 @@ fn der_name(common_name: &str, organizations: &[String]) -> Vec<u8> {
     der::tlv(der::SEQUENCE, &rdns)
 }
 
-/// DER as PEM under `label` (`CERTIFICATE`), 64 columns.
-pub fn pem_encode(label: &str, der: &[u8]) -> String {
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut pem = format!("-----BEGIN {label}-----\n");
-    // Base64 output is ASCII, so splitting bytes never splits a character.
-    for line in body.as_bytes().chunks(64) {
-        pem.push_str(&String::from_utf8_lossy(line));
-        pem.push('\n');
-    }
-    pem.push_str(&format!("-----END {label}-----\n"));
-    pem
-}
-
 fn parse_cert_pem(path: &Path, pem: &str) -> anyhow::Result<CertificateDer<'static>> {
     CertificateDer::from_pem_slice(pem.as_bytes())
         .with_context(|| format!("parse {}: not a PEM certificate", path.display()))
@@ -789,98 +731,6 @@ fn parse_x509<'a>(path: &Path, der: &'a [u8]) -> anyhow::Result<X509Certificate<
 fn parse_key(path: &Path, pem: &str) -> anyhow::Result<KeyPair> {
     KeyPair::from_pem(pem)
         .with_context(|| format!("parse {}: not a PEM private key", path.display()))
-}
-
-/// Reads a file, `None` if it does not exist.
-fn read_optional(path: &Path) -> anyhow::Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(contents) => Ok(Some(contents)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
-    }
-}
-
-fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, DIR_MODE);
-    builder
-        .create(dir)
-        .with_context(|| format!("create {}", dir.display()))
-}
-
-/// Replaces `path` with `contents` atomically: readers see the old or the new file,
-/// never a partial one, and a key never exists with wider permissions than `mode`.
-pub fn write_file_atomic(path: &Path, contents: &[u8], mode: u32) -> anyhow::Result<()> {
-    let tmp = write_temp_beside(path, contents, mode)?;
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .with_context(|| format!("rename into {}", path.display()))?;
-    sync_parent(path)
-}
-
-/// Like [`write_file_atomic`], but leaves an existing file alone: returns `Ok(false)`
-/// if `path` already existed.
-pub(crate) fn create_file_atomic(path: &Path, contents: &[u8], mode: u32) -> anyhow::Result<bool> {
-    let tmp = write_temp_beside(path, contents, mode)?;
-    match tmp.persist_noclobber(path) {
-        Ok(_) => {
-            sync_parent(path)?;
-            Ok(true)
-        }
-        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(e.error).with_context(|| format!("create {}", path.display())),
-    }
-}
-
-fn write_temp_beside(
-    path: &Path,
-    contents: &[u8],
-    mode: u32,
-) -> anyhow::Result<tempfile::NamedTempFile> {
-    let dir = parent_dir(path);
-    // tempfile creates files with mode 0600, so secrets are never readable by others.
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .with_context(|| format!("create temporary file in {}", dir.display()))?;
-    tmp.write_all(contents)
-        .with_context(|| format!("write temporary file for {}", path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(mode))
-            .with_context(|| format!("set permissions for {}", path.display()))?;
-    }
-    #[cfg(not(unix))]
-    let _ = mode;
-    tmp.as_file()
-        .sync_all()
-        .with_context(|| format!("sync temporary file for {}", path.display()))?;
-    Ok(tmp)
-}
-
-fn parent_dir(path: &Path) -> &Path {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    }
-}
-
-/// Makes a rename durable: it lives in the directory entry.
-fn sync_parent(path: &Path) -> anyhow::Result<()> {
-    #[cfg(unix)]
-    {
-        let dir = parent_dir(path);
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("sync {}", dir.display()))?;
-    }
-    #[cfg(not(unix))]
-    let _ = path;
-    Ok(())
 }
 
 /// Just enough DER to rewrite the names in a certificate.
@@ -1240,19 +1090,5 @@ mod tests {
         }
         assert!(der::next(&[0x30, 0x05, 0x00]).is_err());
         assert!(der::next(&[0x30, 0x82, 0x01]).is_err());
-    }
-
-    #[test]
-    fn write_file_atomic_replaces_and_create_keeps() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        write_file_atomic(&path, b"one", 0o600).unwrap();
-        write_file_atomic(&path, b"two", 0o600).unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        assert!(!create_file_atomic(&path, b"three", 0o600).unwrap());
-        assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        let fresh = dir.path().join("g");
-        assert!(create_file_atomic(&fresh, b"four", 0o600).unwrap());
-        assert_eq!(std::fs::read(&fresh).unwrap(), b"four");
     }
 }

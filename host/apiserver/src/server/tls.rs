@@ -14,10 +14,13 @@ use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use trellis_api::UserInfo;
 use trellis_api::user::Peer;
 
 use crate::server::pki::Pki;
+
+// Where the server and its callers found it before it moved to `trellis-pki`, which
+// nodes share.
+pub use trellis_pki::identity_from_cert;
 
 /// ALPN protocols, most preferred first: kubectl and client-go speak HTTP/2.
 const ALPN_PROTOCOLS: [&[u8]; 2] = [b"h2", b"http/1.1"];
@@ -59,18 +62,6 @@ pub fn server_config(pki: &Pki) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     Ok(Arc::new(config))
 }
 
-/// The user a client certificate authenticates, with Kubernetes' x509 authenticator
-/// semantics: the name is the subject's common name, the groups are the subject's
-/// organizations in order. `None` if the certificate does not parse, has no (or an
-/// empty) common name, or has an attribute that is not a string.
-///
-/// Only call this with a certificate the TLS layer verified (the first of
-/// `ServerConnection::peer_certificates`): it checks no signature.
-pub fn identity_from_cert(der: &[u8]) -> Option<UserInfo> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    identity(&cert)
-}
-
 /// What a connection's verified client certificate proves: its user (see
 /// [`identity_from_cert`]) until the certificate expires.
 pub fn peer_from_cert(der: &[u8]) -> Peer {
@@ -78,30 +69,9 @@ pub fn peer_from_cert(der: &[u8]) -> Peer {
         return Peer::default();
     };
     Peer {
-        user: identity(&cert),
+        user: identity_from_cert(der),
         not_after: Some(cert.validity().not_after.timestamp()),
     }
-}
-
-fn identity(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<UserInfo> {
-    let subject = cert.subject();
-    // Go's pkix.Name keeps the last common name when there are several; so do we, so
-    // that a certificate names the same user here as in Kubernetes.
-    let mut name = None;
-    for attribute in subject.iter_common_name() {
-        name = Some(attribute.as_str().ok()?);
-    }
-    let name = name.filter(|n| !n.is_empty())?;
-    let groups = subject
-        .iter_organization()
-        .map(|attribute| attribute.as_str().map(str::to_owned).ok())
-        .collect::<Option<Vec<_>>>()?;
-    Some(UserInfo {
-        name: name.to_owned(),
-        uid: String::new(),
-        groups,
-        extra: Default::default(),
-    })
 }
 
 #[cfg(test)]
@@ -111,6 +81,7 @@ mod tests {
     use rustls::pki_types::ServerName;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio_rustls::{TlsAcceptor, TlsConnector};
+    use trellis_api::UserInfo;
 
     /// A client that trusts the cluster CA and presents `identity` (cert, key PEM) if
     /// given.
@@ -300,7 +271,7 @@ mod tests {
             .unwrap();
         let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
         let peer = peer_from_cert(&der);
-        let (_, not_after) = crate::server::pki::cert_validity(&cert_pem).unwrap();
+        let (_, not_after) = trellis_pki::cert_validity(&cert_pem).unwrap();
         assert_eq!(peer.not_after, Some(not_after));
         let user = UserInfo::new("system:node:n1", ["system:nodes"]);
         assert_eq!(peer.user_at(not_after), Some(&user));
