@@ -38,7 +38,8 @@
 //!   hollow nodes: the hollow handler, an image store where every image is present,
 //!   served over an in-memory stream.
 //! - `service`: the two CRI services on [`Runtime`], the gRPC edge (every error a
-//!   client sees is a `tonic::Status` made there or in the module that knows why).
+//!   client sees is a `tonic::Status` made there or in the module that knows why): a
+//!   sandbox's lifecycle in `service::sandbox`, a container's in `service::container`.
 
 mod handler;
 pub mod hollow;
