@@ -1,27 +1,39 @@
-//! `trellis`: the Trellis control plane, node agent and command-line client in one
-//! binary.
+//! `trellis`: the Trellis control plane, node agent, container runtime and
+//! command-line client in one binary.
 //!
-//! - `trellis server`: the API server on the store; `trellis up`: the control plane on
-//!   its embedded default (today the same; controllers, scheduler and node join it).
-//! - `trellis bench store|watch|compaction|api|admission|plugin-reload`: the store
-//!   backends', the API server's and the plugins' figures.
-//! - `trellis plugin run|bench|list|describe|install|uninstall`: plugins offline and
-//!   Plugin objects.
-//! - `trellis controllers|scheduler --kubeconfig FILE`: the components against any
-//!   API server, leader-elected.
+//! - `trellis up`: the whole cluster in one process on the embedded store (redb, or
+//!   etcd with `--store`): the API server, the controllers, the scheduler and a local
+//!   node (and `--hollow-nodes N` simulated ones).
+//! - `trellis server`: the API server on its store, alone.
+//! - `trellis controllers|scheduler --kubeconfig FILE`: the controller manager and the
+//!   scheduler against any API server, leader-elected.
+//! - `trellis node`: a node (the agent and its runtime) joined to a cluster, by a
+//!   kubeconfig or by a bootstrap token (`--server`, `--token`,
+//!   `--discovery-token-ca-cert-hash`); `--hollow N` runs N simulated nodes instead.
+//! - `trellis runtime`: the container runtime alone, serving CRI on a Unix socket.
+//! - `trellis token create|list|delete`: the bootstrap tokens nodes join with.
+//! - `trellis plugin run|bench|list|describe|install|uninstall`: plugins offline, and
+//!   Plugin objects in a cluster.
+//! - `trellis bench store|watch|compaction|api|admission|plugin-reload|informer|
+//!   controller|controllers|scheduler|pod-start|up|flow`: the figures of
+//!   `docs/benchmarks.md`.
 //! - `trellis version`: the version of this binary.
 //!
 //! # Layout
-//! - [`up`]: `trellis up`, and how it shuts down (Ctrl-C or SIGTERM).
+//! - [`up`]: `trellis up` and `trellis server`, and how they shut down (Ctrl-C or
+//!   SIGTERM).
 //! - [`components`]: `trellis controllers|scheduler`, and the same components in `up`
 //!   (with [`plugin_controllers`], [`scheduler`] and [`flags`], in the package's
 //!   library, `src/lib.rs`).
-//! - [`token`]: `trellis token create|list|delete`, bootstrap tokens; [`join`]: a node
-//!   joining with one (TLS bootstrap) and rotating its certificate.
-//! - [`hollow`]: hollow nodes (`trellis node --hollow N`, `trellis up --hollow-nodes N`).
+//! - [`node`]: `trellis node`, `trellis runtime` and the local node of `up`;
+//!   [`hollow`]: hollow nodes (`trellis node --hollow N`, `trellis up --hollow-nodes N`).
+//! - [`token`]: `trellis token`, bootstrap tokens; [`join`]: a node joining with one
+//!   (TLS bootstrap) and rotating its certificate.
 //! - [`plugin`]: `trellis plugin`.
+//! - [`rest`]: the bare HTTPS client of the API server that `plugin` and the
+//!   benchmarks use.
 //! - [`bench`]: the benchmarks, one module per benchmark, and what they share
-//!   (opening a backend, percentiles, bounded store calls).
+//!   (opening a backend, a server in this process, percentiles, bounded store calls).
 //!
 //! Logs go to stderr (`RUST_LOG` filters them), so stdout holds only the results:
 //! with `--json`, exactly one JSON object a script can parse.
@@ -31,6 +43,7 @@ mod hollow;
 mod join;
 mod node;
 mod plugin;
+mod rest;
 mod token;
 mod up;
 

@@ -27,7 +27,7 @@ use trellis_plugin_host::{
 };
 
 use crate::bench::Percentiles;
-use crate::bench::api::{Target, exchange};
+use crate::rest::{Target, exchange};
 
 #[derive(Debug, Args)]
 pub struct PluginArgs {

@@ -8,9 +8,9 @@
 //!
 //! Each of `--clients` tasks holds its own TLS connection, speaking HTTP/1.1 (or HTTP/2
 //! with `--http2`), opened before the clock starts; together they send `--ops`
-//! requests, one at a time each. The client is hyper's connection API without a pool:
-//! about 20 µs of CPU per request, half of what `hey` spends, which matters when the
-//! server runs in the same process on a small machine.
+//! requests, one at a time each. The client is [`crate::rest`]'s, hyper's connection
+//! API without a pool: about 20 µs of CPU per request, half of what `hey` spends, which
+//! matters when the server runs in the same process on a small machine.
 //!
 //! `create` POSTs objects with unique names to `/api/v1/namespaces/default/{kind}`;
 //! `get` first creates up to [`GET_OBJECTS`] objects, then reads them round-robin. A
@@ -21,32 +21,26 @@
 //! error carrying the server's `Status` message, so a printed report counts only
 //! successes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use base64::Engine as _;
 use bytes::Bytes;
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
-use hyper::header::{self, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode, Uri};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use serde::{Deserialize, Serialize};
-use tokio::net::TcpStream;
+use hyper::header::HeaderValue;
+use hyper::{Method, StatusCode};
+use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tokio_rustls::TlsConnector;
-use trellis_store::{RedbConfig, RedbStore};
 
+use super::cluster::LocalCluster;
 use super::{CALL_TIMEOUT, Percentiles, run_id, share};
+use crate::rest::{
+    Connection, Credentials, Target, build_request, call, connect, exchange, send_and_read,
+    status_message,
+};
 
 mod process;
 mod watch;
@@ -137,6 +131,29 @@ pub struct ApiArgs {
     json: bool,
 }
 
+impl ApiArgs {
+    /// Pod creates by `clients` clients over HTTP/1.1, on a server this process
+    /// starts, and no more: what `trellis bench admission` measures each side with.
+    pub(super) fn pod_creates(clients: usize, ops: usize) -> Self {
+        Self {
+            kubeconfig: None,
+            clients,
+            ops,
+            kind: Kind::Pods,
+            verb: Verb::Create,
+            value_size: 0,
+            rate: 1,
+            page_size: 500,
+            as_serviceaccount: None,
+            server_process: false,
+            server_exe: None,
+            http2: false,
+            connections: None,
+            json: false,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Kind {
     /// ConfigMaps holding `--value-size` bytes.
@@ -184,7 +201,7 @@ impl Verb {
 }
 
 #[derive(Debug, Serialize)]
-struct Report {
+pub(super) struct Report {
     kind: &'static str,
     verb: &'static str,
     clients: usize,
@@ -192,11 +209,11 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     connections: Option<usize>,
     ops: usize,
-    ops_per_sec: f64,
+    pub(super) ops_per_sec: f64,
     /// Request latency; for `watch`, an event's acknowledgement → its arrival at the
     /// last watcher.
-    p50_ms: f64,
-    p99_ms: f64,
+    pub(super) p50_ms: f64,
+    pub(super) p99_ms: f64,
     max_ms: f64,
     /// `watch` only: every delivery, acknowledgement → arrival at that watcher.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -297,7 +314,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
+pub(super) async fn measure(target: &Target, args: &ApiArgs) -> anyhow::Result<Report> {
     let as_account;
     let target = match &args.as_serviceaccount {
         Some(account) => {
@@ -530,328 +547,6 @@ async fn measure_requests(target: &Target, args: &ApiArgs, reads: bool) -> anyho
     })
 }
 
-/// A server started in this process on an embedded store in a temporary directory.
-#[derive(Debug)]
-pub(crate) struct LocalCluster {
-    pub(crate) server: trellis_apiserver::Server,
-    redb: Arc<RedbStore>,
-    /// The data directory. Dropped last: the store and the server's credentials live in
-    /// it.
-    pub(crate) dir: tempfile::TempDir,
-}
-
-impl LocalCluster {
-    pub(crate) async fn start() -> anyhow::Result<Self> {
-        Self::start_with(|_| Ok(())).await
-    }
-
-    /// Starts a server whose configuration `configure` may change first.
-    pub(crate) async fn start_with(
-        configure: impl FnOnce(&mut trellis_apiserver::Config) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("trellis-bench-")
-            .tempdir()
-            .context("create a temporary data directory")?;
-        let path = dir.path().join("store.redb");
-        let redb = Arc::new(
-            RedbStore::open(RedbConfig::new(&path))
-                .with_context(|| format!("open the redb store {}", path.display()))?,
-        );
-        let mut config = trellis_apiserver::Config {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            ..trellis_apiserver::Config::new(dir.path())
-        };
-        configure(&mut config)?;
-        // Stopped through `Server::stop`, never by this signal.
-        let started =
-            trellis_apiserver::start(config, redb.clone(), std::future::pending::<()>()).await;
-        let server = match started {
-            Ok(server) => server,
-            Err(e) => {
-                if let Err(close) = redb.close().await {
-                    tracing::warn!(error = %format!("{close:#}"), "failed to close the redb store");
-                }
-                return Err(e.context("start the API server"));
-            }
-        };
-        tracing::info!(url = %server.url, "started an API server in this process");
-        Ok(Self { server, redb, dir })
-    }
-
-    /// Stops the server, then closes the store under it.
-    pub(crate) async fn stop(self) -> anyhow::Result<()> {
-        let stopped = self.server.stop().await.context("stop the API server");
-        self.redb.close().await.context("close the redb store")?;
-        stopped
-    }
-}
-
-/// How the clients prove who they are.
-#[derive(Debug)]
-enum Credentials {
-    /// `Authorization: Bearer`.
-    Token(String),
-    /// A client certificate chain and its key, PEM.
-    ClientCert { cert_pem: Vec<u8>, key_pem: Vec<u8> },
-}
-
-/// Where the clients connect and how.
-#[derive(Clone, Debug)]
-pub(crate) struct Target {
-    /// `https://host:port`, without a path.
-    base: Uri,
-    /// `host:port` to dial.
-    addr: String,
-    server_name: ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
-    /// `Bearer …`, when the credentials are a token.
-    authorization: Option<HeaderValue>,
-    http2: bool,
-}
-
-impl Target {
-    fn new(
-        server: &str,
-        ca_pem: &str,
-        credentials: Credentials,
-        http2: bool,
-    ) -> anyhow::Result<Self> {
-        let base: Uri = server
-            .parse()
-            .with_context(|| format!("parse the server URL {server:?}"))?;
-        if base.scheme_str() != Some("https") {
-            bail!("check the server URL {server:?}: only https is supported");
-        }
-        let host = base
-            .host()
-            .with_context(|| format!("check the server URL {server:?}: it has no host"))?;
-        let port = base.port_u16().unwrap_or(443);
-        let addr = format!("{host}:{port}");
-        // The URI keeps an IPv6 address in brackets; a server name has none.
-        let server_name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
-            .with_context(|| format!("use {host:?} as the TLS server name"))?
-            .to_owned();
-
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            roots
-                .add(cert.context("parse the cluster CA certificate")?)
-                .context("trust the cluster CA certificate")?;
-        }
-        if roots.is_empty() {
-            bail!("check the cluster CA: it holds no certificate");
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .context("select TLS protocol versions")?
-            .with_root_certificates(roots);
-        let (mut tls, authorization) = match credentials {
-            Credentials::Token(token) => {
-                let value = HeaderValue::try_from(format!("Bearer {token}"))
-                    .context("use the token in an Authorization header")?;
-                (builder.with_no_client_auth(), Some(value))
-            }
-            Credentials::ClientCert { cert_pem, key_pem } => {
-                let chain = CertificateDer::pem_slice_iter(&cert_pem)
-                    .collect::<Result<Vec<_>, _>>()
-                    .context("parse the client certificate")?;
-                let key =
-                    PrivateKeyDer::from_pem_slice(&key_pem).context("parse the client key")?;
-                let config = builder
-                    .with_client_auth_cert(chain, key)
-                    .context("use the client certificate")?;
-                (config, None)
-            }
-        };
-        tls.alpn_protocols = vec![if http2 {
-            b"h2".to_vec()
-        } else {
-            b"http/1.1".to_vec()
-        }];
-        Ok(Self {
-            base,
-            addr,
-            server_name,
-            tls: Arc::new(tls),
-            authorization,
-            http2,
-        })
-    }
-
-    /// The server, CA and credentials of `path`'s current context. Files it names are
-    /// relative to its directory, as kubectl reads them.
-    pub(crate) fn from_kubeconfig(path: &Path, http2: bool) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("read the kubeconfig {}", path.display()))?;
-        let config: Kubeconfig = serde_saphyr::from_str(&text)
-            .with_context(|| format!("parse the kubeconfig {}", path.display()))?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let (cluster, user) = config
-            .current()
-            .with_context(|| format!("read the kubeconfig {}", path.display()))?;
-        let ca_pem = pem(
-            dir,
-            "certificate-authority",
-            cluster.certificate_authority_data.as_deref(),
-            cluster.certificate_authority.as_deref(),
-        )?
-        .context("check the cluster: it names no certificate-authority(-data)")?;
-        let ca_pem = String::from_utf8(ca_pem).context("read the cluster CA as PEM text")?;
-        let credentials = if let Some(token) = &user.token {
-            Credentials::Token(token.clone())
-        } else {
-            let cert_pem = pem(
-                dir,
-                "client-certificate",
-                user.client_certificate_data.as_deref(),
-                user.client_certificate.as_deref(),
-            )?;
-            let key_pem = pem(
-                dir,
-                "client-key",
-                user.client_key_data.as_deref(),
-                user.client_key.as_deref(),
-            )?;
-            match (cert_pem, key_pem) {
-                (Some(cert_pem), Some(key_pem)) => Credentials::ClientCert { cert_pem, key_pem },
-                _ => {
-                    bail!("check the user: it has neither a token nor a client certificate and key")
-                }
-            }
-        };
-        Self::new(&cluster.server, &ca_pem, credentials, http2)
-    }
-}
-
-/// PEM from a kubeconfig's `{field}-data` (base64) or `{field}` (a file).
-fn pem(
-    dir: &Path,
-    field: &str,
-    data: Option<&str>,
-    file: Option<&Path>,
-) -> anyhow::Result<Option<Vec<u8>>> {
-    if let Some(data) = data {
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .with_context(|| format!("decode {field}-data as base64"))?;
-        return Ok(Some(decoded));
-    }
-    match file {
-        Some(file) => {
-            let path = dir.join(file);
-            let contents =
-                std::fs::read(&path).with_context(|| format!("read {field} {}", path.display()))?;
-            Ok(Some(contents))
-        }
-        None => Ok(None),
-    }
-}
-
-/// The parts of a kubeconfig the benchmark reads.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-struct Kubeconfig {
-    #[serde(default)]
-    current_context: String,
-    #[serde(default)]
-    clusters: Vec<NamedCluster>,
-    #[serde(default)]
-    users: Vec<NamedUser>,
-    #[serde(default)]
-    contexts: Vec<NamedContext>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamedCluster {
-    name: String,
-    cluster: Cluster,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-struct Cluster {
-    server: String,
-    certificate_authority_data: Option<String>,
-    certificate_authority: Option<PathBuf>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamedUser {
-    name: String,
-    user: User,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-struct User {
-    token: Option<String>,
-    client_certificate_data: Option<String>,
-    client_key_data: Option<String>,
-    client_certificate: Option<PathBuf>,
-    client_key: Option<PathBuf>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamedContext {
-    name: String,
-    context: Context,
-}
-
-#[derive(Debug, Deserialize)]
-struct Context {
-    cluster: String,
-    user: String,
-}
-
-impl Kubeconfig {
-    /// The cluster and user of the current context.
-    fn current(&self) -> anyhow::Result<(&Cluster, &User)> {
-        if self.current_context.is_empty() {
-            bail!("check current-context: it is not set");
-        }
-        let context = self
-            .contexts
-            .iter()
-            .find(|c| c.name == self.current_context)
-            .with_context(|| format!("find the context {:?}", self.current_context))?;
-        let cluster = self
-            .clusters
-            .iter()
-            .find(|c| c.name == context.context.cluster)
-            .with_context(|| format!("find the cluster {:?}", context.context.cluster))?;
-        let user = self
-            .users
-            .iter()
-            .find(|u| u.name == context.context.user)
-            .with_context(|| format!("find the user {:?}", context.context.user))?;
-        Ok((&cluster.cluster, &user.user))
-    }
-}
-
-/// One client's connection: it sends one request at a time.
-#[derive(Debug)]
-enum Connection {
-    Http1(http1::SendRequest<Full<Bytes>>),
-    Http2(http2::SendRequest<Full<Bytes>>),
-}
-
-impl Connection {
-    async fn send(&mut self, request: Request<Full<Bytes>>) -> hyper::Result<Response<Incoming>> {
-        match self {
-            Connection::Http1(sender) => {
-                sender.ready().await?;
-                sender.send_request(request).await
-            }
-            Connection::Http2(sender) => {
-                sender.ready().await?;
-                sender.send_request(request).await
-            }
-        }
-    }
-}
-
 /// Opens `clients` connections concurrently, each within [`CALL_TIMEOUT`].
 async fn connect_all(target: &Target, clients: usize) -> anyhow::Result<Vec<Connection>> {
     let mut tasks = JoinSet::new();
@@ -881,55 +576,6 @@ async fn connect_all(target: &Target, clients: usize) -> anyhow::Result<Vec<Conn
         .enumerate()
         .map(|(client, c)| c.with_context(|| format!("connect client {client}: no connection")))
         .collect()
-}
-
-async fn connect(
-    addr: &str,
-    name: ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
-    http2: bool,
-) -> anyhow::Result<Connection> {
-    let (connection, driver) = handshake(addr, name, tls, http2).await?;
-    // The connection task ends when its sender is dropped or the server closes it.
-    tokio::spawn(async move {
-        if let Err(e) = driver.await {
-            tracing::debug!(error = %e, "connection ended with an error");
-        }
-    });
-    Ok(connection)
-}
-
-/// The future that does a connection's reads and writes; it must be polled for any
-/// request on the connection to make progress.
-type Driver = std::pin::Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
-
-/// Opens a connection and hands back its [`Driver`] unspawned, so that a caller can
-/// poll it in the same task that reads the responses: a response's bytes are then
-/// seen in the poll that reads them from the socket, not after another task's wake-up.
-async fn handshake(
-    addr: &str,
-    name: ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
-    http2: bool,
-) -> anyhow::Result<(Connection, Driver)> {
-    let tcp = TcpStream::connect(addr)
-        .await
-        .context("open a TCP connection")?;
-    tcp.set_nodelay(true).context("disable Nagle's algorithm")?;
-    let stream = TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .context("complete the TLS handshake")?;
-    let io = TokioIo::new(stream);
-    if http2 {
-        let (sender, connection) = http2::handshake(TokioExecutor::new(), io)
-            .await
-            .context("start HTTP/2")?;
-        Ok((Connection::Http2(sender), Box::pin(connection)))
-    } else {
-        let (sender, connection) = http1::handshake(io).await.context("start HTTP/1.1")?;
-        Ok((Connection::Http1(sender), Box::pin(connection)))
-    }
 }
 
 /// A JSON object with a unique name spliced in: the bytes before and after the name.
@@ -1061,117 +707,6 @@ async fn drive(
     Ok((connections, latencies))
 }
 
-fn build_request(
-    base: &Uri,
-    http2: bool,
-    authorization: Option<&HeaderValue>,
-    method: &Method,
-    path: &str,
-    body: Bytes,
-) -> anyhow::Result<Request<Full<Bytes>>> {
-    let authority = base.authority().map(|a| a.as_str()).unwrap_or_default();
-    // HTTP/2 takes the authority from the URI; HTTP/1.1 sends the path and a Host.
-    let mut builder = if http2 {
-        Request::builder().uri(format!("https://{authority}{path}"))
-    } else {
-        Request::builder().uri(path).header(header::HOST, authority)
-    };
-    builder = builder
-        .method(method.clone())
-        .header(header::ACCEPT, "application/json");
-    if !body.is_empty() {
-        builder = builder.header(header::CONTENT_TYPE, "application/json");
-    }
-    if let Some(authorization) = authorization {
-        builder = builder.header(header::AUTHORIZATION, authorization.clone());
-    }
-    builder
-        .body(Full::new(body))
-        .with_context(|| format!("build the request {method} {path}"))
-}
-
-/// One request on a connection of its own, for the command-line client: the status
-/// and the whole body, within [`CALL_TIMEOUT`].
-pub(crate) async fn exchange(
-    target: &Target,
-    method: Method,
-    path: &str,
-    body: Vec<u8>,
-) -> anyhow::Result<(StatusCode, Bytes)> {
-    let mut connection = connect(
-        &target.addr,
-        target.server_name.clone(),
-        target.tls.clone(),
-        target.http2,
-    )
-    .await
-    .with_context(|| format!("connect to {}", target.base))?;
-    let request = build_request(
-        &target.base,
-        target.http2,
-        target.authorization.as_ref(),
-        &method,
-        path,
-        Bytes::from(body),
-    )?;
-    send_and_read(&mut connection, request).await
-}
-
-/// Sends `request` and reads the whole response within [`CALL_TIMEOUT`].
-async fn send_and_read(
-    connection: &mut Connection,
-    request: Request<Full<Bytes>>,
-) -> anyhow::Result<(StatusCode, Bytes)> {
-    let exchange = async {
-        let response = connection.send(request).await.context("send the request")?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .context("read the response")?
-            .to_bytes();
-        anyhow::Ok((status, body))
-    };
-    tokio::time::timeout(CALL_TIMEOUT, exchange)
-        .await
-        .unwrap_or_else(|_| bail!("no answer within {CALL_TIMEOUT:?}"))
-}
-
-/// Sends `request` and reads the whole response within [`CALL_TIMEOUT`]; fails with
-/// the server's message unless the status is `expected`.
-async fn call(
-    connection: &mut Connection,
-    request: Request<Full<Bytes>>,
-    expected: StatusCode,
-) -> anyhow::Result<()> {
-    let (status, body) = send_and_read(connection, request).await?;
-    if status != expected {
-        bail!(
-            "the server answered {status} (expected {expected}): {}",
-            status_message(&body)
-        );
-    }
-    Ok(())
-}
-
-/// The message of a Kubernetes `Status` body, or the body itself, shortened.
-fn status_message(body: &[u8]) -> String {
-    /// Enough of a body that is not a `Status` to recognize it.
-    const MAX_CHARS: usize = 200;
-    #[derive(Deserialize)]
-    struct Status {
-        message: String,
-    }
-    match serde_json::from_slice::<Status>(body) {
-        Ok(status) => status.message,
-        Err(_) => String::from_utf8_lossy(body)
-            .chars()
-            .take(MAX_CHARS)
-            .collect(),
-    }
-}
-
 #[cfg(test)]
 // A panic is how a test reports failure.
 #[allow(clippy::unwrap_used)]
@@ -1205,289 +740,5 @@ mod tests {
                 "/api/v1/namespaces/default/pods/a"
             ]
         );
-    }
-
-    #[test]
-    fn status_message_prefers_the_status_message() {
-        let status = br#"{"kind":"Status","message":"configmaps \"a\" already exists"}"#;
-        assert_eq!(status_message(status), r#"configmaps "a" already exists"#);
-        assert_eq!(status_message(b"plain text"), "plain text");
-    }
-
-    const CA: &str = "-----BEGIN CERTIFICATE-----\nQ0E=\n-----END CERTIFICATE-----\n";
-
-    fn b64(text: &str) -> String {
-        base64::engine::general_purpose::STANDARD.encode(text)
-    }
-
-    #[test]
-    fn kubeconfig_current_context_picks_cluster_and_user() {
-        let yaml = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n\
-             - name: other\n  cluster:\n    server: https://10.0.0.1:6443\n\
-             - name: trellis\n  cluster:\n    server: \"https://127.0.0.1:6443\"\n    certificate-authority-data: {}\n\
-             users:\n- name: jane\n  user:\n    token: \"abc\"\n\
-             contexts:\n- name: trellis\n  context:\n    cluster: trellis\n    user: jane\n\
-             current-context: trellis\npreferences: {{}}\n",
-            b64(CA)
-        );
-        let config: Kubeconfig = serde_saphyr::from_str(&yaml).unwrap();
-        let (cluster, user) = config.current().unwrap();
-        assert_eq!(cluster.server, "https://127.0.0.1:6443");
-        assert_eq!(
-            pem(
-                Path::new("."),
-                "certificate-authority",
-                cluster.certificate_authority_data.as_deref(),
-                None
-            )
-            .unwrap()
-            .unwrap(),
-            CA.as_bytes()
-        );
-        assert_eq!(user.token.as_deref(), Some("abc"));
-    }
-
-    #[test]
-    fn kubeconfig_without_current_context_is_refused() {
-        let config: Kubeconfig = serde_saphyr::from_str("apiVersion: v1\nkind: Config\n").unwrap();
-        let message = format!("{:#}", config.current().unwrap_err());
-        assert!(message.contains("current-context"), "{message}");
-    }
-}
-
-/// `trellis bench admission`: what plugins in the admission chain cost a create.
-#[derive(Debug, Args)]
-pub struct AdmissionArgs {
-    /// Copies of the plugin installed, each a Plugin object of its own.
-    #[arg(long, default_value_t = 1)]
-    plugins: usize,
-
-    /// The validating plugin to install; by default the pod-policy example built by
-    /// `plugins/build.sh`.
-    #[arg(long, value_name = "FILE.wasm")]
-    plugin: Option<PathBuf>,
-
-    /// Its configuration (JSON).
-    #[arg(long, default_value = r#"{"allowedRegistries":["registry.k8s.io/"]}"#)]
-    config: String,
-
-    /// Concurrent clients, each on its own connection.
-    #[arg(long, default_value_t = 50, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    clients: usize,
-
-    /// Measured creates per run (one run without plugins, one with, per round).
-    #[arg(long, default_value_t = 10_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    ops: usize,
-
-    /// Rounds of one run without plugins and one with, alternated so that a machine
-    /// whose speed drifts between runs slows both sides alike. The report is the round
-    /// with the median throughput ratio; every round's ratio is listed.
-    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    rounds: usize,
-
-    /// Print one JSON object instead of lines of text.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct AdmissionReport {
-    plugins: usize,
-    plugin: String,
-    clients: usize,
-    ops: usize,
-    ops_per_sec: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    baseline_ops_per_sec: f64,
-    baseline_p50_ms: f64,
-    baseline_p99_ms: f64,
-    /// Creates/s with the plugins as a share of creates/s without (the median round's).
-    throughput_ratio: f64,
-    /// Every round's ratio, in the order run.
-    throughput_ratios: Vec<f64>,
-    /// Added p50 and p99 latency per plugin, in microseconds.
-    overhead_p50_us_per_plugin: f64,
-    overhead_p99_us_per_plugin: f64,
-}
-
-/// `--plugin`, else the pod-policy example built by `plugins/build.sh`; absolute.
-pub(crate) fn plugin_or_bundled(plugin: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let plugin = plugin.map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/target/dist/pod-policy.wasm"),
-        Path::to_path_buf,
-    );
-    std::fs::canonicalize(&plugin).with_context(|| {
-        format!(
-            "find the plugin {} (build it with `make plugins`, or pass --plugin)",
-            plugin.display()
-        )
-    })
-}
-
-pub async fn run_admission(args: AdmissionArgs) -> anyhow::Result<()> {
-    let plugin = plugin_or_bundled(args.plugin.as_deref())?;
-    let api_args = |ops| ApiArgs {
-        kubeconfig: None,
-        clients: args.clients,
-        ops,
-        kind: Kind::Pods,
-        verb: Verb::Create,
-        value_size: 0,
-        rate: 1,
-        page_size: 500,
-        as_serviceaccount: None,
-        server_process: false,
-        server_exe: None,
-        http2: false,
-        connections: None,
-        json: false,
-    };
-    let mut rounds = Vec::with_capacity(args.rounds);
-    for round in 1..=args.rounds {
-        let baseline = measure_local(&api_args(args.ops), None, 0)
-            .await
-            .with_context(|| format!("round {round}: measure without plugins"))?;
-        let with = measure_local(
-            &api_args(args.ops),
-            Some((&plugin, &args.config)),
-            args.plugins,
-        )
-        .await
-        .with_context(|| format!("round {round}: measure with {} plugins", args.plugins))?;
-        let ratio = ((with.ops_per_sec / baseline.ops_per_sec) * 1000.0).round() / 1000.0;
-        tracing::info!(round, ratio, "admission round measured");
-        rounds.push((ratio, baseline, with));
-    }
-    let throughput_ratios: Vec<f64> = rounds.iter().map(|(ratio, ..)| *ratio).collect();
-    rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (throughput_ratio, baseline, with) = rounds.swap_remove(rounds.len() / 2);
-    let per_plugin = |with: f64, without: f64| {
-        if args.plugins == 0 {
-            0.0
-        } else {
-            ((with - without) * 1000.0 / args.plugins as f64 * 10.0).round() / 10.0
-        }
-    };
-    let report = AdmissionReport {
-        plugins: args.plugins,
-        plugin: plugin.display().to_string(),
-        clients: args.clients,
-        ops: args.ops,
-        ops_per_sec: with.ops_per_sec,
-        p50_ms: with.p50_ms,
-        p99_ms: with.p99_ms,
-        baseline_ops_per_sec: baseline.ops_per_sec,
-        baseline_p50_ms: baseline.p50_ms,
-        baseline_p99_ms: baseline.p99_ms,
-        throughput_ratio,
-        throughput_ratios,
-        overhead_p50_us_per_plugin: per_plugin(with.p50_ms, baseline.p50_ms),
-        overhead_p99_us_per_plugin: per_plugin(with.p99_ms, baseline.p99_ms),
-    };
-    super::print_report(args.json, &report, || {
-        format!(
-            "admission, pod creates with {} plugin(s), {} clients, {} requests: {:.0}/s \
-             (without: {:.0}/s, {:.0} %; rounds {:?}), p50 {:.3} ms, p99 {:.3} ms \
-             (without: {:.3} / {:.3} ms); per plugin +{:.1} µs p50, +{:.1} µs p99",
-            report.plugins,
-            report.clients,
-            report.ops,
-            report.ops_per_sec,
-            report.baseline_ops_per_sec,
-            report.throughput_ratio * 100.0,
-            report.throughput_ratios,
-            report.p50_ms,
-            report.p99_ms,
-            report.baseline_p50_ms,
-            report.baseline_p99_ms,
-            report.overhead_p50_us_per_plugin,
-            report.overhead_p99_us_per_plugin,
-        )
-    })
-}
-
-/// Starts a server in this process, installs `copies` Plugin objects of `plugin`
-/// (waiting until each serves), and measures creates.
-async fn measure_local(
-    args: &ApiArgs,
-    plugin: Option<(&Path, &str)>,
-    copies: usize,
-) -> anyhow::Result<Report> {
-    let cluster = LocalCluster::start().await?;
-    let target = Target::new(
-        &cluster.server.url,
-        &cluster.server.ca_pem,
-        Credentials::Token(cluster.server.admin_token.clone()),
-        false,
-    )?;
-    let measured = async {
-        if let Some((path, config)) = plugin {
-            let config: serde_json::Value =
-                serde_json::from_str(config).context("parse --config as JSON")?;
-            for i in 0..copies {
-                install_plugin(&target, &format!("bench-{i}"), path, &config).await?;
-            }
-        }
-        measure(&target, args).await
-    }
-    .await;
-    let stopped = cluster.stop().await;
-    let report = measured?;
-    stopped?;
-    Ok(report)
-}
-
-async fn install_plugin(
-    target: &Target,
-    name: &str,
-    path: &Path,
-    config: &serde_json::Value,
-) -> anyhow::Result<()> {
-    let obj = serde_json::json!({
-        "apiVersion": "trellis.dev/v1",
-        "kind": "Plugin",
-        "metadata": {"name": name},
-        "spec": {
-            "kind": "validating",
-            "module": {"url": format!("file://{}", path.display())},
-            "configuration": config,
-            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""],
-                       "apiVersions": ["v1"], "resources": ["pods"]}],
-        },
-    });
-    let (status, body) = exchange(
-        target,
-        Method::POST,
-        "/apis/trellis.dev/v1/plugins",
-        obj.to_string().into_bytes(),
-    )
-    .await?;
-    if status != StatusCode::CREATED {
-        bail!("install plugin {name}: {status}: {}", status_message(&body));
-    }
-    // Measured on the code a plugin serves for good: a module's first load serves
-    // Winch's code until Cranelift's is ready (the status's `tier`, refreshed every
-    // 10 s).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (_, body) = exchange(
-            target,
-            Method::GET,
-            &format!("/apis/trellis.dev/v1/plugins/{name}"),
-            Vec::new(),
-        )
-        .await?;
-        let obj: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        let cond = &obj["status"]["conditions"][0];
-        match cond["status"].as_str() {
-            Some("True") if obj["status"]["tier"] == "optimized" => return Ok(()),
-            Some("False") => bail!("load plugin {name}: {}", cond["message"]),
-            _ if Instant::now() > deadline => {
-                bail!("load plugin {name}: not serving optimized code within 120 s")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
     }
 }

@@ -28,7 +28,7 @@ use trellis_client::workqueue::QueueMetrics;
 use trellis_controllers::{ControllerConfig, Manager};
 use trellis_plugin_host::{GroupVersionResource, HostConfig, PluginHost};
 
-use super::api::LocalCluster;
+use super::cluster::LocalCluster;
 
 #[derive(Debug, Args)]
 pub struct ControllerArgs {

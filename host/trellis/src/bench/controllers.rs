@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use trellis_client::informer::{BY_LABEL, Change, SharedInformers};
 use trellis_plugin_host::{GroupVersionResource, HostConfig, ObjectKey, PluginHost};
 
-use super::api::LocalCluster;
+use super::cluster::LocalCluster;
 use crate::components::{ControllerSetup, Credentials, Shared, start_controllers};
 
 #[derive(Debug, Args)]

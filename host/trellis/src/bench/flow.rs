@@ -28,7 +28,7 @@ use trellis_client::identity;
 use trellis_client::informer::Change;
 
 use super::Percentiles;
-use super::api::LocalCluster;
+use super::cluster::LocalCluster;
 use crate::flags::seconds;
 
 #[derive(Debug, Args)]

@@ -36,7 +36,7 @@ use trellis_client::identity;
 use trellis_client::informer::{Change, SharedInformers};
 
 use super::Percentiles;
-use super::api::LocalCluster;
+use super::cluster::LocalCluster;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]

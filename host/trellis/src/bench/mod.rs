@@ -10,14 +10,19 @@
 //! - [`watch`]: write-to-watcher delivery latency.
 //! - [`compaction`]: the longest write stall compaction causes.
 //! - [`api`]: API request throughput and latency over HTTPS.
+//! - [`admission`]: what WASM plugins in the admission chain cost a create.
 //! - [`reload`]: how soon a changed plugin serves.
 //! - [`informer`]: a shared informer's sync, memory and fan-out, remote and in-process.
 //! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
 //! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
 //! - [`up`]: how soon `trellis up` is ready on an empty store.
 //! - [`flow`]: a Deployment's pods created → Running on hollow nodes, in one process.
+//! - [`cluster`]: [`cluster::LocalCluster`], the server in this process that the
+//!   benchmarks of a cluster start.
 
-pub(crate) mod api;
+mod admission;
+mod api;
+mod cluster;
 mod compaction;
 mod controller;
 mod controllers;
@@ -40,10 +45,11 @@ use clap::{Args, Subcommand, ValueEnum};
 use trellis_store::local_etcd::LocalEtcd;
 use trellis_store::{EtcdConfig, EtcdStore, RedbConfig, RedbStore, Store};
 
-/// Longest a single store call or API request may take before the benchmark fails. Far
-/// above any healthy latency; it only exists so that a wedged backend ends the run with
-/// an error instead of hanging it.
-pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a single store call or API request may take before the benchmark fails: the
+/// client's bound on a request, for store calls too. Far above any healthy latency; it
+/// only exists so that a wedged backend ends the run with an error instead of hanging
+/// it.
+pub(crate) const CALL_TIMEOUT: Duration = crate::rest::REQUEST_TIMEOUT;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -62,7 +68,7 @@ enum BenchCommand {
     /// API request throughput and latency of concurrent clients over HTTPS.
     Api(api::ApiArgs),
     /// Pod creates with WASM validating plugins in the admission chain, against none.
-    Admission(api::AdmissionArgs),
+    Admission(admission::AdmissionArgs),
     /// Time from a plugin change to the first request the new version judges.
     PluginReload(reload::PluginReloadArgs),
     /// A shared informer of many pods: sync time, memory per object, change fan-out.
@@ -97,7 +103,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .await
             .context("run the compaction benchmark"),
         BenchCommand::Api(args) => api::run(args).await.context("run the API benchmark"),
-        BenchCommand::Admission(args) => api::run_admission(args)
+        BenchCommand::Admission(args) => admission::run(args)
             .await
             .context("run the admission benchmark"),
         BenchCommand::PluginReload(args) => reload::run(args)

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use trellis_client::informer::SharedInformers;
 
 use super::Percentiles;
-use super::api::LocalCluster;
+use super::cluster::LocalCluster;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]

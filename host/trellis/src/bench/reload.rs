@@ -34,7 +34,9 @@ use serde_json::{Value, json};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::Percentiles;
-use super::api::{LocalCluster, Target, exchange, plugin_or_bundled};
+use super::admission::plugin_or_bundled;
+use super::cluster::LocalCluster;
+use crate::rest::{Target, exchange};
 
 /// How often a probe is sent while waiting for the new version: the resolution of the
 /// figures.

@@ -38,7 +38,7 @@ use trellis_client::informer::{Change, SharedInformers};
 use trellis_plugin_host::{HostConfig, PluginHost, PluginKind, PluginSpec};
 use trellis_scheduler::{Component, QueueSettings, SchedulerConfig, SchedulerMetrics};
 
-use super::api::LocalCluster;
+use super::cluster::LocalCluster;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]

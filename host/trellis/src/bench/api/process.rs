@@ -17,7 +17,7 @@ use serde::Serialize;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use super::{Credentials, Target, exchange};
+use crate::rest::{Credentials, Target, exchange};
 
 /// How long the child may take to answer `/readyz`: it starts in well under a second
 /// on an empty store; this bound only catches one that never will.

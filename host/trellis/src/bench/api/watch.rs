@@ -32,11 +32,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{
-    ApiArgs, CALL_TIMEOUT, Connection, Delivery, Driver, NAMESPACE, ObjectBody, Report, Target,
-    build_request, call, connect, exchange, handshake, status_message,
+use super::{ApiArgs, Delivery, NAMESPACE, ObjectBody, Report};
+use crate::bench::{CALL_TIMEOUT, Percentiles, run_id};
+use crate::rest::{
+    Connection, Driver, Target, build_request, call, connect, exchange, handshake, status_message,
 };
-use crate::bench::{Percentiles, run_id};
 
 /// How long watchers may take to receive everything once the last create is
 /// acknowledged. Healthy delivery takes milliseconds; this only keeps a watcher that
