@@ -525,7 +525,7 @@ async fn write(
             Some(old),
             crate::registry::typed::UnknownFields::Ignore,
         )?;
-        crate::fieldmanager::apply::record_write(state, &req, Some(old), new)
+        crate::fieldmanager::field_manager::record_write(state, &req, Some(old), new)
     })
     .await;
     match written {

@@ -14,8 +14,9 @@
 //! extensions of their CRD's schema, and anything else is "deduced": maps merge key by
 //! key, lists are replaced whole.
 //!
-//! Every write records its manager here ([`record_update`]); [`crate::fieldmanager::apply`] builds
-//! on the same sets for server-side apply.
+//! Every write records its manager here ([`record_update`], through
+//! [`crate::fieldmanager::field_manager`]); [`crate::fieldmanager::structured_merge`]
+//! builds on the same sets for server-side apply.
 
 use std::collections::BTreeMap;
 use std::fmt;

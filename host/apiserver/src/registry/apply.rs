@@ -1,6 +1,6 @@
 //! Server-side apply as a verb: creates the object if it is missing, else merges the
 //! configuration into it under the request's field manager (the merge itself is
-//! [`crate::fieldmanager::apply`]).
+//! [`crate::fieldmanager::structured_merge`]).
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -10,8 +10,9 @@ use super::create_object;
 use super::update::modify;
 use crate::endpoints::request::ApiRequest;
 use crate::endpoints::response::{ApiResult, ErrorResponse};
-use crate::fieldmanager::apply::{Applied, check_patch_options, scope, subresource_name};
+use crate::fieldmanager::field_manager::{check_patch_options, scope, subresource_name};
 use crate::fieldmanager::managed_fields::{self, Entry, Schema, fields_of, strip};
+use crate::fieldmanager::structured_merge::Applied;
 use crate::object::{self, meta_str, now_timestamp};
 use crate::state::AppState;
 

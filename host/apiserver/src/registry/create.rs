@@ -195,7 +195,7 @@ pub async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) 
     let mut name = object::name(&obj).unwrap_or_default().to_owned();
     let stored = async {
         if req.body_format != BodyFormat::Patch(PatchType::Apply) {
-            crate::fieldmanager::apply::record_write(state, req, None, &mut obj)?;
+            crate::fieldmanager::field_manager::record_write(state, req, None, &mut obj)?;
         }
         if req.dry_run {
             return Ok(None);

@@ -57,7 +57,7 @@ pub async fn write_status(
             return Ok(());
         }
         validate(state, &req, old, new)?;
-        crate::fieldmanager::apply::record_write(state, &req, Some(old), new)
+        crate::fieldmanager::field_manager::record_write(state, &req, Some(old), new)
     })
     .await;
     match written {

@@ -129,7 +129,7 @@ pub async fn write_scale(state: &AppState, req: &ApiRequest, body: Bytes) -> Api
             set_meta(&mut obj, "generation", generation + 1);
         }
         // The scale's writer owns the workload's replicas, as `…/scale` in Kubernetes.
-        crate::fieldmanager::apply::record_write(state, req, Some(&old), &mut obj)?;
+        crate::fieldmanager::field_manager::record_write(state, req, Some(&old), &mut obj)?;
         crate::object::remove_meta(&mut obj, "resourceVersion");
         if req.dry_run {
             return Ok(json_response(StatusCode::OK, &scale_of(&obj, rev)));
@@ -225,7 +225,7 @@ pub async fn bind(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult 
             }
         }
         set_condition(pod, "PodScheduled", "True");
-        crate::fieldmanager::apply::record_write(state, req, Some(old), pod)
+        crate::fieldmanager::field_manager::record_write(state, req, Some(old), pod)
     })
     .await?;
     Ok(bound())

@@ -222,7 +222,7 @@ pub async fn update(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         Err(e) => return Err(e),
     };
     let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
-    crate::fieldmanager::apply::record_write(state, req, Some(&old), &mut new)?;
+    crate::fieldmanager::field_manager::record_write(state, req, Some(&old), &mut new)?;
     if expected == old_rev && unchanged(&old, &new) {
         return Ok(respond(StatusCode::OK, &old, req));
     }
@@ -237,7 +237,7 @@ pub async fn patch(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResult
             ApiError::unsupported_media_type(req.content_type.as_deref().unwrap_or("")).into(),
         );
     };
-    crate::fieldmanager::apply::check_patch_options(req, false)?;
+    crate::fieldmanager::field_manager::check_patch_options(req, false)?;
     let patch_doc: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     modify(state, req, name, true, |old, _| {
@@ -294,7 +294,7 @@ pub async fn modify(
         }
         let expected = prepare_update(state, req, &old, old_rev, &mut new).await?;
         if record {
-            crate::fieldmanager::apply::record_write(state, req, Some(&old), &mut new)?;
+            crate::fieldmanager::field_manager::record_write(state, req, Some(&old), &mut new)?;
         }
         if expected == old_rev && unchanged(&old, &new) {
             return Ok(respond(StatusCode::OK, &old, req));
