@@ -157,11 +157,11 @@ async fn openapi(
             .split(',')
             .find_map(|a| match a.split(';').next().unwrap_or("").trim() {
                 "application/json" | "application/*" | "*/*" => Some("application/json"),
-                crate::endpoints::openapi_proto::CONTENT_TYPE
-                | crate::endpoints::openapi_proto::ACCEPT_DEPRECATED
+                crate::endpoints::openapi::proto::CONTENT_TYPE
+                | crate::endpoints::openapi::proto::ACCEPT_DEPRECATED
                     if rest == ["v2"] =>
                 {
-                    Some(crate::endpoints::openapi_proto::CONTENT_TYPE)
+                    Some(crate::endpoints::openapi::proto::CONTENT_TYPE)
                 }
                 _ => None,
             })
@@ -182,7 +182,7 @@ async fn openapi(
         r
     };
     match rest {
-        ["v2"] if chosen == crate::endpoints::openapi_proto::CONTENT_TYPE => {
+        ["v2"] if chosen == crate::endpoints::openapi::proto::CONTENT_TYPE => {
             Ok(openapi_v2_protobuf(&docs))
         }
         ["v2"] => Ok(json(docs.v2.clone())),
@@ -220,7 +220,7 @@ fn openapi_v2_protobuf(docs: &crate::state::OpenApiDocs) -> Response {
     let mut r = (StatusCode::OK, docs.v2_protobuf.clone()).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static(crate::endpoints::openapi_proto::CONTENT_TYPE),
+        header::HeaderValue::from_static(crate::endpoints::openapi::proto::CONTENT_TYPE),
     );
     r
 }

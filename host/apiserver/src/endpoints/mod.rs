@@ -10,16 +10,18 @@
 //! - [`response`]: responses, and every error as a Kubernetes `Status`.
 //! - [`watch`]: client watches, served from the watch cache.
 //! - [`discovery`]: `/api`, `/apis`, resource lists, `/version`.
-//! - [`openapi`]: the OpenAPI v2 and v3 documents; [`openapi_proto`]: v2 in protobuf.
+//! - [`openapi`]: the OpenAPI v2 and v3 documents, v2 also in protobuf.
 //! - [`protobuf`]: protobuf request bodies read into JSON.
 //! - [`table`]: `kubectl get` tables.
 
 pub mod discovery;
 pub mod dispatch;
 pub mod openapi;
-pub mod openapi_proto;
 pub mod protobuf;
 pub mod request;
 pub mod response;
 pub mod table;
 pub mod watch;
+
+/// [`openapi::proto`] under its old path, which `crate::state` still names.
+pub use openapi::proto as openapi_proto;

@@ -2,7 +2,7 @@
 //! the form kubectl asks for first (`application/com.github.proto-openapi.spec.v2@v1.0+protobuf`)
 //! and reads its kind schemas, `explain` and client-side validation from.
 //!
-//! The message is built from the JSON document ([`crate::endpoints::openapi`]) with the descriptors
+//! The message is built from the JSON document ([`crate::endpoints::openapi::document`]) with the descriptors
 //! in `proto/openapi_v2.binpb` (taken from kubectl by `proto/extract_openapi_v2.py`).
 //! gnostic models JSON Schema's loose shapes with wrapper messages, so the conversion
 //! follows the JSON by field name and knows these shapes:
@@ -36,7 +36,7 @@ pub const ACCEPT_DEPRECATED: &str = "application/com.github.proto-openapi.spec.v
 pub const CONTENT_TYPE: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 
 /// `google/protobuf/any.proto` and gnostic's `openapiv2/OpenAPIv2.proto`.
-static DESCRIPTORS: &[u8] = include_bytes!("../../../../proto/kubernetes/openapi_v2.binpb");
+static DESCRIPTORS: &[u8] = include_bytes!("../../../../../proto/kubernetes/openapi_v2.binpb");
 
 static POOL: LazyLock<Result<DescriptorPool, String>> =
     LazyLock::new(|| DescriptorPool::decode(DESCRIPTORS).map_err(|e| e.to_string()));
