@@ -1,136 +1,146 @@
-//! The threads guest code runs on: a small tokio runtime owned by the host. Every
-//! instantiation and call of a plugin runs there and its caller awaits the answer, so
-//! a guest that computes for its whole deadline holds one of these threads, never one
-//! of the caller's (the API server's workers keep serving HTTP and watches).
+//! The calls into a plugin of the admission, initializer and controller worlds: each
+//! takes an instance of the plugin, runs on the host's call threads within the
+//! plugin's deadline, and is counted in the plugin's metrics. (A scheduler plugin is
+//! called through a [`crate::SchedulerSession`] instead.)
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use tokio::runtime::{Handle, Runtime};
-use tokio::task::{JoinError, JoinHandle};
+use crate::bindings::admission::exports::trellis::admission::handler::{
+    AdmissionRequest, AdmissionResponse,
+};
+use crate::bindings::controller::trellis::controller::types::{Action, ObjectKey};
+use crate::bindings::initializer::exports::trellis::initializer::handler::InitializeRequest;
+use crate::engine::PluginHost;
+use crate::error::{PluginError, PluginErrorKind};
+use crate::plugin::Plugin;
+use crate::world::admission::Admit;
+use crate::world::controller::Reconcile;
+use crate::world::initializer::Initialize;
+use crate::world::{Call, PluginKind, World};
 
-pub(crate) struct CallThreads {
-    handle: Handle,
-    /// Taken on drop and shut down without waiting: a host may be dropped inside an
-    /// async context, where a runtime may not block to join its threads.
-    runtime: Option<Runtime>,
-}
-
-impl CallThreads {
-    pub(crate) fn start(threads: usize) -> std::io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.max(1))
-            .thread_name("plugin-call")
-            // Deadlines and WASI's clocks use the runtime's timers. No I/O driver: a
-            // plugin is granted no sockets or files, and without one a parked thread
-            // is woken by a futex rather than through epoll, a few microseconds less
-            // on every call that finds the threads idle.
-            .enable_time()
-            .build()?;
-        Ok(Self {
-            handle: runtime.handle().clone(),
-            runtime: Some(runtime),
-        })
-    }
-
-    /// Runs `call` on the call threads. The answer comes back through the returned
-    /// future; dropping that future stops the call at its next yield.
-    pub(crate) fn run<F>(&self, call: F) -> Running<F::Output>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        Running(self.handle.spawn(call))
-    }
-}
-
-impl Drop for CallThreads {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
-/// A call running on the call threads, stopped when dropped: a caller that gives up
-/// (its client went away) frees the instance instead of leaving the guest to run.
-pub(crate) struct Running<T>(JoinHandle<T>);
-
-impl<T> Future for Running<T> {
-    type Output = Result<T, JoinError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl<T> Drop for Running<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use tracing::span::{Attributes, Id, Record};
-    use tracing::{Event, Metadata, Subscriber};
-
-    use crate::testing::{built, host};
-    use crate::{HostConfig, PluginKind, PluginSpec, review};
-
-    /// Counts the records plugins write through the `log` import on the thread it is
-    /// the default of.
-    struct GuestLogs(Arc<AtomicUsize>);
-
-    impl Subscriber for GuestLogs {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
-            Id::from_u64(1)
-        }
-        fn record(&self, _: &Id, _: &Record<'_>) {}
-        fn record_follows_from(&self, _: &Id, _: &Id) {}
-        fn event(&self, event: &Event<'_>) {
-            if event.metadata().module_path() == Some("trellis_plugin_host::imports::log") {
-                self.0.fetch_add(1, Ordering::Relaxed);
+impl Plugin {
+    /// Calls `admit`. A validating plugin's patch is refused here; the caller checks
+    /// and applies a mutating plugin's patch.
+    pub async fn admit(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        request: &AdmissionRequest,
+    ) -> Result<AdmissionResponse, PluginError> {
+        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
+        // The call runs on the host's call threads, so it owns its request.
+        let result = self.call(host, Admit(request.clone())).await;
+        match &result {
+            Ok(response) if self.kind() == PluginKind::Validating && response.patch.is_some() => {
+                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(self.error(PluginErrorKind::BadAnswer(
+                    "a patch, but validating plugins may not change objects".into(),
+                )));
+            }
+            Ok(response) if !response.allowed => {
+                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(_) => {
+                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        fn enter(&self, _: &Id) {}
-        fn exit(&self, _: &Id) {}
+        result
     }
 
-    #[test]
-    fn guest_code_runs_on_the_call_threads_not_the_callers() {
-        // A host import runs on the thread that runs the guest: a record the guest
-        // logs would land here if the call ran on the caller's thread.
-        let logged = Arc::new(AtomicUsize::new(0));
-        let _here = tracing::subscriber::set_default(GuestLogs(logged.clone()));
-        // One thread, as each of the API server's workers is.
-        let caller = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let answer = caller.block_on(async {
-            let host = host(HostConfig::default());
-            let spec = PluginSpec::new("logs", PluginKind::Validating);
-            let plugin = host.load(spec, built("misbehave"), None).await.unwrap();
-            let request = review::request_from_review(
-                &serde_json::json!({"request": {"name": "web", "object": {}}}),
-                r#"{"mode": "log"}"#,
-            )
-            .unwrap();
-            plugin.admit(&host, &request).await.unwrap()
+    /// Calls `initialize`: `Ok(Ok(object))`, `Ok(Err(reason))` when the plugin
+    /// refuses, `Err` when it fails.
+    pub async fn initialize(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        request: &InitializeRequest,
+    ) -> Result<Result<String, String>, PluginError> {
+        self.call_counted(host, Initialize(request.clone())).await
+    }
+
+    /// Calls `reconcile` for `key`: `Ok(Ok(action))`, `Ok(Err(reason))` when the
+    /// plugin reports a failure, `Err` when it fails (trap, deadline, memory).
+    pub async fn reconcile(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        key: &ObjectKey,
+    ) -> Result<Result<Action, String>, PluginError> {
+        let call = Reconcile {
+            key: key.clone(),
+            configuration: self.spec().configuration.clone(),
+        };
+        self.call_counted(host, call).await
+    }
+
+    /// Makes a call whose answer is `Ok(value)` or the plugin's own `Err(reason)`,
+    /// counting it: a reason as a denial, a failure as an error.
+    async fn call_counted<W: World, T, C: Call<W, Output = Result<T, String>>>(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        call: C,
+    ) -> Result<Result<T, String>, PluginError> {
+        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
+        let result = self.call(host, call).await;
+        match &result {
+            Ok(Err(_)) => {
+                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    /// Runs `call` in an instance of the plugin, on the host's call threads, within
+    /// the plugin's deadline; the caller only awaits the answer.
+    async fn call<W: World, C: Call<W>>(
+        self: &Arc<Self>,
+        host: &Arc<PluginHost>,
+        call: C,
+    ) -> Result<C::Output, PluginError> {
+        if self.runner::<W>().is_none() {
+            return Err(self.not_of::<W>());
+        }
+        let plugin = self.clone();
+        let running = host.calls.run(async move {
+            let Some(runner) = plugin.runner::<W>() else {
+                return Err(plugin.not_of::<W>());
+            };
+            plugin
+                .bounded(async {
+                    let started = Instant::now();
+                    let mut instance = runner.take(&plugin).await?;
+                    let _running = Running::new(&plugin.metrics.in_flight);
+                    // What waiting for an instance took counts against the deadline.
+                    instance.arm(started + plugin.spec().timeout);
+                    let answer = call.call(&instance.exports, &mut instance.store).await;
+                    runner.finish(&plugin, instance, answer, started)
+                })
+                .await
         });
-        assert!(answer.allowed);
-        assert_eq!(
-            logged.load(Ordering::Relaxed),
-            0,
-            "the guest ran on the caller's thread"
-        );
+        match running.await {
+            Ok(answer) => answer,
+            Err(e) => Err(self.error(PluginErrorKind::Trapped(format!("the call stopped: {e}")))),
+        }
+    }
+}
+
+/// A call that holds an instance, counted in [`PluginMetrics::in_flight`] until it is
+/// dropped (the call returned, failed or was stopped).
+struct Running<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> Running<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

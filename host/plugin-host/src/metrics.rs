@@ -5,8 +5,6 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::plugin::Plugin;
-
 /// Upper bounds of the latency buckets, in seconds: plugin calls are expected in
 /// tens of microseconds, deadlines are tens to hundreds of milliseconds.
 const BUCKETS: [f64; 14] = [
@@ -59,8 +57,15 @@ impl PluginMetrics {
     }
 }
 
-/// Appends the metrics of `plugins` to a Prometheus text exposition.
-pub fn render_metrics(out: &mut String, plugins: &[std::sync::Arc<Plugin>]) {
+/// One plugin's series: its labels and counters.
+pub(crate) struct Series<'a> {
+    pub(crate) plugin: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) metrics: &'a PluginMetrics,
+}
+
+/// Appends the series of `plugins` to a Prometheus text exposition.
+pub(crate) fn render(out: &mut String, plugins: &[Series<'_>]) {
     let counters = [
         ("trellis_plugin_calls_total", "Calls into each plugin.", 0),
         (
@@ -87,7 +92,7 @@ pub fn render_metrics(out: &mut String, plugins: &[std::sync::Arc<Plugin>]) {
     for (name, help, which) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
         for p in plugins {
-            let m = &p.metrics;
+            let m = p.metrics;
             let v = match which {
                 0 => &m.calls,
                 1 => &m.denials,
@@ -130,8 +135,8 @@ pub fn render_metrics(out: &mut String, plugins: &[std::sync::Arc<Plugin>]) {
         "# HELP {name} Latency of completed plugin calls.\n# TYPE {name} histogram"
     );
     for p in plugins {
-        let m = &p.metrics;
-        let base = format!("plugin=\"{}\",kind=\"{}\"", p.name(), p.kind());
+        let m = p.metrics;
+        let base = format!("plugin=\"{}\",kind=\"{}\"", p.plugin, p.kind);
         let mut cumulative = 0;
         for (bound, count) in BUCKETS.iter().zip(&m.buckets) {
             cumulative += count.load(Ordering::Relaxed);
@@ -145,6 +150,6 @@ pub fn render_metrics(out: &mut String, plugins: &[std::sync::Arc<Plugin>]) {
     }
 }
 
-fn labels(p: &Plugin) -> String {
-    format!("{{plugin=\"{}\",kind=\"{}\"}}", p.name(), p.kind())
+fn labels(p: &Series<'_>) -> String {
+    format!("{{plugin=\"{}\",kind=\"{}\"}}", p.plugin, p.kind)
 }

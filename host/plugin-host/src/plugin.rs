@@ -1,6 +1,8 @@
-//! One loaded plugin: its spec, label and metrics, the code it serves and its idle
-//! instances (typed by its world, see [`crate::world`]), and the calls into it, which
-//! run on the host's call threads ([`crate::calls`]).
+//! One loaded plugin ([`Plugin`]): its spec, label and metrics, the code it serves
+//! and its idle instances (typed by its world, see [`crate::world`]): taking an
+//! instance within the host's slots, arming its deadline, naming its failures, and
+//! keeping it for the next call. The calls themselves are in [`crate::calls`] and
+//! [`crate::session`]; loading in [`crate::engine`].
 
 use std::any::Any;
 use std::sync::atomic::Ordering;
@@ -12,19 +14,14 @@ use wasmtime::component::{Component, ResourceTable};
 use wasmtime::{PoolConcurrencyLimitError, Store, StoreLimitsBuilder, Trap, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
-use crate::digest_of;
-use crate::host::{Compiler, PluginHost, Tier, first_line};
-use crate::imports::{ClusterReader, ControllerHost};
-use crate::metrics::PluginMetrics;
-use crate::pool::{self, Member, Slot};
+use crate::compiler::{Compiler, Tier};
+use crate::error::{LoadError, LoadErrorReason, PluginError, PluginErrorKind, first_line};
+use crate::grants::Grants;
+use crate::metrics::{self, PluginMetrics};
+use crate::pool::{self, Idle, Member, Slot};
 use crate::state::{Limiter, PluginState};
 use crate::stdio::LogStream;
-use crate::world::admission::{Admission, Admit};
-use crate::world::controller::{Controller, Reconcile};
-use crate::world::initializer::{Initialize, Initializer};
-use crate::world::scheduler::Scheduler;
-use crate::world::{Call, PluginKind, World};
-use crate::{Action, AdmissionRequest, AdmissionResponse, InitializeRequest, ObjectKey};
+use crate::world::{PluginKind, World};
 
 /// How long a load waits for a free instance slot to check its configuration in: no
 /// client waits on it as on a call, and a busy server frees slots within a few calls'
@@ -55,75 +52,15 @@ impl PluginSpec {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoadErrorReason {
-    /// Not a component, or not one wasmtime can compile.
-    CompileFailed,
-    /// Imports something the host does not provide, or lacks the world's exports.
-    WrongWorld,
-    /// Trapped or timed out while starting.
-    InstantiateFailed,
-    /// `validate-configuration` refused the configuration.
-    ConfigurationRejected,
-}
-
-impl LoadErrorReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::CompileFailed => "CompileFailed",
-            Self::WrongWorld => "WrongWorld",
-            Self::InstantiateFailed => "InstantiateFailed",
-            Self::ConfigurationRejected => "ConfigurationRejected",
-        }
-    }
-}
-
-/// Why a plugin could not be loaded; the last good version (if any) keeps serving.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct LoadError {
-    pub reason: LoadErrorReason,
-    pub message: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PluginErrorKind {
-    Timeout(Duration),
-    Trapped(String),
-    /// The instance hit its memory cap (bytes).
-    OutOfMemory(usize),
-    /// The plugin answered something the host cannot use.
-    BadAnswer(String),
-}
-
-/// A failed call, named: `plugin NAME (validating, v sha256:…) timed out after 100ms`.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("{label} {}", describe(.kind))]
-pub struct PluginError {
-    pub label: String,
-    pub kind: PluginErrorKind,
-}
-
-fn describe(kind: &PluginErrorKind) -> String {
-    match kind {
-        PluginErrorKind::Timeout(t) => format!("timed out after {}ms", t.as_millis()),
-        PluginErrorKind::Trapped(why) => format!("trapped: {why}"),
-        PluginErrorKind::OutOfMemory(limit) => {
-            format!("exceeded its {} MiB memory limit", limit >> 20)
-        }
-        PluginErrorKind::BadAnswer(what) => format!("returned {what}"),
-    }
-}
-
 /// One instance of a plugin of world `W`, with its store.
-struct Instance<W: World> {
-    store: Store<PluginState>,
-    exports: W::Exports,
+pub(crate) struct Instance<W: World> {
+    pub(crate) store: Store<PluginState>,
+    pub(crate) exports: W::Exports,
     /// The thread that last ran it: its memory is likely still in that core's cache.
     thread: std::thread::ThreadId,
     /// The code it runs: an instance of baseline code is not kept once the plugin
     /// has moved to optimized code.
-    tier: Tier,
+    pub(crate) tier: Tier,
     /// Last, so that it is dropped after the store has given its slots back: then it
     /// wakes the calls waiting for one.
     _slot: Slot,
@@ -141,7 +78,7 @@ enum NotMade {
 /// engine.
 pub(crate) struct Code<W: World> {
     pre: W::Pre,
-    tier: Tier,
+    pub(crate) tier: Tier,
     /// Kept so that a new version of the plugin with the same module (a configuration
     /// change) links it again instead of compiling.
     component: Arc<Component>,
@@ -177,7 +114,7 @@ impl<W: World> Code<W> {
 /// A plugin's code and idle instances, typed by its world: the one instance pool per
 /// plugin, never holding more than the plugin's share of the host's slots (see
 /// [`crate::pool`]).
-struct Runner<W: World> {
+pub(crate) struct Runner<W: World> {
     /// Swapped once, from baseline to optimized code, by the background compiler.
     code: RwLock<Arc<Code<W>>>,
     idle: Mutex<Vec<Instance<W>>>,
@@ -243,26 +180,8 @@ pub struct Plugin {
     /// Counts the plugin among those sharing the slots while it lives.
     pool: Member,
     grants: Grants,
-    /// Shared with the versions before and after this one (see [`PluginHost::reload`]).
+    /// Shared with the versions before and after this one (see [`crate::PluginHost::reload`]).
     pub metrics: Arc<PluginMetrics>,
-}
-
-/// The host imports a plugin's instances are served by.
-#[derive(Clone, Default)]
-struct Grants {
-    /// Cluster reads (`trellis:core/cluster`), for plugins granted them.
-    cluster: Option<Arc<dyn ClusterReader>>,
-    /// A controller's caches, writes and events.
-    controller: Option<Arc<dyn ControllerHost>>,
-}
-
-impl Grants {
-    fn cluster(cluster: Option<Arc<dyn ClusterReader>>) -> Self {
-        Self {
-            cluster,
-            controller: None,
-        }
-    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -274,140 +193,23 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
-impl PluginHost {
-    /// Compiles (or takes from the cache) and links `wasm` for `spec`, starts one
-    /// instance and has it check its configuration. Blocking work runs off the async
-    /// runtime, guest code on the host's call threads.
-    pub async fn load(
-        self: &Arc<Self>,
-        spec: PluginSpec,
-        wasm: Arc<Vec<u8>>,
-        cluster: Option<Arc<dyn ClusterReader>>,
-    ) -> Result<Arc<Plugin>, LoadError> {
-        self.load_counting(spec, wasm, Grants::cluster(cluster), None, None)
-            .await
-    }
-
-    /// Loads a controller plugin (kind [`PluginKind::Controller`]), its imports served
-    /// by `controller`: its cache reads (and `trellis:core/cluster` reads), its writes
-    /// and its events. `previous`, when given, is the version it replaces, whose
-    /// metrics it goes on counting into.
-    pub async fn load_controller(
-        self: &Arc<Self>,
-        spec: PluginSpec,
-        wasm: Arc<Vec<u8>>,
-        controller: Arc<dyn ControllerHost>,
-        previous: Option<&Plugin>,
-    ) -> Result<Arc<Plugin>, LoadError> {
-        let metrics = previous
-            .filter(|p| p.spec.kind == spec.kind)
-            .map(|p| p.metrics.clone());
-        let grants = Grants {
-            cluster: Some(controller.clone()),
-            controller: Some(controller),
-        };
-        self.load_counting(spec, wasm, grants, metrics, previous)
-            .await
-    }
-
-    /// Loads a new version of `previous`, as [`PluginHost::load`] does. The new
-    /// version counts into the same metrics as the old one (when both are of the same
-    /// kind): calls still in flight on the old version after the swap, and everything
-    /// before it, stay in the plugin's counters instead of vanishing with the version.
-    pub async fn reload(
-        self: &Arc<Self>,
-        previous: &Plugin,
-        spec: PluginSpec,
-        wasm: Arc<Vec<u8>>,
-        cluster: Option<Arc<dyn ClusterReader>>,
-    ) -> Result<Arc<Plugin>, LoadError> {
-        let metrics = (previous.spec.kind == spec.kind).then(|| previous.metrics.clone());
-        let grants = Grants {
-            cluster,
-            controller: previous.grants.controller.clone(),
-        };
-        self.load_counting(spec, wasm, grants, metrics, Some(previous))
-            .await
-    }
-
-    /// Picks the world of `spec.kind`, then loads as [`PluginHost::load_world`] does.
-    async fn load_counting(
-        self: &Arc<Self>,
-        spec: PluginSpec,
-        wasm: Arc<Vec<u8>>,
-        grants: Grants,
-        metrics: Option<Arc<PluginMetrics>>,
-        previous: Option<&Plugin>,
-    ) -> Result<Arc<Plugin>, LoadError> {
-        match spec.kind {
-            PluginKind::Mutating | PluginKind::Validating => {
-                self.load_world::<Admission>(spec, wasm, grants, metrics, previous)
-                    .await
-            }
-            PluginKind::Initializer => {
-                self.load_world::<Initializer>(spec, wasm, grants, metrics, previous)
-                    .await
-            }
-            PluginKind::Controller => {
-                self.load_world::<Controller>(spec, wasm, grants, metrics, previous)
-                    .await
-            }
-            PluginKind::Scheduler => {
-                self.load_world::<Scheduler>(spec, wasm, grants, metrics, previous)
-                    .await
-            }
-        }
-    }
-
-    /// Compiles off the async runtime (or takes `previous`'s compiled module when it
-    /// is the same), links it as a plugin of world `W`, then loads; counts into
-    /// `metrics` when given.
-    async fn load_world<W: World>(
-        self: &Arc<Self>,
-        spec: PluginSpec,
-        wasm: Arc<Vec<u8>>,
-        grants: Grants,
-        metrics: Option<Arc<PluginMetrics>>,
-        previous: Option<&Plugin>,
-    ) -> Result<Arc<Plugin>, LoadError> {
-        let digest = digest_of(&wasm);
-        let current = previous
-            .filter(|p| p.digest == digest)
-            .map(|p| p.served.component());
-        let host = self.clone();
-        let bytes = wasm.clone();
-        let for_compile = digest.clone();
-        let code = tokio::task::spawn_blocking(move || {
-            let (component, compiler) = host.compile(&bytes, &for_compile, current)?;
-            Code::<W>::link(compiler, &component)
-        })
-        .await
-        .map_err(|e| LoadError {
-            reason: LoadErrorReason::CompileFailed,
-            message: format!("compiling stopped: {e}"),
-        })??;
-        let tier = code.tier;
-        let plugin = self.load_code(spec, code, &digest, grants, metrics).await?;
-        if tier == Tier::Baseline {
-            self.queue_tier_up(&plugin, wasm);
-        }
-        Ok(plugin)
-    }
-
-    async fn load_code<W: World>(
-        self: &Arc<Self>,
+impl Plugin {
+    /// A plugin of world `W` serving `code` (of the module `digest` names), before its
+    /// configuration is checked; it counts into metrics of its own until the caller
+    /// gives it the ones it shares.
+    pub(crate) fn new<W: World>(
         spec: PluginSpec,
         code: Code<W>,
         digest: &str,
         grants: Grants,
-        metrics: Option<Arc<PluginMetrics>>,
-    ) -> Result<Arc<Plugin>, LoadError> {
+        pool: Member,
+    ) -> Self {
         let short = digest
             .get(..("sha256:".len() + 12))
             .unwrap_or(digest)
             .to_owned();
         let label = format!("plugin {} ({}, v {short})", spec.name, spec.kind);
-        let plugin = Plugin {
+        Self {
             digest: digest.to_owned(),
             label,
             tier: tokio::sync::watch::Sender::new(code.tier),
@@ -415,34 +217,15 @@ impl PluginHost {
                 code: RwLock::new(Arc::new(code)),
                 idle: Mutex::new(Vec::new()),
             }),
-            pool: self.pool.join(),
+            pool,
             grants,
             // The load's own failures are not the serving version's: they count
             // nowhere, and shared counters are taken only once the version is ready.
             metrics: Arc::default(),
             spec,
-        };
-        // The plugin's first instance starts and checks its configuration on the call
-        // threads, as every call does; the plugin comes back with the answer.
-        let host = self.clone();
-        let checking = self.calls.run(async move {
-            let checked = plugin.check_configuration::<W>(&host).await;
-            (plugin, checked)
-        });
-        let (mut plugin, checked) = checking.await.map_err(|e| LoadError {
-            reason: LoadErrorReason::InstantiateFailed,
-            message: format!("starting the plugin stopped: {e}"),
-        })?;
-        checked?;
-        // Counting starts with the version serving (or goes on from the one before).
-        plugin.metrics = metrics.unwrap_or_default();
-        let plugin = Arc::new(plugin);
-        self.pool.register(&plugin);
-        Ok(plugin)
+        }
     }
-}
 
-impl Plugin {
     pub fn name(&self) -> &str {
         &self.spec.name
     }
@@ -489,88 +272,23 @@ impl Plugin {
         Ok(())
     }
 
-    /// Calls `admit`. A validating plugin's patch is refused here; the caller checks
-    /// and applies a mutating plugin's patch.
-    pub async fn admit(
-        self: &Arc<Self>,
-        host: &Arc<PluginHost>,
-        request: &AdmissionRequest,
-    ) -> Result<AdmissionResponse, PluginError> {
-        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
-        // The call runs on the host's call threads, so it owns its request.
-        let result = self.call(host, Admit(request.clone())).await;
-        match &result {
-            Ok(response)
-                if self.spec.kind == PluginKind::Validating && response.patch.is_some() =>
-            {
-                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
-                return Err(self.error(PluginErrorKind::BadAnswer(
-                    "a patch, but validating plugins may not change objects".into(),
-                )));
-            }
-            Ok(response) if !response.allowed => {
-                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(_) => {}
-            Err(_) => {
-                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        result
+    /// The compiled module serving now, and its tier.
+    pub(crate) fn component(&self) -> (Arc<Component>, Tier) {
+        self.served.component()
     }
 
-    /// Calls `initialize`: `Ok(Ok(object))`, `Ok(Err(reason))` when the plugin
-    /// refuses, `Err` when it fails.
-    pub async fn initialize(
-        self: &Arc<Self>,
-        host: &Arc<PluginHost>,
-        request: &InitializeRequest,
-    ) -> Result<Result<String, String>, PluginError> {
-        self.call_counted(host, Initialize(request.clone())).await
-    }
-
-    /// Calls `reconcile` for `key`: `Ok(Ok(action))`, `Ok(Err(reason))` when the
-    /// plugin reports a failure, `Err` when it fails (trap, deadline, memory).
-    pub async fn reconcile(
-        self: &Arc<Self>,
-        host: &Arc<PluginHost>,
-        key: &ObjectKey,
-    ) -> Result<Result<Action, String>, PluginError> {
-        let call = Reconcile {
-            key: key.clone(),
-            configuration: self.spec.configuration.clone(),
-        };
-        self.call_counted(host, call).await
-    }
-
-    /// Makes a call whose answer is `Ok(value)` or the plugin's own `Err(reason)`,
-    /// counting it: a reason as a denial, a failure as an error.
-    async fn call_counted<W: World, T, C: Call<W, Output = Result<T, String>>>(
-        self: &Arc<Self>,
-        host: &Arc<PluginHost>,
-        call: C,
-    ) -> Result<Result<T, String>, PluginError> {
-        self.metrics.calls.fetch_add(1, Ordering::Relaxed);
-        let result = self.call(host, call).await;
-        match &result {
-            Ok(Err(_)) => {
-                self.metrics.denials.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(Ok(_)) => {}
-            Err(_) => {
-                self.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        result
+    /// The host imports its instances are served by.
+    pub(crate) fn grants(&self) -> &Grants {
+        &self.grants
     }
 
     /// The runner of world `W`, if the plugin is of that world.
-    fn runner<W: World>(&self) -> Option<&Runner<W>> {
+    pub(crate) fn runner<W: World>(&self) -> Option<&Runner<W>> {
         self.served.as_any().downcast_ref()
     }
 
     /// A call into world `W` of a plugin of another world (a caller's mistake).
-    fn not_of<W: World>(&self) -> PluginError {
+    pub(crate) fn not_of<W: World>(&self) -> PluginError {
         self.error(PluginErrorKind::BadAnswer(format!(
             "nothing: a {} plugin does not serve the {} world",
             self.spec.kind,
@@ -578,43 +296,9 @@ impl Plugin {
         )))
     }
 
-    /// Runs `call` in an instance of the plugin, on the host's call threads, within
-    /// the plugin's deadline; the caller only awaits the answer.
-    async fn call<W: World, C: Call<W>>(
-        self: &Arc<Self>,
-        host: &Arc<PluginHost>,
-        call: C,
-    ) -> Result<C::Output, PluginError> {
-        if self.runner::<W>().is_none() {
-            return Err(self.not_of::<W>());
-        }
-        let plugin = self.clone();
-        let on = host.clone();
-        let running = host.calls.run(async move {
-            let Some(runner) = plugin.runner::<W>() else {
-                return Err(plugin.not_of::<W>());
-            };
-            plugin
-                .bounded(async {
-                    let started = Instant::now();
-                    let mut instance = runner.take(&plugin, &on).await?;
-                    let _running = Running::new(&plugin.metrics.in_flight);
-                    // What waiting for an instance took counts against the deadline.
-                    instance.arm(started + plugin.spec.timeout);
-                    let answer = call.call(&instance.exports, &mut instance.store).await;
-                    runner.finish(&plugin, instance, answer, started)
-                })
-                .await
-        });
-        match running.await {
-            Ok(answer) => answer,
-            Err(e) => Err(self.error(PluginErrorKind::Trapped(format!("the call stopped: {e}")))),
-        }
-    }
-
     /// Starts an instance and has it check the plugin's configuration: the load's
     /// last step, on the call threads.
-    async fn check_configuration<W: World>(&self, host: &Arc<PluginHost>) -> Result<(), LoadError> {
+    pub(crate) async fn check_configuration<W: World>(&self) -> Result<(), LoadError> {
         let start_error = |e: PluginError| LoadError {
             reason: LoadErrorReason::InstantiateFailed,
             message: e.to_string(),
@@ -623,7 +307,7 @@ impl Plugin {
             return Err(start_error(self.not_of::<W>()));
         };
         let wait = self.spec.timeout.max(LOAD_SLOT_WAIT);
-        let mut instance = match tokio::time::timeout(wait, runner.take(self, host)).await {
+        let mut instance = match tokio::time::timeout(wait, runner.take(self)).await {
             Ok(taken) => taken.map_err(start_error)?,
             Err(_) => {
                 return Err(LoadError {
@@ -659,7 +343,7 @@ impl Plugin {
 
     /// The epoch deadline stops a guest that computes; this also stops one waiting
     /// on a host call (a cluster read), whose instance is then dropped.
-    async fn bounded<R>(
+    pub(crate) async fn bounded<R>(
         &self,
         call: impl Future<Output = Result<R, PluginError>>,
     ) -> Result<R, PluginError> {
@@ -688,19 +372,7 @@ impl Plugin {
         }
     }
 
-    /// How many idle instances hold slots of the host's pool.
-    pub(crate) fn pooled_idle(&self) -> usize {
-        self.served.pooled_idle()
-    }
-
-    /// Drops the oldest idle instance that holds a slot of the host's pool, for a call
-    /// of another plugin that needs the slot; `false` if there was none (another call
-    /// may have taken it meanwhile).
-    pub(crate) fn release_idle(&self) -> bool {
-        self.served.release_idle()
-    }
-
-    fn failure(&self, e: wasmtime::Error, store: &Store<PluginState>) -> PluginError {
+    pub(crate) fn failure(&self, e: wasmtime::Error, store: &Store<PluginState>) -> PluginError {
         if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
             self.metrics.timeouts.fetch_add(1, Ordering::Relaxed);
             return self.error(PluginErrorKind::Timeout(self.spec.timeout));
@@ -716,6 +388,20 @@ impl Plugin {
     }
 }
 
+impl Idle for Plugin {
+    /// How many idle instances hold slots of the host's pool.
+    fn pooled_idle(&self) -> usize {
+        self.served.pooled_idle()
+    }
+
+    /// Drops the oldest idle instance that holds a slot of the host's pool, for a call
+    /// of another plugin that needs the slot; `false` if there was none (another call
+    /// may have taken it meanwhile).
+    fn release_idle(&self) -> bool {
+        self.served.release_idle()
+    }
+}
+
 impl<W: World> Runner<W> {
     /// An idle instance, the one this thread ran last if there is one, or a new one.
     /// Keeping instances with threads keeps a call's guest memory, stack and store in
@@ -725,11 +411,7 @@ impl<W: World> Runner<W> {
     /// When the host's pool has no free slot, takes back another plugin's idle
     /// instance, or waits for an instance to be dropped: the caller bounds the wait
     /// with the call's deadline.
-    async fn take(
-        &self,
-        plugin: &Plugin,
-        host: &Arc<PluginHost>,
-    ) -> Result<Instance<W>, PluginError> {
+    pub(crate) async fn take(&self, plugin: &Plugin) -> Result<Instance<W>, PluginError> {
         if let Some(instance) = self.pop_idle() {
             return Ok(instance);
         }
@@ -740,7 +422,7 @@ impl<W: World> Runner<W> {
             let mut freed = std::pin::pin!(freed);
             // Registered before trying, so that a slot freed in between wakes us.
             freed.as_mut().enable();
-            match self.instantiate(plugin, host).await {
+            match self.instantiate(plugin).await {
                 Ok(instance) => return Ok(instance),
                 Err(NotMade::Failed(e)) => return Err(e),
                 Err(NotMade::PoolFull) => {}
@@ -803,7 +485,7 @@ impl<W: World> Runner<W> {
 
     /// Keeps a healthy instance for the next call; a failed one is dropped (a trapped
     /// instance cannot be entered again).
-    fn finish<R>(
+    pub(crate) fn finish<R>(
         &self,
         plugin: &Plugin,
         instance: Instance<W>,
@@ -832,11 +514,7 @@ impl<W: World> Runner<W> {
 
     /// A new instance of the code serving now, in a slot of the host's pool (when the
     /// code is optimized).
-    async fn instantiate(
-        &self,
-        plugin: &Plugin,
-        host: &Arc<PluginHost>,
-    ) -> Result<Instance<W>, NotMade> {
+    async fn instantiate(&self, plugin: &Plugin) -> Result<Instance<W>, NotMade> {
         let spec = &plugin.spec;
         let name: Arc<str> = Arc::from(spec.name.as_str());
         let mut wasi = WasiCtx::builder();
@@ -869,7 +547,8 @@ impl<W: World> Runner<W> {
             deadline: Instant::now() + spec.timeout,
         };
         let code = self.code.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut store = Store::new(&host.compiler(code.tier).engine, state);
+        // The engine of the code's tier, which compiled it.
+        let mut store = Store::new(code.component.engine(), state);
         store.limiter(|state| &mut state.limits);
         store.epoch_deadline_callback(|ctx| {
             if Instant::now() >= ctx.data().deadline {
@@ -898,130 +577,22 @@ impl<W: World> Runner<W> {
 
 impl<W: World> Instance<W> {
     /// Starts one call, which must end by `deadline`.
-    fn arm(&mut self, deadline: Instant) {
+    pub(crate) fn arm(&mut self, deadline: Instant) {
         self.store.data_mut().deadline = deadline;
         self.store.data_mut().limits.denied = false;
         self.store.set_epoch_deadline(1);
     }
 }
 
-/// A call that holds an instance, counted in [`PluginMetrics::in_flight`] until it is
-/// dropped (the call returned, failed or was stopped).
-struct Running<'a>(&'a std::sync::atomic::AtomicU64);
-
-impl<'a> Running<'a> {
-    fn new(count: &'a std::sync::atomic::AtomicU64) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Self(count)
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// One instance of a scheduler plugin, held by one scheduler for as long as it
-/// schedules with the plugin: the instance keeps its view of the cluster and the pod
-/// of the cycle between calls, which therefore run one at a time, in the caller's
-/// task (no hop to the call threads: a scheduling cycle makes several calls).
-///
-/// Each call has the plugin's deadline and memory cap. A call that fails (trap,
-/// deadline, memory) ends the session: the instance cannot be entered again, and its
-/// view is gone, so the scheduler starts a new session and sends the whole cluster.
-pub struct SchedulerSession {
-    plugin: Arc<Plugin>,
-    instance: Option<Instance<Scheduler>>,
-}
-
-impl std::fmt::Debug for SchedulerSession {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SchedulerSession")
-            .field("plugin", &self.plugin.spec.name)
-            .field("alive", &self.instance.is_some())
-            .finish()
-    }
-}
-
-impl Plugin {
-    /// A new instance of a scheduler plugin for one scheduler's own use.
-    pub async fn scheduler_session(
-        self: &Arc<Self>,
-        host: &Arc<PluginHost>,
-    ) -> Result<SchedulerSession, PluginError> {
-        let Some(runner) = self.runner::<Scheduler>() else {
-            return Err(self.not_of::<Scheduler>());
-        };
-        let instance = self.bounded(runner.take(self, host)).await?;
-        Ok(SchedulerSession {
-            plugin: self.clone(),
-            instance: Some(instance),
+/// Appends the metrics of `plugins` to a Prometheus text exposition.
+pub fn render_metrics(out: &mut String, plugins: &[Arc<Plugin>]) {
+    let series: Vec<metrics::Series<'_>> = plugins
+        .iter()
+        .map(|p| metrics::Series {
+            plugin: p.name(),
+            kind: p.kind().as_str(),
+            metrics: &p.metrics,
         })
-    }
-}
-
-impl SchedulerSession {
-    pub fn plugin(&self) -> &Arc<Plugin> {
-        &self.plugin
-    }
-
-    /// Whether the session can still be called: false after a failed call.
-    pub fn is_alive(&self) -> bool {
-        self.instance.is_some()
-    }
-
-    /// Whether the plugin now serves other code than the instance runs (it moved to
-    /// optimized code): a new session would be faster.
-    pub fn outdated(&self) -> bool {
-        self.instance
-            .as_ref()
-            .is_some_and(|i| i.tier != self.plugin.tier())
-    }
-
-    /// Runs one call on the session's instance.
-    pub(crate) async fn call<T>(
-        &mut self,
-        f: impl AsyncFnOnce(
-            &crate::bindings::scheduler::exports::trellis::scheduler::handler::Guest,
-            &mut Store<PluginState>,
-        ) -> wasmtime::Result<T>,
-    ) -> Result<T, PluginError> {
-        let plugin = self.plugin.clone();
-        let Some(instance) = self.instance.as_mut() else {
-            return Err(plugin.error(PluginErrorKind::Trapped(
-                "the session ended with an earlier failure".into(),
-            )));
-        };
-        plugin.metrics.calls.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
-        instance.arm(started + plugin.spec.timeout);
-        let answer = plugin
-            .bounded(async {
-                let Instance { exports, store, .. } = &mut *instance;
-                Ok(f(exports.handler(), store).await)
-            })
-            .await;
-        let answer = match answer {
-            Ok(answer) => answer,
-            Err(e) => {
-                plugin.metrics.errors.fetch_add(1, Ordering::Relaxed);
-                self.instance = None;
-                return Err(e);
-            }
-        };
-        plugin.metrics.memory(instance.store.data().limits.peak);
-        match answer {
-            Ok(value) => {
-                plugin.metrics.observe(started.elapsed());
-                Ok(value)
-            }
-            Err(e) => {
-                let e = plugin.failure(e, &instance.store);
-                plugin.metrics.errors.fetch_add(1, Ordering::Relaxed);
-                self.instance = None;
-                Err(e)
-            }
-        }
-    }
+        .collect();
+    metrics::render(out, &series);
 }

@@ -17,8 +17,6 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::plugin::Plugin;
-
 /// Idle instances kept per plugin at most, however many slots there are; more
 /// concurrent calls instantiate more (~10 µs each) and drop them afterwards.
 pub(crate) const MAX_IDLE: usize = 32;
@@ -27,6 +25,17 @@ pub(crate) const MAX_IDLE: usize = 32;
 /// freed where no [`Slot`] tells (a store dropped by a failed instantiation, wasmtime's
 /// own decommit queue) are noticed within this.
 pub(crate) const RECHECK: Duration = Duration::from_millis(10);
+
+/// A loaded plugin, as the pool sees it: idle instances it keeps in slots of the
+/// pool, one of which a call of another plugin may take back.
+pub(crate) trait Idle: Send + Sync {
+    /// How many idle instances hold slots of the pool.
+    fn pooled_idle(&self) -> usize;
+
+    /// Drops the oldest idle instance that holds a slot of the pool; `false` if there
+    /// was none (another call may have taken it meanwhile).
+    fn release_idle(&self) -> bool;
+}
 
 /// The slots of one host's pooling allocator, as the plugins use them.
 #[derive(Debug)]
@@ -37,7 +46,7 @@ pub(crate) struct Pool {
     /// the slots are shared among them.
     members: AtomicUsize,
     /// Loaded plugins, whose idle instances a call that finds the pool full may take.
-    loaded: Mutex<Vec<Weak<Plugin>>>,
+    loaded: Mutex<Vec<Weak<dyn Idle>>>,
     /// Calls waiting for a slot. While there are any, an instance is dropped when its
     /// call ends rather than kept idle.
     waiting: AtomicUsize,
@@ -65,10 +74,12 @@ impl Pool {
 
     /// Makes a loaded plugin's idle instances available to calls that find the pool
     /// full.
-    pub(crate) fn register(&self, plugin: &Arc<Plugin>) {
+    pub(crate) fn register<P: Idle + 'static>(&self, plugin: &Arc<P>) {
+        let plugin: Weak<P> = Arc::downgrade(plugin);
+        let plugin: Weak<dyn Idle> = plugin;
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         loaded.retain(|p| p.strong_count() > 0);
-        loaded.push(Arc::downgrade(plugin));
+        loaded.push(plugin);
     }
 
     /// How many idle instances one plugin may keep: its share of the slots, at least
@@ -98,11 +109,11 @@ impl Pool {
     /// Drops one idle pooled instance, of the loaded plugin that keeps the most;
     /// `false` when no plugin keeps any.
     pub(crate) fn reclaim(&self) -> bool {
-        let plugins: Vec<Arc<Plugin>> = {
+        let plugins: Vec<Arc<dyn Idle>> = {
             let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
             loaded.iter().filter_map(Weak::upgrade).collect()
         };
-        let mut keeping: Vec<(usize, &Arc<Plugin>)> = plugins
+        let mut keeping: Vec<(usize, &Arc<dyn Idle>)> = plugins
             .iter()
             .map(|p| (p.pooled_idle(), p))
             .filter(|(idle, _)| *idle > 0)

@@ -8,7 +8,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::imports::{ClusterReader, ControllerHost};
+use crate::grants::{ClusterReader, ControllerHost};
 
 pub struct PluginState {
     pub(crate) wasi: WasiCtx,

@@ -3,24 +3,6 @@
 use crate::bindings::{cluster, plugin_0_1, types};
 use crate::state::PluginState;
 
-/// Read access to cluster state for plugins granted it.
-#[async_trait::async_trait]
-pub trait ClusterReader: Send + Sync + std::fmt::Debug {
-    async fn get(
-        &self,
-        resource: &types::GroupVersionResource,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Result<Option<String>, String>;
-
-    async fn list(
-        &self,
-        resource: &types::GroupVersionResource,
-        namespace: Option<&str>,
-        label_selector: &str,
-    ) -> Result<Vec<String>, String>;
-}
-
 impl types::Host for PluginState {}
 
 impl cluster::Host for PluginState {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::bindings::controller::trellis::controller::{cache, client, events, types};
 use crate::bindings::types::GroupVersionResource;
-use crate::imports::ClusterReader;
+use crate::grants::ControllerHost;
 use crate::state::PluginState;
 
 pub use client::{
@@ -16,49 +16,6 @@ pub use types::{Action, ApiError, Cause, ObjectKey, ServedResource};
 
 /// Writes of one `batch` call in flight at once.
 const BATCH_CONCURRENCY: usize = 64;
-
-/// What a controller plugin can do, served by the controller runtime: reads from its
-/// informer caches (`get` and `list` of [`ClusterReader`], and [`Self::owned_by`]),
-/// writes through the API server under the controller's identity, and events.
-#[async_trait::async_trait]
-pub trait ControllerHost: ClusterReader {
-    /// Objects of `resource` whose ownerReferences name `owner_uid`.
-    async fn owned_by(
-        &self,
-        resource: &GroupVersionResource,
-        owner_uid: &str,
-    ) -> Result<Vec<String>, String>;
-
-    /// Objects of every cached resource whose ownerReferences name `owner_uid`.
-    async fn dependents(&self, owner_uid: &str) -> Result<Vec<String>, String>;
-
-    /// What serves `kind` of `api_version`, as discovery says.
-    async fn resource_of(&self, api_version: &str, kind: &str) -> Option<ServedResource>;
-
-    /// Every resource cached for the controller.
-    async fn resources(&self) -> Vec<ServedResource>;
-
-    /// Replaces `subresource` of the object with the whole object.
-    async fn update_subresource(
-        &self,
-        request: UpdateRequest,
-        subresource: &str,
-    ) -> Result<String, ApiError>;
-
-    /// One object as the API server has it now (not the cache's copy).
-    async fn read(
-        &self,
-        resource: &GroupVersionResource,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Result<Option<String>, ApiError>;
-
-    /// One write; the object as stored, or the API server's refusal.
-    async fn write(&self, write: Write) -> Result<String, ApiError>;
-
-    /// Records an event about `object` (JSON).
-    async fn record_event(&self, object: &str, event_type: EventType, reason: &str, message: &str);
-}
 
 impl PluginState {
     fn controller(&self) -> Result<Arc<dyn ControllerHost>, String> {

@@ -11,9 +11,6 @@ mod cluster;
 pub(crate) mod controller;
 mod log;
 
-pub use cluster::ClusterReader;
-pub use controller::ControllerHost;
-
 /// Adds the shared imports to `linker`: today's (`trellis:core`) and those of
 /// `trellis:plugin@0.1.0`, so a component of either contract links.
 pub(crate) fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {

@@ -2,11 +2,14 @@
 //! imports its world adds to the shared ones, and the calls the host makes into it.
 //!
 //! A world is a type implementing [`World`]; each call into it is a type
-//! implementing [`Call`] (`admission::Admit`, `initializer::Initialize`). The
-//! machinery around a call (instance pool, deadline, memory cap, failures, metrics,
-//! the threads guest code runs on) is generic over the world and lives in
-//! [`crate::plugin`]: a new world is a module here, a [`PluginKind`] that names it,
-//! and a `Plugin` method that makes its calls.
+//! implementing [`Call`] (`admission::Admit`, `initializer::Initialize`,
+//! `controller::Reconcile`). Worlds whose components export one handler with
+//! `validate-configuration` are declared with [`handler_world!`]. The machinery
+//! around a call (instance pool, deadline, memory cap, failures, metrics, the threads
+//! guest code runs on) is generic over the world and lives in [`crate::plugin`] and
+//! [`crate::calls`]: a new world is a module here, a [`PluginKind`] that names it, an
+//! arm in `PluginHost::load`'s choice of world, and a `Plugin` method in
+//! [`crate::calls`] that makes its calls.
 //!
 //! A world serves every version of its package the host still supports: `pre` finds
 //! the version a component implements, and its exports and calls dispatch on it.

@@ -1,25 +1,30 @@
-//! The engines every plugin shares, their linkers, the compiled-component cache, the
-//! background compiler that moves plugins to optimized code, and the epoch ticker.
+//! [`PluginHost`]: the engines every plugin shares, loading a plugin (compile, link,
+//! start an instance that checks its configuration), the compiled modules plugins
+//! share, and the background compiler that moves plugins to optimized code.
 
-use std::any::TypeId;
 use std::collections::HashMap;
-use std::hash::{Hash as _, Hasher as _};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak, mpsc};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy};
 
-use trellis_oci::write_whole;
+use trellis_oci::{digest_of, write_whole};
 
-use crate::calls::CallThreads;
-use crate::plugin::{LoadError, LoadErrorReason, Plugin};
+use crate::call_threads::CallThreads;
+use crate::compiler::{Compiler, Tier, cache_file, compile_error, deserialize_cached};
+use crate::epoch::Ticker;
+use crate::error::{LoadError, LoadErrorReason, first_line};
+use crate::grants::{ClusterReader, ControllerHost, Grants};
+use crate::metrics::PluginMetrics;
+use crate::plugin::{Code, Plugin, PluginSpec};
 use crate::pool::Pool;
-use crate::state::PluginState;
-use crate::world::World;
+use crate::world::admission::Admission;
+use crate::world::controller::Controller;
+use crate::world::initializer::Initializer;
+use crate::world::scheduler::Scheduler;
+use crate::world::{PluginKind, World};
 
 #[derive(Clone, Debug)]
 pub struct HostConfig {
@@ -59,24 +64,6 @@ pub enum Compilers {
     Baseline,
 }
 
-/// The compiler that produced the code a plugin runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Tier {
-    /// Winch's code: compiled fast, runs slower.
-    Baseline,
-    /// Cranelift's code, as cached on disk.
-    Optimized,
-}
-
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Baseline => "baseline",
-            Self::Optimized => "optimized",
-        }
-    }
-}
-
 impl Default for HostConfig {
     fn default() -> Self {
         Self {
@@ -89,42 +76,6 @@ impl Default for HostConfig {
         }
     }
 }
-
-/// An engine and the linkers that bind components compiled by it.
-pub(crate) struct Compiler {
-    pub(crate) engine: Engine,
-    /// One linker per world, made on its first load: WASI with nothing granted, the
-    /// shared imports, and the world's own, so a plugin can link only its world's.
-    linkers: Mutex<HashMap<TypeId, Arc<Linker<PluginState>>>>,
-    pub(crate) tier: Tier,
-}
-
-impl Compiler {
-    fn new(wasm: &Config, tier: Tier) -> anyhow::Result<Self> {
-        let engine = Engine::new(wasm).map_err(|e| anyhow::anyhow!("wasm engine: {e}"))?;
-        Ok(Self {
-            engine,
-            linkers: Mutex::default(),
-            tier,
-        })
-    }
-
-    /// The linker of world `W`.
-    pub(crate) fn linker<W: World>(&self) -> wasmtime::Result<Arc<Linker<PluginState>>> {
-        let mut linkers = self.linkers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(linker) = linkers.get(&TypeId::of::<W>()) {
-            return Ok(linker.clone());
-        }
-        let mut linker = Linker::new(&self.engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        crate::imports::add_to_linker(&mut linker)?;
-        W::add_to_linker(&mut linker)?;
-        let linker = Arc::new(linker);
-        linkers.insert(TypeId::of::<W>(), linker.clone());
-        Ok(linker)
-    }
-}
-
 /// A plugin serving baseline code, waiting for its optimized code.
 struct TierUp {
     plugin: Weak<Plugin>,
@@ -135,13 +86,13 @@ struct TierUp {
 /// The engines and linkers for all plugins.
 pub struct PluginHost {
     /// Cranelift, pooled instances, the disk cache.
-    pub(crate) optimized: Compiler,
+    optimized: Compiler,
     /// Winch, instances allocated on demand (they live until the optimized code is
     /// ready); `None` unless [`Compilers::Tiered`] or [`Compilers::Baseline`].
     baseline: Option<Compiler>,
-    pub(crate) config: HostConfig,
+    config: HostConfig,
     /// The pooling allocator's slots, as the plugins share them.
-    pub(crate) pool: Arc<Pool>,
+    pool: Arc<Pool>,
     /// Where guest code runs.
     pub(crate) calls: CallThreads,
     /// Hands plugins serving baseline code to the background compiler thread.
@@ -232,7 +183,7 @@ impl PluginHost {
     /// the cache, else the baseline tier's (when there is one and it compiles the
     /// module), else optimized. Blocking: milliseconds from the cache or Winch, up to
     /// seconds from Cranelift.
-    pub(crate) fn compile(
+    fn compile(
         &self,
         wasm: &[u8],
         digest: &str,
@@ -301,7 +252,7 @@ impl PluginHost {
     }
 
     /// The compiler (engine and linker) of code of `tier`.
-    pub(crate) fn compiler(&self, tier: Tier) -> &Compiler {
+    fn compiler(&self, tier: Tier) -> &Compiler {
         match (tier, &self.baseline) {
             (Tier::Baseline, Some(baseline)) => baseline,
             _ => &self.optimized,
@@ -394,9 +345,155 @@ impl PluginHost {
         Ok(self.share(Tier::Optimized, digest, component))
     }
 
+    /// Compiles (or takes from the cache) and links `wasm` for `spec`, starts one
+    /// instance and has it check its configuration. Blocking work runs off the async
+    /// runtime, guest code on the host's call threads.
+    pub async fn load(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        cluster: Option<Arc<dyn ClusterReader>>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        self.load_counting(spec, wasm, Grants::cluster(cluster), None, None)
+            .await
+    }
+
+    /// Loads a controller plugin (kind [`PluginKind::Controller`]), its imports served
+    /// by `controller`: its cache reads (and `trellis:core/cluster` reads), its writes
+    /// and its events. `previous`, when given, is the version it replaces, whose
+    /// metrics it goes on counting into.
+    pub async fn load_controller(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        controller: Arc<dyn ControllerHost>,
+        previous: Option<&Plugin>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let metrics = previous
+            .filter(|p| p.kind() == spec.kind)
+            .map(|p| p.metrics.clone());
+        let grants = Grants {
+            cluster: Some(controller.clone()),
+            controller: Some(controller),
+        };
+        self.load_counting(spec, wasm, grants, metrics, previous)
+            .await
+    }
+
+    /// Loads a new version of `previous`, as [`PluginHost::load`] does. The new
+    /// version counts into the same metrics as the old one (when both are of the same
+    /// kind): calls still in flight on the old version after the swap, and everything
+    /// before it, stay in the plugin's counters instead of vanishing with the version.
+    pub async fn reload(
+        self: &Arc<Self>,
+        previous: &Plugin,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        cluster: Option<Arc<dyn ClusterReader>>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let metrics = (previous.kind() == spec.kind).then(|| previous.metrics.clone());
+        let grants = Grants {
+            cluster,
+            controller: previous.grants().controller.clone(),
+        };
+        self.load_counting(spec, wasm, grants, metrics, Some(previous))
+            .await
+    }
+
+    /// Picks the world of `spec.kind`, then loads as [`PluginHost::load_world`] does.
+    async fn load_counting(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        grants: Grants,
+        metrics: Option<Arc<PluginMetrics>>,
+        previous: Option<&Plugin>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        match spec.kind {
+            PluginKind::Mutating | PluginKind::Validating => {
+                self.load_world::<Admission>(spec, wasm, grants, metrics, previous)
+                    .await
+            }
+            PluginKind::Initializer => {
+                self.load_world::<Initializer>(spec, wasm, grants, metrics, previous)
+                    .await
+            }
+            PluginKind::Controller => {
+                self.load_world::<Controller>(spec, wasm, grants, metrics, previous)
+                    .await
+            }
+            PluginKind::Scheduler => {
+                self.load_world::<Scheduler>(spec, wasm, grants, metrics, previous)
+                    .await
+            }
+        }
+    }
+
+    /// Compiles off the async runtime (or takes `previous`'s compiled module when it
+    /// is the same), links it as a plugin of world `W`, then loads; counts into
+    /// `metrics` when given.
+    async fn load_world<W: World>(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        wasm: Arc<Vec<u8>>,
+        grants: Grants,
+        metrics: Option<Arc<PluginMetrics>>,
+        previous: Option<&Plugin>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let digest = digest_of(&wasm);
+        let current = previous
+            .filter(|p| p.digest() == digest)
+            .map(|p| p.component());
+        let host = self.clone();
+        let bytes = wasm.clone();
+        let for_compile = digest.clone();
+        let code = tokio::task::spawn_blocking(move || {
+            let (component, compiler) = host.compile(&bytes, &for_compile, current)?;
+            Code::<W>::link(compiler, &component)
+        })
+        .await
+        .map_err(|e| LoadError {
+            reason: LoadErrorReason::CompileFailed,
+            message: format!("compiling stopped: {e}"),
+        })??;
+        let tier = code.tier;
+        let plugin = self.load_code(spec, code, &digest, grants, metrics).await?;
+        if tier == Tier::Baseline {
+            self.queue_tier_up(&plugin, wasm);
+        }
+        Ok(plugin)
+    }
+
+    async fn load_code<W: World>(
+        self: &Arc<Self>,
+        spec: PluginSpec,
+        code: Code<W>,
+        digest: &str,
+        grants: Grants,
+        metrics: Option<Arc<PluginMetrics>>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let plugin = Plugin::new(spec, code, digest, grants, self.pool.join());
+        // The plugin's first instance starts and checks its configuration on the call
+        // threads, as every call does; the plugin comes back with the answer.
+        let checking = self.calls.run(async move {
+            let checked = plugin.check_configuration::<W>().await;
+            (plugin, checked)
+        });
+        let (mut plugin, checked) = checking.await.map_err(|e| LoadError {
+            reason: LoadErrorReason::InstantiateFailed,
+            message: format!("starting the plugin stopped: {e}"),
+        })?;
+        checked?;
+        // Counting starts with the version serving (or goes on from the one before).
+        plugin.metrics = metrics.unwrap_or_default();
+        let plugin = Arc::new(plugin);
+        self.pool.register(&plugin);
+        Ok(plugin)
+    }
+
     /// Has the background thread compile `plugin`'s module with Cranelift and move the
     /// plugin to that code (unless the plugin is gone by then).
-    pub(crate) fn queue_tier_up(&self, plugin: &Arc<Plugin>, wasm: Arc<Vec<u8>>) {
+    fn queue_tier_up(&self, plugin: &Arc<Plugin>, wasm: Arc<Vec<u8>>) {
         let job = TierUp {
             plugin: Arc::downgrade(plugin),
             digest: plugin.digest().to_owned(),
@@ -475,64 +572,5 @@ impl Drop for PluginHost {
         if let Some(ticker) = self.ticker.take() {
             ticker.stop();
         }
-    }
-}
-
-fn compile_error(e: wasmtime::Error) -> LoadError {
-    LoadError {
-        reason: LoadErrorReason::CompileFailed,
-        message: format!("not a valid component: {}", first_line(&format!("{e:#}"))),
-    }
-}
-
-pub(crate) fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or(s)
-}
-
-#[allow(unsafe_code)]
-fn deserialize_cached(engine: &Engine, path: &std::path::Path) -> wasmtime::Result<Component> {
-    // SAFETY: `deserialize_file` trusts the file to be wasmtime's own output for this
-    // engine. The cache directory lies inside the server's data directory, which only
-    // the server writes; files are written whole under a temporary name and renamed,
-    // and their names carry the engine's compatibility hash, so a file from another
-    // wasmtime build or configuration is never opened.
-    unsafe { Component::deserialize_file(engine, path) }
-}
-
-/// Where `engine`'s code of the module `digest` names is cached in `dir`.
-fn cache_file(engine: &Engine, dir: &Path, digest: &str) -> PathBuf {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut hasher);
-    let hex = digest.trim_start_matches("sha256:");
-    dir.join(format!("{hex}-{:016x}.cwasm", hasher.finish()))
-}
-
-/// Advances the engines' epochs from an OS thread, so a spinning guest on the async
-/// runtime cannot starve the clock that stops it.
-struct Ticker {
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<()>,
-}
-
-impl Ticker {
-    fn start(engines: Vec<Engine>, tick: Duration) -> anyhow::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("plugin-epoch".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
-                    for engine in &engines {
-                        engine.increment_epoch();
-                    }
-                }
-            })?;
-        Ok(Self { stop, thread })
-    }
-
-    fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
     }
 }
