@@ -54,8 +54,8 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tracing::{debug, warn};
 
 use crate::Context;
-use crate::logs::{Body, parse_bool, text, valid_name};
-use crate::worker::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
+use crate::http::{Body, parse_bool, text, valid_name};
+use crate::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
 
 /// The subprotocols served, best first.
 pub const PROTOCOLS: &[&str] = &[V5, V4];

@@ -7,11 +7,18 @@
 //!   runtime's containers wakes the worker of a pod whose container changed (the
 //!   kubelet's PLEG).
 //! - [`worker`]: one pod's lifecycle as a state machine — sandbox, init containers in
-//!   order, containers, restarts with back-off, termination.
+//!   order, containers, restarts with back-off, termination: it carries out what
+//!   [`plan`] decides the pod needs at each sync (the kubelet's `computePodActions`).
+//! - [`sandbox`], [`container`], [`images`]: the CRI side of a pod — its sandbox's
+//!   configuration, its containers' configurations and what the runtime says of them,
+//!   image pulls with the pod's pull secrets; [`labels`]: the labels and annotations
+//!   they carry.
 //! - [`status`]: the pod status Kubernetes reports, from the runtime's containers.
 //! - [`spec`]: what a container gets: its environment, mounts and volumes.
-//! - [`logs`]: the HTTPS server the API server calls: container logs, and [`exec`]
-//!   (`kubectl exec` over a WebSocket).
+//! - [`probes`]: startup, liveness and readiness probes.
+//! - [`server`]: the HTTPS server the API server calls: container logs (read by
+//!   [`logs`] from the files under [`paths`]), and [`exec`] (`kubectl exec` over a
+//!   WebSocket).
 //!
 //! - [`hollow`]: many simulated nodes in one process (Kubernetes' kubemark): this
 //!   agent on fake runtimes, sharing one informer of pods.
@@ -19,13 +26,21 @@
 //! The agent speaks CRI to any runtime: Trellis' own (`trellis-runtime`, with the
 //! `wasmtime` and `process` handlers) or containerd's.
 
+pub mod container;
 pub mod exec;
 pub mod hollow;
+mod http;
+pub mod images;
+pub mod labels;
 pub mod logs;
 pub mod node;
+pub mod paths;
+pub mod plan;
 pub mod pods;
 pub mod pressure;
 pub mod probes;
+pub mod sandbox;
+pub mod server;
 pub mod spec;
 pub mod status;
 pub mod worker;
@@ -219,7 +234,7 @@ pub async fn run_with(
         .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
     if ctx.config.client_ca_pem.is_some() {
         let listen = std::net::SocketAddr::new(ctx.config.node_ip, ctx.config.port);
-        let port = logs::serve(
+        let port = server::serve(
             ctx.clone(),
             listen,
             ctx.config.client_ca_pem.clone(),

@@ -19,7 +19,8 @@ use tracing::{info, warn};
 use trellis_client::informer::{BY_NODE_NAME, Change, Informer, pod_node_name};
 
 use crate::Context;
-use crate::worker::{self, POD_UID};
+use crate::labels::POD_UID;
+use crate::worker;
 
 struct Handle {
     pod: watch::Sender<Option<Arc<Pod>>>,
@@ -247,7 +248,7 @@ fn remove_orphan_files(ctx: &Context, known: &HashSet<String>, workers: &HashMap
             root.join("pods"),
             (|n: &str| Some(n)) as fn(&str) -> Option<&str>,
         ),
-        (root.join("logs"), crate::logs::uid_of_pod_logs_dir),
+        (root.join("logs"), crate::paths::uid_of_pod_logs_dir),
     ] {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;

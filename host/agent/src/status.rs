@@ -2,6 +2,7 @@
 //! containers: phase, conditions, container statuses, QoS class.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
@@ -306,6 +307,20 @@ pub fn qos_class(pod: &Pod) -> &'static str {
         (false, _) => "BestEffort",
         (true, true) => "Guaranteed",
         (true, false) => "Burstable",
+    }
+}
+
+/// A duration as Go prints one (`10s`, `1m20s`, `250ms`).
+pub fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    match (s / 60, s % 60) {
+        (0, s) => format!("{s}s"),
+        (m, 0) => format!("{m}m0s"),
+        (m, s) => format!("{m}m{s}s"),
     }
 }
 

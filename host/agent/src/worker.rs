@@ -3,16 +3,14 @@
 //! back-off, termination — and the status it then reports.
 //!
 //! A sync reads the pod (the latest version the informer has) and the runtime's
-//! containers of its sandbox, does the next thing each container needs, and writes
-//! the status when it changed. It runs again when the pod changes, when the relist
+//! containers of its sandbox, asks [`crate::plan`] what the pod needs now, carries
+//! that out (the kubelet's `SyncPod`), and writes the status when it changed. It runs again when the pod changes, when the relist
 //! sees one of its containers change, or when a back-off it waits for ends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
@@ -23,20 +21,19 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 use trellis_client::events::EventType;
-use trellis_runtime::ENV_BYTES;
 
 use crate::Context;
-use crate::logs;
+use crate::container;
+use crate::images;
+use crate::paths::pod_logs_dir;
+use crate::plan::{self, Start};
 use crate::probes::Prober;
+use crate::sandbox;
 use crate::spec::{self, Sources};
-use crate::status::{self, Observed, Slot, State};
+use crate::status::{self, Observed, Slot, State, human};
 
-/// Labels the agent puts on sandboxes and containers (the kubelet's), by which it
-/// finds a pod's again after a restart.
-pub const POD_UID: &str = "io.kubernetes.pod.uid";
-pub const POD_NAME: &str = "io.kubernetes.pod.name";
-pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
-pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// The labels of sandboxes and containers, by their older path.
+pub use crate::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
 
 /// The grace period of a pod that sets none.
 const DEFAULT_GRACE: i64 = 30;
@@ -258,29 +255,21 @@ impl Worker {
                 .and_then(|s| s.start_time.clone())
                 .or_else(|| Some(Time(jiff::Timestamp::now())));
         }
-        let (sandbox, sandbox_config) = match self.ensure_sandbox(pod, &handler).await {
-            Ok(s) => s,
-            Err(message) => {
-                self.event(
-                    pod,
-                    EventType::Warning,
-                    "FailedCreatePodSandBox",
-                    &format!("Failed to create pod sandbox: {message}"),
-                );
-                return Ok(Some(Instant::now() + self.ctx.config.backoff_base));
-            }
+        let sandbox_config = sandbox::sandbox_config(&self.ctx.config.root, pod, &self.uid);
+        let ready = match sandbox::ready_sandbox(&self.ctx, &self.uid).await {
+            Ok(ready) => ready,
+            Err(message) => return Ok(Some(self.failed_sandbox(pod, &message))),
         };
-        let mut observed = self.observe(&sandbox).await?;
+        let mut observed = match &ready {
+            Some(id) => container::observe(&self.ctx, id).await?,
+            None => HashMap::new(),
+        };
         let restart_policy = spec
             .restart_policy
             .clone()
             .unwrap_or_else(|| "Always".into());
-        let mut init: Vec<Slot> = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .map(|c| slot(c, &mut observed))
-            .collect();
+        let init_specs: &[Container] = spec.init_containers.as_deref().unwrap_or_default();
+        let mut init: Vec<Slot> = init_specs.iter().map(|c| slot(c, &mut observed)).collect();
         let mut main: Vec<Slot> = spec
             .containers
             .iter()
@@ -290,39 +279,72 @@ impl Worker {
         let mut soonest = |at: Instant| {
             wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
         };
+
+        // The probes of the running containers, whose liveness the plan reads (the
+        // kubelet's probe results).
+        let mut unhealthy = HashMap::new();
+        if plan::initialized(&init) {
+            let runs: Vec<String> = main
+                .iter()
+                .filter_map(|s| s.current.as_ref().map(|c| c.id.clone()))
+                .collect();
+            self.prober.retain(&runs);
+            for (container, s) in spec.containers.iter().zip(main.iter_mut()) {
+                let Some(current) = s.current.as_ref().filter(|c| c.state == State::Running) else {
+                    continue;
+                };
+                let (id, started_at) = (current.id.clone(), current.started_at);
+                let outcome = self
+                    .prober
+                    .check(&self.ctx, pod, container, &id, started_at)
+                    .await;
+                for message in &outcome.unhealthy {
+                    self.event(pod, EventType::Warning, "Unhealthy", message);
+                }
+                if let Some(at) = outcome.next {
+                    soonest(at);
+                }
+                s.ready = outcome.ready;
+                s.started = outcome.started;
+                if let Some(message) = outcome.kill {
+                    unhealthy.insert(container.name.clone(), message);
+                }
+            }
+        }
+
+        let actions =
+            plan::compute_pod_actions(&restart_policy, ready.is_some(), &init, &main, &unhealthy);
+        let sandbox = match ready {
+            Some(id) if !actions.create_sandbox => id,
+            _ => match sandbox::run_sandbox(&self.ctx, &sandbox_config, &handler).await {
+                Ok(id) => id,
+                Err(message) => return Ok(Some(self.failed_sandbox(pod, &message))),
+            },
+        };
+        for kill in &actions.kill {
+            self.event(pod, EventType::Normal, "Killing", &kill.reason);
+            let mut runtime = self.ctx.cri.runtime.clone();
+            let _ = runtime
+                .stop_container(cri::StopContainerRequest {
+                    container_id: kill.container_id.clone(),
+                    timeout: spec_grace(pod),
+                })
+                .await;
+            if let Some(s) = main.iter_mut().find(|s| s.name == kill.name) {
+                s.ready = false;
+            }
+            // The next sync sees it exited and restarts it by the policy.
+            soonest(Instant::now());
+        }
         let mut sources = Sources::default();
         let mut volumes = None;
-        let mut init_failed = false;
-
-        // Init containers, one at a time, in order.
-        let mut initialized = true;
-        for (i, container) in spec.init_containers.iter().flatten().enumerate() {
-            let s = &mut init[i];
-            if s.succeeded() {
-                continue;
-            }
-            initialized = false;
-            if s.running() {
-                break;
-            }
-            if let Some(exited) = s.exited() {
-                if restart_policy == "Never" {
-                    init_failed = true;
-                    break;
-                }
-                let ran = ran_for(exited);
-                if let Err(until) = self.may_restart(&container.name, ran) {
-                    s.waiting = Some(self.backing_off(pod, &container.name));
-                    soonest(until);
-                    break;
-                }
-            }
-            let attempt = s.current.as_ref().map(|c| c.attempt + 1).unwrap_or(0);
+        if let Some(start) = &actions.start_init {
+            let (container, s) = (&init_specs[start.index], &mut init[start.index]);
             if let Some(until) = self
                 .start(
                     pod,
                     container,
-                    attempt,
+                    start,
                     &sandbox,
                     &sandbox_config,
                     &mut volumes,
@@ -333,93 +355,35 @@ impl Worker {
             {
                 soonest(until);
             }
-            break;
         }
-
-        if initialized {
-            let runs: Vec<String> = main
-                .iter()
-                .filter_map(|s| s.current.as_ref().map(|c| c.id.clone()))
-                .collect();
-            self.prober.retain(&runs);
-            for (i, container) in spec.containers.iter().enumerate() {
-                let s = &mut main[i];
-                if let Some(current) = s.current.as_ref().filter(|c| c.state == State::Running) {
-                    let (id, started_at) = (current.id.clone(), current.started_at);
-                    let outcome = self
-                        .prober
-                        .check(&self.ctx, pod, container, &id, started_at)
-                        .await;
-                    for message in &outcome.unhealthy {
-                        self.event(pod, EventType::Warning, "Unhealthy", message);
-                    }
-                    if let Some(at) = outcome.next {
-                        soonest(at);
-                    }
-                    s.ready = outcome.ready;
-                    s.started = outcome.started;
-                    if let Some(message) = outcome.kill {
-                        self.event(pod, EventType::Normal, "Killing", &message);
-                        let grace = spec_grace(pod);
-                        let mut runtime = self.ctx.cri.runtime.clone();
-                        let _ = runtime
-                            .stop_container(cri::StopContainerRequest {
-                                container_id: id,
-                                timeout: grace,
-                            })
-                            .await;
-                        s.ready = false;
-                        // The next sync sees it exited and restarts it by the policy.
-                        soonest(Instant::now());
-                    }
-                    continue;
-                }
-                let attempt = match s.exited() {
-                    None => s.current.as_ref().map(|c| c.attempt + 1).unwrap_or(0),
-                    Some(exited) => {
-                        let restart = match restart_policy.as_str() {
-                            "Always" => true,
-                            "OnFailure" => exited.exit_code != 0,
-                            _ => false,
-                        };
-                        if !restart {
-                            continue;
-                        }
-                        if let Err(until) = self.may_restart(&container.name, ran_for(exited)) {
-                            s.waiting = Some(self.backing_off(pod, &container.name));
-                            soonest(until);
-                            continue;
-                        }
-                        exited.attempt + 1
-                    }
-                };
-                if let Some(until) = self
-                    .start(
-                        pod,
-                        container,
-                        attempt,
-                        &sandbox,
-                        &sandbox_config,
-                        &mut volumes,
-                        &mut sources,
-                        s,
-                    )
-                    .await
-                {
-                    soonest(until);
-                }
-                if s.running() {
-                    // Probed from the next sync on; until then ready only without
-                    // probes that must pass first.
-                    s.ready =
-                        container.readiness_probe.is_none() && container.startup_probe.is_none();
-                    s.started = container.startup_probe.is_none();
-                    if !s.ready || !s.started {
-                        soonest(Instant::now() + Duration::from_millis(10));
-                    }
+        for start in &actions.start {
+            let (container, s) = (&spec.containers[start.index], &mut main[start.index]);
+            if let Some(until) = self
+                .start(
+                    pod,
+                    container,
+                    start,
+                    &sandbox,
+                    &sandbox_config,
+                    &mut volumes,
+                    &mut sources,
+                    s,
+                )
+                .await
+            {
+                soonest(until);
+            }
+            if s.running() {
+                // Probed from the next sync on; until then ready only without
+                // probes that must pass first.
+                s.ready = container.readiness_probe.is_none() && container.startup_probe.is_none();
+                s.started = container.startup_probe.is_none();
+                if !s.ready || !s.started {
+                    soonest(Instant::now() + Duration::from_millis(10));
                 }
             }
         }
+        let (initialized, init_failed) = (actions.initialized, actions.init_failed);
 
         let phase = status::phase(&init, &main, &restart_policy, init_failed);
         let terminal = matches!(phase, "Succeeded" | "Failed");
@@ -451,6 +415,18 @@ impl Worker {
             self.stop_sandboxes(Some(pod), 0, false).await;
         }
         Ok(wake)
+    }
+
+    /// Tells that the pod's sandbox could not be found or made (`message`, the
+    /// runtime's), and returns when to try again.
+    fn failed_sandbox(&self, pod: &Pod, message: &str) -> Instant {
+        self.event(
+            pod,
+            EventType::Warning,
+            "FailedCreatePodSandBox",
+            &format!("Failed to create pod sandbox: {message}"),
+        );
+        Instant::now() + self.ctx.config.backoff_base
     }
 
     /// Whether the container may restart now (`Err`: not before then), and the
@@ -514,177 +490,29 @@ impl Worker {
         )
     }
 
-    /// The pod's ready sandbox, made if there is none.
-    async fn ensure_sandbox(
-        &mut self,
-        pod: &Pod,
-        handler: &str,
-    ) -> Result<(String, cri::PodSandboxConfig), String> {
-        let config = self.sandbox_config(pod);
-        let mut runtime = self.ctx.cri.runtime.clone();
-        let listed = runtime
-            .list_pod_sandbox(cri::ListPodSandboxRequest {
-                filter: Some(cri::PodSandboxFilter {
-                    label_selector: [(POD_UID.to_owned(), self.uid.clone())].into(),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .map_err(|e| e.message().to_owned())?
-            .into_inner();
-        if let Some(ready) = listed
-            .items
-            .iter()
-            .find(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
-        {
-            return Ok((ready.id.clone(), config));
-        }
-        let id = runtime
-            .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: handler.to_owned(),
-            })
-            .await
-            .map_err(|e| e.message().to_owned())?
-            .into_inner()
-            .pod_sandbox_id;
-        Ok((id, config))
-    }
-
-    fn sandbox_config(&self, pod: &Pod) -> cri::PodSandboxConfig {
-        let meta = &pod.metadata;
-        let name = meta.name.clone().unwrap_or_default();
-        let namespace = meta.namespace.clone().unwrap_or_default();
-        let mut labels: HashMap<String, String> = meta
-            .labels
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        labels.insert(POD_UID.into(), self.uid.clone());
-        labels.insert(POD_NAME.into(), name.clone());
-        labels.insert(POD_NAMESPACE.into(), namespace.clone());
-        let log_directory = logs::pod_logs_dir(
-            &self.ctx.config.root.join("logs"),
-            &namespace,
-            &name,
-            &self.uid,
-        );
-        cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
-                name,
-                uid: self.uid.clone(),
-                namespace,
-                attempt: 0,
-            }),
-            log_directory: log_directory.to_string_lossy().into_owned(),
-            labels,
-            annotations: meta
-                .annotations
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect(),
-            linux: Some(cri::LinuxPodSandboxConfig {
-                security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: Some(cri::NamespaceOption {
-                        network: cri::NamespaceMode::Node as i32,
-                        pid: cri::NamespaceMode::Container as i32,
-                        ipc: cri::NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    /// The sandbox's containers, by container name, newest first.
-    async fn observe(&self, sandbox: &str) -> anyhow::Result<HashMap<String, Vec<Observed>>> {
-        let mut runtime = self.ctx.cri.runtime.clone();
-        let listed = runtime
-            .list_containers(cri::ListContainersRequest {
-                filter: Some(cri::ContainerFilter {
-                    pod_sandbox_id: sandbox.to_owned(),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .map_err(|e| anyhow::anyhow!("list containers: {}", e.message()))?
-            .into_inner();
-        let mut by_name: HashMap<String, Vec<cri::Container>> = HashMap::new();
-        for c in listed.containers {
-            let name = c
-                .metadata
-                .as_ref()
-                .map(|m| m.name.clone())
-                .unwrap_or_default();
-            by_name.entry(name).or_default().push(c);
-        }
-        let mut out = HashMap::new();
-        for (name, mut list) in by_name {
-            list.sort_by_key(|c| {
-                std::cmp::Reverse((
-                    c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
-                    c.created_at,
-                ))
-            });
-            let mut seen = Vec::new();
-            for (i, c) in list.iter().enumerate() {
-                if i >= 2 {
-                    // Older runs than the previous one: their logs are no longer asked for.
-                    let _ = runtime
-                        .remove_container(cri::RemoveContainerRequest {
-                            container_id: c.id.clone(),
-                        })
-                        .await;
-                    continue;
-                }
-                let status = runtime
-                    .container_status(cri::ContainerStatusRequest {
-                        container_id: c.id.clone(),
-                        verbose: false,
-                    })
-                    .await
-                    .map_err(|e| anyhow::anyhow!("container status: {}", e.message()))?
-                    .into_inner()
-                    .status
-                    .unwrap_or_default();
-                seen.push(Observed {
-                    id: c.id.clone(),
-                    attempt: c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
-                    state: State::from_cri(status.state),
-                    exit_code: status.exit_code,
-                    reason: status.reason,
-                    message: status.message,
-                    created_at: status.created_at,
-                    started_at: status.started_at,
-                    finished_at: status.finished_at,
-                    image_ref: status.image_ref,
-                });
-            }
-            out.insert(name, seen);
-        }
-        Ok(out)
-    }
-
-    /// Pulls the image if the policy asks, creates and starts a container of attempt
-    /// `attempt`; on failure sets the slot's waiting reason and returns when to try
-    /// again.
+    /// Starts the container as `planned`: once its back-off allows, pulls the image if
+    /// the policy asks, creates and starts it; on failure sets the slot's waiting reason
+    /// and returns when to try again.
     #[allow(clippy::too_many_arguments)]
     async fn start(
         &mut self,
         pod: &Pod,
         container: &Container,
-        attempt: u32,
+        planned: &Start,
         sandbox: &str,
         sandbox_config: &cri::PodSandboxConfig,
         volumes: &mut Option<HashMap<String, std::path::PathBuf>>,
         sources: &mut Sources,
         slot: &mut Slot,
     ) -> Option<Instant> {
+        if let Some(ran) = planned.after_exit
+            && let Err(until) = self.may_restart(&container.name, ran)
+        {
+            slot.waiting = Some(self.backing_off(pod, &container.name));
+            return Some(until);
+        }
+        debug!(pod = %pod_label(pod), container = %container.name, attempt = planned.attempt, reason = planned.reason, "start container");
+        let attempt = planned.attempt;
         let pull_key = format!("pull:{}", container.name);
         if let Some(b) = self.backoff.get(&pull_key)
             && Instant::now() < b.until
@@ -695,7 +523,7 @@ impl Worker {
             ));
             return Some(b.until);
         }
-        if let Err(message) = self.pull(pod, container, sandbox_config).await {
+        if let Err(message) = images::pull(&self.ctx, pod, container, sandbox_config).await {
             self.event(pod, EventType::Warning, "Failed", &message);
             self.event(pod, EventType::Warning, "Failed", "Error: ErrImagePull");
             let _ = self.may_restart(&pull_key, Duration::ZERO);
@@ -704,9 +532,10 @@ impl Worker {
             return until;
         }
         self.backoff.remove(&pull_key);
-        let config = match self
-            .container_config(pod, container, attempt, volumes, sources)
-            .await
+        let config = match container::container_config(
+            &self.ctx, &self.uid, pod, container, attempt, volumes, sources,
+        )
+        .await
         {
             Ok(c) => c,
             Err(e) => {
@@ -779,246 +608,9 @@ impl Worker {
             .unwrap_or_default();
         slot.previous = slot.current.take();
         slot.waiting = None;
-        slot.current = Some(Observed {
-            id,
-            attempt,
-            state: State::from_cri(status.state),
-            exit_code: status.exit_code,
-            reason: status.reason,
-            message: status.message,
-            created_at: status.created_at,
-            started_at: status.started_at,
-            finished_at: status.finished_at,
-            image_ref: status.image_ref,
-        });
+        slot.current = Some(container::observed(id, attempt, status));
         None
     }
-
-    /// The image, pulled as `imagePullPolicy` says.
-    async fn pull(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        sandbox_config: &cri::PodSandboxConfig,
-    ) -> Result<(), String> {
-        let image = container.image.clone().unwrap_or_default();
-        let spec = cri::ImageSpec {
-            image: image.clone(),
-            ..Default::default()
-        };
-        let policy = container.image_pull_policy.clone().unwrap_or_else(|| {
-            if image.ends_with(":latest") || (!image.contains(':') && !image.contains('@')) {
-                "Always".into()
-            } else {
-                "IfNotPresent".into()
-            }
-        });
-        let mut images = self.ctx.cri.images.clone();
-        if policy != "Always" {
-            let present = images
-                .image_status(cri::ImageStatusRequest {
-                    image: Some(spec.clone()),
-                    verbose: false,
-                })
-                .await
-                .map(|r| r.into_inner().image.is_some())
-                .unwrap_or(false);
-            if present {
-                self.event(
-                    pod,
-                    EventType::Normal,
-                    "Pulled",
-                    &format!("Container image \"{image}\" already present on machine"),
-                );
-                return Ok(());
-            }
-            if policy == "Never" {
-                return Err(format!(
-                    "Container image \"{image}\" is not present with pull policy of Never"
-                ));
-            }
-        }
-        self.event(
-            pod,
-            EventType::Normal,
-            "Pulling",
-            &format!("Pulling image \"{image}\""),
-        );
-        let started = std::time::Instant::now();
-        images
-            .pull_image(cri::PullImageRequest {
-                image: Some(spec),
-                auth: self.pull_credentials(pod, &image).await,
-                sandbox_config: Some(sandbox_config.clone()),
-            })
-            .await
-            .map_err(|e| format!("Failed to pull image \"{image}\": {}", e.message()))?;
-        self.event(
-            pod,
-            EventType::Normal,
-            "Pulled",
-            &format!(
-                "Successfully pulled image \"{image}\" in {}",
-                human(started.elapsed())
-            ),
-        );
-        Ok(())
-    }
-
-    /// Credentials for the image's registry from the pod's `imagePullSecrets`
-    /// (`kubernetes.io/dockerconfigjson` or `kubernetes.io/dockercfg`), the first that
-    /// names the registry, as the kubelet passes them to the runtime.
-    async fn pull_credentials(&self, pod: &Pod, image: &str) -> Option<cri::AuthConfig> {
-        let secrets = pod.spec.as_ref()?.image_pull_secrets.as_ref()?;
-        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let registry = registry_of(image);
-        let api: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(self.ctx.client.clone(), ns);
-        for reference in secrets {
-            let Ok(Some(secret)) = api.get_opt(&reference.name).await else {
-                continue;
-            };
-            let data = secret.data.unwrap_or_default();
-            let config: Value = match (data.get(".dockerconfigjson"), data.get(".dockercfg")) {
-                (Some(json), _) => serde_json::from_slice::<Value>(&json.0)
-                    .ok()
-                    .and_then(|v| v.get("auths").cloned())
-                    .unwrap_or_default(),
-                (None, Some(cfg)) => serde_json::from_slice(&cfg.0).unwrap_or_default(),
-                _ => continue,
-            };
-            let Some(entries) = config.as_object() else {
-                continue;
-            };
-            for (server, entry) in entries {
-                if registry_of_key(server) != registry {
-                    continue;
-                }
-                let field = |k: &str| {
-                    entry
-                        .get(k)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned()
-                };
-                return Some(cri::AuthConfig {
-                    username: field("username"),
-                    password: field("password"),
-                    auth: field("auth"),
-                    server_address: server.clone(),
-                    identity_token: field("identitytoken"),
-                    registry_token: field("registrytoken"),
-                });
-            }
-        }
-        None
-    }
-
-    async fn container_config(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        attempt: u32,
-        volumes: &mut Option<HashMap<String, std::path::PathBuf>>,
-        sources: &mut Sources,
-    ) -> Result<cri::ContainerConfig, spec::ConfigError> {
-        if volumes.is_none() {
-            *volumes = Some(spec::volumes(&self.ctx, pod, sources).await?);
-        }
-        let mounts = spec::mounts(container, volumes.as_ref().unwrap_or(&HashMap::new()))?;
-        let env = spec::environment(&self.ctx, pod, container, sources).await?;
-        // CRI's arguments are strings: a reference to a value that is not UTF-8 is
-        // passed as its closest string.
-        let expand = |list: &Option<Vec<String>>| -> Vec<String> {
-            list.iter()
-                .flatten()
-                .map(|s| String::from_utf8_lossy(&spec::expand(s, &env)).into_owned())
-                .collect()
-        };
-        let (command, args) = (expand(&container.command), expand(&container.args));
-        let mut annotations = annotations(container, attempt);
-        let envs = self.cri_environment(container, env, &mut annotations)?;
-        let memory_limit = container
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get("memory"))
-            .and_then(|q| q.0.parse::<trellis_quantity::Quantity>().ok())
-            .map(|q| q.value())
-            .unwrap_or(0);
-        let meta = &pod.metadata;
-        let labels: HashMap<String, String> = [
-            (POD_UID, self.uid.clone()),
-            (POD_NAME, meta.name.clone().unwrap_or_default()),
-            (POD_NAMESPACE, meta.namespace.clone().unwrap_or_default()),
-            (CONTAINER_NAME, container.name.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-        Ok(cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata {
-                name: container.name.clone(),
-                attempt,
-            }),
-            image: Some(cri::ImageSpec {
-                image: container.image.clone().unwrap_or_default(),
-                ..Default::default()
-            }),
-            command,
-            args,
-            working_dir: container.working_dir.clone().unwrap_or_default(),
-            envs,
-            mounts,
-            labels,
-            annotations,
-            log_path: format!("{}/{attempt}.log", container.name),
-            linux: Some(cri::LinuxContainerConfig {
-                resources: Some(cri::LinuxContainerResources {
-                    memory_limit_in_bytes: memory_limit,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-    }
-
-    /// The environment as CRI carries it. Its values are protobuf strings, which this
-    /// client can only send as UTF-8: a value that is not (a Secret's bytes) goes to
-    /// Trellis' runtime in [`ENV_BYTES`] instead, as the kubelet's bytes reach
-    /// containerd; another runtime cannot be given it unchanged, so the container
-    /// fails with the reason rather than get a different value.
-    fn cri_environment(
-        &self,
-        container: &Container,
-        env: spec::Environment,
-        annotations: &mut HashMap<String, String>,
-    ) -> Result<Vec<cri::KeyValue>, spec::ConfigError> {
-        let mut raw = serde_json::Map::new();
-        let mut envs = Vec::with_capacity(env.len());
-        for (key, value) in env {
-            let value = match String::from_utf8(value) {
-                Ok(value) => value,
-                Err(e) if self.ctx.runtime_name == "trellis" => {
-                    raw.insert(key.clone(), BASE64.encode(e.as_bytes()).into());
-                    String::new()
-                }
-                Err(_) => {
-                    return Err(spec::ConfigError(format!(
-                        "environment variable {key} of container {:?} is not valid UTF-8, which the {} runtime cannot be given over CRI",
-                        container.name, self.ctx.runtime_name
-                    )));
-                }
-            };
-            envs.push(cri::KeyValue { key, value });
-        }
-        if !raw.is_empty() {
-            annotations.insert(ENV_BYTES.to_owned(), Value::Object(raw).to_string());
-        }
-        Ok(envs)
-    }
-
     /// Stops the pod's containers (SIGTERM, `grace` seconds, then SIGKILL) and its
     /// sandboxes; with `remove`, removes them and the pod's files too.
     async fn stop_sandboxes(&self, pod: Option<&Pod>, grace: i64, remove: bool) {
@@ -1097,7 +689,7 @@ impl Worker {
             }
             if let Some(pod) = pod {
                 let meta = &pod.metadata;
-                let dir = logs::pod_logs_dir(
+                let dir = pod_logs_dir(
                     &self.ctx.config.root.join("logs"),
                     meta.namespace.as_deref().unwrap_or_default(),
                     meta.name.as_deref().unwrap_or_default(),
@@ -1183,54 +775,6 @@ impl Worker {
     }
 }
 
-/// A container's annotations, as the kubelet writes them: its restart count and its
-/// ports (a `wasi:http` component is served on the first).
-fn annotations(container: &Container, attempt: u32) -> HashMap<String, String> {
-    let mut out = HashMap::from([(
-        "io.kubernetes.container.restartCount".to_owned(),
-        attempt.to_string(),
-    )]);
-    if let Some(ports) = container.ports.as_ref().filter(|p| !p.is_empty()) {
-        let list: Vec<Value> = ports
-            .iter()
-            .map(|p| {
-                json!({"name": p.name, "containerPort": p.container_port,
-                       "protocol": p.protocol.as_deref().unwrap_or("TCP")})
-            })
-            .collect();
-        out.insert(
-            "io.kubernetes.container.ports".into(),
-            Value::Array(list).to_string(),
-        );
-    }
-    out
-}
-
-/// The registry host of an image reference, as Docker names them: the first path
-/// part when it looks like a host (a dot, a port, or `localhost`), else Docker Hub.
-fn registry_of(image: &str) -> String {
-    match image.split_once('/') {
-        Some((host, _)) if host.contains('.') || host.contains(':') || host == "localhost" => {
-            host.to_owned()
-        }
-        _ => "docker.io".to_owned(),
-    }
-}
-
-/// The registry host a docker config key names (`https://host/v1/`, `host:5000`).
-fn registry_of_key(key: &str) -> String {
-    let host = key
-        .trim_start_matches("https://")
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    match host {
-        "index.docker.io" | "registry-1.docker.io" => "docker.io".to_owned(),
-        other => other.to_owned(),
-    }
-}
-
 /// The slot of a spec container, with its runtime containers taken from `observed`.
 fn slot(container: &Container, observed: &mut HashMap<String, Vec<Observed>>) -> Slot {
     let mut runs = observed
@@ -1245,43 +789,5 @@ fn slot(container: &Container, observed: &mut HashMap<String, Vec<Observed>>) ->
         waiting: None,
         ready: false,
         started: true,
-    }
-}
-
-/// How long a run lasted; zero for one that never started (a `StartError`: its start
-/// time is unset), which the back-off must count as a crash, not as a long run.
-fn ran_for(o: &Observed) -> Duration {
-    if o.started_at <= 0 {
-        return Duration::ZERO;
-    }
-    Duration::from_nanos((o.finished_at - o.started_at).max(0) as u64)
-}
-
-/// A duration as Go prints one (`10s`, `1m20s`, `250ms`).
-fn human(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let s = d.as_secs();
-    match (s / 60, s % 60) {
-        (0, s) => format!("{s}s"),
-        (m, 0) => format!("{m}m0s"),
-        (m, s) => format!("{m}m{s}s"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn registries_are_named_as_docker_names_them() {
-        assert_eq!(registry_of("127.0.0.1:5000/wasm/app:v1"), "127.0.0.1:5000");
-        assert_eq!(registry_of("ghcr.io/org/app"), "ghcr.io");
-        assert_eq!(registry_of("nginx"), "docker.io");
-        assert_eq!(registry_of("library/nginx:1"), "docker.io");
-        assert_eq!(registry_of_key("https://index.docker.io/v1/"), "docker.io");
-        assert_eq!(registry_of_key("127.0.0.1:5000"), "127.0.0.1:5000");
     }
 }

@@ -1,0 +1,88 @@
+//! A pod's sandbox (the kubelet's `kuberuntime_sandbox.go`): the configuration the
+//! runtime is given for it, finding the pod's ready one, and making one.
+
+use std::path::Path;
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::Context;
+use crate::labels::{self, POD_UID};
+use crate::paths::pod_logs_dir;
+
+/// The sandbox of pod `uid`: its labels name the pod, its containers' logs go under
+/// `root/logs`, and it shares the node's network.
+pub fn sandbox_config(root: &Path, pod: &Pod, uid: &str) -> cri::PodSandboxConfig {
+    let meta = &pod.metadata;
+    let name = meta.name.clone().unwrap_or_default();
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let log_directory = pod_logs_dir(&root.join("logs"), &namespace, &name, uid);
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name,
+            uid: uid.to_owned(),
+            namespace,
+            attempt: 0,
+        }),
+        log_directory: log_directory.to_string_lossy().into_owned(),
+        labels: labels::sandbox_labels(pod, uid),
+        annotations: meta
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Node as i32,
+                    pid: cri::NamespaceMode::Container as i32,
+                    ipc: cri::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The ID of pod `uid`'s ready sandbox, if it has one; `Err` is the runtime's message.
+pub async fn ready_sandbox(ctx: &Context, uid: &str) -> Result<Option<String>, String> {
+    let mut runtime = ctx.cri.runtime.clone();
+    let listed = runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: [(POD_UID.to_owned(), uid.to_owned())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner();
+    Ok(listed
+        .items
+        .iter()
+        .find(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+        .map(|s| s.id.clone()))
+}
+
+/// Makes a sandbox of `config` with `handler`, and returns its ID; `Err` is the
+/// runtime's message.
+pub async fn run_sandbox(
+    ctx: &Context,
+    config: &cri::PodSandboxConfig,
+    handler: &str,
+) -> Result<String, String> {
+    let mut runtime = ctx.cri.runtime.clone();
+    Ok(runtime
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: handler.to_owned(),
+        })
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner()
+        .pod_sandbox_id)
+}
