@@ -26,6 +26,7 @@
 //! The agent speaks CRI to any runtime: Trellis' own (`trellis-runtime`, with the
 //! `wasmtime` and `process` handlers) or containerd's.
 
+pub mod bootstrap;
 pub mod container;
 pub mod exec;
 pub mod hollow;

@@ -467,52 +467,19 @@ fn insecure_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
                 .with_safe_default_protocol_versions()
                 .map_err(|e| format!("TLS for probes: {e}"))?
                 .dangerous()
-                .with_custom_certificate_verifier(std::sync::Arc::new(AnyServerCert(algorithms)))
+                .with_custom_certificate_verifier(std::sync::Arc::new(
+                    trellis_pki::AcceptAnyServerCert(algorithms),
+                ))
                 .with_no_client_auth();
             Ok(std::sync::Arc::new(config))
         })
         .clone()
 }
 
-/// Takes the server's certificate, whatever it is, as the kubelet's probes and the
-/// API server's calls to nodes do; the handshake's signatures are still verified.
-#[derive(Debug)]
-pub(crate) struct AnyServerCert(pub(crate) rustls::crypto::WebPkiSupportedAlgorithms);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_schemes()
-    }
-}
+// Other modules (and their tests) find the verifier here; it is `trellis_pki`'s,
+// shared with the API server.
+#[allow(unused_imports)]
+pub(crate) use trellis_pki::AcceptAnyServerCert as AnyServerCert;
 
 #[cfg(test)]
 mod tests {

@@ -102,7 +102,7 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
             let ca_der = ca_der.context(
                 "find the cluster CA: the kubeconfig has no certificate-authority(-data)",
             )?;
-            let hash = trellis_apiserver::server::pki::ca_cert_hash(&ca_der)?;
+            let hash = trellis_pki::ca_cert_hash(&ca_der)?;
             let (id, secret) = (random_chars(6), random_chars(16));
             let mut data = vec![
                 ("token-id", id.clone()),
