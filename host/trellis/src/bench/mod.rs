@@ -1,4 +1,5 @@
-//! Benchmarks of the store backends and of the API server.
+//! Benchmarks of the store backends, the API server, plugins, the controllers, the
+//! scheduler and nodes: `trellis bench`, whose figures `docs/benchmarks.md` keeps.
 //!
 //! Each store benchmark opens a backend with [`OpenStore::open`], drives it through the
 //! [`Store`] trait only (so both backends run the same code), and reports percentiles
@@ -13,6 +14,9 @@
 //! - [`admission`]: what WASM plugins in the admission chain cost a create.
 //! - [`reload`]: how soon a changed plugin serves.
 //! - [`informer`]: a shared informer's sync, memory and fan-out, remote and in-process.
+//! - [`controller`]: a controller plugin's writes, batched against one host call each.
+//! - [`controllers`]: the built-in controllers: a Deployment's pods, a rollout, one
+//!   reconcile at the WASM boundary.
 //! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
 //! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
 //! - [`up`]: how soon `trellis up` is ready on an empty store.
