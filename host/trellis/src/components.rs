@@ -206,7 +206,7 @@ pub async fn run_controllers(
     let root_ca = config.root_cert.as_ref().map(|certs| pem(certs));
     let setup = ControllerSetup {
         plugins,
-        modules_dir: crate::plugin_controllers::modules_dir(args.plugin_cache_dir.as_deref()),
+        modules_dir: crate::plugins::modules_dir(args.plugin_cache_dir.as_deref()),
         running: Default::default(),
         root_ca,
         node_monitor_grace_period: args.node_monitor_grace_period,

@@ -9,9 +9,12 @@
 //! - [`plugin_controllers`]: controllers declared as `Plugin` objects, and which of
 //!   them replace a built-in.
 //! - [`scheduler`]: the scheduler component and its `Plugin` objects.
+//! - [`plugins`]: what both follow Plugin objects with: an informer feeding a
+//!   `trellis_plugins` follower.
 //! - [`flags`]: parsers the subcommands' flags share.
 
 pub mod components;
 pub mod flags;
 pub mod plugin_controllers;
+pub mod plugins;
 pub mod scheduler;

@@ -23,47 +23,28 @@
 //! Plugin may name a `builtin:` module, to run a bundled controller again under its
 //! own name and rules.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 use trellis_client::events::EventRecorder;
-use trellis_client::informer::{Change, Informer};
+use trellis_client::informer::Informer;
 use trellis_controllers::bundled::Builtin;
 use trellis_controllers::{ControllerConfig, Loaded, Manager, Running};
 use trellis_plugin_host::{GroupVersionResource, PluginKind};
-use trellis_plugins::{source, spec};
+use trellis_plugins::follow::{Failure, Follower, World};
+use trellis_plugins::{object, source, spec};
 
 use crate::components::{ControllerSetup, Shared};
+pub use crate::plugins::modules_dir;
+pub use trellis_plugins::object::plugins_resource;
 
 /// The field manager of the statuses written here.
 const MANAGER: &str = "trellis-controller-manager";
-
-pub fn plugins_resource() -> ApiResource {
-    ApiResource {
-        group: spec::GROUP.into(),
-        version: spec::VERSION.into(),
-        api_version: format!("{}/{}", spec::GROUP, spec::VERSION),
-        kind: "Plugin".into(),
-        plural: spec::PLURAL.into(),
-    }
-}
-
-/// One controller Plugin as it runs.
-#[derive(Default)]
-struct Followed {
-    /// uid and generation of the declaration last loaded or tried.
-    fingerprint: String,
-    running: Option<Running>,
-    /// The counters last written to its status.
-    reported: [u64; 4],
-    /// The entry of a built-in: its counters are those of the built-in running.
-    entry: bool,
-}
 
 /// A built-in controller this controller manager was asked to run (`--controllers`),
 /// running unless a Plugin runs in its place, or it could not start.
@@ -83,13 +64,6 @@ fn counters(running: &Running) -> [u64; 4] {
         m.errors.load(Relaxed),
         m.timeouts.load(Relaxed),
     ]
-}
-
-/// Whether a Plugin object declares a controller.
-fn is_controller(obj: &DynamicObject) -> bool {
-    obj.data["spec"]["kind"]
-        .as_str()
-        .is_some_and(|k| k.eq_ignore_ascii_case("controller"))
 }
 
 /// Whether a Plugin object is the entry of a built-in (see the module's docs).
@@ -121,89 +95,238 @@ fn slot_of(slots: &[Slot], name: &str) -> Option<usize> {
 }
 
 /// The Plugin running in the place of the built-in of `slot`, if one does.
-fn replacer<'a>(slot: &Slot, followed: &'a HashMap<String, Followed>) -> Option<&'a str> {
-    followed
-        .iter()
-        .find(|(n, f)| {
-            !f.entry
-                && f.running.is_some()
-                && replaced_by(n, slot.builtin.name, slot.builtin.identity)
-        })
-        .map(|(n, _)| n.as_str())
+fn replacer<'a>(slot: &Slot, running: &'a HashMap<String, Running>) -> Option<&'a str> {
+    running
+        .keys()
+        .find(|n| replaced_by(n, slot.builtin.name, slot.builtin.identity))
+        .map(String::as_str)
 }
 
-/// What a built-in's entry says: whether the built-in runs here, and if not, why.
-fn entry_status(
-    setup: &ControllerSetup,
-    slots: &[Slot],
-    followed: &HashMap<String, Followed>,
-    name: &str,
-) -> Result<String, (&'static str, String)> {
-    let Some(slot) = slots.iter().find(|s| s.builtin.identity == name) else {
-        return Err((
-            "Disabled",
-            "not among this controller manager's --controllers".to_owned(),
-        ));
-    };
-    if let Some(running) = &slot.running {
-        return Ok(running.plugin.digest().to_owned());
-    }
-    match replacer(slot, followed) {
-        Some(n) => Err(("Replaced", format!("the Plugin {n} runs in its place"))),
-        None if crate::components::builtin_configuration(setup, slot.builtin).is_none() => Err((
-            "Disabled",
-            "it needs the cluster CA, which this controller manager does not know".to_owned(),
-        )),
-        None => Err((
-            "LoadFailed",
-            "it could not start here; the controller manager's log says why".to_owned(),
-        )),
-    }
+/// The controller manager's world of Plugin objects: those of kind `controller`, and
+/// the built-ins' entries, whose status it keeps (see the module's docs).
+struct ControllerPlugins {
+    setup: ControllerSetup,
+    manager: Manager,
+    client: kube::Client,
+    /// The Plugin objects, as the entries' statuses are written from.
+    informer: Arc<Informer<DynamicObject>>,
+    stopped: watch::Receiver<bool>,
+    slots: Vec<Slot>,
+    /// The controller Plugins running, by name.
+    running: HashMap<String, Running>,
+    /// The built-ins' entries followed.
+    entries: HashSet<String>,
+    /// The counters last written to each status.
+    reported: HashMap<String, [u64; 4]>,
 }
 
-/// Writes the `Loaded` condition of the entry of the built-in in `slot`, as the
-/// informer holds it, after the built-in stopped or started again.
-async fn write_entry_status(
-    setup: &ControllerSetup,
-    client: &kube::Client,
-    entries: &Informer<DynamicObject>,
-    slots: &[Slot],
-    followed: &HashMap<String, Followed>,
-    slot: usize,
-) {
-    let name = slots[slot].builtin.identity;
-    // One an administrator took over is theirs, and says how it runs itself.
-    if let Some(obj) = entries.get(name).filter(|obj| is_entry(obj)) {
-        let status = entry_status(setup, slots, followed, name);
-        write_status(client, &obj, status, "Builtin").await;
-    }
-}
-
-/// Starts the built-in of `slots[i]` again, a Plugin that ran in its place having
-/// stopped, unless another Plugin of its names still runs there.
-async fn give_back(
-    setup: &ControllerSetup,
-    manager: &Manager,
-    client: &kube::Client,
-    slots: &mut [Slot],
-    followed: &HashMap<String, Followed>,
-    i: usize,
-    stopped: &watch::Receiver<bool>,
-) {
-    let builtin = slots[i].builtin;
-    if slots[i].running.is_some()
-        || replacer(&slots[i], followed).is_some()
-        || crate::components::builtin_configuration(setup, builtin).is_none()
-    {
-        return;
-    }
-    match crate::components::start_builtin(setup, manager, client, builtin, stopped).await {
-        Ok(running) => {
-            info!(builtin = builtin.name, "the built-in controller runs again");
-            slots[i].running = Some(running);
+impl ControllerPlugins {
+    /// What a built-in's entry says: whether the built-in runs here, and if not, why.
+    fn entry_status(&self, name: &str) -> Result<String, Failure> {
+        let Some(slot) = self.slots.iter().find(|s| s.builtin.identity == name) else {
+            return Err((
+                "Disabled",
+                "not among this controller manager's --controllers".to_owned(),
+            ));
+        };
+        if let Some(running) = &slot.running {
+            return Ok(running.plugin.digest().to_owned());
         }
-        Err(e) => {
-            warn!(controller = builtin.name, error = %format!("{e:#}"), "the built-in controller cannot start again");
+        match replacer(slot, &self.running) {
+            Some(n) => Err(("Replaced", format!("the Plugin {n} runs in its place"))),
+            None if crate::components::builtin_configuration(&self.setup, slot.builtin)
+                .is_none() =>
+            {
+                Err((
+                    "Disabled",
+                    "it needs the cluster CA, which this controller manager does not know"
+                        .to_owned(),
+                ))
+            }
+            None => Err((
+                "LoadFailed",
+                "it could not start here; the controller manager's log says why".to_owned(),
+            )),
+        }
+    }
+
+    /// Writes the `Loaded` condition of the entry of the built-in in `slot`, as the
+    /// informer holds it, after the built-in stopped or started again.
+    async fn write_entry_status(&self, slot: usize) {
+        let name = self.slots[slot].builtin.identity;
+        // One an administrator took over is theirs, and says how it runs itself.
+        if let Some(obj) = self.informer.get(name).filter(|obj| is_entry(obj)) {
+            let status = self.entry_status(name);
+            object::write_loaded(&self.client, MANAGER, &obj, status, "Builtin").await;
+        }
+    }
+
+    /// Starts the built-in of `slots[i]` again, a Plugin that ran in its place having
+    /// stopped, unless another Plugin of its names still runs there.
+    async fn give_back(&mut self, i: usize) {
+        let builtin = self.slots[i].builtin;
+        if self.slots[i].running.is_some()
+            || replacer(&self.slots[i], &self.running).is_some()
+            || crate::components::builtin_configuration(&self.setup, builtin).is_none()
+        {
+            return;
+        }
+        match crate::components::start_builtin(
+            &self.setup,
+            &self.manager,
+            &self.client,
+            builtin,
+            &self.stopped,
+        )
+        .await
+        {
+            Ok(running) => {
+                info!(builtin = builtin.name, "the built-in controller runs again");
+                self.slots[i].running = Some(running);
+            }
+            Err(e) => {
+                warn!(controller = builtin.name, error = %format!("{e:#}"), "the built-in controller cannot start again");
+            }
+        }
+    }
+
+    /// Stops every controller running here.
+    async fn stop(self) {
+        for (_, running) in self.running {
+            running.stop().await;
+        }
+        for slot in self.slots {
+            if let Some(running) = slot.running {
+                running.stop().await;
+            }
+        }
+    }
+}
+
+impl World for ControllerPlugins {
+    type Declaration = DynamicObject;
+    type Loaded = Loaded;
+
+    fn takes(&self, _: &str, obj: &DynamicObject) -> bool {
+        object::is_kind(obj, "controller") && !is_entry(obj)
+    }
+
+    fn load(
+        &self,
+        _: &str,
+        obj: Arc<DynamicObject>,
+    ) -> impl Future<Output = Result<Loaded, Failure>> + Send + 'static {
+        let setup = self.setup.clone();
+        let manager = self.manager.clone();
+        let client = self.client.clone();
+        let stopped = self.stopped.clone();
+        async move { load(&setup, &manager, &client, &obj, &stopped).await }
+    }
+
+    async fn install(&mut self, name: &str, _: &DynamicObject, loaded: Loaded) -> String {
+        let digest = loaded.plugin().digest().to_owned();
+        // What ran in its place stops before it runs, so that two versions of one
+        // controller never reconcile at once.
+        if let Some(old) = self.running.remove(name) {
+            old.stop().await;
+        }
+        let slot = slot_of(&self.slots, name);
+        let stood_down = slot.and_then(|i| self.slots[i].running.take());
+        if let Some(builtin) = stood_down {
+            info!(plugin = %name, builtin = builtin.plugin.name(), "a Plugin replaces the built-in controller");
+            builtin.stop().await;
+        }
+        self.running.insert(name.to_owned(), loaded.run());
+        info!(plugin = %name, %digest, "controller plugin running");
+        if let Some(i) = slot {
+            self.write_entry_status(i).await;
+        }
+        digest
+    }
+
+    async fn remove(&mut self, name: &str) {
+        self.entries.remove(name);
+        self.reported.remove(name);
+        let Some(running) = self.running.remove(name) else {
+            return;
+        };
+        running.stop().await;
+        info!(plugin = %name, "controller plugin stopped");
+        if let Some(i) = slot_of(&self.slots, name) {
+            self.give_back(i).await;
+            self.write_entry_status(i).await;
+        }
+    }
+
+    async fn declined(&mut self, name: &str, obj: &DynamicObject) {
+        if !(object::is_kind(obj, "controller") && is_entry(obj)) {
+            return;
+        }
+        // An entry that was a Plugin of its own before (an administrator's, given
+        // back) was stopped by `remove`: the built-in's own run is what it stands for.
+        self.entries.insert(name.to_owned());
+        let result = self.entry_status(name);
+        object::write_loaded(&self.client, MANAGER, obj, result, "Builtin").await;
+    }
+
+    fn keeps(&self, name: &str) -> Option<String> {
+        let builtin = slot_of(&self.slots, name).and_then(|i| self.slots[i].running.as_ref());
+        match (self.running.get(name), builtin) {
+            (Some(r), _) => Some(format!(
+                "the last good version ({}) keeps running",
+                r.plugin.digest()
+            )),
+            (None, Some(builtin)) => Some(format!(
+                "the built-in controller {} keeps running",
+                builtin.plugin.name()
+            )),
+            (None, None) => None,
+        }
+    }
+
+    async fn report(&mut self, name: &str, obj: &DynamicObject, result: Result<String, Failure>) {
+        // A Plugin of its own now, whatever it was before.
+        self.entries.remove(name);
+        object::write_loaded(&self.client, MANAGER, obj, result, "Loaded").await;
+    }
+
+    /// Copies each running plugin's counters into its Plugin's status when they
+    /// changed, as the API server does for admission plugins: how a controller whose
+    /// writes are refused shows it (`denials` counts reconciles that returned an error).
+    async fn refresh(&mut self) {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &plugins_resource());
+        let params = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let names = self.running.keys().chain(self.entries.iter());
+        for name in names {
+            let running = match self.running.get(name) {
+                Some(running) => running,
+                None => match self
+                    .slots
+                    .iter()
+                    .find(|s| s.builtin.identity == name)
+                    .and_then(|s| s.running.as_ref())
+                {
+                    Some(running) => running,
+                    None => continue,
+                },
+            };
+            let now = counters(running);
+            if self.reported.get(name) == Some(&now) {
+                continue;
+            }
+            let [calls, denials, errors, timeouts] = now;
+            let patch = json!({"status": {"calls": calls, "denials": denials, "errors": errors, "timeouts": timeouts}});
+            match api.patch_status(name, &params, &Patch::Merge(patch)).await {
+                Ok(_) => {
+                    self.reported.insert(name.clone(), now);
+                }
+                Err(e) => {
+                    warn!(plugin = %name, error = %e, "writing the controller plugin's counters failed")
+                }
+            }
         }
     }
 }
@@ -219,13 +342,12 @@ pub(crate) async fn follow(
     client: kube::Client,
     shared: Shared,
     builtins: Vec<Running>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) {
     let informer = shared.informers.informer::<DynamicObject>(
         Api::all_with(client.clone(), &plugins_resource()),
         watcher::Config::default(),
     );
-    let mut changes = informer.subscribe();
     let mut slots: Vec<Slot> = setup
         .builtins
         .iter()
@@ -243,133 +365,22 @@ pub(crate) async fn follow(
             None => running.stop().await,
         }
     }
-    let mut followed: HashMap<String, Followed> = HashMap::new();
-    let mut status_tick = tokio::time::interval(setup.plugin_status_interval);
-    status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let change = tokio::select! {
-            change = changes.recv() => Some(change),
-            _ = status_tick.tick() => None,
-            _ = stopped.wait_for(|s| *s) => break,
-        };
-        let Some(change) = change else {
-            report_counters(&client, &mut followed, &slots).await;
-            continue;
-        };
-        let Some(change) = change else { break };
-        let obj = change.object().clone();
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        let gone = matches!(change, Change::Deleted(_))
-            || obj.metadata.deletion_timestamp.is_some()
-            || !is_controller(&obj);
-        if gone {
-            let Some(running) = followed.remove(&name).and_then(|f| f.running) else {
-                continue;
-            };
-            running.stop().await;
-            info!(plugin = %name, "controller plugin stopped");
-            if let Some(i) = slot_of(&slots, &name) {
-                give_back(
-                    &setup, &manager, &client, &mut slots, &followed, i, &stopped,
-                )
-                .await;
-                write_entry_status(&setup, &client, &informer, &slots, &followed, i).await;
-            }
-            continue;
-        }
-        let fingerprint = format!(
-            "{}/{}",
-            obj.metadata.uid.as_deref().unwrap_or_default(),
-            obj.metadata.generation.unwrap_or_default()
-        );
-        if followed
-            .get(&name)
-            .is_some_and(|f| f.fingerprint == fingerprint)
-        {
-            continue;
-        }
-        let entry = is_entry(&obj);
-        if entry {
-            let f = record(&mut followed, &name, fingerprint, true);
-            // An entry that was a Plugin of its own before (an administrator's, given
-            // back) runs no more: the built-in's own run is what it stands for.
-            if let Some(running) = f.running.take() {
-                running.stop().await;
-                if let Some(i) = slot_of(&slots, &name) {
-                    give_back(
-                        &setup, &manager, &client, &mut slots, &followed, i, &stopped,
-                    )
-                    .await;
-                }
-            }
-            let result = entry_status(&setup, &slots, &followed, &name);
-            write_status(&client, &obj, result, "Builtin").await;
-            continue;
-        }
-        let slot = slot_of(&slots, &name);
-        let outcome = load(&setup, &manager, &client, &obj, &stopped).await;
-        let f = record(&mut followed, &name, fingerprint, false);
-        let result = match outcome {
-            Ok(loaded) => {
-                let digest = loaded.plugin().digest().to_owned();
-                // What ran in its place stops before it runs, so that two versions
-                // of one controller never reconcile at once.
-                if let Some(old) = f.running.take() {
-                    old.stop().await;
-                }
-                let stood_down = slot.and_then(|i| slots[i].running.take());
-                if let Some(builtin) = stood_down {
-                    info!(plugin = %name, builtin = builtin.plugin.name(), "a Plugin replaces the built-in controller");
-                    builtin.stop().await;
-                }
-                f.running = Some(loaded.run());
-                info!(plugin = %name, %digest, "controller plugin running");
-                if let Some(i) = slot {
-                    write_entry_status(&setup, &client, &informer, &slots, &followed, i).await;
-                }
-                Ok(digest)
-            }
-            Err((reason, message)) => {
-                let keeps = match (&f.running, slot.and_then(|i| slots[i].running.as_ref())) {
-                    (Some(r), _) => format!(
-                        "; the last good version ({}) keeps running",
-                        r.plugin.digest()
-                    ),
-                    (None, Some(builtin)) => format!(
-                        "; the built-in controller {} keeps running",
-                        builtin.plugin.name()
-                    ),
-                    (None, None) => String::new(),
-                };
-                warn!(plugin = %name, reason, "{message}{keeps}");
-                Err((reason, format!("{message}{keeps}")))
-            }
-        };
-        write_status(&client, &obj, result, "Loaded").await;
-    }
-    for (_, f) in followed {
-        if let Some(running) = f.running {
-            running.stop().await;
-        }
-    }
-    for slot in slots {
-        if let Some(running) = slot.running {
-            running.stop().await;
-        }
-    }
-}
-
-/// The record of the Plugin `name`, made if new, with the declaration now followed.
-fn record<'a>(
-    followed: &'a mut HashMap<String, Followed>,
-    name: &str,
-    fingerprint: String,
-    entry: bool,
-) -> &'a mut Followed {
-    let f = followed.entry(name.to_owned()).or_default();
-    f.fingerprint = fingerprint;
-    f.entry = entry;
-    f
+    let refresh = setup.plugin_status_interval;
+    let world = ControllerPlugins {
+        setup,
+        manager,
+        client,
+        informer: informer.clone(),
+        stopped: stopped.clone(),
+        slots,
+        running: HashMap::new(),
+        entries: HashSet::new(),
+        reported: HashMap::new(),
+    };
+    let world =
+        crate::plugins::follow_informer(Follower::new(world), &informer, stopped, Some(refresh))
+            .await;
+    world.stop().await;
 }
 
 /// Parses, fetches and loads one controller Plugin, ready to run.
@@ -461,108 +472,6 @@ async fn load(
         .load(config, writer, events, stopped.clone())
         .await
         .map_err(|e| ("LoadFailed", format!("{e:#}")))
-}
-
-/// Writes the Plugin's `Loaded` condition (and digest) through its status.
-/// `loaded` is the reason when it runs.
-pub(crate) async fn write_status(
-    client: &kube::Client,
-    obj: &DynamicObject,
-    result: Result<String, (&'static str, String)>,
-    loaded: &'static str,
-) {
-    let name = obj.metadata.name.clone().unwrap_or_default();
-    let previous = obj.data["status"]["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Loaded"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let (status, reason, message, digest) = match &result {
-        Ok(digest) => (
-            "True",
-            loaded,
-            format!("running {digest}"),
-            Some(digest.clone()),
-        ),
-        Err((reason, message)) => ("False", *reason, message.clone(), None),
-    };
-    let since = if previous["status"] == status {
-        previous["lastTransitionTime"].clone()
-    } else {
-        json!(trellis_apiserver::object::now_timestamp())
-    };
-    let mut patch = json!({"status": {
-        "observedGeneration": obj.metadata.generation,
-        "conditions": [{
-            "type": "Loaded",
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": since,
-            "observedGeneration": obj.metadata.generation,
-        }],
-    }});
-    if let Some(digest) = digest {
-        patch["status"]["digest"] = json!(digest);
-    }
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &plugins_resource());
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
-    if let Err(e) = api.patch_status(&name, &params, &Patch::Merge(patch)).await {
-        warn!(plugin = %name, error = %e, "writing the controller plugin's status failed");
-    }
-}
-
-/// Copies each running plugin's counters into its Plugin's status when they changed,
-/// as the API server does for admission plugins: how a controller whose writes are
-/// refused shows it (`denials` counts reconciles that returned an error).
-async fn report_counters(
-    client: &kube::Client,
-    followed: &mut HashMap<String, Followed>,
-    slots: &[Slot],
-) {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &plugins_resource());
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
-    for (name, f) in followed.iter_mut() {
-        let running = match &f.running {
-            Some(running) => running,
-            None if f.entry => match slots
-                .iter()
-                .find(|s| s.builtin.identity == name)
-                .and_then(|s| s.running.as_ref())
-            {
-                Some(running) => running,
-                None => continue,
-            },
-            None => continue,
-        };
-        let now = counters(running);
-        if now == f.reported {
-            continue;
-        }
-        let [calls, denials, errors, timeouts] = now;
-        let patch = json!({"status": {"calls": calls, "denials": denials, "errors": errors, "timeouts": timeouts}});
-        match api.patch_status(name, &params, &Patch::Merge(patch)).await {
-            Ok(_) => f.reported = now,
-            Err(e) => {
-                warn!(plugin = %name, error = %e, "writing the controller plugin's counters failed")
-            }
-        }
-    }
-}
-
-/// Where fetched modules are kept: the plugin cache's `modules`, or a directory of
-/// the process's own.
-pub fn modules_dir(cache: Option<&std::path::Path>) -> PathBuf {
-    match cache {
-        Some(dir) => dir.join("modules"),
-        None => std::env::temp_dir().join(format!("trellis-modules-{}", std::process::id())),
-    }
 }
 
 /// The Plugin objects that stand for the bundled controllers, which the API server

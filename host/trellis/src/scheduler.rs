@@ -2,14 +2,18 @@
 //! It runs the framework of `trellis-scheduler` with the default plugins (one WASM
 //! component bundled in the binary) as the `default-scheduler` profile.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use kube::api::{Api, DynamicObject};
 use tracing::info;
 use trellis_client::events::EventRecorder;
-use trellis_plugin_host::{HostConfig, PluginHost, PluginKind, PluginSpec};
+use trellis_plugin_host::{HostConfig, Plugin, PluginHost, PluginKind, PluginSpec};
+use trellis_plugins::follow::{Failure, Follower, World};
+use trellis_plugins::{object, source, spec};
 use trellis_scheduler::{Component as PluginComponent, QueueSettings, SchedulerConfig};
 
 use crate::components::{Component, ComponentArgs, Shared, run_remote};
@@ -51,6 +55,10 @@ pub struct SchedulerFlags {
     #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
     pub pod_unschedulable_timeout: Duration,
 }
+
+/// The field manager of the statuses written here (the controller manager's, as
+/// these statuses always were).
+const MANAGER: &str = "trellis-controller-manager";
 
 /// What the scheduler runs with.
 #[derive(Clone)]
@@ -162,67 +170,45 @@ pub(crate) async fn work(
     result
 }
 
-/// Follows the Plugin objects of kind `scheduler`: each is loaded (its module
-/// fetched, its configuration checked by its `plugins` call) and joins its profile;
-/// a new generation replaces it once it loaded, one that fails leaves the last good
-/// version in place, and a deleted Plugin leaves the profile. The `Loaded` condition
-/// says which.
-async fn follow_plugins(
+/// The scheduler's world of Plugin objects: those of kind `scheduler`. Each is loaded
+/// (its module fetched, its configuration checked by its `plugins` call) and joins its
+/// profile; a new generation replaces it once it loaded, one that fails leaves the last
+/// good version in place, and a deleted Plugin leaves the profile. The `Loaded`
+/// condition says which.
+struct SchedulerPlugins {
     setup: SchedulerSetup,
     client: kube::Client,
-    shared: Shared,
     updates: tokio::sync::mpsc::UnboundedSender<trellis_scheduler::Update>,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    use kube::api::{Api, DynamicObject};
-    use trellis_client::informer::Change;
-    use trellis_plugins::{source, spec};
+    modules_dir: PathBuf,
+    /// The plugins joined, by name.
+    joined: HashMap<String, Arc<Plugin>>,
+}
 
-    let informer = shared.informers.informer::<DynamicObject>(
-        Api::all_with(
-            client.clone(),
-            &crate::plugin_controllers::plugins_resource(),
-        ),
-        kube::runtime::watcher::Config::default(),
-    );
-    let mut changes = informer.subscribe();
-    let modules_dir = crate::plugin_controllers::modules_dir(None);
-    // uid/generation last tried, by name; and the plugins joined.
-    let mut tried: std::collections::HashMap<String, String> = Default::default();
-    let mut joined: std::collections::HashMap<String, Arc<trellis_plugin_host::Plugin>> =
-        Default::default();
-    loop {
-        let change = tokio::select! {
-            change = changes.recv() => change,
-            _ = stopped.wait_for(|s| *s) => return,
-        };
-        let Some(change) = change else { return };
-        let obj = change.object().clone();
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        let is_scheduler = obj.data["spec"]["kind"]
-            .as_str()
-            .is_some_and(|k| k.eq_ignore_ascii_case("scheduler"));
-        if matches!(change, Change::Deleted(_))
-            || obj.metadata.deletion_timestamp.is_some()
-            || !is_scheduler
-        {
-            tried.remove(&name);
-            if joined.remove(&name).is_some() {
-                info!(plugin = %name, "scheduler plugin removed");
-                let _ = updates.send(trellis_scheduler::Update::Remove { name });
-            }
-            continue;
-        }
-        let fingerprint = format!(
-            "{}/{}",
-            obj.metadata.uid.as_deref().unwrap_or_default(),
-            obj.metadata.generation.unwrap_or_default()
-        );
-        if tried.get(&name) == Some(&fingerprint) {
-            continue;
-        }
-        tried.insert(name.clone(), fingerprint);
-        let loaded = async {
+/// A scheduler plugin loaded, and where it joins.
+struct Joining {
+    plugin: Arc<Plugin>,
+    profile: String,
+    component: PluginComponent,
+}
+
+impl World for SchedulerPlugins {
+    type Declaration = DynamicObject;
+    type Loaded = Joining;
+
+    fn takes(&self, _: &str, obj: &DynamicObject) -> bool {
+        object::is_kind(obj, "scheduler")
+    }
+
+    fn load(
+        &self,
+        name: &str,
+        obj: Arc<DynamicObject>,
+    ) -> impl Future<Output = Result<Joining, Failure>> + Send + 'static {
+        let name = name.to_owned();
+        let host = self.setup.plugins.clone();
+        let modules_dir = self.modules_dir.clone();
+        let previous = self.joined.get(&name).cloned();
+        async move {
             let parsed = spec::parse(&name, &obj.data["spec"]).map_err(|e| ("InvalidSpec", e))?;
             let module = parsed
                 .module
@@ -234,15 +220,12 @@ async fn follow_plugins(
                 .map_err(|e| ("FetchFailed", e))?;
             let mut plugin_spec = parsed.spec.clone();
             plugin_spec.kind = PluginKind::Scheduler;
-            let previous = joined.get(&name).cloned();
             let plugin = match &previous {
                 Some(previous) => {
-                    setup
-                        .plugins
-                        .reload(previous, plugin_spec, Arc::new(wasm), None)
+                    host.reload(previous, plugin_spec, Arc::new(wasm), None)
                         .await
                 }
-                None => setup.plugins.load(plugin_spec, Arc::new(wasm), None).await,
+                None => host.load(plugin_spec, Arc::new(wasm), None).await,
             }
             .map_err(|e| ("LoadFailed", e.message))?;
             let scheduler = parsed.scheduler.clone().unwrap_or_default();
@@ -252,26 +235,68 @@ async fn follow_plugins(
                 weights: scheduler.weights.into_iter().collect(),
                 ignore_failures: parsed.failure_policy == spec::FailurePolicy::Ignore,
             };
-            Ok::<_, (&'static str, String)>((plugin, scheduler.profile, component))
+            Ok(Joining {
+                plugin,
+                profile: scheduler.profile,
+                component,
+            })
         }
-        .await;
-        let result = match loaded {
-            Ok((plugin, profile, component)) => {
-                let digest = plugin.digest().to_owned();
-                info!(plugin = %name, %profile, %digest, "scheduler plugin joined its profile");
-                joined.insert(name.clone(), plugin);
-                let _ = updates.send(trellis_scheduler::Update::Set { profile, component });
-                Ok(digest)
-            }
-            Err((reason, message)) => {
-                let keeps = joined
-                    .get(&name)
-                    .map(|p| format!("; the last good version ({}) keeps running", p.digest()))
-                    .unwrap_or_default();
-                tracing::warn!(plugin = %name, reason, "{message}{keeps}");
-                Err((reason, format!("{message}{keeps}")))
-            }
-        };
-        crate::plugin_controllers::write_status(&client, &obj, result, "Loaded").await;
     }
+
+    async fn install(&mut self, name: &str, _: &DynamicObject, loaded: Joining) -> String {
+        let Joining {
+            plugin,
+            profile,
+            component,
+        } = loaded;
+        let digest = plugin.digest().to_owned();
+        info!(plugin = %name, %profile, %digest, "scheduler plugin joined its profile");
+        self.joined.insert(name.to_owned(), plugin);
+        let _ = self
+            .updates
+            .send(trellis_scheduler::Update::Set { profile, component });
+        digest
+    }
+
+    async fn remove(&mut self, name: &str) {
+        if self.joined.remove(name).is_some() {
+            info!(plugin = %name, "scheduler plugin removed");
+            let _ = self.updates.send(trellis_scheduler::Update::Remove {
+                name: name.to_owned(),
+            });
+        }
+    }
+
+    fn keeps(&self, name: &str) -> Option<String> {
+        self.joined
+            .get(name)
+            .map(|p| format!("the last good version ({}) keeps running", p.digest()))
+    }
+
+    async fn report(&mut self, _: &str, obj: &DynamicObject, result: Result<String, Failure>) {
+        object::write_loaded(&self.client, MANAGER, obj, result, "Loaded").await;
+    }
+}
+
+/// Follows the Plugin objects of kind `scheduler` until `stopped` (see
+/// [`SchedulerPlugins`]).
+async fn follow_plugins(
+    setup: SchedulerSetup,
+    client: kube::Client,
+    shared: Shared,
+    updates: tokio::sync::mpsc::UnboundedSender<trellis_scheduler::Update>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let informer = shared.informers.informer::<DynamicObject>(
+        Api::all_with(client.clone(), &object::plugins_resource()),
+        kube::runtime::watcher::Config::default(),
+    );
+    let world = SchedulerPlugins {
+        setup,
+        client,
+        updates,
+        modules_dir: crate::plugins::modules_dir(None),
+        joined: HashMap::new(),
+    };
+    crate::plugins::follow_informer(Follower::new(world), &informer, stopped, None).await;
 }

@@ -2,13 +2,16 @@
 //!
 //! Plugins are declared as `Plugin` objects (`trellis.dev/v1`, served from a CRD the
 //! server installs) or as `NAME.yaml` + `NAME.wasm` pairs in the plugins directory.
-//! One task follows both: a changed declaration loads beside the running version and
-//! replaces it only once it compiled, started and accepted its configuration; a
-//! failed load leaves the last good version serving and says why in the Plugin's
-//! status (or the log, for files). Each load runs in a task of its own, so a module
-//! fetched slowly (an `https://` or `oci://` server that does not answer) delays only
-//! its own plugin; a newer declaration of the same plugin stops the load of the older
-//! one, whose outcome is never used.
+//! One task feeds both to a [`Follower`] of `trellis-plugins`, the follow loop every
+//! world uses: a changed declaration loads beside the running version and replaces it
+//! only once it compiled, started and accepted its configuration; a failed load leaves
+//! the last good version serving and says why in the Plugin's status (or the log, for
+//! files). Each load runs in a task of its own, so a module fetched slowly (an
+//! `https://` or `oci://` server that does not answer) delays only its own plugin; a
+//! newer declaration of the same plugin stops the load of the older one, whose outcome
+//! is never used. What is the API server's own: which kinds it serves (a controller
+//! Plugin is granted its RBAC rules here and runs in the controller manager), and the
+//! status it writes through its registry.
 //!
 //! [`PluginAdmission`] runs the loaded mutating and validating plugins in the
 //! admission chain; [`PluginInitializers`] offers the initializer plugins to the
@@ -23,9 +26,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, Semaphore};
-use tokio::task::{AbortHandle, JoinSet};
 use tracing::{info, warn};
 use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind, Tier};
+use trellis_plugins::follow::{Change, Failure, Finished, Follower, World};
 use trellis_plugins::{dir, source, spec};
 use trellis_store::{ListRequest, Store};
 
@@ -99,45 +102,6 @@ impl std::fmt::Debug for PluginManager {
     }
 }
 
-/// What one declaration last produced.
-#[derive(Default)]
-struct Tracked {
-    /// Changes when the declaration does (uid + generation, or file times and sizes).
-    fingerprint: String,
-    serving: Option<Arc<Bound>>,
-    /// Counters and tier last written to the object's status.
-    reported: Option<([u64; 4], Tier)>,
-    /// The load of the current fingerprint, while it runs.
-    loading: Option<InFlight>,
-}
-
-/// A load running in its own task.
-struct InFlight {
-    /// Matches [`Finished::ticket`] of this load's outcome, and no other's.
-    ticket: u64,
-    abort: AbortHandle,
-}
-
-impl Tracked {
-    /// Stops the load in flight, if any: a newer declaration replaces it, or the
-    /// declaration is gone.
-    fn stop_loading(&mut self) {
-        if let Some(load) = self.loading.take() {
-            load.abort.abort();
-        }
-    }
-}
-
-/// The loads in flight, each in a task of its own.
-#[derive(Default)]
-struct Loads {
-    tasks: JoinSet<Finished>,
-    /// Numbers the loads. A load stopped for a newer one may have finished before it
-    /// could be stopped: its outcome, with an older ticket than the declaration's, is
-    /// dropped rather than let replace the newer version.
-    tickets: u64,
-}
-
 /// A declaration, as one load takes it.
 enum Declared {
     /// A Plugin object: its `metadata`, for the status.
@@ -150,13 +114,165 @@ enum Declared {
     File { entry: dir::Entry, dir: PathBuf },
 }
 
-/// A load's outcome, and what it loaded.
-struct Finished {
-    /// The declaration's key in [`PluginManager::run`]'s map.
-    id: String,
-    ticket: u64,
-    declared: Declared,
-    outcome: Result<Arc<Bound>, (&'static str, String)>,
+/// The API server's world: admission and initializer plugins, keyed `object/NAME`
+/// (Plugin objects) and `file/NAME` (the plugins directory).
+struct Chains {
+    manager: Arc<PluginManager>,
+    reader: Arc<dyn ClusterReader>,
+    /// The version each declaration serves.
+    serving: HashMap<String, Arc<Bound>>,
+    /// Counters and tier last written to each object's status.
+    reported: HashMap<String, ([u64; 4], Tier)>,
+}
+
+impl Chains {
+    /// Swaps in the serving set: in-flight calls finish on the plugins they started
+    /// with, new requests see the new set.
+    fn publish(&self) {
+        let mut plugins: Vec<Arc<Bound>> = self.serving.values().cloned().collect();
+        plugins.sort_by(|a, b| {
+            (a.parsed.order, a.plugin.name(), &a.origin).cmp(&(
+                b.parsed.order,
+                b.plugin.name(),
+                &b.origin,
+            ))
+        });
+        *self
+            .manager
+            .active
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(Active { plugins });
+    }
+}
+
+impl World for Chains {
+    type Declaration = Declared;
+    type Loaded = Arc<Bound>;
+
+    fn takes(&self, _: &str, declared: &Declared) -> bool {
+        match declared {
+            // The scheduler and the controller manager run these.
+            Declared::Object { spec, .. } => !spec["kind"].as_str().is_some_and(|k| {
+                k.eq_ignore_ascii_case("scheduler") || k.eq_ignore_ascii_case("controller")
+            }),
+            Declared::File { .. } => true,
+        }
+    }
+
+    async fn declined(&mut self, _: &str, declared: &Declared) {
+        if let Declared::Object { name, meta, spec } = declared
+            && spec["kind"]
+                .as_str()
+                .is_some_and(|k| k.eq_ignore_ascii_case("controller"))
+        {
+            // The controller manager runs it; the server grants it its rules.
+            self.manager.grant_controller(name, meta, spec).await;
+        }
+    }
+
+    fn load(
+        &self,
+        id: &str,
+        declared: Arc<Declared>,
+    ) -> impl Future<Output = Result<Arc<Bound>, Failure>> + Send + 'static {
+        let previous = self.serving.get(id).cloned();
+        let manager = self.manager.clone();
+        let reader = self.reader.clone();
+        async move {
+            let previous = previous.as_deref();
+            match &*declared {
+                Declared::Object { name, spec, .. } => {
+                    let origin = format!("Plugin {name}");
+                    manager
+                        .load(name, spec, None, origin, previous, &reader)
+                        .await
+                }
+                Declared::File { entry, dir } => match dir::read_spec(entry).await {
+                    Ok(spec) => {
+                        let origin = format!("file {}", entry.spec_path.display());
+                        manager
+                            .load(&entry.name, &spec, Some(dir), origin, previous, &reader)
+                            .await
+                    }
+                    Err(e) => Err(("InvalidSpec", e)),
+                },
+            }
+        }
+    }
+
+    async fn install(&mut self, id: &str, declared: &Declared, bound: Arc<Bound>) -> String {
+        let digest = bound.plugin.digest().to_owned();
+        if let Declared::File { entry, .. } = declared {
+            info!(plugin = %entry.name, %digest, "plugin loaded from the plugins directory");
+        }
+        self.serving.insert(id.to_owned(), bound);
+        // Serving before the status says so: a client that sees `Loaded` for this
+        // generation gets the new version.
+        self.publish();
+        digest
+    }
+
+    async fn remove(&mut self, id: &str) {
+        self.reported.remove(id);
+        if self.serving.remove(id).is_some() {
+            self.publish();
+        }
+        match id.split_once('/') {
+            Some(("file", name)) => info!(plugin = %name, "plugin file removed"),
+            Some((_, name)) => info!(plugin = %name, "plugin removed"),
+            None => {}
+        }
+    }
+
+    fn keeps(&self, id: &str) -> Option<String> {
+        self.serving.get(id).map(|b| {
+            format!(
+                "the last good version ({}) keeps serving",
+                b.plugin.digest()
+            )
+        })
+    }
+
+    async fn report(&mut self, id: &str, declared: &Declared, result: Result<String, Failure>) {
+        // A file's outcome is in the log (the follower's, and `install`'s).
+        let Declared::Object { meta, .. } = declared else {
+            return;
+        };
+        let serving = self.serving.get(id).cloned();
+        match &serving {
+            Some(bound) => {
+                self.reported.insert(id.to_owned(), counters(&bound.plugin));
+            }
+            None => {
+                self.reported.remove(id);
+            }
+        }
+        write_status(
+            self.manager.cluster(),
+            meta,
+            result.map(|_| ()),
+            serving.as_deref(),
+        )
+        .await;
+    }
+
+    /// Copies changed call counters into the Plugin objects' statuses.
+    async fn refresh(&mut self) {
+        for (id, serving) in &self.serving {
+            let Some(name) = id.strip_prefix("object/") else {
+                continue;
+            };
+            let now = counters(&serving.plugin);
+            if self.reported.get(id) == Some(&now) {
+                continue;
+            }
+            self.reported.insert(id.clone(), now);
+            let _ = update_status(self.manager.cluster(), name, None, |status| {
+                set_counters(status, &serving.plugin);
+            })
+            .await;
+        }
+    }
 }
 
 impl PluginManager {
@@ -224,10 +340,19 @@ impl PluginManager {
     }
 
     async fn run(self: Arc<Self>, state: Arc<dyn Cluster>) {
-        let mut tracked: HashMap<String, Tracked> = HashMap::new();
+        enum Next {
+            Event(bool),
+            Loaded(Finished<Arc<Bound>>),
+            Dir,
+            Counters,
+        }
         // Dropped with this task when the server stops, which stops the loads too.
-        let mut loads = Loads::default();
-        let reader: Arc<dyn ClusterReader> = Arc::new(StoreReader::new(&state));
+        let mut follower = Follower::new(Chains {
+            manager: self.clone(),
+            reader: Arc::new(StoreReader::new(&state)),
+            serving: HashMap::new(),
+            reported: HashMap::new(),
+        });
         let mut dir_tick = tokio::time::interval(DIR_POLL);
         let mut status_tick = tokio::time::interval(STATUS_REFRESH);
         let prefix = format!("/registry/{}/{}/", spec::GROUP, spec::PLURAL);
@@ -240,30 +365,28 @@ impl PluginManager {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            self.sync_objects(&prefix, &mut tracked, &mut loads, &reader)
-                .await;
+            self.sync_objects(&prefix, &mut follower).await;
             loop {
-                tokio::select! {
-                    event = sub.rx.recv() => {
-                        if event.is_none() {
-                            break;
-                        }
+                let next = tokio::select! {
+                    event = sub.rx.recv() => Next::Event(event.is_some()),
+                    Some(done) = follower.join_next() => Next::Loaded(done),
+                    _ = dir_tick.tick() => Next::Dir,
+                    _ = status_tick.tick() => Next::Counters,
+                };
+                match next {
+                    Next::Event(false) => break,
+                    Next::Event(true) => {
                         // Take whatever else arrived: one relist covers them all.
                         while sub.rx.try_recv().is_ok() {}
-                        self.sync_objects(&prefix, &mut tracked, &mut loads, &reader).await;
+                        self.sync_objects(&prefix, &mut follower).await;
                     }
-                    Some(joined) = loads.tasks.join_next() => match joined {
-                        Ok(done) => self.finish(&mut tracked, done).await,
-                        // Stopped for a newer declaration, or for none.
-                        Err(e) if e.is_cancelled() => {}
-                        Err(e) => warn!(error = %e, "a plugin load stopped"),
-                    },
-                    _ = dir_tick.tick() => {
+                    Next::Loaded(done) => follower.finish(done).await,
+                    Next::Dir => {
                         if let Some(dir) = self.config.dir.clone() {
-                            self.sync_dir(&dir, &mut tracked, &mut loads, &reader).await;
+                            sync_dir(&dir, &mut follower).await;
                         }
                     }
-                    _ = status_tick.tick() => self.refresh_counters(&mut tracked).await,
+                    Next::Counters => follower.world_mut().refresh().await,
                 }
             }
             if !sub.lagged.load(std::sync::atomic::Ordering::Acquire) {
@@ -273,14 +396,9 @@ impl PluginManager {
         }
     }
 
-    /// Starts loading what changed among the Plugin objects and drops the deleted ones.
-    async fn sync_objects(
-        self: &Arc<Self>,
-        prefix: &str,
-        tracked: &mut HashMap<String, Tracked>,
-        loads: &mut Loads,
-        reader: &Arc<dyn ClusterReader>,
-    ) {
+    /// Hands the follower the Plugin objects as they are now: each changed one loads,
+    /// deleted ones go.
+    async fn sync_objects(&self, prefix: &str, follower: &mut Follower<Chains>) {
         let objects = match list_all(self.store.as_ref(), prefix).await {
             Ok(objects) => objects,
             Err(e) => {
@@ -298,51 +416,22 @@ impl PluginManager {
             let id = format!("object/{name}");
             seen.push(id.clone());
             let fingerprint = format!("{}/{}", meta["uid"], meta["generation"]);
-            let entry = tracked.entry(id.clone()).or_default();
-            if entry.fingerprint == fingerprint {
-                continue;
-            }
-            entry.fingerprint = fingerprint;
             let spec = obj.get("spec").cloned().unwrap_or_default();
-            // The scheduler runs it.
-            if spec["kind"]
-                .as_str()
-                .is_some_and(|k| k.eq_ignore_ascii_case("scheduler"))
-            {
-                entry.stop_loading();
-                if entry.serving.take().is_some() {
-                    self.publish(tracked);
-                }
-                continue;
-            }
-            if spec["kind"]
-                .as_str()
-                .is_some_and(|k| k.eq_ignore_ascii_case("controller"))
-            {
-                // The controller manager runs it; the server grants it its rules.
-                entry.stop_loading();
-                if entry.serving.take().is_some() {
-                    self.publish(tracked);
-                }
-                self.grant_controller(&name, &meta, &spec).await;
-                continue;
-            }
-            let declared = Declared::Object { name, meta, spec };
-            self.start_load(loads, id, entry, declared, reader);
+            follower
+                .apply(Change::Applied {
+                    name: id,
+                    fingerprint,
+                    declaration: Declared::Object { name, meta, spec },
+                })
+                .await;
         }
-        let gone: Vec<String> = tracked
-            .keys()
-            .filter(|id| id.starts_with("object/") && !seen.contains(id))
-            .cloned()
+        let gone: Vec<String> = follower
+            .names()
+            .filter(|id| id.starts_with("object/") && !seen.iter().any(|s| s == id))
+            .map(str::to_owned)
             .collect();
-        if !gone.is_empty() {
-            for id in &gone {
-                if let Some(mut entry) = tracked.remove(id) {
-                    entry.stop_loading();
-                }
-                info!(plugin = %id.trim_start_matches("object/"), "plugin removed");
-            }
-            self.publish(tracked);
+        for name in gone {
+            follower.apply(Change::Deleted { name }).await;
         }
     }
 
@@ -438,141 +527,6 @@ impl PluginManager {
         info!(plugin = %name, role, "controller plugin granted its rules");
     }
 
-    /// Starts loading what changed in the plugins directory and drops removed files.
-    async fn sync_dir(
-        self: &Arc<Self>,
-        dir: &Path,
-        tracked: &mut HashMap<String, Tracked>,
-        loads: &mut Loads,
-        reader: &Arc<dyn ClusterReader>,
-    ) {
-        let found = dir::scan(dir).await;
-        let names: Vec<String> = found.iter().map(|e| e.name.clone()).collect();
-        for entry in found {
-            let id = format!("file/{}", entry.name);
-            let slot = tracked.entry(id.clone()).or_default();
-            if slot.fingerprint == entry.fingerprint {
-                continue;
-            }
-            slot.fingerprint = entry.fingerprint.clone();
-            let declared = Declared::File {
-                entry,
-                dir: dir.to_owned(),
-            };
-            self.start_load(loads, id, slot, declared, reader);
-        }
-        let gone: Vec<String> = tracked
-            .keys()
-            .filter(|id| {
-                id.strip_prefix("file/")
-                    .is_some_and(|n| !names.iter().any(|name| name == n))
-            })
-            .cloned()
-            .collect();
-        if !gone.is_empty() {
-            for id in &gone {
-                if let Some(mut entry) = tracked.remove(id) {
-                    entry.stop_loading();
-                }
-                info!(plugin = %id.trim_start_matches("file/"), "plugin file removed");
-            }
-            self.publish(tracked);
-        }
-    }
-
-    /// Loads `declared` in a task of its own, beside the version `entry` serves,
-    /// stopping the load of an older declaration still in flight.
-    fn start_load(
-        self: &Arc<Self>,
-        loads: &mut Loads,
-        id: String,
-        entry: &mut Tracked,
-        declared: Declared,
-        reader: &Arc<dyn ClusterReader>,
-    ) {
-        entry.stop_loading();
-        loads.tickets += 1;
-        let ticket = loads.tickets;
-        let previous = entry.serving.clone();
-        let manager = self.clone();
-        let reader = reader.clone();
-        let abort = loads.tasks.spawn(async move {
-            let previous = previous.as_deref();
-            let outcome = match &declared {
-                Declared::Object { name, spec, .. } => {
-                    let origin = format!("Plugin {name}");
-                    manager
-                        .load(name, spec, None, origin, previous, &reader)
-                        .await
-                }
-                Declared::File { entry, dir } => match dir::read_spec(entry).await {
-                    Ok(spec) => {
-                        let origin = format!("file {}", entry.spec_path.display());
-                        manager
-                            .load(&entry.name, &spec, Some(dir), origin, previous, &reader)
-                            .await
-                    }
-                    Err(e) => Err(("InvalidSpec", e)),
-                },
-            };
-            Finished {
-                id,
-                ticket,
-                declared,
-                outcome,
-            }
-        });
-        entry.loading = Some(InFlight { ticket, abort });
-    }
-
-    /// Serves what a load produced and reports it (the Plugin's status, or the log for
-    /// a file), unless a newer declaration replaced the one it loaded.
-    async fn finish(&self, tracked: &mut HashMap<String, Tracked>, done: Finished) {
-        let Some(entry) = tracked.get_mut(&done.id) else {
-            // Deleted while it loaded.
-            return;
-        };
-        if entry.loading.as_ref().map(|l| l.ticket) != Some(done.ticket) {
-            // Superseded, and finished before it could be stopped.
-            return;
-        }
-        entry.loading = None;
-        let previous = entry.serving.clone();
-        match done.declared {
-            Declared::Object { name, meta, .. } => {
-                let (result, serving) = match done.outcome {
-                    Ok(bound) => (Ok(()), Some(bound)),
-                    Err(failure) => {
-                        warn!(plugin = %name, reason = failure.0, "{}", failure.1);
-                        (Err(failure), previous)
-                    }
-                };
-                entry.reported = serving.as_ref().map(|b| counters(&b.plugin));
-                if result.is_ok() {
-                    entry.serving.clone_from(&serving);
-                    // Serving before the status says so: a client that sees `Loaded`
-                    // for this generation gets the new version.
-                    self.publish(tracked);
-                }
-                write_status(self.cluster(), &meta, result, serving.as_deref()).await;
-            }
-            Declared::File { entry: file, .. } => match done.outcome {
-                Ok(bound) => {
-                    info!(plugin = %file.name, digest = %bound.plugin.digest(), "plugin loaded from the plugins directory");
-                    entry.serving = Some(bound);
-                    self.publish(tracked);
-                }
-                Err((reason, message)) => {
-                    let keeps = previous
-                        .as_ref()
-                        .map(|b| format!("; {} keeps serving", b.plugin.digest()))
-                        .unwrap_or_default();
-                    warn!(plugin = %file.name, reason, "{message}{keeps}");
-                }
-            },
-        }
-    }
-
     /// Parses, fetches and loads one declaration.
     async fn load(
         &self,
@@ -623,41 +577,32 @@ impl PluginManager {
             origin,
         }))
     }
+}
 
-    /// Swaps in the serving set: in-flight calls finish on the plugins they started
-    /// with, new requests see the new set.
-    fn publish(&self, tracked: &HashMap<String, Tracked>) {
-        let mut plugins: Vec<Arc<Bound>> =
-            tracked.values().filter_map(|t| t.serving.clone()).collect();
-        plugins.sort_by(|a, b| {
-            (a.parsed.order, a.plugin.name(), &a.origin).cmp(&(
-                b.parsed.order,
-                b.plugin.name(),
-                &b.origin,
-            ))
-        });
-        *self.active.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Active { plugins });
-    }
-
-    /// Copies changed call counters into the Plugin objects' statuses.
-    async fn refresh_counters(&self, tracked: &mut HashMap<String, Tracked>) {
-        for (id, entry) in tracked.iter_mut() {
-            let Some(name) = id.strip_prefix("object/") else {
-                continue;
-            };
-            let Some(serving) = &entry.serving else {
-                continue;
-            };
-            let now = counters(&serving.plugin);
-            if entry.reported == Some(now) {
-                continue;
-            }
-            entry.reported = Some(now);
-            let _ = update_status(self.cluster(), name, None, |status| {
-                set_counters(status, &serving.plugin);
+/// Hands the follower the plugins directory as it is now: each changed file loads,
+/// removed ones go.
+async fn sync_dir(dir: &Path, follower: &mut Follower<Chains>) {
+    let found = dir::scan(dir).await;
+    let names: Vec<String> = found.iter().map(|e| format!("file/{}", e.name)).collect();
+    for entry in found {
+        follower
+            .apply(Change::Applied {
+                name: format!("file/{}", entry.name),
+                fingerprint: entry.fingerprint.clone(),
+                declaration: Declared::File {
+                    entry,
+                    dir: dir.to_owned(),
+                },
             })
             .await;
-        }
+    }
+    let gone: Vec<String> = follower
+        .names()
+        .filter(|id| id.starts_with("file/") && !names.iter().any(|n| n == id))
+        .map(str::to_owned)
+        .collect();
+    for name in gone {
+        follower.apply(Change::Deleted { name }).await;
     }
 }
 
@@ -720,15 +665,8 @@ async fn write_status(
             "Loaded".to_owned(),
             format!("serving {}", bound.plugin.digest()),
         ),
-        (Err((reason, message)), Some(bound)) => (
-            "False",
-            (*reason).to_owned(),
-            format!(
-                "{message}; the last good version ({}) keeps serving",
-                bound.plugin.digest()
-            ),
-        ),
-        (Err((reason, message)), None) => ("False", (*reason).to_owned(), message.clone()),
+        // The message says what keeps serving.
+        (Err((reason, message)), _) => ("False", (*reason).to_owned(), message.clone()),
         (Ok(()), None) => ("False", "NotLoaded".to_owned(), String::new()),
     };
     let uid = meta["uid"].as_str().map(str::to_owned);
