@@ -1,14 +1,18 @@
 //! A pod's sandbox (the kubelet's `kuberuntime_sandbox.go`): the configuration the
-//! runtime is given for it, finding the pod's ready one, and making one.
+//! runtime is given for it, finding the pod's ready one, making one, and stopping a
+//! pod's sandboxes with their containers ([`kill_pod`]).
 
 use std::path::Path;
 
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
+use tracing::warn;
+use trellis_client::events::EventType;
 
 use crate::Context;
 use crate::labels::{self, POD_UID};
 use crate::paths::pod_logs_dir;
+use crate::spec;
 
 /// The sandbox of pod `uid`: its labels name the pod, its containers' logs go under
 /// `root/logs`, and it shares the node's network.
@@ -85,4 +89,97 @@ pub async fn run_sandbox(
         .map_err(|e| e.message().to_owned())?
         .into_inner()
         .pod_sandbox_id)
+}
+
+/// Stops pod `uid`'s containers (SIGTERM, `grace` seconds, then SIGKILL) and its
+/// sandboxes (the kubelet's `killPod`), telling each stop as a `Killing` event of `pod`; with `remove`, removes them and the pod's files too.
+pub async fn kill_pod(ctx: &Context, uid: &str, pod: Option<&Pod>, grace: i64, remove: bool) {
+    let mut runtime = ctx.cri.runtime.clone();
+    let Ok(listed) = runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: [(POD_UID.to_owned(), uid.to_owned())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+    else {
+        return;
+    };
+    for sandbox in listed.into_inner().items {
+        if let Ok(containers) = runtime
+            .list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: sandbox.id.clone(),
+                    state: Some(cri::ContainerStateValue {
+                        state: cri::ContainerState::ContainerRunning as i32,
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+        {
+            let stops = containers.into_inner().containers.into_iter().map(|c| {
+                let mut runtime = runtime.clone();
+                let name = c
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.name.clone())
+                    .unwrap_or_default();
+                if let Some(pod) = pod {
+                    ctx.events.record(
+                        pod,
+                        EventType::Normal,
+                        "Killing",
+                        &format!("Stopping container {name}"),
+                    );
+                }
+                async move {
+                    let _ = runtime
+                        .stop_container(cri::StopContainerRequest {
+                            container_id: c.id,
+                            timeout: grace,
+                        })
+                        .await;
+                }
+            });
+            futures::future::join_all(stops).await;
+        }
+        if sandbox.state == cri::PodSandboxState::SandboxReady as i32 {
+            let _ = runtime
+                .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: sandbox.id.clone(),
+                })
+                .await;
+        }
+        if remove {
+            let _ = runtime
+                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                    pod_sandbox_id: sandbox.id.clone(),
+                })
+                .await;
+        }
+    }
+    if remove {
+        let dir = spec::pod_dir(ctx, uid);
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(dir = %dir.display(), error = %e, "remove the pod's files");
+        }
+        if let Some(pod) = pod {
+            let meta = &pod.metadata;
+            let dir = pod_logs_dir(
+                &ctx.config.root.join("logs"),
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+                uid,
+            );
+            if let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(dir = %dir.display(), error = %e, "remove the pod's logs");
+            }
+        }
+    }
 }

@@ -25,11 +25,10 @@ use trellis_client::events::EventType;
 use crate::Context;
 use crate::container;
 use crate::images;
-use crate::paths::pod_logs_dir;
 use crate::plan::{self, Start};
 use crate::probes::Prober;
 use crate::sandbox;
-use crate::spec::{self, Sources};
+use crate::spec::Sources;
 use crate::status::{self, Observed, Slot, State, human};
 
 /// The labels of sandboxes and containers, by their older path.
@@ -97,7 +96,7 @@ pub async fn run(
                 // longer has.
                 let grace = last.as_deref().map(spec_grace).unwrap_or(DEFAULT_GRACE);
                 worker.terminate(last.as_deref(), grace).await;
-                worker.stop_sandboxes(last.as_deref(), 0, true).await;
+                sandbox::kill_pod(&worker.ctx, &worker.uid, last.as_deref(), 0, true).await;
                 Step::Done
             }
         };
@@ -171,7 +170,7 @@ impl Worker {
             .unwrap_or("");
         if matches!(phase, "Succeeded" | "Failed") {
             // Nothing of a finished pod runs again; its sandbox is released.
-            self.stop_sandboxes(Some(pod), 0, false).await;
+            sandbox::kill_pod(&self.ctx, &self.uid, Some(pod), 0, false).await;
             return Step::Wait(None);
         }
         if let Some(status) = self.finished.clone() {
@@ -412,7 +411,7 @@ impl Worker {
             soonest(status_retry());
         }
         if terminal {
-            self.stop_sandboxes(Some(pod), 0, false).await;
+            sandbox::kill_pod(&self.ctx, &self.uid, Some(pod), 0, false).await;
         }
         Ok(wake)
     }
@@ -611,107 +610,14 @@ impl Worker {
         slot.current = Some(container::observed(id, attempt, status));
         None
     }
-    /// Stops the pod's containers (SIGTERM, `grace` seconds, then SIGKILL) and its
-    /// sandboxes; with `remove`, removes them and the pod's files too.
-    async fn stop_sandboxes(&self, pod: Option<&Pod>, grace: i64, remove: bool) {
-        let mut runtime = self.ctx.cri.runtime.clone();
-        let Ok(listed) = runtime
-            .list_pod_sandbox(cri::ListPodSandboxRequest {
-                filter: Some(cri::PodSandboxFilter {
-                    label_selector: [(POD_UID.to_owned(), self.uid.clone())].into(),
-                    ..Default::default()
-                }),
-            })
-            .await
-        else {
-            return;
-        };
-        for sandbox in listed.into_inner().items {
-            if let Ok(containers) = runtime
-                .list_containers(cri::ListContainersRequest {
-                    filter: Some(cri::ContainerFilter {
-                        pod_sandbox_id: sandbox.id.clone(),
-                        state: Some(cri::ContainerStateValue {
-                            state: cri::ContainerState::ContainerRunning as i32,
-                        }),
-                        ..Default::default()
-                    }),
-                })
-                .await
-            {
-                let stops = containers.into_inner().containers.into_iter().map(|c| {
-                    let mut runtime = runtime.clone();
-                    let name = c
-                        .metadata
-                        .as_ref()
-                        .map(|m| m.name.clone())
-                        .unwrap_or_default();
-                    if let Some(pod) = pod {
-                        self.event(
-                            pod,
-                            EventType::Normal,
-                            "Killing",
-                            &format!("Stopping container {name}"),
-                        );
-                    }
-                    async move {
-                        let _ = runtime
-                            .stop_container(cri::StopContainerRequest {
-                                container_id: c.id,
-                                timeout: grace,
-                            })
-                            .await;
-                    }
-                });
-                futures::future::join_all(stops).await;
-            }
-            if sandbox.state == cri::PodSandboxState::SandboxReady as i32 {
-                let _ = runtime
-                    .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                        pod_sandbox_id: sandbox.id.clone(),
-                    })
-                    .await;
-            }
-            if remove {
-                let _ = runtime
-                    .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                        pod_sandbox_id: sandbox.id.clone(),
-                    })
-                    .await;
-            }
-        }
-        if remove {
-            let dir = spec::pod_dir(&self.ctx, &self.uid);
-            if let Err(e) = std::fs::remove_dir_all(&dir)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                warn!(dir = %dir.display(), error = %e, "remove the pod's files");
-            }
-            if let Some(pod) = pod {
-                let meta = &pod.metadata;
-                let dir = pod_logs_dir(
-                    &self.ctx.config.root.join("logs"),
-                    meta.namespace.as_deref().unwrap_or_default(),
-                    meta.name.as_deref().unwrap_or_default(),
-                    &self.uid,
-                );
-                if let Err(e) = std::fs::remove_dir_all(&dir)
-                    && e.kind() != std::io::ErrorKind::NotFound
-                {
-                    warn!(dir = %dir.display(), error = %e, "remove the pod's logs");
-                }
-            }
-        }
-    }
-
     async fn terminate(&mut self, pod: Option<&Pod>, grace: i64) {
-        self.stop_sandboxes(pod, grace.max(0), false).await;
+        sandbox::kill_pod(&self.ctx, &self.uid, pod, grace.max(0), false).await;
     }
 
     /// After a graceful termination: the final status, everything removed, then the
     /// pod object deleted for good (grace 0, for this very pod).
     async fn finish(&mut self, pod: &Pod) {
-        self.stop_sandboxes(Some(pod), 0, true).await;
+        sandbox::kill_pod(&self.ctx, &self.uid, Some(pod), 0, true).await;
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
