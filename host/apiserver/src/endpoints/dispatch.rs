@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, State as AxState};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{Extensions, HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use trellis_api::ApiError;
@@ -133,6 +133,38 @@ struct RequestRecord {
     resource: String,
     namespace: String,
     name: String,
+}
+
+impl RequestRecord {
+    /// Fills in a resource request, once parsed: its metrics labels and what the audit
+    /// log names (verb, resource with subresource, namespace, name).
+    fn describe(&mut self, req: &ApiRequest) {
+        self.labels = RequestLabels {
+            verb: req.verb.to_owned(),
+            group: req.resource.group.clone(),
+            version: req.resource.version.clone(),
+            resource: req.resource.plural.clone(),
+            subresource: req
+                .subresource
+                .map(|s| s.name().to_owned())
+                .unwrap_or_default(),
+            scope: if req.name.is_some() {
+                "resource"
+            } else if req.namespace.is_some() {
+                "namespace"
+            } else {
+                "cluster"
+            }
+            .to_owned(),
+        };
+        self.verb = req.verb.to_owned();
+        self.resource = match req.subresource {
+            Some(sub) => format!("{}/{}", req.resource.qualified(), sub.name()),
+            None => req.resource.qualified(),
+        };
+        self.namespace = req.namespace.clone().unwrap_or_default();
+        self.name = req.name.clone().unwrap_or_default();
+    }
 }
 
 /// `/openapi/v2` and `/openapi/v3[/…]`, for any authenticated user (as Kubernetes'
@@ -288,6 +320,8 @@ async fn non_resource(
     }
 }
 
+/// Authentication, the in-flight limits, then by the path's [`RequestInfo`]: a
+/// non-resource path, or a resource request authorized and given its body.
 async fn handle(
     state: State,
     peer: Peer,
@@ -381,34 +415,7 @@ async fn handle(
         // Read once the request is authorized, as kube-apiserver reads its options.
         table: None,
     };
-    {
-        let mut record = lock(record);
-        record.labels = RequestLabels {
-            verb: req.verb.to_owned(),
-            group: req.resource.group.clone(),
-            version: req.resource.version.clone(),
-            resource: req.resource.plural.clone(),
-            subresource: req
-                .subresource
-                .map(|s| s.name().to_owned())
-                .unwrap_or_default(),
-            scope: if req.name.is_some() {
-                "resource"
-            } else if req.namespace.is_some() {
-                "namespace"
-            } else {
-                "cluster"
-            }
-            .to_owned(),
-        };
-        record.verb = req.verb.to_owned();
-        record.resource = match req.subresource {
-            Some(sub) => format!("{}/{}", req.resource.qualified(), sub.name()),
-            None => req.resource.qualified(),
-        };
-        record.namespace = req.namespace.clone().unwrap_or_default();
-        record.name = req.name.clone().unwrap_or_default();
-    }
+    lock(record).describe(&req);
     crate::authorization::authorize(&state, &req).await?;
     let mut req = req;
     if request::wants_table(&headers) {
@@ -431,6 +438,20 @@ async fn handle(
         req.dry_run = true;
     }
 
+    handle_resource(state, req, body, &uri, &headers, &mut extensions).await
+}
+
+/// A resource request, authorized, with its body: to the handler of its verb and
+/// subresource.
+async fn handle_resource(
+    state: State,
+    req: ApiRequest,
+    body: bytes::Bytes,
+    uri: &Uri,
+    headers: &HeaderMap,
+    extensions: &mut Extensions,
+) -> Result<Response, ErrorResponse> {
+    let verb = req.verb;
     if verb == "watch" && req.subresource.is_none() {
         return watch::watch(state, req).await;
     }
@@ -478,7 +499,7 @@ async fn handle(
         ("get", Some(Subresource::Log)) => subresources::log(&state, &req).await,
         ("create", Some(Subresource::Exec)) => {
             let upgrade = extensions.remove::<hyper::upgrade::OnUpgrade>();
-            return registry::exec::exec(&state, &req, &headers, uri.query(), upgrade).await;
+            return registry::exec::exec(&state, &req, headers, uri.query(), upgrade).await;
         }
         // Only `spec.finalizers` changes: see `registry::update`'s merge.
         ("update", Some(Subresource::Finalize)) => registry::update(&state, &req, body).await,
