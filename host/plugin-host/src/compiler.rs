@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
+use trellis_oci::write_whole;
+
 use crate::error::{LoadError, LoadErrorReason, first_line};
 use crate::state::PluginState;
 use crate::world::World;
@@ -71,11 +73,45 @@ pub(crate) fn compile_error(e: wasmtime::Error) -> LoadError {
         message: format!("not a valid component: {}", first_line(&format!("{e:#}"))),
     }
 }
-#[allow(unsafe_code)]
-pub(crate) fn deserialize_cached(
+/// `engine`'s code from the cache file at `path`, if it is there and sound (a bad one
+/// is logged, to be compiled again).
+pub(crate) fn cached(engine: &Engine, path: &Path) -> Option<Component> {
+    if !path.exists() {
+        return None;
+    }
+    match deserialize_cached(engine, path) {
+        Ok(component) => Some(component),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "recompiling a bad cached component");
+            None
+        }
+    }
+}
+
+/// `engine`'s code for the component `wasm`: from the cache file at `path` when there
+/// (another load of the same module may have compiled it meanwhile), else compiled and
+/// written there.
+pub(crate) fn cached_or_compiled(
     engine: &Engine,
-    path: &std::path::Path,
+    wasm: &[u8],
+    path: &Path,
 ) -> wasmtime::Result<Component> {
+    if let Some(component) = cached(engine, path) {
+        return Ok(component);
+    }
+    let compiled = engine.precompile_component(wasm)?;
+    match write_whole(path, &compiled) {
+        Ok(()) => deserialize_cached(engine, path),
+        Err(e) => {
+            // The cache only saves time: a full or read-only disk must not stop a load.
+            tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled component");
+            Component::new(engine, wasm)
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn deserialize_cached(engine: &Engine, path: &std::path::Path) -> wasmtime::Result<Component> {
     // SAFETY: `deserialize_file` trusts the file to be wasmtime's own output for this
     // engine. The cache directory lies inside the server's data directory, which only
     // the server writes; files are written whole under a temporary name and renamed,

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy};
 
-use trellis_oci::{digest_of, write_whole};
+use trellis_oci::digest_of;
 
 use crate::call_threads::CallThreads;
-use crate::compiler::{Compiler, Tier, cache_file, compile_error, deserialize_cached};
+use crate::compiler::{Compiler, Tier, cache_file, cached, cached_or_compiled, compile_error};
 use crate::epoch::Ticker;
 use crate::error::{LoadError, LoadErrorReason, first_line};
 use crate::grants::{ClusterReader, ControllerHost, Grants};
@@ -196,7 +196,10 @@ impl PluginHost {
             return Ok((component, &self.optimized));
         }
         let path = self.cache_path(digest);
-        if let Some(component) = path.as_deref().and_then(|p| self.cached_at(p)) {
+        if let Some(component) = path
+            .as_deref()
+            .and_then(|p| cached(&self.optimized.engine, p))
+        {
             return Ok((
                 self.share(Tier::Optimized, digest, component),
                 &self.optimized,
@@ -278,37 +281,7 @@ impl PluginHost {
         digest: &str,
         dir: &Path,
     ) -> wasmtime::Result<Component> {
-        let path = cache_file(engine, dir, digest);
-        if path.exists() {
-            match deserialize_cached(engine, &path) {
-                Ok(component) => return Ok(component),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "recompiling a bad cached component");
-                }
-            }
-        }
-        let compiled = engine.precompile_component(wasm)?;
-        match write_whole(&path, &compiled) {
-            Ok(()) => deserialize_cached(engine, &path),
-            Err(e) => {
-                // The cache only saves time: a full or read-only disk must not stop a load.
-                tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled component");
-                Component::new(engine, wasm)
-            }
-        }
-    }
-
-    fn cached_at(&self, path: &Path) -> Option<Component> {
-        if !path.exists() {
-            return None;
-        }
-        match deserialize_cached(&self.optimized.engine, path) {
-            Ok(component) => Some(component),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "recompiling a bad cached plugin");
-                None
-            }
-        }
+        cached_or_compiled(engine, wasm, &cache_file(engine, dir, digest))
     }
 
     /// Cranelift's code for `wasm`: another plugin's, from the cache at `path`, or
@@ -326,21 +299,7 @@ impl PluginHost {
         let component = match path {
             None => Component::new(engine, wasm).map_err(compile_error)?,
             // Another load of the same module may have compiled it meanwhile.
-            Some(path) => match self.cached_at(path) {
-                Some(component) => component,
-                None => {
-                    let compiled = engine.precompile_component(wasm).map_err(compile_error)?;
-                    match write_whole(path, &compiled) {
-                        Ok(()) => deserialize_cached(engine, path).map_err(compile_error)?,
-                        Err(e) => {
-                            // The cache only saves time: a full or read-only disk must
-                            // not stop a load.
-                            tracing::warn!(path = %path.display(), error = %e, "cannot cache a compiled plugin");
-                            Component::new(engine, wasm).map_err(compile_error)?
-                        }
-                    }
-                }
-            },
+            Some(path) => cached_or_compiled(engine, wasm, path).map_err(compile_error)?,
         };
         Ok(self.share(Tier::Optimized, digest, component))
     }

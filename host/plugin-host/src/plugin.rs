@@ -180,7 +180,8 @@ pub struct Plugin {
     /// Counts the plugin among those sharing the slots while it lives.
     pool: Member,
     grants: Grants,
-    /// Shared with the versions before and after this one (see [`crate::PluginHost::reload`]).
+    /// Shared with the versions before and after this one (see
+    /// [`crate::PluginHost::reload`]).
     pub metrics: Arc<PluginMetrics>,
 }
 
