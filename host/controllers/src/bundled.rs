@@ -162,7 +162,7 @@ pub const BUILTINS: &[Builtin] = &[
         ],
         resync: None,
         needs_root_ca: false,
-        configuration: "{}",
+        configuration: r#"{"gracePeriodSeconds": 50}"#,
     },
     Builtin {
         name: "replicaset",

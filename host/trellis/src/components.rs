@@ -18,22 +18,20 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use crate::flags::seconds;
 use anyhow::{Context as _, bail};
 use clap::Args;
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Api, PostParams};
 use tracing::{info, warn};
-use trellis_client::events::EventRecorder;
 use trellis_client::informer::SharedInformers;
 use trellis_client::leader::{LeaderConfig, LeaderElector, Outcome};
 use trellis_client::metrics::ComponentMetrics;
-use trellis_controllers::bundled::{self, Builtin};
-use trellis_controllers::{Manager, Running};
+use trellis_controllers::bundled;
 use trellis_plugin_host::{HostConfig, PluginHost};
+
+use crate::flags::seconds;
+// Their home is `setup`; the binary's other commands still name them here.
+pub use crate::setup::{
+    ControllerSetup, Credentials, Shared, host_name, manager, start_controllers,
+};
 
 /// Which component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,14 +132,6 @@ pub struct ControllerArgs {
     pub plugin_status_interval: Duration,
 }
 
-/// This machine's host name, lowercased as Kubernetes names nodes (the kubelet's
-/// default node name); events and leases name their source by it too.
-pub fn host_name() -> String {
-    trellis_apiserver::server::pki::hostname()
-        .map(|h| h.to_lowercase())
-        .unwrap_or_else(|| "localhost".to_owned())
-}
-
 /// The holder identity of this process: host name and a unique suffix, as Kubernetes'
 /// components use.
 fn holder_identity() -> String {
@@ -232,7 +222,7 @@ pub async fn run_remote(
     component: Component,
     args: ComponentArgs,
     controllers: Option<ControllerSetup>,
-    scheduler: Option<crate::scheduler::SchedulerSetup>,
+    scheduler: Option<crate::setup::SchedulerSetup>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let client = trellis_client::remote(&args.kubeconfig).await?;
@@ -274,234 +264,6 @@ pub async fn run_remote(
     result
 }
 
-/// What the components of one process share: one informer per resource (hence one
-/// watch) and one set of metrics; and what the controllers run.
-#[derive(Clone, Debug)]
-pub struct Shared {
-    pub informers: SharedInformers,
-    pub metrics: ComponentMetrics,
-    pub controllers: Option<ControllerSetup>,
-    pub scheduler: Option<crate::scheduler::SchedulerSetup>,
-}
-
-/// The controllers of the controller manager: which built-ins, the plugin host that
-/// runs them, and how each gets its own identity.
-#[derive(Clone)]
-pub struct ControllerSetup {
-    pub plugins: Arc<PluginHost>,
-    pub credentials: Credentials,
-    pub builtins: Vec<&'static Builtin>,
-    /// Where modules of controller Plugins are fetched to.
-    pub modules_dir: PathBuf,
-    /// The plugins running, whose calls `/metrics` shows.
-    pub running: trellis_controllers::RunningPlugins,
-    /// The cluster CA (PEM), which the root CA publisher puts in every namespace.
-    pub root_ca: Option<String>,
-    /// `--node-monitor-grace-period`, in seconds.
-    pub node_monitor_grace_period: u64,
-    /// How often controller Plugins' counters are copied into their status.
-    pub plugin_status_interval: Duration,
-}
-
-impl std::fmt::Debug for ControllerSetup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControllerSetup")
-            .field(
-                "builtins",
-                &self.builtins.iter().map(|b| b.name).collect::<Vec<_>>(),
-            )
-            .finish_non_exhaustive()
-    }
-}
-
-/// How each controller acts as its own ServiceAccount, `kube-system/NAME`, as
-/// kube-controller-manager's `--use-service-account-credentials` does.
-#[derive(Clone, Debug)]
-pub enum Credentials {
-    /// In `trellis up`: the in-process transport, as that user.
-    InProcess(trellis_client::InProcess),
-    /// Against a server: the controller manager makes the ServiceAccount and asks for
-    /// its tokens (TokenRequest), kept in a file the client rereads and renewed
-    /// before they expire; `config` says where the server is.
-    ServiceAccounts {
-        config: Box<kube::Config>,
-        dir: PathBuf,
-    },
-}
-
-/// How long a controller's token lasts; it is renewed at four fifths of that.
-const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
-
-impl Credentials {
-    /// A client acting as controller `name`, made with `manager` (the controller
-    /// manager's own client) where tokens are needed; renewals stop with `stopped`.
-    pub(crate) async fn client(
-        &self,
-        manager: &kube::Client,
-        name: &str,
-        stopped: tokio::sync::watch::Receiver<bool>,
-    ) -> anyhow::Result<kube::Client> {
-        match self {
-            Self::InProcess(in_process) => {
-                Ok(in_process.client(trellis_client::identity::controller(name)))
-            }
-            Self::ServiceAccounts { config, dir } => {
-                let accounts: Api<ServiceAccount> = Api::namespaced(manager.clone(), "kube-system");
-                let account = serde_json::from_value(serde_json::json!({
-                    "metadata": {"name": name, "namespace": "kube-system"}
-                }))?;
-                match accounts.create(&PostParams::default(), &account).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => {
-                        return Err(e).with_context(|| {
-                            format!("create the ServiceAccount kube-system/{name}")
-                        });
-                    }
-                }
-                let file = dir.join(format!("{name}.token"));
-                write_token(&accounts, name, &file).await?;
-                let mut config = kube::Config::clone(config);
-                config.auth_info = kube::config::AuthInfo {
-                    token_file: Some(file.display().to_string()),
-                    ..kube::config::AuthInfo::default()
-                };
-                let client = trellis_client::remote_with(config)?;
-                let name = name.to_owned();
-                let mut stopped = stopped;
-                tokio::spawn(async move {
-                    loop {
-                        tokio::select! {
-                            () = tokio::time::sleep(TOKEN_LIFETIME * 4 / 5) => {}
-                            _ = stopped.wait_for(|s| *s) => return,
-                        }
-                        if let Err(e) = write_token(&accounts, &name, &file).await {
-                            warn!(controller = %name, error = %format!("{e:#}"), "renew the controller's token");
-                        }
-                    }
-                });
-                Ok(client)
-            }
-        }
-    }
-}
-
-/// Asks for a token of ServiceAccount `kube-system/NAME` and writes it to `file`.
-async fn write_token(
-    accounts: &Api<ServiceAccount>,
-    name: &str,
-    file: &std::path::Path,
-) -> anyhow::Result<()> {
-    let request: TokenRequest = serde_json::from_value(serde_json::json!({
-        "spec": {"audiences": [], "expirationSeconds": TOKEN_LIFETIME.as_secs()}
-    }))?;
-    let answer = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("request a token for kube-system/{name}"))?;
-    let token = answer
-        .status
-        .context("a TokenRequest with no status")?
-        .token;
-    // Written aside and renamed: the client never reads half a token.
-    let partial = file.with_extension("partial");
-    std::fs::write(&partial, token).with_context(|| format!("write {}", partial.display()))?;
-    std::fs::rename(&partial, file).with_context(|| format!("write {}", file.display()))?;
-    Ok(())
-}
-
-/// The controller manager of this process: its plugin host, the shared informers
-/// (listing as `client`) and the queues' metrics.
-pub fn manager(setup: &ControllerSetup, client: &kube::Client, shared: &Shared) -> Manager {
-    Manager {
-        plugins: setup.plugins.clone(),
-        informers: shared.informers.clone(),
-        lister: client.clone(),
-        queues: shared.metrics.queues.clone(),
-        running: setup.running.clone(),
-    }
-}
-
-/// A built-in's configuration in this controller manager: the cluster CA or the grace
-/// period it takes from flags. `None` when it needs the CA and none is known.
-pub fn builtin_configuration(setup: &ControllerSetup, builtin: &Builtin) -> Option<String> {
-    if builtin.needs_root_ca {
-        let ca = setup.root_ca.as_ref()?;
-        return Some(serde_json::json!({"caCrt": ca}).to_string());
-    }
-    if builtin.name == "nodelifecycle" {
-        return Some(
-            serde_json::json!({"gracePeriodSeconds": setup.node_monitor_grace_period}).to_string(),
-        );
-    }
-    Some(builtin.configuration.to_owned())
-}
-
-/// Starts the setup's built-in controllers; each that cannot start is named and left
-/// out.
-pub async fn start_controllers(
-    setup: &ControllerSetup,
-    manager: &Manager,
-    client: &kube::Client,
-    stopped: &tokio::sync::watch::Receiver<bool>,
-) -> Vec<Running> {
-    let mut running = Vec::new();
-    for builtin in &setup.builtins {
-        if builtin_configuration(setup, builtin).is_none() {
-            info!(
-                controller = builtin.name,
-                "no cluster CA known: not started"
-            );
-            continue;
-        }
-        match start_builtin(setup, manager, client, builtin, stopped).await {
-            Ok(r) => running.push(r),
-            Err(e) => {
-                warn!(controller = builtin.name, error = %format!("{e:#}"), "the controller cannot start; the others run");
-            }
-        }
-    }
-    running
-}
-
-/// Starts one built-in controller, as its own ServiceAccount.
-pub async fn start_builtin(
-    setup: &ControllerSetup,
-    manager: &Manager,
-    client: &kube::Client,
-    builtin: &Builtin,
-    stopped: &tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<Running> {
-    let mut config = builtin.config();
-    config.spec.configuration =
-        builtin_configuration(setup, builtin).context("find the cluster CA it needs")?;
-    let writer = setup
-        .credentials
-        .client(client, builtin.identity, stopped.clone())
-        .await?;
-    let events = EventRecorder::new(writer.clone(), builtin.identity, &host_name());
-    manager.start(config, writer, events, stopped.clone()).await
-}
-
-impl Default for Shared {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Shared {
-    /// Informers whose metrics are among the components' metrics.
-    pub fn new() -> Self {
-        let metrics = ComponentMetrics::default();
-        Self {
-            informers: SharedInformers::with_metrics(metrics.informers.clone()),
-            metrics,
-            controllers: None,
-            scheduler: None,
-        }
-    }
-}
-
 /// Runs `component` with `client` until `shutdown`, leader-elected unless `election`
 /// is `None`.
 pub async fn run(
@@ -535,7 +297,7 @@ pub async fn run(
             if let (Some(setup), Component::Scheduler) = (&shared.scheduler, component) {
                 let setup = setup.clone();
                 if let Err(e) =
-                    crate::scheduler::work(setup, client, shared.clone(), stopped.clone()).await
+                    crate::scheduling::work(setup, client, shared.clone(), stopped.clone()).await
                 {
                     warn!(error = %format!("{e:#}"), "the scheduler stopped");
                     let _ = stopped.wait_for(|s| *s).await;

@@ -39,8 +39,8 @@ use trellis_plugin_host::{GroupVersionResource, PluginKind};
 use trellis_plugins::follow::{Failure, Follower, World};
 use trellis_plugins::{object, source, spec};
 
-use crate::components::{ControllerSetup, Shared};
 pub use crate::plugins::modules_dir;
+use crate::setup::{ControllerSetup, Shared, builtin_configuration, host_name, start_builtin};
 pub use trellis_plugins::object::plugins_resource;
 
 /// The field manager of the statuses written here.
@@ -134,15 +134,10 @@ impl ControllerPlugins {
         }
         match replacer(slot, &self.running) {
             Some(n) => Err(("Replaced", format!("the Plugin {n} runs in its place"))),
-            None if crate::components::builtin_configuration(&self.setup, slot.builtin)
-                .is_none() =>
-            {
-                Err((
-                    "Disabled",
-                    "it needs the cluster CA, which this controller manager does not know"
-                        .to_owned(),
-                ))
-            }
+            None if builtin_configuration(&self.setup, slot.builtin).is_none() => Err((
+                "Disabled",
+                "it needs the cluster CA, which this controller manager does not know".to_owned(),
+            )),
             None => Err((
                 "LoadFailed",
                 "it could not start here; the controller manager's log says why".to_owned(),
@@ -167,11 +162,11 @@ impl ControllerPlugins {
         let builtin = self.slots[i].builtin;
         if self.slots[i].running.is_some()
             || replacer(&self.slots[i], &self.running).is_some()
-            || crate::components::builtin_configuration(&self.setup, builtin).is_none()
+            || builtin_configuration(&self.setup, builtin).is_none()
         {
             return;
         }
-        match crate::components::start_builtin(
+        match start_builtin(
             &self.setup,
             &self.manager,
             &self.client,
@@ -436,11 +431,10 @@ async fn load(
     if let Some(builtin) = bundled
         && obj.data["spec"].get("configuration").is_none()
     {
-        config.spec.configuration = crate::components::builtin_configuration(setup, builtin)
-            .ok_or((
-                "LoadFailed",
-                "it needs the cluster CA, and none is known".to_owned(),
-            ))?;
+        config.spec.configuration = builtin_configuration(setup, builtin).ok_or((
+            "LoadFailed",
+            "it needs the cluster CA, and none is known".to_owned(),
+        ))?;
     }
     config.spec.kind = PluginKind::Controller;
     config.owns = controller.owns.iter().map(gvr).collect();
@@ -467,7 +461,7 @@ async fn load(
         .client(client, &name, stopped.clone())
         .await
         .map_err(|e| ("CredentialsFailed", format!("{e:#}")))?;
-    let events = EventRecorder::new(writer.clone(), &name, &crate::components::host_name());
+    let events = EventRecorder::new(writer.clone(), &name, &host_name());
     manager
         .load(config, writer, events, stopped.clone())
         .await
