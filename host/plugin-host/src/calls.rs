@@ -128,8 +128,8 @@ impl Plugin {
     }
 }
 
-/// A call that holds an instance, counted in [`PluginMetrics::in_flight`] until it is
-/// dropped (the call returned, failed or was stopped).
+/// A call that holds an instance, counted in [`crate::PluginMetrics::in_flight`]
+/// until it is dropped (the call returned, failed or was stopped).
 struct Running<'a>(&'a std::sync::atomic::AtomicU64);
 
 impl<'a> Running<'a> {
