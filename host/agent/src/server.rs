@@ -58,9 +58,9 @@ const MAX_CONNECTIONS: usize = 256;
 /// Chunks waiting for a slow client before the reader waits too.
 const BUFFERED_CHUNKS: usize = 4;
 
-/// Serves container logs on `listen` (port 0 picks one) until `stopped` turns true, and
-/// returns the port it listens on, which the Node advertises as
-/// `status.daemonEndpoints.kubeletEndpoint.Port`.
+/// Serves the node's routes (container logs, exec) on `listen` (port 0 picks one) until
+/// `stopped` turns true, and returns the port it listens on, which the Node advertises
+/// as `status.daemonEndpoints.kubeletEndpoint.Port`.
 ///
 /// `client_ca_pem` is the cluster CA, which every client's certificate must be signed
 /// by; without it this fails rather than serve logs to anyone.
