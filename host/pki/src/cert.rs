@@ -82,3 +82,68 @@ pub fn hostname() -> Option<String> {
         .map(|name| name.trim().to_owned())
         .find(|name| !name.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn self_signed(names: &[(rcgen::DnType, &str)]) -> rcgen::Certificate {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        for (kind, value) in names {
+            params.distinguished_name.push(kind.clone(), *value);
+        }
+        params.self_signed(&key).unwrap()
+    }
+
+    #[test]
+    fn identity_needs_a_common_name() {
+        // A CA certificate has a CN and no O.
+        let ca = self_signed(&[(rcgen::DnType::CommonName, "trellis-ca")]);
+        assert_eq!(
+            identity_from_cert(ca.der()),
+            Some(UserInfo::new("trellis-ca", Vec::<String>::new()))
+        );
+        assert_eq!(identity_from_cert(b"not a certificate"), None);
+
+        let no_cn = self_signed(&[(rcgen::DnType::OrganizationName, "system:masters")]);
+        assert_eq!(identity_from_cert(no_cn.der()), None);
+
+        let empty_cn = self_signed(&[
+            (rcgen::DnType::OrganizationName, "system:masters"),
+            (rcgen::DnType::CommonName, ""),
+        ]);
+        assert_eq!(identity_from_cert(empty_cn.der()), None);
+    }
+
+    #[test]
+    fn ca_cert_hash_is_the_sha256_of_the_public_key() {
+        let ca = self_signed(&[(rcgen::DnType::CommonName, "trellis-ca")]);
+        let hash = ca_cert_hash(ca.der()).unwrap();
+        let hex = hash.strip_prefix("sha256:").unwrap();
+        assert_eq!(hex.len(), 64);
+        assert!(
+            hex.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        let (_, x509) = x509_parser::parse_x509_certificate(ca.der()).unwrap();
+        let digest = ring::digest::digest(&ring::digest::SHA256, x509.public_key().raw);
+        let expected: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, expected);
+        assert!(ca_cert_hash(b"not a certificate").is_err());
+    }
+
+    #[test]
+    fn pem_round_trips_and_validity_reads_back() {
+        let cert = self_signed(&[(rcgen::DnType::CommonName, "n1")]);
+        let pem = pem_encode("CERTIFICATE", cert.der());
+        assert!(pem.lines().all(|line| line.len() <= 64));
+        assert_eq!(
+            CertificateDer::from_pem_slice(pem.as_bytes()).unwrap(),
+            *cert.der()
+        );
+        let (not_before, not_after) = cert_validity(&pem).unwrap();
+        assert!(not_before < not_after);
+    }
+}

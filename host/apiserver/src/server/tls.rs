@@ -1,6 +1,6 @@
 //! TLS for the API server: the rustls server configuration built from the cluster
 //! [`Pki`], and the x509 authenticator that turns a verified client certificate into a
-//! [`UserInfo`].
+//! [`UserInfo`](trellis_api::UserInfo).
 //!
 //! Client certificates are optional at the TLS layer, as in kube-apiserver: a client
 //! without one still connects and may authenticate with a bearer token, or stays
@@ -233,33 +233,6 @@ mod tests {
             config.alpn_protocols,
             [b"h2".to_vec(), b"http/1.1".to_vec()]
         );
-    }
-
-    #[test]
-    fn identity_needs_a_common_name() {
-        let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::load_or_create(dir.path(), &[]).unwrap();
-        // The CA certificate has a CN and no O.
-        assert_eq!(
-            identity_from_cert(pki.ca_cert_der()),
-            Some(UserInfo::new("trellis-ca", Vec::<String>::new()))
-        );
-        assert_eq!(identity_from_cert(b"not a certificate"), None);
-
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "system:masters");
-        let no_cn = params.self_signed(&key).unwrap();
-        assert_eq!(identity_from_cert(no_cn.der()), None);
-
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "");
-        let empty_cn = params.self_signed(&key).unwrap();
-        assert_eq!(identity_from_cert(empty_cn.der()), None);
     }
 
     #[test]
