@@ -936,7 +936,8 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
 async fn a_plugin_replacing_a_built_in_runs_only_once_loaded_and_gives_it_back_when_deleted()
 -> Result<()> {
     use k8s_openapi::api::apps::v1::ReplicaSet;
-    use trellis::components::{Component, ControllerSetup, Credentials, Shared};
+    use trellis::components::Component;
+    use trellis::setup::{ControllerSetup, Credentials, Shared};
 
     let cluster = TestCluster::start().await?;
     let in_process = cluster.in_process();
