@@ -14,6 +14,7 @@
 //! - `hollow`: hollow nodes (the agent on fake runtimes) running a Deployment.
 //! - `join`: bootstrap tokens and CertificateSigningRequests: authentication,
 //!   requester, auto-approval, manual approval, signing, validation.
+//! - `layout`: no import circle between the modules of any crate, host or plugin.
 //! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
 //!   restarts, env and volumes, graceful deletion, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
@@ -31,6 +32,7 @@ mod containerd;
 mod controllers;
 mod hollow;
 mod join;
+mod layout;
 mod node;
 mod plugins;
 mod runtime;

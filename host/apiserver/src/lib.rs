@@ -40,7 +40,6 @@ pub mod endpoints;
 pub mod fieldmanager;
 mod fuzz;
 pub mod kubelet;
-mod layout;
 pub mod object;
 pub mod observability;
 pub mod registry;
