@@ -1,7 +1,7 @@
 //! Fetching a plugin's module: `file://` paths, `https://` URLs whose content must
 //! match `spec.module.sha256`, and `oci://` artifacts pulled from a registry (see
-//! [`crate::oci`]). Fetched modules are kept by digest in the server's plugin cache,
-//! so a restart does not need the network when the digest is pinned.
+//! [`crate::oci`]). Fetched modules are kept by digest in the process's plugin cache, so
+//! a restart does not need the network when the digest is pinned.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
