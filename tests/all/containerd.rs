@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use trellis_agent::AgentConfig;
-use trellis_agent::worker::POD_UID;
+use trellis_agent::labels::POD_UID;
 use trellis_api::UserInfo;
 use trellis_client::identity;
 use trellis_client::informer::SharedInformers;

@@ -942,10 +942,8 @@ async fn a_plugin_replacing_a_built_in_runs_only_once_loaded_and_gives_it_back_w
     let cluster = TestCluster::start().await?;
     let in_process = cluster.in_process();
     let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
-    let plugin_api: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
-        &trellis::plugin_controllers::plugins_resource(),
-    );
+    let plugin_api: Api<DynamicObject> =
+        Api::all_with(admin.clone(), &trellis_plugins::object::plugins_resource());
     // The built-in's entry, as the API server of `trellis up` creates it.
     for entry in trellis::plugin_controllers::builtin_entries()
         .into_iter()
@@ -987,10 +985,7 @@ async fn a_plugin_replacing_a_built_in_runs_only_once_loaded_and_gives_it_back_w
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let plugins = watching.informer::<DynamicObject>(
-        Api::all_with(
-            admin.clone(),
-            &trellis::plugin_controllers::plugins_resource(),
-        ),
+        Api::all_with(admin.clone(), &trellis_plugins::object::plugins_resource()),
         watcher::Config::default(),
     );
     let events = watching.informer::<Event>(Api::all(admin.clone()), watcher::Config::default());

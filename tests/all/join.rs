@@ -143,7 +143,7 @@ async fn nodes_join_with_bootstrap_tokens_and_signed_requests() -> Result<()> {
 
     // A node's request with the token: recorded as the bootstrapper's, approved and
     // signed for system:node:joiner in system:nodes.
-    let (_, request) = trellis_apiserver::server::pki::node_client_request("joiner")?;
+    let (_, request) = trellis_pki::node_client_request("joiner")?;
     bootstrapper
         .ok_stdin(
             &["create", "-f", "-"],
@@ -156,8 +156,7 @@ async fn nodes_join_with_bootstrap_tokens_and_signed_requests() -> Result<()> {
         .await?;
     let der = issued(&csrs, "node-csr-joiner").await?;
     verify_client_cert(&cluster, &der)?;
-    let user = trellis_apiserver::server::tls::identity_from_cert(&der)
-        .context("read the certificate's subject")?;
+    let user = trellis_pki::identity_from_cert(&der).context("read the certificate's subject")?;
     ensure!(user.name == "system:node:joiner", "{user:?}");
     ensure!(user.groups == ["system:nodes"], "{user:?}");
     let node_csr = csrs.get("node-csr-joiner").await?;
@@ -248,7 +247,7 @@ async fn nodes_join_with_bootstrap_tokens_and_signed_requests() -> Result<()> {
         "{refused}"
     );
     verify_client_cert(&cluster, &der)?;
-    let user = trellis_apiserver::server::tls::identity_from_cert(&der).context("subject")?;
+    let user = trellis_pki::identity_from_cert(&der).context("subject")?;
     ensure!(user.name == "jane", "{user:?}");
     let listed = cluster.admin().ok(&["get", "csr"]).await?;
     ensure!(

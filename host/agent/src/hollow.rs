@@ -1,13 +1,13 @@
 //! Hollow nodes: many simulated nodes in one process, as Kubernetes' kubemark runs
 //! hollow kubelets. Each is this crate's agent, unchanged in what it does for a pod
 //! (registration, Lease, workers, status, events), over a runtime of its own from
-//! [`trellis_runtime::fake`] whose containers start at once and run until stopped.
+//! [`trellis_runtime::hollow`] whose containers start at once and run until stopped.
 //!
 //! What makes a node cheap (well under 1 MB, no CPU when idle):
 //! - its runtime is an in-memory map behind an in-memory HTTP/2 connection;
 //! - the nodes share one informer of pods, dispatched by `spec.nodeName`
 //!   ([`PodDispatch`]), instead of a watch each;
-//! - nothing changes in a fake runtime unless the agent asks, so the relist that
+//! - nothing changes in a hollow runtime unless the agent asks, so the relist that
 //!   notices exits runs rarely ([`HollowConfig::relist_period`]);
 //! - Lease renewals are spread over the renewal period, and registrations are paced
 //!   ([`HollowConfig::registering`]) so thousands of nodes start without a stampede.
@@ -24,7 +24,7 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 use trellis_client::informer::{Informer, SharedInformers};
-use trellis_runtime::fake::{self, FakeConfig, FakeRuntime};
+use trellis_runtime::hollow::{self, HollowRuntime};
 
 use crate::pods::PodDispatch;
 use crate::{AgentConfig, RunOptions};
@@ -50,7 +50,7 @@ pub struct HollowConfig {
     pub lease_renew: Duration,
     /// As [`AgentConfig::status_report`].
     pub status_report: Duration,
-    /// As [`AgentConfig::relist_period`]: a fake container never changes on its own,
+    /// As [`AgentConfig::relist_period`]: a hollow container never changes on its own,
     /// so a relist finds nothing the agent did not do itself.
     pub relist_period: Duration,
     /// Nodes registering at once; the next starts when one is registered.
@@ -111,7 +111,7 @@ pub async fn run(
 /// Hollow nodes running.
 #[derive(Debug)]
 pub struct HollowNodes {
-    runtimes: Arc<Mutex<Vec<Arc<FakeRuntime>>>>,
+    runtimes: Arc<Mutex<Vec<Arc<HollowRuntime>>>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -140,8 +140,8 @@ impl HollowNodes {
         Self { runtimes, task }
     }
 
-    /// The fake runtimes of the nodes started so far, in the nodes' order.
-    pub fn runtimes(&self) -> Vec<Arc<FakeRuntime>> {
+    /// The hollow runtimes of the nodes started so far, in the nodes' order.
+    pub fn runtimes(&self) -> Vec<Arc<HollowRuntime>> {
         self.runtimes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -166,7 +166,7 @@ async fn run_nodes(
     client: impl Fn(&str) -> kube::Client,
     pods: Arc<Informer<Pod>>,
     informers: SharedInformers,
-    runtimes: Arc<Mutex<Vec<Arc<FakeRuntime>>>>,
+    runtimes: Arc<Mutex<Vec<Arc<HollowRuntime>>>>,
     mut stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let names: Vec<String> = (0..config.count).map(|i| config.node_name(i)).collect();
@@ -181,7 +181,7 @@ async fn run_nodes(
             _ = crate::until_stopped(&mut stopped) => break,
         };
         let ip = node_ip(i);
-        let runtime = FakeRuntime::new(FakeConfig {
+        let runtime = HollowRuntime::new(hollow::HollowConfig {
             handlers: config.handlers.clone(),
             start_delay: config.start_delay,
             node_ip: ip.to_string(),
@@ -190,11 +190,11 @@ async fn run_nodes(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(runtime.clone());
-        let cri = match fake::connect(runtime).await {
+        let cri = match hollow::connect(runtime).await {
             Ok(cri) => cri,
             Err(e) => {
-                warn!(node = %name, error = %e, "cannot connect to the node's fake runtime");
-                failed.push(format!("{name}: connect to its fake runtime: {e}"));
+                warn!(node = %name, error = %e, "cannot connect to the node's hollow runtime");
+                failed.push(format!("{name}: connect to its hollow runtime: {e}"));
                 continue;
             }
         };

@@ -476,11 +476,6 @@ fn insecure_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
         .clone()
 }
 
-// Other modules (and their tests) find the verifier here; it is `trellis_pki`'s,
-// shared with the API server.
-#[allow(unused_imports)]
-pub(crate) use trellis_pki::AcceptAnyServerCert as AnyServerCert;
-
 #[cfg(test)]
 mod tests {
     use super::*;

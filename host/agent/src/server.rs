@@ -434,7 +434,9 @@ mod tests {
             .dangerous()
             // The node's self-signed certificate is not checked, as the API server
             // does not check it.
-            .with_custom_certificate_verifier(Arc::new(crate::probes::AnyServerCert(algorithms)));
+            .with_custom_certificate_verifier(Arc::new(trellis_pki::AcceptAnyServerCert(
+                algorithms,
+            )));
         let client = match identity {
             Some((cert, key)) => builder
                 .with_client_auth_cert(

@@ -31,9 +31,6 @@ use crate::sandbox;
 use crate::spec::Sources;
 use crate::status::{self, Observed, Slot, State, human};
 
-/// The labels of sandboxes and containers, by their older path.
-pub use crate::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
-
 /// The grace period of a pod that sets none.
 const DEFAULT_GRACE: i64 = 30;
 

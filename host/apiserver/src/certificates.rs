@@ -35,11 +35,10 @@ use trellis_api::{ApiError, UserInfo};
 use crate::authorization::rbac;
 use crate::endpoints::request::{ApiRequest, BodyFormat, Query};
 use crate::object::{self, Object};
-use crate::registry::certificates::{
-    CLIENT_SIGNER, KUBELET_CLIENT_SIGNER, RequestSubject, condition, parse_request,
-};
+use crate::registry::certificates::{RequestSubject, condition, parse_request};
 use crate::server::pki::{ClientUsages, Pki};
 use crate::state::AppState;
+use trellis_pki::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
 
 /// How long issued certificates live.
 #[derive(Clone, Debug)]
@@ -206,8 +205,7 @@ fn expired(csr: &Object, cleaning: &Cleaning, now: jiff::Timestamp) -> Option<&'
             .and_then(Value::as_str)
             .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
             .and_then(|pem| String::from_utf8(pem).ok());
-        if let Some(Ok((_, not_after))) =
-            certificate.map(|pem| crate::server::pki::cert_validity(&pem))
+        if let Some(Ok((_, not_after))) = certificate.map(|pem| trellis_pki::cert_validity(&pem))
             && not_after < now.as_second()
         {
             return Some("its certificate has expired");
@@ -665,7 +663,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::load_or_create(dir.path(), &[]).unwrap();
         let (cert_pem, _) = pki.issue_client_cert("jane", &[], 1).unwrap();
-        let (_, not_after) = crate::server::pki::cert_validity(&cert_pem).unwrap();
+        let (_, not_after) = trellis_pki::cert_validity(&cert_pem).unwrap();
         let encoded = base64::engine::general_purpose::STANDARD.encode(&cert_pem);
         let approved_now = jiff::Timestamp::from_second(not_after - 60).unwrap();
         let request = csr(json!({

@@ -686,7 +686,7 @@ fn build_openapi(resources: &[ResourceInfo], custom: &CustomResources) -> Arc<Op
         })
         .collect();
     let v2 = catalog.v2_document(resources);
-    let v2_protobuf = crate::endpoints::openapi_proto::encode(&v2).unwrap_or_else(|e| {
+    let v2_protobuf = crate::endpoints::openapi::proto::encode(&v2).unwrap_or_else(|e| {
         warn!(error = %e, "encoding OpenAPI v2 as protobuf failed");
         Vec::new()
     });

@@ -2,8 +2,8 @@
 //! runtime's own CRI service over a handler whose containers run nothing and over
 //! stores that keep nothing on disk, as containerd fakes its stores, not its service.
 //! Every image is present and a pull is instant; a container runs from its
-//! `StartContainer` (after [`FakeConfig::start_delay`]) until it is stopped. One
-//! [`FakeRuntime`] serves one node: a node agent lists every container of its runtime,
+//! `StartContainer` (after [`HollowConfig::start_delay`]) until it is stopped. One
+//! [`HollowRuntime`] serves one node: a node agent lists every container of its runtime,
 //! so runtimes are never shared between nodes.
 //!
 //! [`connect`] serves a runtime on an in-memory stream and returns the [`Client`] an
@@ -33,7 +33,7 @@ use crate::{Client, Runtime};
 
 /// What a fake runtime reports and how its containers behave.
 #[derive(Clone, Debug)]
-pub struct FakeConfig {
+pub struct HollowConfig {
     /// The runtime handlers it reports in `Status` (and accepts in `RunPodSandbox`).
     pub handlers: Vec<String>,
     /// How long `StartContainer` takes before the container is running.
@@ -42,7 +42,7 @@ pub struct FakeConfig {
     pub node_ip: String,
 }
 
-impl Default for FakeConfig {
+impl Default for HollowConfig {
     fn default() -> Self {
         Self {
             handlers: vec![crate::WASMTIME.into(), crate::PROCESS.into()],
@@ -54,12 +54,12 @@ impl Default for FakeConfig {
 
 /// One node's fake runtime: a [`Runtime`] whose every handler is hollow.
 #[derive(Debug)]
-pub struct FakeRuntime {
+pub struct HollowRuntime {
     runtime: Arc<Runtime>,
 }
 
-impl FakeRuntime {
-    pub fn new(config: FakeConfig) -> Arc<Self> {
+impl HollowRuntime {
+    pub fn new(config: HollowConfig) -> Arc<Self> {
         let hollow: Arc<dyn Handler> = Arc::new(Hollow {
             start_delay: config.start_delay,
         });
@@ -211,7 +211,7 @@ const STREAM_BUFFER: usize = 64 << 10;
 /// Serves `runtime` on an in-memory stream and returns a client of it: the same gRPC
 /// an agent speaks to a runtime on a socket, for the price of one HTTP/2 connection in
 /// memory. The connection ends when the client and its clones are dropped.
-pub async fn connect(runtime: Arc<FakeRuntime>) -> Result<Client, tonic::transport::Error> {
+pub async fn connect(runtime: Arc<HollowRuntime>) -> Result<Client, tonic::transport::Error> {
     let runtime = runtime.runtime.clone();
     let routes = tonic::service::Routes::new(RuntimeServiceServer::from_arc(runtime.clone()))
         .add_service(ImageServiceServer::from_arc(runtime));
@@ -262,7 +262,7 @@ mod tests {
 
     #[tokio::test]
     async fn containers_run_until_stopped_and_go_with_their_sandbox() {
-        let runtime = FakeRuntime::new(FakeConfig::default());
+        let runtime = HollowRuntime::new(HollowConfig::default());
         let mut changed = runtime.subscribe();
         let client = connect(runtime.clone()).await.unwrap();
         let mut cri = client.runtime.clone();

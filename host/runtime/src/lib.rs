@@ -51,9 +51,6 @@ mod state;
 mod store;
 mod wasm;
 
-/// The hollow node's runtime under its former name.
-pub use hollow as fake;
-
 use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

@@ -28,10 +28,7 @@ use trellis_controllers::bundled;
 use trellis_plugin_host::{HostConfig, PluginHost};
 
 use crate::flags::seconds;
-// Their home is `setup`; the binary's other commands still name them here.
-pub use crate::setup::{
-    ControllerSetup, Credentials, Shared, host_name, manager, start_controllers,
-};
+use crate::setup::{ControllerSetup, Credentials, Shared, host_name, manager, start_controllers};
 
 /// Which component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

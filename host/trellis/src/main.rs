@@ -49,7 +49,7 @@ mod up;
 
 // The components, from this package's library (`src/lib.rs`), which the end-to-end
 // tests run too.
-use trellis::{components, flags, plugin_controllers, scheduler};
+use trellis::{components, flags, plugin_controllers, plugins, scheduler, setup};
 
 /// mimalloc rather than the system's malloc: see `mimalloc` in the workspace manifest.
 #[global_allocator]

@@ -193,7 +193,7 @@ pub async fn run_local(
         &flags
             .node_name
             .clone()
-            .unwrap_or_else(crate::components::host_name),
+            .unwrap_or_else(crate::setup::host_name),
         flags.node_address,
         data_dir.join("node"),
     );
@@ -290,7 +290,7 @@ pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> any
                 .node
                 .node_name
                 .clone()
-                .unwrap_or_else(crate::components::host_name);
+                .unwrap_or_else(crate::setup::host_name);
             let (client, ca) =
                 crate::join::joined_client(&args.join, &args.data_dir, &node_name, stopped.clone())
                     .await?;

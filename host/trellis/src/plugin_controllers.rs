@@ -37,11 +37,10 @@ use trellis_controllers::bundled::Builtin;
 use trellis_controllers::{ControllerConfig, Loaded, Manager, Running};
 use trellis_plugin_host::{GroupVersionResource, PluginKind};
 use trellis_plugins::follow::{Failure, Follower, World};
+use trellis_plugins::object::plugins_resource;
 use trellis_plugins::{object, source, spec};
 
-pub use crate::plugins::modules_dir;
 use crate::setup::{ControllerSetup, Shared, builtin_configuration, host_name, start_builtin};
-pub use trellis_plugins::object::plugins_resource;
 
 /// The field manager of the statuses written here.
 const MANAGER: &str = "trellis-controller-manager";

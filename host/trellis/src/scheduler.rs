@@ -8,7 +8,7 @@ use clap::Args;
 use trellis_plugin_host::{HostConfig, PluginHost};
 
 use crate::components::{Component, ComponentArgs, run_remote};
-pub use crate::setup::{SchedulerFlags, SchedulerSetup};
+use crate::setup::{SchedulerFlags, SchedulerSetup};
 
 /// `trellis scheduler`: the component's flags and the framework's settings.
 #[derive(Debug, Args)]

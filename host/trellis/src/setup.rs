@@ -27,7 +27,7 @@ use crate::flags::seconds;
 /// This machine's host name, lowercased as Kubernetes names nodes (the kubelet's
 /// default node name); events and leases name their source by it too.
 pub fn host_name() -> String {
-    trellis_apiserver::server::pki::hostname()
+    trellis_pki::hostname()
         .map(|h| h.to_lowercase())
         .unwrap_or_else(|| "localhost".to_owned())
 }

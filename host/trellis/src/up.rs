@@ -124,7 +124,7 @@ pub struct UpArgs {
 
     /// `trellis up` only: the scheduler's settings.
     #[command(flatten)]
-    scheduler: crate::scheduler::SchedulerFlags,
+    scheduler: crate::setup::SchedulerFlags,
 
     /// `trellis up` only: whether a node runs in this process (its agent and the
     /// built-in runtime, with the `process` handler on).
@@ -278,13 +278,13 @@ pub async fn run(
         tokio::spawn(Compactor::new(config).run(store, stopped_signal(stopped.clone())));
     let running = if components {
         let in_process = trellis_client::InProcess::new(server.in_process.clone());
-        let mut shared = crate::components::Shared::new();
-        shared.controllers = Some(crate::components::ControllerSetup {
+        let mut shared = crate::setup::Shared::new();
+        shared.controllers = Some(crate::setup::ControllerSetup {
             plugins: trellis_plugin_host::PluginHost::new(trellis_plugin_host::HostConfig {
                 cache_dir: Some(args.data_dir.join("plugin-cache")),
                 ..trellis_plugin_host::HostConfig::default()
             })?,
-            credentials: crate::components::Credentials::InProcess(in_process.clone()),
+            credentials: crate::setup::Credentials::InProcess(in_process.clone()),
             modules_dir: args.data_dir.join("plugin-cache").join("modules"),
             running: Default::default(),
             root_ca: std::fs::read_to_string(args.data_dir.join("pki").join("ca.crt")).ok(),
@@ -292,7 +292,7 @@ pub async fn run(
             plugin_status_interval: Duration::from_secs(10),
             builtins,
         });
-        shared.scheduler = Some(crate::scheduler::SchedulerSetup {
+        shared.scheduler = Some(crate::setup::SchedulerSetup {
             plugins: shared
                 .controllers
                 .as_ref()
@@ -333,7 +333,7 @@ pub async fn run(
                 .node
                 .node_name
                 .clone()
-                .unwrap_or_else(crate::components::host_name);
+                .unwrap_or_else(crate::setup::host_name);
             let client = in_process.client(trellis_client::identity::node(&name));
             let informers = shared.informers.clone();
             let data_dir = args.data_dir.clone();

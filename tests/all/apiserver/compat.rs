@@ -90,7 +90,7 @@ async fn openapi_v2_protobuf_decodes_and_kubectl_validates_a_list_with_it() -> R
         "{content_type}"
     );
     let document = DynamicMessage::decode(
-        trellis_apiserver::endpoints::openapi_proto::document_descriptor()
+        trellis_apiserver::endpoints::openapi::proto::document_descriptor()
             .map_err(anyhow::Error::msg)?,
         body.as_slice(),
     )?;

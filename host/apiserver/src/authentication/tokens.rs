@@ -18,7 +18,7 @@ use base64::Engine as _;
 use trellis_api::UserInfo;
 use trellis_api::user::groups::MASTERS;
 
-use crate::server::pki::create_file_atomic;
+use trellis_pki::create_file_atomic;
 
 /// The user [`ensure_admin_token`] creates a token for.
 const ADMIN_USER: &str = "admin";

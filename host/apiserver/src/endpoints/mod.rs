@@ -22,6 +22,3 @@ pub mod request;
 pub mod response;
 pub mod table;
 pub mod watch;
-
-/// [`openapi::proto`] under its old path, which `crate::state` still names.
-pub use openapi::proto as openapi_proto;

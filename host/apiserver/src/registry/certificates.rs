@@ -12,9 +12,6 @@ use trellis_api::{UserInfo, registry::ResourceInfo, registry::Subresource};
 
 use crate::object::Object;
 
-// The signers' names are `trellis_pki`'s, which the nodes that ask for certificates
-// share; the signing controller finds them here.
-pub use trellis_pki::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
 /// The shortest `spec.expirationSeconds` Kubernetes accepts (ten minutes).
 pub const MIN_EXPIRATION_SECONDS: i64 = 600;
 

@@ -1,8 +1,7 @@
 //! The admin kubeconfig the API server writes at start; kubeconfig files themselves are
 //! `trellis_pki::kubeconfig`'s, which nodes write too.
 
-// Where the server and its callers found these before they moved to `trellis-pki`.
-pub use trellis_pki::kubeconfig::{cert_kubeconfig, write_kubeconfig};
+use trellis_pki::kubeconfig::cert_kubeconfig;
 
 /// The user name for the admin client certificate.
 const ADMIN_USER: &str = "admin";

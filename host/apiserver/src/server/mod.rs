@@ -210,7 +210,8 @@ pub async fn start(
         pki.admin_cert_pem(),
         pki.admin_key_pem(),
     );
-    kubeconfig::write_kubeconfig(&kubeconfig_path, &contents).context("write admin.kubeconfig")?;
+    trellis_pki::kubeconfig::write_kubeconfig(&kubeconfig_path, &contents)
+        .context("write admin.kubeconfig")?;
     // The components' own credentials, as kubeadm writes `controller-manager.conf` and
     // `scheduler.conf`: `trellis controllers|scheduler --kubeconfig` run with them,
     // held to their roles rather than as the admin.
@@ -224,8 +225,9 @@ pub async fn start(
         let (cert, key) = pki
             .issue_client_cert(user, &[], COMPONENT_CERT_DAYS)
             .with_context(|| format!("issue the certificate of {user}"))?;
-        let contents = kubeconfig::cert_kubeconfig(&url, pki.ca_pem(), user, &cert, &key);
-        kubeconfig::write_kubeconfig(&config.data_dir.join(file), &contents)
+        let contents =
+            trellis_pki::kubeconfig::cert_kubeconfig(&url, pki.ca_pem(), user, &cert, &key);
+        trellis_pki::kubeconfig::write_kubeconfig(&config.data_dir.join(file), &contents)
             .with_context(|| format!("write {file}"))?;
     }
 

@@ -44,9 +44,7 @@ use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 use x509_parser::time::ASN1Time;
 
-// Where other modules and crates found these before they moved to `trellis-pki`.
-pub(crate) use trellis_pki::create_file_atomic;
-pub use trellis_pki::{cert_validity, hostname, node_client_request};
+use trellis_pki::hostname;
 
 /// The subdirectory of the data dir that holds the PKI.
 const PKI_DIR: &str = "pki";

@@ -15,12 +15,9 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use trellis_api::user::Peer;
+use trellis_pki::identity_from_cert;
 
 use crate::server::pki::Pki;
-
-// Where the server and its callers found it before it moved to `trellis-pki`, which
-// nodes share.
-pub use trellis_pki::identity_from_cert;
 
 /// ALPN protocols, most preferred first: kubectl and client-go speak HTTP/2.
 const ALPN_PROTOCOLS: [&[u8]; 2] = [b"h2", b"http/1.1"];

@@ -29,7 +29,7 @@ use trellis_client::informer::{BY_LABEL, Change, SharedInformers};
 use trellis_plugin_host::{GroupVersionResource, HostConfig, ObjectKey, PluginHost};
 
 use super::cluster::LocalCluster;
-use crate::components::{ControllerSetup, Credentials, Shared, start_controllers};
+use crate::setup::{ControllerSetup, Credentials, Shared, start_controllers};
 
 #[derive(Debug, Args)]
 pub struct ControllersArgs {
@@ -129,7 +129,7 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
         plugins: PluginHost::new(HostConfig::default())?,
         credentials: Credentials::InProcess(in_process.clone()),
         builtins: trellis_controllers::bundled::select("*")?,
-        modules_dir: crate::plugin_controllers::modules_dir(None),
+        modules_dir: crate::plugins::modules_dir(None),
         running: Default::default(),
         root_ca: None,
         node_monitor_grace_period: 50,
@@ -138,7 +138,7 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
     shared.controllers = Some(setup.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let manager_client = in_process.client(trellis_client::identity::controller_manager());
-    let manager = crate::components::manager(&setup, &manager_client, &shared);
+    let manager = crate::setup::manager(&setup, &manager_client, &shared);
     let running = start_controllers(&setup, &manager, &manager_client, &stopped).await;
     let expected = setup.builtins.iter().filter(|b| !b.needs_root_ca).count();
     if running.len() != expected {

@@ -79,7 +79,7 @@ pub struct FlowArgs {
 
     /// The scheduler's settings.
     #[command(flatten)]
-    scheduler: crate::scheduler::SchedulerFlags,
+    scheduler: crate::setup::SchedulerFlags,
 
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
@@ -228,14 +228,14 @@ async fn measure(cluster: &LocalCluster, args: &FlowArgs) -> anyhow::Result<Repo
     };
     let deployments = args.deployments.clamp(1, replicas.max(1));
     let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
-    let mut shared = crate::components::Shared::new();
+    let mut shared = crate::setup::Shared::new();
     let plugins = trellis_plugin_host::PluginHost::new(trellis_plugin_host::HostConfig {
         cache_dir: Some(cluster.dir.path().join("plugin-cache")),
         ..trellis_plugin_host::HostConfig::default()
     })?;
-    shared.controllers = Some(crate::components::ControllerSetup {
+    shared.controllers = Some(crate::setup::ControllerSetup {
         plugins: plugins.clone(),
-        credentials: crate::components::Credentials::InProcess(in_process.clone()),
+        credentials: crate::setup::Credentials::InProcess(in_process.clone()),
         modules_dir: cluster.dir.path().join("plugin-cache").join("modules"),
         running: Default::default(),
         root_ca: Some(cluster.server.ca_pem.clone()),
@@ -243,7 +243,7 @@ async fn measure(cluster: &LocalCluster, args: &FlowArgs) -> anyhow::Result<Repo
         plugin_status_interval: Duration::from_secs(10),
         builtins: trellis_controllers::bundled::select("*")?,
     });
-    shared.scheduler = Some(crate::scheduler::SchedulerSetup {
+    shared.scheduler = Some(crate::setup::SchedulerSetup {
         plugins,
         flags: args.scheduler.clone(),
         metrics: Default::default(),

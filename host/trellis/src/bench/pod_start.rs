@@ -135,7 +135,7 @@ fn start_node(
     let kubeconfig = dir.join("node.kubeconfig");
     std::fs::write(
         &kubeconfig,
-        trellis_apiserver::server::kubeconfig::cert_kubeconfig(
+        trellis_pki::kubeconfig::cert_kubeconfig(
             &cluster.server.url,
             pki.ca_pem(),
             &user,
