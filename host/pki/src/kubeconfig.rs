@@ -159,6 +159,40 @@ mod tests {
     const KEY: &str = "-----BEGIN PRIVATE KEY-----\nS0VZ\n-----END PRIVATE KEY-----\n";
 
     #[test]
+    fn cert_kubeconfig_parses_back_with_embedded_credentials() {
+        let config = parse(&cert_kubeconfig(
+            "https://127.0.0.1:6443",
+            CA,
+            "admin",
+            CERT,
+            KEY,
+        ));
+        assert_eq!(config["apiVersion"], "v1");
+        assert_eq!(config["kind"], "Config");
+        assert_eq!(config["current-context"], "trellis");
+
+        let clusters = config["clusters"].as_array().unwrap();
+        assert_eq!(clusters.len(), 1);
+        assert_eq!(clusters[0]["name"], "trellis");
+        assert_eq!(clusters[0]["cluster"]["server"], "https://127.0.0.1:6443");
+        assert_eq!(
+            decode(&clusters[0]["cluster"]["certificate-authority-data"]),
+            CA
+        );
+
+        let users = config["users"].as_array().unwrap();
+        assert_eq!(users.len(), 1);
+        assert_eq!(users[0]["name"], "admin");
+        assert_eq!(decode(&users[0]["user"]["client-certificate-data"]), CERT);
+        assert_eq!(decode(&users[0]["user"]["client-key-data"]), KEY);
+
+        assert_eq!(
+            config["contexts"],
+            json!([{"name": "trellis", "context": {"cluster": "trellis", "user": "admin"}}])
+        );
+    }
+
+    #[test]
     fn token_kubeconfig_carries_the_token() {
         let config = parse(&token_kubeconfig(
             "https://[::1]:6443",
