@@ -90,19 +90,58 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
     out
 }
 
-/// The modules `code` (of module `this`) names: the longest known prefix of each
-/// `crate::a::b::…` path, and the sibling or parent each `super::x` names.
-fn references(this: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
-    let ident = |s: &str| -> Vec<String> {
-        s.split("::")
-            .map(|p| {
-                p.chars()
-                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
-                    .collect::<String>()
-            })
-            .take_while(|p| !p.is_empty())
-            .collect()
+/// The module paths a path names from where it starts (just after `crate::` or
+/// `super::`): `a::b::Thing` names `a::b::Thing` (its known prefix is found later),
+/// and a group `a::{b::X, c}` names `a::b::X` and `a::c`.
+fn paths(s: &str) -> Vec<Vec<String>> {
+    let mut parts = Vec::new();
+    let mut rest = s.trim_start();
+    loop {
+        let ident: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if ident.is_empty() {
+            break;
+        }
+        rest = &rest[ident.len()..];
+        parts.push(ident);
+        match rest.strip_prefix("::") {
+            Some(after) => rest = after.trim_start(),
+            None => return vec![parts],
+        }
+    }
+    let Some(group) = rest.strip_prefix('{') else {
+        return vec![parts];
     };
+    // The group's items, split at the commas outside nested groups.
+    let mut items = Vec::new();
+    let (mut depth, mut from) = (0, 0);
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[from..at]);
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[from..at]);
+                from = at + 1;
+            }
+            _ => {}
+        }
+    }
+    items
+        .into_iter()
+        .flat_map(paths)
+        .map(|tail| parts.iter().cloned().chain(tail).collect())
+        .collect()
+}
+
+/// The modules `code` (of module `this`) names: the longest known prefix of each
+/// `crate::…` path, and of each `super::…` path from this module's parent.
+fn references(this: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
     let parent = this.rsplit_once("::").map_or("", |(p, _)| p);
     let mut out = BTreeSet::new();
     for (marker, base) in [("crate::", ""), ("super::", parent)] {
@@ -111,18 +150,25 @@ fn references(this: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet<Stri
             if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
                 continue;
             }
-            let parts = ident(&code[at + marker.len()..]);
-            let found = (0..=parts.len()).rev().find_map(|n| {
-                let mut path: Vec<&str> = Vec::new();
-                if !base.is_empty() {
-                    path.push(base);
+            for mut parts in paths(&code[at + marker.len()..]) {
+                let mut base: Vec<&str> = base.split("::").filter(|p| !p.is_empty()).collect();
+                // `super::super::x` climbs one more level for each `super`.
+                while parts.first().is_some_and(|p| p == "super") {
+                    parts.remove(0);
+                    base.pop();
                 }
-                path.extend(parts[..n].iter().map(String::as_str));
-                let candidate = path.join("::");
-                known.contains(&candidate).then_some(candidate)
-            });
-            if let Some(module) = found.filter(|m| m != this && !m.is_empty()) {
-                out.insert(module);
+                let found = (0..=parts.len()).rev().find_map(|n| {
+                    let path: Vec<&str> = base
+                        .iter()
+                        .copied()
+                        .chain(parts[..n].iter().map(String::as_str))
+                        .collect();
+                    let candidate = path.join("::");
+                    known.contains(&candidate).then_some(candidate)
+                });
+                if let Some(module) = found.filter(|m| m != this && !m.is_empty()) {
+                    out.insert(module);
+                }
             }
         }
     }
@@ -211,5 +257,10 @@ fn a_circle_is_found_and_named() {
     .map(|(m, e)| (m.to_owned(), e))
     .collect();
     assert_eq!(edges["b"], BTreeSet::from(["c::d".to_owned()]));
+    // Groups, nested groups and `super::super` are read too.
+    let grouped = references("c::d", "use crate::{a, c::{d::X, e}};", &known);
+    assert_eq!(grouped, BTreeSet::from(["a".to_owned(), "c".to_owned()]));
+    let up = references("c::d", "use super::super::b::Y;", &known);
+    assert_eq!(up, BTreeSet::from(["b".to_owned()]));
     assert_eq!(circles(&edges), vec![vec!["a", "b", "c::d"]]);
 }
