@@ -30,15 +30,19 @@
 //! - [`observability`]: metrics and the audit log.
 //! - [`certificates`]: the CertificateSigningRequest approver and signer (TLS bootstrap).
 //! - [`state`]: what every stage shares (the store, the registry, the caches).
+//! - [`inflight`]: the limits on requests in flight; [`bootstrap`]: the objects every
+//!   cluster starts with.
 //! - [`object`]: object metadata helpers; [`warnings`]: `Warning` headers.
 
 pub mod admission;
 pub mod authentication;
 pub mod authorization;
+pub mod bootstrap;
 pub mod certificates;
 pub mod endpoints;
 pub mod fieldmanager;
 mod fuzz;
+pub mod inflight;
 pub mod kubelet;
 pub mod object;
 pub mod observability;

@@ -1,11 +1,12 @@
-//! What every request handler shares: the store, the resource registry, the watch
-//! cache and the credentials, plus the server's own background work (namespace
-//! cleanup).
+//! What every request handler shares: the store, the resource registry (built-in and
+//! custom resources, followed as CRDs change), the OpenAPI documents built from it,
+//! the watch cache, the credentials and the server's settings.
+//!
+//! The limits on requests in flight are [`crate::inflight`]'s; the objects every
+//! cluster starts with, [`crate::bootstrap`]'s.
 
 use std::sync::{Arc, RwLock};
 
-use bytes::Bytes;
-use serde_json::{Value, json};
 use tracing::warn;
 use trellis_api::ApiError;
 use trellis_api::registry::{ResourceInfo, builtins};
@@ -13,6 +14,7 @@ use trellis_store::{ListRequest, Store};
 
 use crate::admission::Chains;
 use crate::authentication::tokens::TokenFile;
+use crate::inflight::Inflight;
 use crate::registry::crd::{self, CustomResources, Schema};
 use crate::storage::watch_cache::WatchCache;
 
@@ -70,95 +72,6 @@ impl Default for Settings {
     }
 }
 
-/// kube-apiserver's `--max-requests-inflight` and `--max-mutating-requests-inflight`:
-/// requests past them get 429 with `Retry-After` instead of queueing without bound.
-/// Long-running requests (watches) and `system:masters` are not counted, so an
-/// administrator can still reach a server that clients flood; nor are the Leases that
-/// keep the cluster standing (see [`Inflight::is_heartbeat`]), which Kubernetes' API
-/// Priority and Fairness serves at levels of their own.
-#[derive(Debug)]
-pub struct Inflight {
-    readonly: Option<Arc<tokio::sync::Semaphore>>,
-    mutating: Option<Arc<tokio::sync::Semaphore>>,
-}
-
-impl Inflight {
-    pub fn new(settings: &Settings) -> Self {
-        let limit = |n: usize| (n > 0).then(|| Arc::new(tokio::sync::Semaphore::new(n)));
-        Self {
-            readonly: limit(settings.max_requests_inflight),
-            mutating: limit(settings.max_mutating_requests_inflight),
-        }
-    }
-
-    /// A slot for one request, held until it is dropped; `None` when the request is not
-    /// counted.
-    pub fn admit(
-        &self,
-        user: &trellis_api::UserInfo,
-        path: &str,
-        mutating: bool,
-        long_running: bool,
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
-        if long_running
-            || user.in_group(trellis_api::user::groups::MASTERS)
-            || Self::is_heartbeat(user, path)
-        {
-            return Ok(None);
-        }
-        let pool = if mutating {
-            &self.mutating
-        } else {
-            &self.readonly
-        };
-        let Some(pool) = pool else {
-            return Ok(None);
-        };
-        pool.clone().try_acquire_owned().map(Some).map_err(|_| {
-            let mut e = ApiError::new(
-                429,
-                trellis_api::status::Reason::TooManyRequests,
-                "Too many requests, please try again later.",
-            );
-            e.details = Some(Box::new(trellis_api::status::StatusDetails {
-                retry_after_seconds: Some(1),
-                ..Default::default()
-            }));
-            e
-        })
-    }
-}
-
-impl Inflight {
-    /// A Lease that keeps the cluster standing: the scheduler's or the controller
-    /// manager's leader election in kube-system, or a node's heartbeat in its own
-    /// Lease in kube-node-lease. Kubernetes' default flow schemas (`system-leader-election`,
-    /// `system-node-high`) give these their own seats, so that a burst of other
-    /// requests cannot cost a leader its lease or mark a node unready; here they are
-    /// simply not counted. There are few of them: one a few seconds per component
-    /// and node.
-    pub fn is_heartbeat(user: &trellis_api::UserInfo, path: &str) -> bool {
-        const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/";
-        let Some(rest) = path.strip_prefix(LEASES) else {
-            return false;
-        };
-        match rest.split_once("/leases/") {
-            Some(("kube-system", name)) if !name.is_empty() && !name.contains('/') => {
-                matches!(
-                    user.name.as_str(),
-                    "system:kube-scheduler" | "system:kube-controller-manager"
-                )
-            }
-            // A node's own Lease only.
-            Some(("kube-node-lease", name)) if !name.is_empty() && !name.contains('/') => {
-                user.in_group("system:nodes")
-                    && user.name.strip_prefix("system:node:") == Some(name)
-            }
-            _ => false,
-        }
-    }
-}
-
 /// The OpenAPI documents, serialized once.
 #[derive(Debug)]
 pub struct OpenApiDocs {
@@ -171,10 +84,6 @@ pub struct OpenApiDocs {
     /// `/openapi/v2` as gnostic's protobuf `Document`.
     pub v2_protobuf: Vec<u8>,
 }
-
-/// The namespaces every cluster starts with.
-pub const INITIAL_NAMESPACES: &[&str] =
-    &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 #[derive(Debug)]
 pub struct AppState {
@@ -275,7 +184,10 @@ impl AppState {
             signer,
             verified_tokens: Default::default(),
             audit,
-            inflight: Inflight::new(&settings),
+            inflight: Inflight::new(
+                settings.max_requests_inflight,
+                settings.max_mutating_requests_inflight,
+            ),
             settings,
             registry: RwLock::new(builtins()),
             custom: RwLock::new(Arc::new(CustomResources::default())),
@@ -451,212 +363,6 @@ impl AppState {
         *self.openapi.write().unwrap_or_else(|e| e.into_inner()) = Some((generation, docs.clone()));
         docs
     }
-
-    /// Creates the initial namespaces and the bootstrap RBAC roles if missing.
-    pub async fn bootstrap(&self) -> anyhow::Result<()> {
-        for (key, mut obj) in crate::authorization::rbac::bootstrap_objects() {
-            obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
-            obj["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
-            match self.store.create(&key, Bytes::from(obj.to_string())).await {
-                Ok(_) => {}
-                Err(trellis_store::Error::AlreadyExists { .. }) => {
-                    self.reconcile_bootstrap_role(&key, &obj).await?;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        // Kubernetes' two system classes, which system components' pods name.
-        let classes = self.resource("scheduling.k8s.io", "v1", "priorityclasses")?;
-        for (name, value, description) in [
-            (
-                "system-node-critical",
-                2_000_001_000,
-                "Used for system critical pods that must not be moved from their current node.",
-            ),
-            (
-                "system-cluster-critical",
-                2_000_000_000,
-                "Used for system critical pods that must run in the cluster, but can be moved to another node if necessary.",
-            ),
-        ] {
-            let obj = json!({
-                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                "metadata": {"name": name, "uid": uuid::Uuid::new_v4().to_string(),
-                             "creationTimestamp": crate::object::now_timestamp()},
-                "value": value,
-                "description": description,
-                "preemptionPolicy": "PreemptLowerPriority",
-            });
-            match self
-                .store
-                .create(&classes.key(None, name), Bytes::from(obj.to_string()))
-                .await
-            {
-                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        // The handlers every Trellis node has: pods name them as RuntimeClasses.
-        let runtime_classes = self.resource("node.k8s.io", "v1", "runtimeclasses")?;
-        for name in ["wasmtime", "process"] {
-            let obj = json!({
-                "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                "metadata": {"name": name, "uid": uuid::Uuid::new_v4().to_string(),
-                             "creationTimestamp": crate::object::now_timestamp()},
-                "handler": name,
-                // Only nodes whose agent reports the handler (it labels its Node so).
-                "scheduling": {"nodeSelector": {format!("handler.trellis.dev/{name}"): "true"}},
-            });
-            match self
-                .store
-                .create(
-                    &runtime_classes.key(None, name),
-                    Bytes::from(obj.to_string()),
-                )
-                .await
-            {
-                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let namespaces = self.resource("", "v1", "namespaces")?;
-        for ns in INITIAL_NAMESPACES {
-            let obj = json!({
-                "apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": ns, "uid": uuid::Uuid::new_v4().to_string(),
-                             "creationTimestamp": crate::object::now_timestamp(),
-                             "labels": {"kubernetes.io/metadata.name": ns}},
-                "spec": {"finalizers": ["kubernetes"]},
-                "status": {"phase": "Active"},
-            });
-            match self
-                .store
-                .create(&namespaces.key(None, ns), Bytes::from(obj.to_string()))
-                .await
-            {
-                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
-    }
-
-    /// Brings a bootstrap role or binding of an older version up to this one's, as
-    /// kube-apiserver reconciles its defaults at start: rules, role and subjects are
-    /// replaced, unless the object no longer carries the bootstrapping label (an
-    /// administrator took it over).
-    async fn reconcile_bootstrap_role(&self, key: &str, wanted: &Value) -> anyhow::Result<()> {
-        let Some(kv) = self.store.get(key).await? else {
-            return Ok(());
-        };
-        let mut stored: Value = serde_json::from_slice(&kv.value)?;
-        if stored["metadata"]["labels"]["kubernetes.io/bootstrapping"] != "rbac-defaults" {
-            return Ok(());
-        }
-        let fields = ["rules", "roleRef", "subjects"];
-        if fields.iter().all(|f| stored.get(*f) == wanted.get(*f)) {
-            return Ok(());
-        }
-        for field in fields {
-            if let Some(v) = wanted.get(field) {
-                stored[field] = v.clone();
-            }
-        }
-        match self
-            .store
-            .update(key, Bytes::from(stored.to_string()), Some(kv.mod_revision))
-            .await
-        {
-            // Another server of the same version did it first.
-            Ok(_) | Err(trellis_store::Error::Conflict { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Creates the Plugin objects of the built-in controllers, and brings those still
-    /// marked built-in up to date; one an administrator took over (its label or
-    /// module changed) is left alone, as bootstrap roles are.
-    pub async fn publish_builtin_plugins(&self, plugins: &[Value]) -> anyhow::Result<()> {
-        use trellis_plugins::spec;
-        let resource = self.resource(spec::GROUP, spec::VERSION, spec::PLURAL)?;
-        for wanted in plugins {
-            let name = wanted["metadata"]["name"].as_str().unwrap_or_default();
-            let key = resource.key(None, name);
-            match self.store.get(&key).await? {
-                Some(kv) => {
-                    let mut stored: Value = serde_json::from_slice(&kv.value)?;
-                    let still_builtin = stored["metadata"]["labels"][spec::BUILTIN_LABEL] == "true"
-                        && stored["spec"]["module"] == wanted["spec"]["module"];
-                    if !still_builtin || stored["spec"] == wanted["spec"] {
-                        continue;
-                    }
-                    stored["spec"] = wanted["spec"].clone();
-                    let generation = stored["metadata"]["generation"].as_i64().unwrap_or(1);
-                    stored["metadata"]["generation"] = (generation + 1).into();
-                    match self
-                        .store
-                        .update(&key, Bytes::from(stored.to_string()), Some(kv.mod_revision))
-                        .await
-                    {
-                        Ok(_) | Err(trellis_store::Error::Conflict { .. }) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                None => {
-                    let mut obj = wanted.clone();
-                    obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
-                    obj["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
-                    obj["metadata"]["generation"] = 1.into();
-                    match self.store.create(&key, Bytes::from(obj.to_string())).await {
-                        Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Creates (or brings up to date) the CRD serving `plugins.trellis.dev`.
-    pub async fn install_plugin_crd(&self) -> anyhow::Result<()> {
-        let mut crd = trellis_plugins::spec::crd();
-        let name = crd["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let crds = self.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")?;
-        let key = crds.key(None, &name);
-        let existing = self.store.get(&key).await?;
-        match existing {
-            Some(kv) => {
-                let mut stored: serde_json::Value = serde_json::from_slice(&kv.value)?;
-                if stored["spec"] != crd["spec"] {
-                    stored["spec"] = crd["spec"].take();
-                    let generation = stored["metadata"]["generation"].as_i64().unwrap_or(1);
-                    stored["metadata"]["generation"] = (generation + 1).into();
-                    if let Some(obj) = stored.as_object() {
-                        stored["status"] = crd::established_status(obj);
-                    }
-                    self.store
-                        .update(&key, Bytes::from(stored.to_string()), Some(kv.mod_revision))
-                        .await?;
-                }
-            }
-            None => {
-                crd["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
-                crd["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
-                crd["metadata"]["generation"] = 1.into();
-                if let Some(obj) = crd.as_object() {
-                    crd["status"] = crd::established_status(obj);
-                }
-                match self.store.create(&key, Bytes::from(crd.to_string())).await {
-                    Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        self.refresh_custom_resources().await
-    }
 }
 
 /// The OpenAPI documents of `resources`, with the schemas of the custom ones.
@@ -696,62 +402,4 @@ fn build_openapi(resources: &[ResourceInfo], custom: &CustomResources) -> Arc<Op
         v2: serde_json::to_vec(&v2).unwrap_or_default(),
         v2_protobuf,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use trellis_api::UserInfo;
-
-    #[test]
-    fn leases_that_keep_the_cluster_standing_pass_a_full_limit() {
-        let settings = Settings {
-            max_mutating_requests_inflight: 1,
-            ..Settings::default()
-        };
-        let inflight = Inflight::new(&settings);
-        let someone = UserInfo::new("someone", ["system:authenticated"]);
-        let pods = "/api/v1/namespaces/default/pods";
-        let held = inflight.admit(&someone, pods, true, false).unwrap();
-        assert!(held.is_some());
-        assert_eq!(
-            inflight
-                .admit(&someone, pods, true, false)
-                .unwrap_err()
-                .code,
-            429
-        );
-
-        let scheduler = UserInfo::new("system:kube-scheduler", ["system:authenticated"]);
-        let node = UserInfo::new("system:node:n1", ["system:nodes"]);
-        let election = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler";
-        let heartbeat = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1";
-        assert!(inflight.admit(&scheduler, election, true, false).is_ok());
-        assert!(inflight.admit(&node, heartbeat, true, false).is_ok());
-        // Anything else of theirs is counted.
-        for (user, path) in [
-            (
-                &scheduler,
-                "/apis/coordination.k8s.io/v1/namespaces/default/leases/x",
-            ),
-            (&scheduler, pods),
-            (&node, election),
-            (&someone, heartbeat),
-            (
-                &node,
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/",
-            ),
-            // Another node's Lease.
-            (
-                &node,
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n2",
-            ),
-        ] {
-            assert!(
-                inflight.admit(user, path, true, false).is_err(),
-                "{} {path}",
-                user.name
-            );
-        }
-    }
 }
