@@ -16,19 +16,31 @@
 //! [`PluginAdmission`] runs the loaded mutating and validating plugins in the
 //! admission chain; [`PluginInitializers`] offers the initializer plugins to the
 //! initializer chain. Both apply each plugin's rules, selectors and failure policy.
+//!
+//! # Layout
+//! - this file: [`PluginManager`], which follows Plugin objects and the plugins
+//!   directory and loads each declaration.
+//! - `world`: the API server's world of the follow loop: what it serves, how a loaded
+//!   plugin joins the chains, what its status says.
+//! - `status`: the `Loaded` condition and call counters written to Plugin statuses.
+//! - `controller_policy`: the RBAC rules a controller Plugin is granted.
+//! - `glue`: the chains' side: [`PluginAdmission`], [`PluginInitializers`] and the
+//!   cluster reader plugins call.
 
+mod controller_policy;
 mod glue;
+mod status;
+mod world;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{OnceCell, Semaphore};
 use tracing::{info, warn};
-use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind, Tier};
-use trellis_plugins::follow::{Change, Failure, Finished, Follower, World};
+use trellis_plugin_host::{ClusterReader, HostConfig, Plugin, PluginHost, PluginKind};
+use trellis_plugins::follow::{Change, Finished, Follower, World as _};
 use trellis_plugins::{dir, source, spec};
 use trellis_store::{ListRequest, Store};
 
@@ -36,10 +48,8 @@ pub use crate::admission::Cluster;
 pub use glue::{PluginAdmission, PluginInitializers, StoreReader};
 use spec::{FailurePolicy, Parsed};
 
-use crate::object::{Object, now_timestamp};
-
-/// The field manager of the statuses the plugin host writes.
-const MANAGER: &str = "trellis-plugin-host";
+use self::world::Chains;
+use crate::object::Object;
 
 /// How often the plugins directory is looked at.
 const DIR_POLL: Duration = Duration::from_millis(250);
@@ -114,167 +124,6 @@ enum Declared {
     File { entry: dir::Entry, dir: PathBuf },
 }
 
-/// The API server's world: admission and initializer plugins, keyed `object/NAME`
-/// (Plugin objects) and `file/NAME` (the plugins directory).
-struct Chains {
-    manager: Arc<PluginManager>,
-    reader: Arc<dyn ClusterReader>,
-    /// The version each declaration serves.
-    serving: HashMap<String, Arc<Bound>>,
-    /// Counters and tier last written to each object's status.
-    reported: HashMap<String, ([u64; 4], Tier)>,
-}
-
-impl Chains {
-    /// Swaps in the serving set: in-flight calls finish on the plugins they started
-    /// with, new requests see the new set.
-    fn publish(&self) {
-        let mut plugins: Vec<Arc<Bound>> = self.serving.values().cloned().collect();
-        plugins.sort_by(|a, b| {
-            (a.parsed.order, a.plugin.name(), &a.origin).cmp(&(
-                b.parsed.order,
-                b.plugin.name(),
-                &b.origin,
-            ))
-        });
-        *self
-            .manager
-            .active
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Arc::new(Active { plugins });
-    }
-}
-
-impl World for Chains {
-    type Declaration = Declared;
-    type Loaded = Arc<Bound>;
-
-    fn takes(&self, _: &str, declared: &Declared) -> bool {
-        match declared {
-            // The scheduler and the controller manager run these.
-            Declared::Object { spec, .. } => !spec["kind"].as_str().is_some_and(|k| {
-                k.eq_ignore_ascii_case("scheduler") || k.eq_ignore_ascii_case("controller")
-            }),
-            Declared::File { .. } => true,
-        }
-    }
-
-    async fn declined(&mut self, _: &str, declared: &Declared) {
-        if let Declared::Object { name, meta, spec } = declared
-            && spec["kind"]
-                .as_str()
-                .is_some_and(|k| k.eq_ignore_ascii_case("controller"))
-        {
-            // The controller manager runs it; the server grants it its rules.
-            self.manager.grant_controller(name, meta, spec).await;
-        }
-    }
-
-    fn load(
-        &self,
-        id: &str,
-        declared: Arc<Declared>,
-    ) -> impl Future<Output = Result<Arc<Bound>, Failure>> + Send + 'static {
-        let previous = self.serving.get(id).cloned();
-        let manager = self.manager.clone();
-        let reader = self.reader.clone();
-        async move {
-            let previous = previous.as_deref();
-            match &*declared {
-                Declared::Object { name, spec, .. } => {
-                    let origin = format!("Plugin {name}");
-                    manager
-                        .load(name, spec, None, origin, previous, &reader)
-                        .await
-                }
-                Declared::File { entry, dir } => match dir::read_spec(entry).await {
-                    Ok(spec) => {
-                        let origin = format!("file {}", entry.spec_path.display());
-                        manager
-                            .load(&entry.name, &spec, Some(dir), origin, previous, &reader)
-                            .await
-                    }
-                    Err(e) => Err(("InvalidSpec", e)),
-                },
-            }
-        }
-    }
-
-    async fn install(&mut self, id: &str, declared: &Declared, bound: Arc<Bound>) -> String {
-        let digest = bound.plugin.digest().to_owned();
-        if let Declared::File { entry, .. } = declared {
-            info!(plugin = %entry.name, %digest, "plugin loaded from the plugins directory");
-        }
-        self.serving.insert(id.to_owned(), bound);
-        // Serving before the status says so: a client that sees `Loaded` for this
-        // generation gets the new version.
-        self.publish();
-        digest
-    }
-
-    async fn remove(&mut self, id: &str) {
-        self.reported.remove(id);
-        if self.serving.remove(id).is_some() {
-            self.publish();
-        }
-        match id.split_once('/') {
-            Some(("file", name)) => info!(plugin = %name, "plugin file removed"),
-            Some((_, name)) => info!(plugin = %name, "plugin removed"),
-            None => {}
-        }
-    }
-
-    fn keeps(&self, id: &str) -> Option<String> {
-        self.serving.get(id).map(|b| {
-            format!(
-                "the last good version ({}) keeps serving",
-                b.plugin.digest()
-            )
-        })
-    }
-
-    async fn report(&mut self, id: &str, declared: &Declared, result: Result<String, Failure>) {
-        // A file's outcome is in the log (the follower's, and `install`'s).
-        let Declared::Object { meta, .. } = declared else {
-            return;
-        };
-        let serving = self.serving.get(id).cloned();
-        match &serving {
-            Some(bound) => {
-                self.reported.insert(id.to_owned(), counters(&bound.plugin));
-            }
-            None => {
-                self.reported.remove(id);
-            }
-        }
-        write_status(
-            self.manager.cluster(),
-            meta,
-            result.map(|_| ()),
-            serving.as_deref(),
-        )
-        .await;
-    }
-
-    /// Copies changed call counters into the Plugin objects' statuses.
-    async fn refresh(&mut self) {
-        for (id, serving) in &self.serving {
-            let Some(name) = id.strip_prefix("object/") else {
-                continue;
-            };
-            let now = counters(&serving.plugin);
-            if self.reported.get(id) == Some(&now) {
-                continue;
-            }
-            self.reported.insert(id.clone(), now);
-            let _ = update_status(self.manager.cluster(), name, None, |status| {
-                set_counters(status, &serving.plugin);
-            })
-            .await;
-        }
-    }
-}
-
 impl PluginManager {
     pub fn new(config: PluginsConfig, store: Arc<dyn Store>) -> Arc<Self> {
         Arc::new(Self {
@@ -347,12 +196,10 @@ impl PluginManager {
             Counters,
         }
         // Dropped with this task when the server stops, which stops the loads too.
-        let mut follower = Follower::new(Chains {
-            manager: self.clone(),
-            reader: Arc::new(StoreReader::new(&state)),
-            serving: HashMap::new(),
-            reported: HashMap::new(),
-        });
+        let mut follower = Follower::new(Chains::new(
+            self.clone(),
+            Arc::new(StoreReader::new(&state)),
+        ));
         let mut dir_tick = tokio::time::interval(DIR_POLL);
         let mut status_tick = tokio::time::interval(STATUS_REFRESH);
         let prefix = format!("/registry/{}/{}/", spec::GROUP, spec::PLURAL);
@@ -435,98 +282,6 @@ impl PluginManager {
         }
     }
 
-    /// Grants a controller plugin the RBAC rules its spec declares: a ClusterRole
-    /// `trellis:controller:NAME` bound to its ServiceAccount `kube-system/NAME`, both
-    /// owned by the Plugin (the garbage collector removes them with it). Written by
-    /// the server itself: whoever may create Plugin objects may grant this much.
-    async fn grant_controller(&self, name: &str, meta: &Value, spec: &Value) {
-        let parsed = match spec::parse(name, spec) {
-            Ok(parsed) => parsed,
-            Err(e) => {
-                warn!(plugin = %name, "controller plugin not granted its rules: {e}");
-                return;
-            }
-        };
-        let Some(controller) = parsed.controller else {
-            return;
-        };
-        // A bundled controller's entry: its bootstrap role grants what it needs.
-        if spec::is_builtin_entry(meta, spec) {
-            return;
-        }
-        let role = format!("trellis:controller:{name}");
-        let owner = json!([{
-            "apiVersion": format!("{}/{}", spec::GROUP, spec::VERSION),
-            "kind": "Plugin",
-            "name": name,
-            "uid": meta["uid"],
-        }]);
-        // It records events, as every controller does.
-        let mut rules = controller.rules.clone();
-        rules.push(json!({"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]}));
-        let objects = [
-            (
-                format!("{}clusterroles/{role}", crate::authorization::rbac::RBAC),
-                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                       "metadata": {"name": role, "labels": {"trellis.dev/plugin": name}, "ownerReferences": owner},
-                       "rules": rules}),
-            ),
-            (
-                format!(
-                    "{}clusterrolebindings/{role}",
-                    crate::authorization::rbac::RBAC
-                ),
-                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                       "metadata": {"name": role, "labels": {"trellis.dev/plugin": name}, "ownerReferences": owner},
-                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                       "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}]}),
-            ),
-        ];
-        for (key, mut obj) in objects {
-            let result = match self.store.get(&key).await {
-                Ok(Some(kv)) => {
-                    let mut stored: Value = serde_json::from_slice(&kv.value).unwrap_or_default();
-                    let same = ["rules", "roleRef", "subjects"]
-                        .iter()
-                        .all(|f| stored.get(*f) == obj.get(*f))
-                        && stored["metadata"]["ownerReferences"]
-                            == obj["metadata"]["ownerReferences"];
-                    if same {
-                        continue;
-                    }
-                    for field in ["rules", "roleRef", "subjects"] {
-                        if let Some(v) = obj.get(field) {
-                            stored[field] = v.clone();
-                        }
-                    }
-                    stored["metadata"]["ownerReferences"] =
-                        obj["metadata"]["ownerReferences"].take();
-                    self.store
-                        .update(
-                            &key,
-                            bytes::Bytes::from(stored.to_string()),
-                            Some(kv.mod_revision),
-                        )
-                        .await
-                        .map(|_| ())
-                }
-                Ok(None) => {
-                    obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
-                    obj["metadata"]["creationTimestamp"] = now_timestamp().into();
-                    self.store
-                        .create(&key, bytes::Bytes::from(obj.to_string()))
-                        .await
-                        .map(|_| ())
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = result {
-                warn!(plugin = %name, key, error = %e, "granting a controller plugin its rules failed");
-            }
-        }
-        info!(plugin = %name, role, "controller plugin granted its rules");
-    }
-
     /// Parses, fetches and loads one declaration.
     async fn load(
         &self,
@@ -606,30 +361,6 @@ async fn sync_dir(dir: &Path, follower: &mut Follower<Chains>) {
     }
 }
 
-/// What the periodic status refresh reports: the counters and the code's tier.
-fn counters(plugin: &Plugin) -> ([u64; 4], Tier) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let m = &plugin.metrics;
-    (
-        [
-            m.calls.load(Relaxed),
-            m.denials.load(Relaxed),
-            m.errors.load(Relaxed),
-            m.timeouts.load(Relaxed),
-        ],
-        plugin.tier(),
-    )
-}
-
-fn set_counters(status: &mut serde_json::Map<String, Value>, plugin: &Plugin) {
-    let ([calls, denials, errors, timeouts], tier) = counters(plugin);
-    status.insert("tier".into(), tier.as_str().into());
-    status.insert("calls".into(), calls.into());
-    status.insert("denials".into(), denials.into());
-    status.insert("errors".into(), errors.into());
-    status.insert("timeouts".into(), timeouts.into());
-}
-
 async fn list_all(store: &dyn Store, prefix: &str) -> anyhow::Result<Vec<(String, Object)>> {
     let mut out = Vec::new();
     let mut request = ListRequest::prefix(prefix);
@@ -648,94 +379,4 @@ async fn list_all(store: &dyn Store, prefix: &str) -> anyhow::Result<Vec<(String
             _ => return Ok(out),
         }
     }
-}
-
-/// Records a load's outcome in the Plugin's status: the `Loaded` condition, the
-/// digest serving and its counters.
-async fn write_status(
-    cluster: Option<Arc<dyn Cluster>>,
-    meta: &Value,
-    result: Result<(), (&'static str, String)>,
-    serving: Option<&Bound>,
-) {
-    let generation = meta["generation"].as_i64().unwrap_or(0);
-    let (status, reason, message) = match (&result, serving) {
-        (Ok(()), Some(bound)) => (
-            "True",
-            "Loaded".to_owned(),
-            format!("serving {}", bound.plugin.digest()),
-        ),
-        // The message says what keeps serving.
-        (Err((reason, message)), _) => ("False", (*reason).to_owned(), message.clone()),
-        (Ok(()), None) => ("False", "NotLoaded".to_owned(), String::new()),
-    };
-    let uid = meta["uid"].as_str().map(str::to_owned);
-    let name = meta["name"].as_str().unwrap_or_default();
-    let written = update_status(cluster, name, uid.as_deref(), |s| {
-        let previous = s
-            .get("conditions")
-            .and_then(Value::as_array)
-            .and_then(|c| c.iter().find(|c| c["type"] == "Loaded"))
-            .cloned();
-        let since = match &previous {
-            Some(p) if p["status"] == status => p["lastTransitionTime"].clone(),
-            _ => Value::String(now_timestamp()),
-        };
-        s.insert(
-            "conditions".into(),
-            json!([{
-                "type": "Loaded",
-                "status": status,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": since,
-                "observedGeneration": generation,
-            }]),
-        );
-        s.insert("observedGeneration".into(), generation.into());
-        match serving {
-            Some(bound) => {
-                s.insert("digest".into(), bound.plugin.digest().into());
-                set_counters(s, &bound.plugin);
-            }
-            None => {
-                s.remove("digest");
-            }
-        }
-    })
-    .await;
-    if let Err(e) = written {
-        warn!(plugin = name, error = %e, "writing a Plugin status failed");
-    }
-}
-
-/// Writes a Plugin's status through the registry's status path (the server's own
-/// write, as a controller's status update).
-async fn update_status(
-    cluster: Option<Arc<dyn Cluster>>,
-    name: &str,
-    uid: Option<&str>,
-    mut change: impl FnMut(&mut serde_json::Map<String, Value>) + Send,
-) -> anyhow::Result<()> {
-    let Some(cluster) = cluster else {
-        // The server is stopping.
-        return Ok(());
-    };
-    let target = crate::admission::StatusTarget {
-        group: spec::GROUP.into(),
-        version: spec::VERSION.into(),
-        plural: spec::PLURAL.into(),
-        namespace: None,
-        name: name.to_owned(),
-        uid: uid.map(str::to_owned),
-        manager: MANAGER,
-    };
-    cluster
-        .write_status(&target, &mut |_, status| {
-            change(status);
-            Ok(())
-        })
-        .await
-        .map(|_| ())
-        .map_err(|e| anyhow::anyhow!(e.message))
 }
