@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_cri::v1 as cri;
@@ -18,7 +19,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use trellis_agent::AgentConfig;
 use trellis_agent::labels::POD_UID;
@@ -318,7 +318,7 @@ async fn run_pods(containerd: &Containerd, tarball: &Path) -> Result<()> {
     containerd.import(tarball).await?;
     let cri = containerd.cri().await?;
     let cluster = TestCluster::start().await?;
-    let (stop, stopped) = watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let mut config = AgentConfig::new(
         NODE,
         "127.0.0.1".parse()?,
@@ -439,7 +439,7 @@ async fn run_pods(containerd: &Containerd, tarball: &Path) -> Result<()> {
         .items;
     ensure!(left.is_empty(), "sandboxes left: {left:?}");
 
-    let _ = stop.send(true);
+    stop.stop();
     agent.await??;
     cluster.stop().await?;
     Ok(())

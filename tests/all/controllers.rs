@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod};
@@ -98,7 +99,7 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
         max_delay: Duration::from_millis(200),
         ..RateLimits::default()
     };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let running = manager
         .start(config, writer, recorder.clone(), stopped)
         .await
@@ -284,7 +285,7 @@ async fn a_controller_plugin_reconciles_from_informers_as_its_own_user() -> Resu
     .await
     .context("a child of `after` despite the trapping key, within 20 s")??;
 
-    let _ = stop.send(true);
+    stop.stop();
     running.stop().await;
     Ok(())
 }
@@ -345,7 +346,7 @@ fn fake_kubelet(
 pub(super) async fn start_builtins(
     manager: &Manager,
     in_process: &trellis_client::InProcess,
-    stopped: &tokio::sync::watch::Receiver<bool>,
+    stopped: &Shutdown,
 ) -> Result<Vec<trellis_controllers::Running>> {
     let mut running = Vec::new();
     // The root CA publisher needs the cluster CA in its configuration; the
@@ -426,7 +427,7 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     let in_process = cluster.in_process();
     let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
     let manager = test_manager(&in_process, 32)?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let mut running = start_builtins(&manager, &in_process, &stopped).await?;
 
     let watching = SharedInformers::new();
@@ -921,7 +922,7 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     );
 
     let _ = kubelet.send(());
-    let _ = stop.send(true);
+    stop.stop();
     for r in running {
         r.stop().await;
     }
@@ -1186,7 +1187,7 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
     config.spec.configuration = json!({"gracePeriodSeconds": 1, "recheckSeconds": 1}).to_string();
     let writer = in_process.client(identity::controller(builtin.identity));
     let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let running = manager.start(config, writer, events, stopped).await?;
 
     let now = || {
@@ -1386,7 +1387,7 @@ async fn a_node_whose_lease_lapses_is_tainted_and_its_pods_evicted_as_they_toler
     })
     .await?;
 
-    let _ = stop.send(true);
+    stop.stop();
     running.stop().await;
     Ok(())
 }
@@ -1412,7 +1413,7 @@ async fn the_namespace_controller_empties_a_namespace_waits_for_finalizers_and_r
                 .await
         }
     };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let running = start(manager.clone(), stopped.clone()).await?;
 
     let namespaces: Api<Namespace> = Api::all(admin.clone());
@@ -1492,7 +1493,7 @@ async fn the_namespace_controller_empties_a_namespace_waits_for_finalizers_and_r
     })
     .await?;
 
-    let _ = stop.send(true);
+    stop.stop();
     running.stop().await;
     Ok(())
 }
@@ -1516,7 +1517,7 @@ async fn the_resourcequota_controller_puts_usage_left_wrong_right() -> Result<()
     let builtin = trellis_controllers::bundled::select("resourcequota")?[0];
     let writer = in_process.client(identity::controller(builtin.identity));
     let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let running = manager
         .start(builtin.config(), writer, events, stopped)
         .await?;
@@ -1598,7 +1599,7 @@ async fn the_resourcequota_controller_puts_usage_left_wrong_right() -> Result<()
     })
     .await?;
 
-    let _ = stop.send(true);
+    stop.stop();
     running.stop().await;
     Ok(())
 }

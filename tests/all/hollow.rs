@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -60,7 +61,7 @@ async fn hollow_nodes_register_run_a_deployment_and_stop_cleanly() -> Result<()>
     let cluster = TestCluster::start().await?;
     let in_process = cluster.in_process();
     let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let host = PluginHost::new(HostConfig {
         compilers: Compilers::Baseline,
         ..HostConfig::default()
@@ -92,7 +93,7 @@ async fn hollow_nodes_register_run_a_deployment_and_stop_cleanly() -> Result<()>
 
     // The nodes' shared informer of pods lists as the scheduler does; each node acts
     // as itself, held to the Node authorizer.
-    let (stop_nodes, nodes_stopped) = tokio::sync::watch::channel(false);
+    let (stop_nodes, nodes_stopped) = Shutdown::new();
     let root = cluster.data_dir.join("hollow");
     let informers = SharedInformers::new();
     let shared_pods = informers.informer::<Pod>(
@@ -216,12 +217,12 @@ async fn hollow_nodes_register_run_a_deployment_and_stop_cleanly() -> Result<()>
     );
 
     // Stopped, every node's agent ends at once and without error.
-    let _ = stop_nodes.send(true);
+    stop_nodes.stop();
     tokio::time::timeout(Duration::from_secs(10), hollow.wait())
         .await
         .context("the hollow nodes did not stop within 10 s")??;
 
-    let _ = stop.send(true);
+    stop.stop();
     scheduler.await??;
     for c in controllers {
         c.stop().await;

@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::{Shutdown, Stop};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -16,7 +17,6 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use tokio::sync::watch;
 use trellis_agent::AgentConfig;
 use trellis_api::UserInfo;
 use trellis_client::identity;
@@ -36,14 +36,14 @@ fn workload() -> Result<String> {
 
 /// A node in this test: the runtime on a socket and the agent, until stopped.
 struct TestNode {
-    stop: watch::Sender<bool>,
+    stop: Stop,
     agent: tokio::task::JoinHandle<Result<()>>,
     server: tokio::task::JoinHandle<Result<()>>,
 }
 
 impl TestNode {
     async fn start(cluster: &TestCluster, root: &std::path::Path) -> Result<TestNode> {
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = Shutdown::new();
         let runtime = Runtime::new(RuntimeConfig {
             root: root.join("runtime"),
             cache_dir: Some(root.join("compiled")),
@@ -52,10 +52,10 @@ impl TestNode {
         })?;
         let socket = root.join("cri.sock");
         let listener = trellis_runtime::listen(&socket)?;
-        let mut server_stop = stopped.clone();
+        let server_stop = stopped.clone();
         let server = tokio::spawn(async move {
             trellis_runtime::serve_on(runtime, listener, async move {
-                let _ = server_stop.wait_for(|s| *s).await;
+                server_stop.wait().await;
             })
             .await
         });
@@ -89,7 +89,7 @@ impl TestNode {
     }
 
     async fn stop(self) -> Result<()> {
-        let _ = self.stop.send(true);
+        self.stop.stop();
         self.agent.await??;
         self.server.await??;
         Ok(())

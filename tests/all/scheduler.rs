@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
@@ -83,7 +84,7 @@ pub(super) fn spawn(
     in_process: &trellis_client::InProcess,
     host: Arc<PluginHost>,
     components: Vec<Component>,
-    stopped: tokio::sync::watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> tokio::task::JoinHandle<Result<()>> {
     let config = SchedulerConfig {
         profiles: vec![(trellis_scheduler::DEFAULT_SCHEDULER.to_owned(), components)],
@@ -146,7 +147,7 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
             None,
         )
         .await?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let scheduler = spawn(
         &in_process,
         host,
@@ -432,7 +433,7 @@ async fn the_scheduler_binds_by_the_default_plugins_and_explains_what_does_not_f
     );
     ensure!(node_of("lone").is_none(), "lone was bound");
 
-    let _ = stop.send(true);
+    stop.stop();
     scheduler.await??;
     Ok(())
 }

@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
+use trellis_api::Shutdown;
 use trellis_client::informer::{Informer, SharedInformers};
 use trellis_runtime::hollow::{self, HollowRuntime};
 
@@ -101,7 +102,7 @@ pub async fn run(
     client: impl Fn(&str) -> kube::Client + Send + 'static,
     pods: Arc<Informer<Pod>>,
     informers: SharedInformers,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<()> {
     HollowNodes::start(config, client, pods, informers, stopped)
         .wait()
@@ -126,7 +127,7 @@ impl HollowNodes {
         client: impl Fn(&str) -> kube::Client + Send + 'static,
         pods: Arc<Informer<Pod>>,
         informers: SharedInformers,
-        stopped: watch::Receiver<bool>,
+        stopped: Shutdown,
     ) -> Self {
         let runtimes = Arc::new(Mutex::new(Vec::with_capacity(config.count)));
         let task = tokio::spawn(run_nodes(
@@ -167,7 +168,7 @@ async fn run_nodes(
     pods: Arc<Informer<Pod>>,
     informers: SharedInformers,
     runtimes: Arc<Mutex<Vec<Arc<HollowRuntime>>>>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<()> {
     let names: Vec<String> = (0..config.count).map(|i| config.node_name(i)).collect();
     let (_dispatch, feeds) = PodDispatch::start(pods, &names);
@@ -178,7 +179,7 @@ async fn run_nodes(
     for (i, (name, feed)) in names.into_iter().zip(feeds).enumerate() {
         let permit = tokio::select! {
             permit = permits.clone().acquire_owned() => permit?,
-            _ = crate::until_stopped(&mut stopped) => break,
+            _ = stopped.wait() => break,
         };
         let ip = node_ip(i);
         let runtime = HollowRuntime::new(hollow::HollowConfig {

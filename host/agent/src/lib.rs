@@ -51,7 +51,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use trellis_api::Shutdown;
 use trellis_client::events::EventRecorder;
 use trellis_client::informer::SharedInformers;
 
@@ -147,11 +147,6 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Completes when `stopped` turns true (or its sender is gone).
-pub(crate) async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
-    let _ = stopped.wait_for(|s| *s).await;
-}
-
 /// What an agent run with [`run_with`] gets besides its configuration: what the
 /// agents of hollow nodes change. The default is a real node's.
 #[derive(Debug, Default)]
@@ -163,14 +158,14 @@ pub struct RunOptions {
     pub registered: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// Runs the agent until `stopped` turns true: the Node first (so the scheduler sees
+/// Runs the agent until `stopped` is given: the Node first (so the scheduler sees
 /// it), then its pods.
 pub async fn run(
     config: AgentConfig,
     client: kube::Client,
     cri: trellis_runtime::Client,
     informers: SharedInformers,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<()> {
     run_with(
         config,
@@ -190,7 +185,7 @@ pub async fn run_with(
     cri: trellis_runtime::Client,
     informers: SharedInformers,
     options: RunOptions,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<()> {
     let mut config = config;
     // The runtime writes logs and mounts volumes by these paths, from its own working
@@ -254,7 +249,7 @@ pub async fn run_with(
     }
     let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), stopped.clone()));
     let pods = tokio::spawn(pods::run(ctx.clone(), options.pods, stopped.clone()));
-    until_stopped(&mut stopped).await;
+    stopped.wait().await;
     let _ = pods.await;
     heartbeat.abort();
     ctx.events.flush().await;

@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::sync::watch;
 use tracing::{info, warn};
+use trellis_api::Shutdown;
 
 use crate::Context;
 
@@ -62,7 +62,7 @@ pub async fn register(ctx: &Context) -> anyhow::Result<()> {
 /// Renews the Lease, and writes the Node's status every `status_report`, until
 /// `stopped`. A failed renewal is retried at the next tick: the node lifecycle
 /// controller allows several.
-pub async fn heartbeat(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
+pub async fn heartbeat(ctx: Arc<Context>, stopped: Shutdown) {
     let mut lease = tokio::time::interval_at(
         tokio::time::Instant::now() + ctx.config.lease_renew + ctx.config.lease_offset,
         ctx.config.lease_renew,
@@ -94,7 +94,7 @@ pub async fn heartbeat(ctx: Arc<Context>, mut stopped: watch::Receiver<bool>) {
                     warn!(error = %e, "write the node status");
                 }
             }
-            _ = crate::until_stopped(&mut stopped) => return,
+            _ = stopped.wait() => return,
         }
     }
 }

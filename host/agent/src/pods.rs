@@ -16,6 +16,7 @@ use kube::runtime::watcher;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
+use trellis_api::Shutdown;
 use trellis_client::informer::{BY_NODE_NAME, Change, Informer, pod_node_name};
 
 use crate::Context;
@@ -88,7 +89,7 @@ impl Drop for PodDispatch {
 
 /// Runs the pods' workers until `stopped`. Stopping leaves the containers running: a
 /// restarted agent finds them again by their labels.
-pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, mut stopped: watch::Receiver<bool>) {
+pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
     let shared = feed.is_some();
     let (informer, mut changes) = match feed {
         Some(feed) => (feed.informer, feed.changes),
@@ -142,7 +143,7 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, mut stopped: watch::
                     remove_orphans(&ctx, &known, &workers).await;
                 }
             }
-            _ = crate::until_stopped(&mut stopped) => break,
+            _ = stopped.wait() => break,
         }
     }
     // Dropping the senders ends the workers without touching their containers.

@@ -38,9 +38,10 @@ use jiff::Timestamp;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
+use trellis_api::Shutdown;
 
 use crate::Context;
 use crate::http::{Body, text, valid_name};
@@ -59,7 +60,7 @@ const MAX_CONNECTIONS: usize = 256;
 const BUFFERED_CHUNKS: usize = 4;
 
 /// Serves the node's routes (container logs, exec) on `listen` (port 0 picks one) until
-/// `stopped` turns true, and returns the port it listens on, which the Node advertises
+/// `stopped` is given, and returns the port it listens on, which the Node advertises
 /// as `status.daemonEndpoints.kubeletEndpoint.Port`.
 ///
 /// `client_ca_pem` is the cluster CA, which every client's certificate must be signed
@@ -68,7 +69,7 @@ pub async fn serve(
     ctx: Arc<Context>,
     listen: SocketAddr,
     client_ca_pem: Option<String>,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<u16> {
     let Some(ca_pem) = client_ca_pem else {
         bail!(
@@ -142,13 +143,13 @@ async fn accept(
     ctx: Arc<Context>,
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stopped.wait_for(|s| *s) => break,
+            _ = stopped.wait() => break,
         };
         let (tcp, remote) = match accepted {
             Ok(a) => a,
@@ -177,7 +178,7 @@ async fn connection(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) {
     let _ = tcp.set_nodelay(true);
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -207,7 +208,7 @@ async fn connection(
         served = served => if let Err(e) = served {
             debug!(%remote, error = %e, "log connection ended");
         },
-        _ = stopped.wait_for(|s| *s) => {}
+        _ = stopped.wait() => {}
     }
 }
 

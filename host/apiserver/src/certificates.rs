@@ -30,7 +30,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 use trellis_api::registry::ResourceInfo;
-use trellis_api::{ApiError, UserInfo};
+use trellis_api::{ApiError, Shutdown, UserInfo};
 
 use crate::authorization::rbac;
 use crate::endpoints::request::{ApiRequest, BodyFormat, Query};
@@ -95,7 +95,7 @@ pub fn start(
     pki: Arc<Pki>,
     signing: Signing,
     cleaning: Cleaning,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: Shutdown,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(clean(state.clone(), cleaning, stop.clone()));
     tokio::spawn(async move {
@@ -119,14 +119,14 @@ pub fn start(
                         event = sub.rx.recv() => if event.is_none() && state.cache.is_stopped() {
                             return;
                         },
-                        _ = stop.wait_for(|s| *s) => return,
+                        _ = stop.wait() => return,
                     }
                 }
                 Ok(_) => {}
                 Err(_) => {
                     tokio::select! {
                         () = tokio::time::sleep(RETRY) => {}
-                        _ = stop.wait_for(|s| *s) => return,
+                        _ = stop.wait() => return,
                     }
                 }
             }
@@ -137,11 +137,7 @@ pub fn start(
 /// The cleaner: deletes, every `cleaning.interval`, the requests [`expired`] says are
 /// done with. Every API server on a store runs it; a request another deleted first is
 /// not found, which is fine.
-async fn clean(
-    state: Arc<AppState>,
-    cleaning: Cleaning,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
+async fn clean(state: Arc<AppState>, cleaning: Cleaning, stop: Shutdown) {
     let Ok(res) = state.resource("certificates.k8s.io", "v1", "certificatesigningrequests") else {
         return;
     };
@@ -153,7 +149,7 @@ async fn clean(
     loop {
         tokio::select! {
             _ = passes.tick() => {}
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.wait() => return,
         }
         let now = jiff::Timestamp::now();
         for csr in &state.cache.list(&prefix).objects {

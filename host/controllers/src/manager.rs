@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::info;
+use trellis_api::Shutdown;
 use trellis_client::events::EventRecorder;
 use trellis_client::informer::SharedInformers;
 use trellis_client::workqueue::{QueueMetrics, WorkQueue};
@@ -99,7 +99,7 @@ impl Manager {
         config: ControllerConfig,
         writer: kube::Client,
         events: EventRecorder,
-        shutdown: watch::Receiver<bool>,
+        shutdown: Shutdown,
     ) -> anyhow::Result<Running> {
         Ok(self.load(config, writer, events, shutdown).await?.run())
     }
@@ -113,7 +113,7 @@ impl Manager {
         config: ControllerConfig,
         writer: kube::Client,
         events: EventRecorder,
-        shutdown: watch::Receiver<bool>,
+        shutdown: Shutdown,
     ) -> anyhow::Result<Loaded> {
         check(&config)?;
         let name = config.spec.name.clone();
@@ -217,7 +217,7 @@ pub struct Loaded {
     caches: Arc<Caches>,
     shared: SharedCaches,
     expectations: Arc<Expectations>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -346,9 +346,8 @@ impl Loaded {
             ));
         }
         let q = queue.clone();
-        let mut shutdown = shutdown;
         tasks.spawn(async move {
-            let _ = shutdown.wait_for(|s| *s).await;
+            shutdown.wait().await;
             q.shut_down();
         });
         info!(controller = %name, primary = %gvr_key(&config.primary), resources = caches.by_resource.len(), workers = config.workers, "controller running");

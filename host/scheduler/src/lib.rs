@@ -22,13 +22,14 @@ pub mod queue;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use trellis_client::events::{EventRecorder, EventType};
@@ -148,7 +149,7 @@ pub async fn run(
     config: SchedulerConfig,
     parts: Parts,
     mut updates: mpsc::UnboundedReceiver<Update>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<()> {
     let Parts {
         host,
@@ -167,7 +168,7 @@ pub async fn run(
     let mut budget_changes = budgets.subscribe();
     tokio::select! {
         () = async { tokio::join!(pods.wait_synced(), nodes.wait_synced()); } => {}
-        () = until_stopped(&mut stopped) => return Ok(()),
+        () = stopped.wait() => return Ok(()),
     }
 
     let mut queue = SchedulingQueue::new(config.queue);
@@ -390,7 +391,7 @@ pub async fn run(
                 on_bound(&mut cache, &mut queue, &mut profiles, &events, &metrics, bound).await;
             }
             () = tokio::time::sleep_until(wake) => {}
-            () = until_stopped(&mut stopped) => break,
+            () = stopped.wait() => break,
         }
     }
     events.flush().await;
@@ -486,12 +487,6 @@ async fn resolve_waiting(
         events.record(&*w.pod, EventType::Warning, "FailedScheduling", &message);
         mark_unschedulable(&binder.api, &w.pod, &message, None);
     }
-}
-
-/// Returns once `stopped` says so (or its sender is gone); holds no borrow of the
-/// value after, so the loop's future stays `Send`.
-async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
-    let _ = stopped.wait_for(|s| *s).await;
 }
 
 /// The profile that schedules `pod`: its `schedulerName`, `default-scheduler` if none.

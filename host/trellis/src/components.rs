@@ -17,6 +17,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -270,7 +271,7 @@ pub async fn run(
     election: Option<LeaderConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     if let Some(setup) = &shared.controllers {
         let running = setup.running.clone();
         shared
@@ -286,7 +287,7 @@ pub async fn run(
             .add_source(Box::new(move |out| metrics.render_into(out)));
     }
     let work = || {
-        let mut stopped = stopped.clone();
+        let stopped = stopped.clone();
         let shared = shared.clone();
         let client = client.clone();
         async move {
@@ -297,7 +298,7 @@ pub async fn run(
                     crate::scheduling::work(setup, client, shared.clone(), stopped.clone()).await
                 {
                     warn!(error = %format!("{e:#}"), "the scheduler stopped");
-                    let _ = stopped.wait_for(|s| *s).await;
+                    stopped.wait().await;
                 }
                 return;
             }
@@ -307,7 +308,7 @@ pub async fn run(
             };
             let Some(setup) = setup else {
                 info!(component = component.name(), "running; 0 loops");
-                let _ = stopped.wait_for(|s| *s).await;
+                stopped.wait().await;
                 return;
             };
             let manager = manager(&setup, &client, &shared);
@@ -354,7 +355,7 @@ pub async fn run(
         outcome = &mut elected => outcome,
         () = &mut shutdown => {
             // Ends the work if leading: the lease is handed back.
-            let _ = stop.send(true);
+            stop.stop();
             match tokio::time::timeout(config.renew_deadline, &mut elected).await {
                 Ok(outcome) => outcome,
                 Err(_) => return Ok(()),
@@ -375,7 +376,7 @@ pub async fn run(
 pub fn start_in_process(
     in_process: &trellis_client::InProcess,
     shared: &Shared,
-    shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<()>>> {
     [
         (
@@ -387,7 +388,7 @@ pub fn start_in_process(
     .into_iter()
     .map(|(component, user)| {
         let client = in_process.client(user);
-        let mut shutdown = shutdown.clone();
+        let shutdown = shutdown.clone();
         let shared = shared.clone();
         tokio::spawn(async move {
             run(
@@ -396,7 +397,7 @@ pub fn start_in_process(
                 shared,
                 Some(LeaderConfig::default()),
                 async move {
-                    let _ = shutdown.wait_for(|s| *s).await;
+                    shutdown.wait().await;
                 },
             )
             .await

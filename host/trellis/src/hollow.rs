@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use crate::flags::seconds;
 use anyhow::Context as _;
@@ -12,7 +13,6 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
-use tokio::sync::watch;
 use trellis_agent::hollow::{HollowConfig, HollowNodes};
 use trellis_client::identity;
 use trellis_client::informer::SharedInformers;
@@ -62,7 +62,7 @@ pub fn start_in_process(
     in_process: &trellis_client::InProcess,
     informers: &SharedInformers,
     config: HollowConfig,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> HollowNodes {
     let pods = informers.informer::<Pod>(
         Api::all(in_process.client(identity::scheduler())),
@@ -88,7 +88,7 @@ pub async fn run_remote(
     let client = trellis_client::transport::remote(kubeconfig).await?;
     std::fs::create_dir_all(&config.root)
         .with_context(|| format!("create {}", config.root.display()))?;
-    let (stop, stopped) = watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let informers = SharedInformers::new();
     let pods = informers.informer::<Pod>(Api::all(client.clone()), watcher::Config::default());
     println!(
@@ -97,6 +97,6 @@ pub async fn run_remote(
     );
     let nodes = HollowNodes::start(config, move |_| client.clone(), pods, informers, stopped);
     shutdown.await;
-    let _ = stop.send(true);
+    stop.stop();
     nodes.wait().await.context("stop the hollow nodes")
 }

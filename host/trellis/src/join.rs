@@ -3,9 +3,9 @@
 //! it, are the node agent's: [`trellis_agent::bootstrap`].
 
 use std::path::Path;
+use trellis_api::Shutdown;
 
 use clap::Args;
-use tokio::sync::watch;
 use trellis_agent::bootstrap::BootstrapConfig;
 
 /// The flags of `trellis node` that join with a bootstrap token.
@@ -49,7 +49,7 @@ pub async fn joined_client(
     flags: &JoinFlags,
     data_dir: &Path,
     node_name: &str,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<(kube::Client, String)> {
     trellis_agent::bootstrap::joined_client(&flags.bootstrap(), data_dir, node_name, stopped).await
 }

@@ -4,11 +4,11 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use crate::flags::seconds;
 use anyhow::Context as _;
 use clap::Args;
-use tokio::sync::watch;
 use tracing::info;
 use trellis_agent::AgentConfig;
 use trellis_client::informer::SharedInformers;
@@ -157,7 +157,7 @@ pub async fn run_local(
     process_handler: bool,
     client_ca_pem: Option<String>,
     flags: &NodeFlags,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<()> {
     let (socket, server) = match &flags.container_runtime_endpoint {
         Some(endpoint) => (socket_path(endpoint)?, None),
@@ -173,10 +173,10 @@ pub async fn run_local(
             let socket = data_dir.join("runtime.sock");
             // Listening before the agent connects: no wait for the socket.
             let listener = trellis_runtime::listen(&socket)?;
-            let mut stop = stopped.clone();
+            let stop = stopped.clone();
             let server = tokio::spawn(async move {
                 trellis_runtime::serve_on(runtime, listener, async move {
-                    let _ = stop.wait_for(|s| *s).await;
+                    stop.wait().await;
                 })
                 .await
             });
@@ -279,7 +279,7 @@ pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> any
     }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create {}", args.data_dir.display()))?;
-    let (stop, stopped) = watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let (client, ca) = match &args.kubeconfig {
         Some(kubeconfig) => (
             trellis_client::transport::remote(kubeconfig).await?,
@@ -315,7 +315,7 @@ pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> any
     tokio::pin!(shutdown);
     tokio::select! {
         _ = &mut shutdown => {
-            let _ = stop.send(true);
+            stop.stop();
             (&mut node).await.context("join the node agent")?
         }
         result = &mut node => result.context("join the node agent")?,

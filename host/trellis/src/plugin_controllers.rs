@@ -25,11 +25,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use trellis_api::Shutdown;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use tokio::sync::watch;
 use tracing::{info, warn};
 use trellis_client::events::EventRecorder;
 use trellis_client::informer::Informer;
@@ -109,7 +109,7 @@ struct ControllerPlugins {
     client: kube::Client,
     /// The Plugin objects, as the entries' statuses are written from.
     informer: Arc<Informer<DynamicObject>>,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
     slots: Vec<Slot>,
     /// The controller Plugins running, by name.
     running: HashMap<String, Running>,
@@ -336,7 +336,7 @@ pub(crate) async fn follow(
     client: kube::Client,
     shared: Shared,
     builtins: Vec<Running>,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) {
     let informer = shared.informers.informer::<DynamicObject>(
         Api::all_with(client.clone(), &plugins_resource()),
@@ -383,7 +383,7 @@ async fn load(
     manager: &Manager,
     client: &kube::Client,
     obj: &DynamicObject,
-    stopped: &watch::Receiver<bool>,
+    stopped: &Shutdown,
 ) -> Result<Loaded, (&'static str, String)> {
     let name = obj.metadata.name.clone().unwrap_or_default();
     let parsed = spec::parse(&name, &obj.data["spec"]).map_err(|e| ("InvalidSpec", e))?;

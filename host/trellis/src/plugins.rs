@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use kube::api::DynamicObject;
-use tokio::sync::watch;
 use trellis_client::informer::{Change, Informer};
 use trellis_plugins::follow::{Follower, World};
 use trellis_plugins::object;
@@ -16,7 +16,7 @@ use trellis_plugins::object;
 pub(crate) async fn follow_informer<W: World<Declaration = DynamicObject>>(
     mut follower: Follower<W>,
     informer: &Informer<DynamicObject>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
     refresh: Option<Duration>,
 ) -> W {
     enum Next<L> {
@@ -33,7 +33,7 @@ pub(crate) async fn follow_informer<W: World<Declaration = DynamicObject>>(
             change = changes.recv() => Next::Change(change),
             Some(done) = follower.join_next() => Next::Loaded(done),
             _ = tick.tick(), if refresh.is_some() => Next::Refresh,
-            _ = stopped.wait_for(|s| *s) => Next::Stopped,
+            _ = stopped.wait() => Next::Stopped,
         };
         match next {
             Next::Change(Some(change)) => {

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use kube::api::{Api, DynamicObject};
 use tracing::info;
@@ -33,7 +34,7 @@ pub(crate) async fn work(
     setup: SchedulerSetup,
     client: kube::Client,
     shared: Shared,
-    stopped: tokio::sync::watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<()> {
     let mut spec = PluginSpec::new("default-plugins", PluginKind::Scheduler);
     spec.timeout = CALL_DEADLINE;
@@ -207,7 +208,7 @@ async fn follow_plugins(
     client: kube::Client,
     shared: Shared,
     updates: tokio::sync::mpsc::UnboundedSender<trellis_scheduler::Update>,
-    stopped: tokio::sync::watch::Receiver<bool>,
+    stopped: Shutdown,
 ) {
     let informer = shared.informers.informer::<DynamicObject>(
         Api::all_with(client.clone(), &object::plugins_resource()),

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -97,7 +98,7 @@ impl Credentials {
         &self,
         manager: &kube::Client,
         name: &str,
-        stopped: tokio::sync::watch::Receiver<bool>,
+        stopped: Shutdown,
     ) -> anyhow::Result<kube::Client> {
         match self {
             Self::InProcess(in_process) => {
@@ -126,12 +127,11 @@ impl Credentials {
                 };
                 let client = trellis_client::remote_with(config)?;
                 let name = name.to_owned();
-                let mut stopped = stopped;
                 tokio::spawn(async move {
                     loop {
                         tokio::select! {
                             () = tokio::time::sleep(TOKEN_LIFETIME * 4 / 5) => {}
-                            _ = stopped.wait_for(|s| *s) => return,
+                            _ = stopped.wait() => return,
                         }
                         if let Err(e) = write_token(&accounts, &name, &file).await {
                             warn!(controller = %name, error = %format!("{e:#}"), "renew the controller's token");
@@ -204,7 +204,7 @@ pub async fn start_controllers(
     setup: &ControllerSetup,
     manager: &Manager,
     client: &kube::Client,
-    stopped: &tokio::sync::watch::Receiver<bool>,
+    stopped: &Shutdown,
 ) -> Vec<Running> {
     let mut running = Vec::new();
     for builtin in &setup.builtins {
@@ -231,7 +231,7 @@ pub async fn start_builtin(
     manager: &Manager,
     client: &kube::Client,
     builtin: &Builtin,
-    stopped: &tokio::sync::watch::Receiver<bool>,
+    stopped: &Shutdown,
 ) -> anyhow::Result<Running> {
     let mut config = builtin.config();
     config.spec.configuration =

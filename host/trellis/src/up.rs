@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -211,9 +212,9 @@ pub async fn run(
         .context("read the store revision")?;
     info!(data_dir = %args.data_dir.display(), store = %args.store, revision, "store ready");
 
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let stopped_signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
+    let (stop, stopped) = Shutdown::new();
+    let stopped_signal = |rx: Shutdown| async move {
+        rx.wait().await;
     };
     let builtins = trellis_controllers::bundled::select(&args.controllers)?;
     let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
@@ -304,11 +305,11 @@ pub async fn run(
         if let Some(addr) = crate::components::metrics_address(&args.metrics_bind_address)
             .map_err(|e| anyhow::anyhow!("parse --metrics-bind-address {e}"))?
         {
-            let mut stopped = stopped.clone();
+            let stopped = stopped.clone();
             shared
                 .metrics
                 .serve(addr, async move {
-                    let _ = stopped.wait_for(|s| *s).await;
+                    stopped.wait().await;
                 })
                 .await?;
         }
@@ -352,7 +353,7 @@ pub async fn run(
     };
     shutdown.await;
     info!("shutting down");
-    let _ = stop.send(true);
+    stop.stop();
     for component in running {
         match component.await {
             Ok(Ok(())) => {}

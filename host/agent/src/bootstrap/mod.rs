@@ -35,8 +35,8 @@ use kube::api::{Api, PostParams};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
-use tokio::sync::watch;
 use tracing::{info, warn};
+use trellis_api::Shutdown;
 use trellis_pki::file::{CERT_MODE, KEY_MODE};
 use trellis_pki::{KUBELET_CLIENT_SIGNER, kubeconfig};
 
@@ -311,7 +311,7 @@ pub async fn joined_client(
     join: &BootstrapConfig,
     data_dir: &Path,
     node_name: &str,
-    stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) -> anyhow::Result<(kube::Client, String)> {
     let creds = credentials(join, data_dir, node_name).await?;
     let identity = Arc::new(Identity::new(&creds)?);

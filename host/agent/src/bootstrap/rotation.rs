@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tracing::{info, warn};
+use trellis_api::Shutdown;
 
 use super::transport::Identity;
 use super::{Credentials, Files, request_certificate};
@@ -27,7 +27,7 @@ pub(super) async fn rotate(
     files: Files,
     node_name: String,
     duration: Option<u64>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Shutdown,
 ) {
     let mut retry = ROTATION_RETRY;
     loop {
@@ -46,7 +46,7 @@ pub(super) async fn rotate(
         info!(node = %node_name, in_seconds = wait.as_secs(), "certificate rotation scheduled");
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            _ = stopped.wait_for(|s| *s) => return,
+            _ = stopped.wait() => return,
         }
         let rotated = async {
             let (cert_pem, key_pem) =
@@ -62,7 +62,7 @@ pub(super) async fn rotate(
         };
         let rotated = tokio::select! {
             r = rotated => r,
-            _ = stopped.wait_for(|s| *s) => return,
+            _ = stopped.wait() => return,
         };
         match rotated {
             Ok(next) => {
@@ -74,7 +74,7 @@ pub(super) async fn rotate(
                 warn!(node = %node_name, error = %format!("{e:#}"), "failed to rotate the certificate; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(retry) => {}
-                    _ = stopped.wait_for(|s| *s) => return,
+                    _ = stopped.wait() => return,
                 }
                 retry = (retry * 2).min(Duration::from_secs(60));
             }

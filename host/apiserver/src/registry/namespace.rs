@@ -25,7 +25,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tracing::{debug, info, warn};
 use trellis_api::registry::ResourceInfo;
-use trellis_api::{ApiError, UserInfo};
+use trellis_api::{ApiError, Shutdown, UserInfo};
 use trellis_store::ListRequest;
 
 use super::delete::{DeleteParams, Deletion, delete_one};
@@ -41,10 +41,7 @@ use super::NAMESPACE_FINALIZER as FINALIZER;
 const CONTROLLER: &str = "system:serviceaccount:kube-system:namespace-controller";
 
 /// Runs the namespace controller until `stop` is set.
-pub fn start_controller(
-    state: Arc<AppState>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
+pub fn start_controller(state: Arc<AppState>, stop: Shutdown) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let waiting = match pass(&state).await {
@@ -58,7 +55,7 @@ pub fn start_controller(
             tokio::select! {
                 () = state.namespace_deletions.notified() => {}
                 () = tokio::time::sleep(resync), if waiting => {}
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.wait() => return,
             }
         }
     })

@@ -28,6 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tower::ServiceExt as _;
 use tracing::debug;
+use trellis_api::Shutdown;
 
 use crate::authentication::Peer;
 use crate::state::Settings;
@@ -47,7 +48,7 @@ pub async fn serve<I>(
     app: Router,
     peer: Peer,
     settings: &Settings,
-    mut stop: watch::Receiver<bool>,
+    stop: Shutdown,
     remote: std::net::SocketAddr,
     stalled: Counter,
 ) where
@@ -110,7 +111,7 @@ pub async fn serve<I>(
             return;
         }
         () = idled_for(&mut idle, idle_timeout) => "idle",
-        _ = stop.wait_for(|s| *s) => "server stopping",
+        _ = stop.wait() => "server stopping",
     };
     debug!(%remote, reason = closing, "closing the connection");
     connection.as_mut().graceful_shutdown();

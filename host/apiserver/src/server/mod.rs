@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
+use trellis_api::shutdown::{Shutdown, Stop};
 use trellis_store::Store;
 
 use crate::admission::Chains;
@@ -128,7 +128,7 @@ pub struct Server {
     /// cache as a remote one does, with the identity its
     /// [`Peer`](trellis_api::user::Peer) extension carries instead of a certificate.
     pub in_process: axum::Router,
-    stop: watch::Sender<bool>,
+    stop: Stop,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -136,7 +136,7 @@ impl Server {
     /// Stops accepting, lets requests in flight finish (up to the grace period), ends
     /// watches, and returns once the listener is closed.
     pub async fn stop(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(true);
+        self.stop.stop();
         self.task.await.context("join the server task")?
     }
 
@@ -231,16 +231,16 @@ pub async fn start(
             .with_context(|| format!("write {file}"))?;
     }
 
-    let (stop, mut stopped) = watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let stop_signal = stop.clone();
     tokio::spawn(async move {
         shutdown.await;
-        let _ = stop_signal.send(true);
+        stop_signal.stop();
     });
     let cache_stop = {
-        let mut rx = stop.subscribe();
+        let rx = stop.subscribe();
         async move {
-            let _ = rx.wait_for(|s| *s).await;
+            rx.wait().await;
         }
     };
     let cache = WatchCache::start(
@@ -336,7 +336,7 @@ pub async fn start(
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
-                _ = stopped.wait_for(|s| *s) => break,
+                _ = stopped.wait() => break,
             };
             let (tcp, remote) = match accepted {
                 Ok(a) => a,

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -149,7 +150,7 @@ async fn measure(
         config.owns = vec![configmaps()];
         config.spec.configuration = json!({"sequential": sequential}).to_string();
         config.spec.timeout = Duration::from_secs(60);
-        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let (_stop, stopped) = Shutdown::new();
         let running = manager.start(config, writer, recorder, stopped).await?;
 
         let watching = SharedInformers::new();

@@ -15,6 +15,7 @@
 //!   wake-ups that hand a call to those threads and its answer back.
 
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -136,7 +137,7 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
         plugin_status_interval: Duration::from_secs(10),
     };
     shared.controllers = Some(setup.clone());
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let manager_client = in_process.client(trellis_client::identity::controller_manager());
     let manager = crate::setup::manager(&setup, &manager_client, &shared);
     let running = start_controllers(&setup, &manager, &manager_client, &stopped).await;
@@ -261,7 +262,7 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
     let rollout_s = started.elapsed().as_secs_f64();
 
     let _ = kubelet_stop.send(());
-    let _ = stop.send(true);
+    stop.stop();
     for r in running {
         r.stop().await;
     }

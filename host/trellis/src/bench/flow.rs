@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -248,7 +249,7 @@ async fn measure(cluster: &LocalCluster, args: &FlowArgs) -> anyhow::Result<Repo
         flags: args.scheduler.clone(),
         metrics: Default::default(),
     });
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let components = crate::components::start_in_process(&in_process, &shared, stopped.clone());
 
     // The process's informers, which the scheduler, the controllers and the nodes
@@ -406,7 +407,7 @@ async fn measure(cluster: &LocalCluster, args: &FlowArgs) -> anyhow::Result<Repo
         .collect();
     let startup = Percentiles::of(&mut startups);
 
-    let _ = stop.send(true);
+    stop.stop();
     // 150,000 pods are not cleaned up in a timely way; the process's end frees them.
     let _ = tokio::time::timeout(Duration::from_secs(30), hollow.wait()).await;
     for component in components {

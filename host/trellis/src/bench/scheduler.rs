@@ -24,6 +24,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
@@ -404,7 +405,7 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
         trellis_scheduler::DEFAULT_SCHEDULER,
         "bench",
     );
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     let (_, guest_before) = plugin.metrics.latency();
     let rss_before = rss_mb();
     let started = Instant::now();
@@ -449,7 +450,7 @@ async fn measure(cluster: &LocalCluster, args: &SchedulerArgs) -> anyhow::Result
     }
     let elapsed = started.elapsed();
     let rss = rss_mb();
-    let _ = stop.send(true);
+    stop.stop();
     scheduler.await??;
     let (_, guest_after) = plugin.metrics.latency();
 

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use trellis_api::Shutdown;
 
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
@@ -20,7 +21,7 @@ use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use futures::StreamExt as _;
 use serde::Serialize;
-use tokio::sync::{Barrier, watch};
+use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use trellis_store::{Revision, Store, WatchStream};
@@ -139,7 +140,7 @@ async fn measure(open: &OpenStore, args: &WatchArgs) -> anyhow::Result<Report> {
         .context("read the current revision")?
         + 1;
 
-    let (stop, stopped) = watch::channel(false);
+    let (stop, stopped) = Shutdown::new();
     // Every watcher is polling before the first write, so none starts out behind.
     let ready = Arc::new(Barrier::new(args.watchers + 1));
     // Dropping the set (on any early return) aborts the watchers.
@@ -178,7 +179,7 @@ async fn measure(open: &OpenStore, args: &WatchArgs) -> anyhow::Result<Report> {
         Ok(collected) => collected?,
         Err(_) => {
             // Stragglers return what they have, and are reported as timed out.
-            let _ = stop.send(true);
+            stop.stop();
             collect(&mut watchers, &mut received).await?;
         }
     }
@@ -212,7 +213,7 @@ async fn receive(
     mut stream: WatchStream,
     events: usize,
     ready: Arc<Barrier>,
-    mut stop: watch::Receiver<bool>,
+    stop: Shutdown,
 ) -> (usize, Received) {
     ready.wait().await;
     // Touch the memory now: page faults on first use would land inside the measured
@@ -234,7 +235,7 @@ async fn receive(
                 Some(Err(e)) => break End::Failed(e),
                 None => break End::StreamEnded,
             },
-            _ = stop.wait_for(|stop| *stop) => break End::TimedOut,
+            () = stop.wait() => break End::TimedOut,
         }
     };
     (
