@@ -38,10 +38,12 @@ use jiff::Timestamp;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tracing::{debug, info, warn};
 use trellis_api::Shutdown;
+use trellis_pki::serve::peer_certificate;
 
 use crate::Context;
 use crate::http::{Body, text, valid_name};
@@ -85,7 +87,20 @@ pub async fn serve(
         .context("read the log server's address")?
         .port();
     info!(node = %ctx.config.node_name, port, "serving container logs");
-    tokio::spawn(accept(ctx, listener, TlsAcceptor::from(tls), stopped));
+    let config = trellis_pki::serve::Config {
+        name: "log server",
+        handshake_timeout: HANDSHAKE_TIMEOUT,
+        max_connections: Some(MAX_CONNECTIONS),
+    };
+    let acceptor = TlsAcceptor::from(tls);
+    tokio::spawn(async move {
+        let handler = stopped.clone();
+        trellis_pki::serve::serve(listener, acceptor, config, stopped, move |tls, remote| {
+            connection(ctx.clone(), tls, remote, handler.clone())
+        })
+        .await;
+        debug!("log server stopped");
+    });
     Ok(port)
 }
 
@@ -139,62 +154,15 @@ fn server_config(
     Ok(Arc::new(config))
 }
 
-async fn accept(
-    ctx: Arc<Context>,
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    stopped: Shutdown,
-) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stopped.wait() => break,
-        };
-        let (tcp, remote) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                warn!(error = %e, "accept a log client failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!(%remote, "too many log clients, closing");
-            continue;
-        };
-        let (ctx, acceptor, stopped) = (ctx.clone(), acceptor.clone(), stopped.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            connection(ctx, acceptor, tcp, remote, stopped).await;
-        });
-    }
-    debug!("log server stopped");
-}
-
+/// Serves one client: who its certificate names, then its requests until it closes
+/// or the server stops.
 async fn connection(
     ctx: Arc<Context>,
-    acceptor: TlsAcceptor,
-    tcp: TcpStream,
+    tls: TlsStream<TcpStream>,
     remote: SocketAddr,
     stopped: Shutdown,
 ) {
-    let _ = tcp.set_nodelay(true);
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            debug!(%remote, error = %e, "log client's TLS handshake failed");
-            return;
-        }
-        Err(_) => return,
-    };
-    let client = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|certs| certs.first())
-        .and_then(|cert| Identity::of(cert));
+    let client = peer_certificate(&tls).and_then(|cert| Identity::of(cert));
     let client = Arc::new(client);
     let service = hyper::service::service_fn(move |request| {
         let (ctx, client) = (ctx.clone(), client.clone());

@@ -15,8 +15,9 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 use trellis_api::shutdown::{Shutdown, Stop};
+use trellis_pki::serve::peer_certificate;
 use trellis_store::Store;
 
 use crate::admission::Chains;
@@ -330,55 +331,30 @@ pub async fn start(
 
     let settings = config.settings.clone();
     let task = tokio::spawn(async move {
-        // Every connection task holds a sender: once all are gone, so are the
-        // connections.
-        let (live, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                _ = stopped.wait() => break,
-            };
-            let (tcp, remote) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let app = app.clone();
-            let live = live.clone();
-            let stop = stopped.clone();
-            let settings = settings.clone();
-            let stalled = stalled.clone();
-            tokio::spawn(async move {
-                let _live = live;
-                let tls =
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            debug!(%remote, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                let peer = tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|certs| certs.first())
+        let accept = trellis_pki::serve::Config {
+            name: "API server",
+            handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
+            max_connections: None,
+        };
+        let handler = stopped.clone();
+        let connections =
+            trellis_pki::serve::serve(listener, acceptor, accept, stopped, move |tls, remote| {
+                let peer = peer_certificate(&tls)
                     .map(|cert| tls::peer_from_cert(cert))
                     .unwrap_or_default();
-                connection::serve(tls, app, peer, &settings, stop, remote, stalled).await;
-            });
-        }
-        drop(listener);
-        drop(live);
+                let (app, settings, stop, stalled) = (
+                    app.clone(),
+                    settings.clone(),
+                    handler.clone(),
+                    stalled.clone(),
+                );
+                async move {
+                    connection::serve(tls, app, peer, &settings, stop, remote, stalled).await;
+                }
+            })
+            .await;
         tokio::select! {
-            _ = all_closed.recv() => {}
+            () = connections.closed() => {}
             () = tokio::time::sleep(grace) => warn!("stopping with requests still in flight"),
         }
         info!("API server stopped");
