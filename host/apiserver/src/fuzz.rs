@@ -175,8 +175,8 @@ fn protobuf_decoding_never_panics_and_refuses_with_4xx() {
 
 /// Applies `config` to `live` and records it as an update: errors must be 4xx.
 fn fuzz_field_management(live: &object::Object, config: &object::Object, force: bool) {
-    use crate::fieldmanager::structured_merge::Applied;
     use crate::fieldmanager::managed_fields::{Schema, Scope, record_update};
+    use crate::fieldmanager::structured_merge::Applied;
     let applied = Applied {
         manager: "fuzz",
         force,
