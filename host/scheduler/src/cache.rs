@@ -1,6 +1,6 @@
 //! The scheduler's cache: the nodes, numbered as the plugins' views number them, and
 //! the pods on them, bound or assumed. Every change is also kept as a
-//! [`Change`] for the plugins' views, which the framework sends before the next
+//! [`Change`] for the plugins' views, which [`cycle`](crate::cycle) sends before the next
 //! cycle; a new view (a new plugin session) gets [`Cache::snapshot`] instead.
 //!
 //! A pod is *assumed* on its node as soon as the scheduler chose it, before the bind

@@ -565,7 +565,7 @@ async fn boundary_per_cycle(
         .get("pod-0")
         .await?;
     let pod_json = trellis_scheduler::cache::pod_json(&pod);
-    let sampled = trellis_scheduler::framework::feasible_nodes_to_find(nodes, 0);
+    let sampled = trellis_scheduler::cycle::feasible_nodes_to_find(nodes, 0);
     let ids: Vec<u32> = (0..sampled as u32).collect();
     let placed = [Change::PodUpsert(PodUpsert {
         uid: "calibration".into(),
