@@ -5,7 +5,9 @@
 //! (`percentageOfNodesToScore`), Score with weights (NormalizeScore is each plugin's
 //! own, over the batch), the best node (ties broken at random), then Reserve and
 //! Permit. A pod no node fits gets kube-scheduler's FitError message:
-//! `0/5 nodes are available: 2 Insufficient cpu, 3 node(s) had untolerated taint {…}.`
+//! `0/5 nodes are available: 2 Insufficient cpu, 3 node(s) had untolerated taint {…}.`,
+//! and [`preemption`] looks for room for it, through the cycle's
+//! Filters run again without its victims (`DryRun`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -20,6 +22,8 @@ use tracing::warn;
 
 use crate::Component;
 use crate::cache::{Cache, NodeId};
+pub use crate::preemption::Nomination;
+use crate::preemption::{self, DryRun};
 use crate::queue::{Action, Event};
 
 /// kube-scheduler's `minFeasibleNodesToFind`.
@@ -54,28 +58,8 @@ pub enum Decision {
     Error(String),
 }
 
-/// How a preemption candidate's victims rank, the lowest best: PodDisruptionBudget
-/// violations, the highest priority, the sum of priorities, their number.
-type VictimsRank = (usize, i32, i64, usize);
-
-/// DefaultPreemption's choice: the node a pod fits once the victims are gone.
-#[derive(Debug)]
-pub struct Nomination {
-    pub node: String,
-    pub victims: Vec<Arc<Pod>>,
-}
-
 /// The longest a pod waits at Permit (kube-scheduler's `maxTimeout`).
 const MAX_PERMIT_WAIT: Duration = Duration::from_secs(15 * 60);
-
-/// kube-scheduler's `minCandidateNodesAbsolute`: nodes a preemption looks at, at least.
-const MIN_CANDIDATES: usize = 100;
-/// Candidates whose victims are reprieved one by one before the best is chosen.
-const REPRIEVED_CANDIDATES: usize = 3;
-
-fn priority_of(pod: &Pod) -> i32 {
-    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
-}
 
 /// A component as the profile runs it.
 struct Slot {
@@ -468,8 +452,7 @@ impl Profile {
             {
                 None
             } else {
-                match self
-                    .preempt(cache, pod, &candidates, &unresolvable, all.len())
+                match preemption::preempt(self, cache, pod, &candidates, &unresolvable, all.len())
                     .await
                 {
                     Ok(nomination) => Some(nomination),
@@ -643,132 +626,26 @@ impl Profile {
         }
     }
 
-    /// DefaultPreemption (PostFilter), for a pod no node fits: among the nodes
-    /// that rejected it for reasons preemption can change, those where it fits once
-    /// its lower-priority pods are gone (one dry run for all of them); for the few
-    /// whose highest victim priority is lowest, the victims reprieved one by one,
-    /// highest priority first, as long as the pod still fits; then the node with the
-    /// lowest highest victim priority, the lowest sum, the fewest victims. The error
-    /// is kube-scheduler's "preemption: 0/N nodes are available: …" reasons.
-    async fn preempt(
-        &mut self,
-        cache: &Cache,
-        pod: &Pod,
-        candidates: &[NodeId],
-        unresolvable: &HashSet<NodeId>,
-        nodes: usize,
-    ) -> Result<Nomination, String> {
-        let priority = priority_of(pod);
-        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-        let hopeless = nodes
-            - candidates
-                .iter()
-                .filter(|n| !unresolvable.contains(n))
-                .count();
-        if hopeless > 0 {
-            reasons.insert("Preemption is not helpful for scheduling.".into(), hopeless);
-        }
-        // Nothing of lower priority runs anywhere: no node has a victim.
-        let by_node = if cache.has_pods_below(priority) {
-            cache.pods_by_node()
-        } else {
-            Default::default()
-        };
-        let mut lower: Vec<(NodeId, Vec<Arc<Pod>>)> = Vec::new();
-        let mut no_victims = 0;
-        for &node in candidates.iter().filter(|n| !unresolvable.contains(n)) {
-            let victims: Vec<Arc<Pod>> = cache
-                .node_name(node)
-                .and_then(|name| by_node.get(name))
-                .map(|pods| {
-                    pods.iter()
-                        .filter(|p| priority_of(p) < priority)
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default();
-            if victims.is_empty() {
-                no_victims += 1;
-            } else {
-                lower.push((node, victims));
+    /// Undoes the reservations of the components before `end`.
+    async fn unreserve_before(&mut self, end: usize, uid: &str, node: NodeId) {
+        for slot in self.slots[..end].iter_mut().rev() {
+            if slot.points.contains(ExtensionPoints::RESERVE)
+                && let Some(session) = slot.session.as_mut()
+            {
+                let _ = session.unreserve(uid, node).await;
             }
         }
-        let limit = MIN_CANDIDATES.max(lower.len() / 10);
-        lower.truncate(limit);
-        let uid = |p: &Arc<Pod>| p.metadata.uid.clone().unwrap_or_default();
-        let all_victims: Vec<String> = lower.iter().flat_map(|(_, v)| v.iter().map(uid)).collect();
-        let nodes_tried: Vec<NodeId> = lower.iter().map(|(n, _)| *n).collect();
-        let fit = self.fits_without(&all_victims, &nodes_tried).await?;
-        lower.retain(|(n, _)| fit.contains(n));
-        no_victims += nodes_tried.len() - lower.len();
-        if no_victims > 0 {
-            reasons.insert(
-                "No preemption victims found for incoming pod.".into(),
-                no_victims,
-            );
-        }
-        if lower.is_empty() {
-            let mut parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
-            parts.sort();
-            return Err(format!(
-                "0/{nodes} nodes are available: {}.",
-                parts.join(", ")
-            ));
-        }
-        // Highest victim priority first decides; reprieve the most promising few.
-        lower.sort_by_key(|(_, v)| v.iter().map(|p| priority_of(p)).max().unwrap_or(0));
-        lower.truncate(REPRIEVED_CANDIDATES);
-        let mut best: Option<(VictimsRank, NodeId, Vec<Arc<Pod>>)> = None;
-        for (node, mut victims) in lower {
-            victims.sort_by_key(|p| std::cmp::Reverse(priority_of(p)));
-            // As kube-scheduler: those whose eviction would break a
-            // PodDisruptionBudget are reprieved first, then the others, highest
-            // priority first within each; the violations left count against the node.
-            let (violating, fine) = cache.split_by_budgets(victims);
-            let breaking: HashSet<String> = violating.iter().map(uid).collect();
-            let mut victims: Vec<Arc<Pod>> = violating.into_iter().chain(fine).collect();
-            let mut i = 0;
-            while i < victims.len() {
-                let trial: Vec<String> = victims
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != i)
-                    .map(|(_, p)| uid(p))
-                    .collect();
-                if self.fits_without(&trial, &[node]).await?.contains(&node) {
-                    victims.remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-            let rank = (
-                victims
-                    .iter()
-                    .filter(|p| breaking.contains(&uid(p)))
-                    .count(),
-                victims
-                    .iter()
-                    .map(|p| priority_of(p))
-                    .max()
-                    .unwrap_or(i32::MIN),
-                victims
-                    .iter()
-                    .map(|p| i64::from(priority_of(p)))
-                    .sum::<i64>(),
-                victims.len(),
-            );
-            if best.as_ref().is_none_or(|(b, _, _)| rank < *b) {
-                best = Some((rank, node, victims));
-            }
-        }
-        let (_, node, victims) = best.ok_or_else(|| "no candidate left".to_owned())?;
-        Ok(Nomination {
-            node: cache.node_name(node).unwrap_or_default().to_owned(),
-            victims,
-        })
     }
 
-    /// The nodes of `nodes` that every component's Filter passes with `victims` gone.
+    /// Undoes a pod's reservation in every component (its Permit or bind failed).
+    pub async fn unreserve(&mut self, uid: &str, node: NodeId) {
+        let end = self.slots.len();
+        self.unreserve_before(end, uid, node).await;
+    }
+}
+
+/// Preemption's dry run: each component's Filter, with the victims gone.
+impl DryRun for Profile {
     async fn fits_without(
         &mut self,
         victims: &[String],
@@ -794,23 +671,6 @@ impl Profile {
             }
         }
         Ok(fit)
-    }
-
-    /// Undoes the reservations of the components before `end`.
-    async fn unreserve_before(&mut self, end: usize, uid: &str, node: NodeId) {
-        for slot in self.slots[..end].iter_mut().rev() {
-            if slot.points.contains(ExtensionPoints::RESERVE)
-                && let Some(session) = slot.session.as_mut()
-            {
-                let _ = session.unreserve(uid, node).await;
-            }
-        }
-    }
-
-    /// Undoes a pod's reservation in every component (its Permit or bind failed).
-    pub async fn unreserve(&mut self, uid: &str, node: NodeId) {
-        let end = self.slots.len();
-        self.unreserve_before(end, uid, node).await;
     }
 }
 

@@ -8,6 +8,8 @@
 //! - [`cycle`]: one scheduling cycle of a profile: PreFilter, Filter over a
 //!   sample of the nodes (`percentageOfNodesToScore`), Score with weights, Reserve,
 //!   Permit; then the bind, asynchronously.
+//! - [`preemption`]: DefaultPreemption, for a pod no node fits: the node and the
+//!   lower-priority pods whose deletion makes room for it.
 //! - `run`: [`run`], the loop that feeds them from the informers and binds, one pod
 //!   at a time (kube-scheduler's `scheduleOne`). Start here.
 //! - `event_handlers`: the informers' changes of nodes, pods and budgets, and the
@@ -28,6 +30,7 @@ pub mod cache;
 pub mod cycle;
 mod event_handlers;
 pub mod metrics;
+pub mod preemption;
 pub mod queue;
 mod run;
 mod status;

@@ -8,8 +8,8 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 use trellis_client::events::{EventRecorder, EventType};
 
-use crate::cycle::Nomination;
 use crate::event_handlers::key_of;
+use crate::preemption::Nomination;
 
 /// Deletes the victims of a preemption (each told why in a `Preempted` event, as
 /// kube-scheduler tells them); their deletion moves the preemptor back into the
