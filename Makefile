@@ -17,6 +17,9 @@ deps:
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v prlimit >/dev/null || missing="$$missing util-linux"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	[ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
+	command -v iptables >/dev/null || missing="$$missing iptables"; \
+	command -v nft >/dev/null || missing="$$missing nftables"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
