@@ -44,6 +44,7 @@
 mod handler;
 pub mod hollow;
 mod log;
+mod network;
 mod process;
 mod record;
 mod service;
