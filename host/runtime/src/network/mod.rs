@@ -4,3 +4,6 @@
 // Used by the sandbox service once it makes pods their own network.
 #[allow(dead_code)]
 pub(crate) mod netns;
+// Used by the sandbox service once it makes pods their own network.
+#[allow(dead_code)]
+pub(crate) mod cni;

@@ -30,6 +30,7 @@ pub(crate) fn create(pin: &Path) -> std::io::Result<()> {
         // threads' descriptors; a new network namespace cannot.
         #[allow(deprecated)]
         rustix::thread::unshare(UnshareFlags::NEWNET)?;
+        loopback_up()?;
         rustix::mount::mount_bind("/proc/thread-self/ns/net", &target)?;
         Ok(())
     });
@@ -37,6 +38,47 @@ pub(crate) fn create(pin: &Path) -> std::io::Result<()> {
         let _ = std::fs::remove_file(pin);
     }
     made
+}
+
+/// Brings up `lo` in the calling thread's (new) network namespace: one netlink
+/// request, where the CNI `loopback` plugin would cost an exec of its own.
+fn loopback_up() -> std::io::Result<()> {
+    use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketType, netlink};
+    const RTM_NEWLINK: u16 = 16;
+    const NLM_F_REQUEST_ACK: u16 = 0x1 | 0x4;
+    const NLMSG_ERROR: u16 = 2;
+    const IFF_UP: u32 = 0x1;
+    // `lo` is the first link of every network namespace.
+    const LO_INDEX: i32 = 1;
+    let socket = rustix::net::socket(AddressFamily::NETLINK, SocketType::RAW, None)?;
+    // nlmsghdr (length, type, flags, sequence, port) then ifinfomsg (family, type,
+    // index, flags, change), in the host's byte order.
+    let mut request = Vec::with_capacity(32);
+    request.extend_from_slice(&32u32.to_ne_bytes());
+    request.extend_from_slice(&RTM_NEWLINK.to_ne_bytes());
+    request.extend_from_slice(&NLM_F_REQUEST_ACK.to_ne_bytes());
+    request.extend_from_slice(&1u32.to_ne_bytes());
+    request.extend_from_slice(&0u32.to_ne_bytes());
+    request.extend_from_slice(&[0, 0, 0, 0]);
+    request.extend_from_slice(&LO_INDEX.to_ne_bytes());
+    request.extend_from_slice(&IFF_UP.to_ne_bytes());
+    request.extend_from_slice(&IFF_UP.to_ne_bytes());
+    let kernel = netlink::SocketAddrNetlink::new(0, 0);
+    rustix::net::sendto(&socket, &request, SendFlags::empty(), &kernel)?;
+    let mut reply = [0u8; 256];
+    let (read, _) = rustix::net::recv(&socket, &mut reply, RecvFlags::empty())?;
+    let field = |at: usize| reply.get(at..at + 4).and_then(|b| b.try_into().ok());
+    let kind = reply
+        .get(4..6)
+        .and_then(|b| b.try_into().ok())
+        .map(u16::from_ne_bytes);
+    match (kind, field(16).map(i32::from_ne_bytes)) {
+        (Some(NLMSG_ERROR), Some(0)) => Ok(()),
+        (Some(NLMSG_ERROR), Some(errno)) => Err(std::io::Error::from_raw_os_error(-errno)),
+        _ => Err(std::io::Error::other(format!(
+            "unexpected netlink reply to bringing up lo ({read} bytes)"
+        ))),
+    }
 }
 
 /// Unpins the namespace at `pin` and removes the pin: the namespace ends with its last
@@ -105,6 +147,11 @@ mod tests {
         let inside = run_in(&pin, || Ok(inode("/proc/thread-self/ns/net"))).unwrap();
         assert_ne!(inside, 0);
         assert_ne!(inside, outside, "the pod's namespace is not the host's");
+        let up = run_in(&pin, || {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+            std::net::TcpStream::connect(probe.local_addr()?).map(|_| ())
+        });
+        assert!(up.is_ok(), "lo is up inside: {up:?}");
         assert_eq!(
             inode(pin.to_str().unwrap()),
             inside,
