@@ -1,10 +1,11 @@
 //! Builds the built-in controllers (`plugins/controllers/*`) for the binary to
 //! include (see `trellis-bundle-build`), where `bundled.rs` takes them.
 
-const CONTROLLERS: [&str; 10] = [
+const CONTROLLERS: [&str; 11] = [
     "disruption",
     "endpoints",
     "namespace",
+    "node-ipam",
     "node-lifecycle",
     "replicaset",
     "resourcequota",

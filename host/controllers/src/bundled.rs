@@ -4,7 +4,9 @@
 //!
 //! Each has the short name Kubernetes' `--controllers` flag uses (`replicaset`) and
 //! runs as the ServiceAccount `kube-system/NAME-controller`, which the API server
-//! binds to `system:controller:NAME-controller` at bootstrap.
+//! binds to `system:controller:NAME-controller` at bootstrap (the node IPAM
+//! controller as `node-controller`, which it shares with the node lifecycle
+//! controller, as in Kubernetes).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,12 +17,15 @@ use trellis_plugin_host::GroupVersionResource;
 use crate::config::{ControllerConfig, Mapping, Watch};
 
 /// One built-in controller.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Builtin {
     /// The name `--controllers` knows it by.
     pub name: &'static str,
-    /// Its plugin name and ServiceAccount.
+    /// Its plugin name, and its ServiceAccount unless `service_account` names another.
     pub identity: &'static str,
+    /// The ServiceAccount it runs as when two built-ins share one, as Kubernetes'
+    /// node controllers share `node-controller`.
+    pub service_account: Option<&'static str>,
     pub wasm: &'static [u8],
     /// `(group, version, resource)` of what it reconciles.
     pub primary: (&'static str, &'static str, &'static str),
@@ -35,6 +40,9 @@ pub struct Builtin {
     pub needs_root_ca: bool,
     /// Its configuration otherwise (JSON).
     pub configuration: &'static str,
+    /// Keys reconciled at once: kube-controller-manager's `--concurrent-*-syncs`
+    /// default (5), or 1 for a controller whose reconciles must not overlap.
+    pub workers: usize,
 }
 
 fn gvr((group, version, resource): (&str, &str, &str)) -> GroupVersionResource {
@@ -46,6 +54,11 @@ fn gvr((group, version, resource): (&str, &str, &str)) -> GroupVersionResource {
 }
 
 impl Builtin {
+    /// The ServiceAccount (in `kube-system`) it runs as.
+    pub fn account(&self) -> &'static str {
+        self.service_account.unwrap_or(self.identity)
+    }
+
     /// How it runs by default.
     pub fn config(&self) -> ControllerConfig {
         let mut config = ControllerConfig::new(
@@ -64,8 +77,7 @@ impl Builtin {
             })
             .collect();
         config.resync = self.resync;
-        // kube-controller-manager's --concurrent-*-syncs default.
-        config.workers = 5;
+        config.workers = self.workers;
         config
     }
 }
@@ -75,6 +87,7 @@ pub const BUILTINS: &[Builtin] = &[
     Builtin {
         name: "deployment",
         identity: "deployment-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/deployment.wasm")),
         primary: ("apps", "v1", "deployments"),
         owns: &[("apps", "v1", "replicasets")],
@@ -82,10 +95,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
     },
     Builtin {
         name: "disruption",
         identity: "disruption-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/disruption.wasm")),
         primary: ("policy", "v1", "poddisruptionbudgets"),
         owns: &[],
@@ -99,10 +114,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
     },
     Builtin {
         name: "endpoint",
         identity: "endpoint-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/endpoints.wasm")),
         primary: ("", "v1", "services"),
         // Endpoints named after their Service, owned by it.
@@ -111,10 +128,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
     },
     Builtin {
         name: "endpointslice",
         identity: "endpointslice-controller",
+        service_account: None,
         // The Endpoints controller's component, writing EndpointSlices.
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/endpoints.wasm")),
         primary: ("", "v1", "services"),
@@ -123,10 +142,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: r#"{"write": "endpointslices"}"#,
+        workers: 5,
     },
     Builtin {
         name: "garbage-collector",
         identity: "generic-garbage-collector",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/garbage-collector.wasm")),
         // Every resource that can be listed, watched and deleted.
         primary: ("*", "*", "*"),
@@ -135,10 +156,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
     },
     Builtin {
         name: "namespace",
         identity: "namespace-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/namespace.wasm")),
         primary: ("", "v1", "namespaces"),
         owns: &[],
@@ -147,10 +170,28 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
+    },
+    Builtin {
+        name: "nodeipam",
+        identity: "node-ipam-controller",
+        service_account: Some("node-controller"),
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/node-ipam.wasm")),
+        primary: ("", "v1", "nodes"),
+        owns: &[],
+        watches: &[],
+        resync: None,
+        needs_root_ca: false,
+        // kube-controller-manager's --cluster-cidr and --node-cidr-mask-size, as k3s
+        // sets them; the controller manager fills in its flags' values.
+        configuration: r#"{"clusterCIDRs": ["10.42.0.0/16"], "nodeCIDRMaskSize": 24}"#,
+        // One allocation at a time: each counts the ranges the others gave.
+        workers: 1,
     },
     Builtin {
         name: "nodelifecycle",
         identity: "node-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/node-lifecycle.wasm")),
         primary: ("", "v1", "nodes"),
         owns: &[],
@@ -163,10 +204,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: r#"{"gracePeriodSeconds": 50}"#,
+        workers: 5,
     },
     Builtin {
         name: "replicaset",
         identity: "replicaset-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/replicaset.wasm")),
         primary: ("apps", "v1", "replicasets"),
         owns: &[("", "v1", "pods")],
@@ -174,10 +217,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
     },
     Builtin {
         name: "resourcequota",
         identity: "resourcequota-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/resourcequota.wasm")),
         primary: ("", "v1", "resourcequotas"),
         owns: &[],
@@ -198,10 +243,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: Some(Duration::from_secs(300)),
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
     },
     Builtin {
         name: "root-ca-cert-publisher",
         identity: "root-ca-cert-publisher",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/root-ca-cert-publisher.wasm")),
         primary: ("", "v1", "namespaces"),
         owns: &[],
@@ -209,10 +256,12 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: true,
         configuration: "{}",
+        workers: 5,
     },
     Builtin {
         name: "serviceaccount",
         identity: "service-account-controller",
+        service_account: None,
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/serviceaccount.wasm")),
         primary: ("", "v1", "namespaces"),
         owns: &[],
@@ -220,6 +269,7 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: "{}",
+        workers: 5,
     },
 ];
 
@@ -274,6 +324,7 @@ mod tests {
                 "endpointslice",
                 "garbage-collector",
                 "namespace",
+                "nodeipam",
                 "nodelifecycle",
                 "replicaset",
                 "resourcequota",
@@ -283,7 +334,7 @@ mod tests {
         );
         assert_eq!(
             names(
-                "*,-deployment,-disruption,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodelifecycle,-resourcequota,-serviceaccount"
+                "*,-deployment,-disruption,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodeipam,-nodelifecycle,-resourcequota,-serviceaccount"
             ),
             ["replicaset", "root-ca-cert-publisher"]
         );

@@ -124,6 +124,10 @@ pub struct ControllerArgs {
     #[arg(long, default_value_t = 50, value_name = "SECONDS")]
     pub node_monitor_grace_period: u64,
 
+    /// The node IPAM controller's cluster CIDR and node range size.
+    #[command(flatten)]
+    pub node_ipam: crate::setup::NodeIpamFlags,
+
     /// How often the counters of controller Plugins (calls, failed reconciles,
     /// failures) are copied into their status.
     #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = seconds)]
@@ -181,7 +185,7 @@ pub async fn run_controllers(
     args: ControllerArgs,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let builtins = bundled::select(&args.controllers)?;
+    let builtins = args.node_ipam.apply(bundled::select(&args.controllers)?);
     let plugins = PluginHost::new(HostConfig {
         cache_dir: args.plugin_cache_dir.clone(),
         ..HostConfig::default()

@@ -238,7 +238,7 @@ pub async fn start_builtin(
         builtin_configuration(setup, builtin).context("find the cluster CA it needs")?;
     let writer = setup
         .credentials
-        .client(client, builtin.identity, stopped.clone())
+        .client(client, builtin.account(), stopped.clone())
         .await?;
     let events = EventRecorder::new(writer.clone(), builtin.identity, &host_name());
     manager.start(config, writer, events, stopped.clone()).await
@@ -286,6 +286,79 @@ pub struct SchedulerFlags {
     pub pod_unschedulable_timeout: Duration,
 }
 
+/// The node IPAM controller's settings, as kube-controller-manager's flags (and k3s'
+/// defaults).
+#[derive(Clone, Debug, Args)]
+pub struct NodeIpamFlags {
+    /// Whether Nodes get a range of the cluster CIDR for their pods (`spec.podCIDR`):
+    /// `false` leaves the `nodeipam` controller out.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub allocate_node_cidrs: bool,
+
+    /// The ranges pods' addresses come from: one, or one per family (comma-separated)
+    /// in a dual-stack cluster.
+    #[arg(
+        long,
+        default_value = "10.42.0.0/16",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
+    pub cluster_cidr: Vec<String>,
+
+    /// The prefix length of each Node's range: 24 for IPv4 and 64 for IPv6 when not
+    /// given.
+    #[arg(long, value_name = "BITS")]
+    pub node_cidr_mask_size: Option<u8>,
+
+    /// In a dual-stack cluster, the prefix length of each Node's IPv6 range (64 when
+    /// not given).
+    #[arg(long, value_name = "BITS")]
+    pub node_cidr_mask_size_ipv6: Option<u8>,
+}
+
+impl NodeIpamFlags {
+    /// The built-ins to run under these flags: the node IPAM controller is left out
+    /// when `--allocate-node-cidrs=false`, and a built-in whose configuration
+    /// declares `clusterCIDRs` takes the flags' ranges and mask sizes (an unset mask
+    /// size leaves the controller's default for the family). Such a built-in is
+    /// copied once, for the life of the process, with its new configuration.
+    pub fn apply(&self, builtins: Vec<&'static Builtin>) -> Vec<&'static Builtin> {
+        builtins
+            .into_iter()
+            .filter(|b| self.allocate_node_cidrs || b.name != "nodeipam")
+            .map(|b| match self.configuration(b.configuration) {
+                Some(configuration) => {
+                    let configuration: &'static str = Box::leak(configuration.into_boxed_str());
+                    let b: &'static Builtin = Box::leak(Box::new(Builtin {
+                        configuration,
+                        ..*b
+                    }));
+                    b
+                }
+                None => b,
+            })
+            .collect()
+    }
+
+    /// `configuration` with the flags' values, if it declares `clusterCIDRs`.
+    fn configuration(&self, configuration: &str) -> Option<String> {
+        let mut configuration: serde_json::Value = serde_json::from_str(configuration).ok()?;
+        let object = configuration.as_object_mut()?;
+        object.get("clusterCIDRs")?;
+        object.insert("clusterCIDRs".into(), self.cluster_cidr.clone().into());
+        for (key, value) in [
+            ("nodeCIDRMaskSize", self.node_cidr_mask_size),
+            ("nodeCIDRMaskSizeIPv6", self.node_cidr_mask_size_ipv6),
+        ] {
+            match value {
+                Some(bits) => object.insert(key.into(), bits.into()),
+                None => object.remove(key),
+            };
+        }
+        Some(configuration.to_string())
+    }
+}
+
 /// What the scheduler runs with.
 #[derive(Clone)]
 pub struct SchedulerSetup {
@@ -299,5 +372,62 @@ impl std::fmt::Debug for SchedulerSetup {
         f.debug_struct("SchedulerSetup")
             .field("flags", &self.flags)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        node_ipam: NodeIpamFlags,
+    }
+
+    fn apply(args: &[&str]) -> Vec<&'static Builtin> {
+        let flags = Flags::parse_from(std::iter::once("trellis").chain(args.iter().copied()));
+        flags
+            .node_ipam
+            .apply(trellis_controllers::bundled::select("*").unwrap())
+    }
+
+    fn node_ipam(builtins: &[&'static Builtin]) -> Option<serde_json::Value> {
+        let b = builtins.iter().find(|b| b.name == "nodeipam")?;
+        Some(serde_json::from_str(b.configuration).unwrap())
+    }
+
+    #[test]
+    fn the_node_ipam_controller_takes_the_cluster_cidr_flags() {
+        assert_eq!(
+            node_ipam(&apply(&[])),
+            Some(serde_json::json!({"clusterCIDRs": ["10.42.0.0/16"]}))
+        );
+        assert_eq!(
+            node_ipam(&apply(&[
+                "--cluster-cidr",
+                "10.50.0.0/16,fd00:50::/56",
+                "--node-cidr-mask-size",
+                "25",
+                "--node-cidr-mask-size-ipv6",
+                "64"
+            ])),
+            Some(
+                serde_json::json!({"clusterCIDRs": ["10.50.0.0/16", "fd00:50::/56"],
+                "nodeCIDRMaskSize": 25, "nodeCIDRMaskSizeIPv6": 64})
+            )
+        );
+        // The others keep theirs.
+        let builtins = apply(&["--cluster-cidr", "10.50.0.0/16"]);
+        let lifecycle = builtins.iter().find(|b| b.name == "nodelifecycle").unwrap();
+        assert_eq!(lifecycle.configuration, r#"{"gracePeriodSeconds": 50}"#);
+    }
+
+    #[test]
+    fn allocate_node_cidrs_false_leaves_the_node_ipam_controller_out() {
+        let builtins = apply(&["--allocate-node-cidrs", "false"]);
+        assert_eq!(node_ipam(&builtins), None);
+        assert!(builtins.iter().any(|b| b.name == "nodelifecycle"));
     }
 }

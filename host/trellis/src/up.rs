@@ -123,6 +123,10 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 50, value_name = "SECONDS")]
     node_monitor_grace_period: u64,
 
+    /// `trellis up` only: the node IPAM controller's cluster CIDR and node range size.
+    #[command(flatten)]
+    node_ipam: crate::setup::NodeIpamFlags,
+
     /// `trellis up` only: the scheduler's settings.
     #[command(flatten)]
     scheduler: crate::setup::SchedulerFlags,
@@ -216,7 +220,9 @@ pub async fn run(
     let stopped_signal = |rx: Shutdown| async move {
         rx.wait().await;
     };
-    let builtins = trellis_controllers::bundled::select(&args.controllers)?;
+    let builtins = args
+        .node_ipam
+        .apply(trellis_controllers::bundled::select(&args.controllers)?);
     let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
     server_config.listen = args.listen;
     // In `trellis up` the controller manager's namespace controller does it, if run.
