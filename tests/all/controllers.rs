@@ -1603,3 +1603,82 @@ async fn the_resourcequota_controller_puts_usage_left_wrong_right() -> Result<()
     running.stop().await;
     Ok(())
 }
+
+/// The node IPAM controller, as `trellis up` runs it (its own plugin, as the
+/// `node-controller` account): Nodes that register at once get distinct ranges, and a
+/// deleted Node's range goes to the next new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_get_distinct_pod_cidrs_and_a_deleted_nodes_range_is_given_again() -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+
+    let cluster = TestCluster::start().await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let manager = test_manager(&in_process, 4)?;
+    let builtin = trellis_controllers::bundled::select("nodeipam")?[0];
+    let writer = in_process.client(identity::controller(builtin.account()));
+    let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
+    let (stop, stopped) = Shutdown::new();
+    let running = manager
+        .start(builtin.config(), writer, events, stopped)
+        .await?;
+
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let pod_cidr = |node: &Node| node.spec.as_ref().and_then(|s| s.pod_cidr.clone());
+    // Waits until every one of `names` has a podCIDR; their podCIDRs.
+    let allocated = |names: Vec<&'static str>| {
+        let nodes = nodes.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    let mut cidrs = Vec::new();
+                    for name in &names {
+                        let node = nodes.get(name).await?;
+                        let Some(cidr) = pod_cidr(&node) else { break };
+                        let listed = node.spec.as_ref().and_then(|s| s.pod_cidrs.clone());
+                        ensure!(listed == Some(vec![cidr.clone()]), "{node:?}");
+                        cidrs.push(cidr);
+                    }
+                    if cidrs.len() == names.len() {
+                        return Ok::<_, anyhow::Error>(cidrs);
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .context("every node given a podCIDR within 30 s")?
+        }
+    };
+
+    for name in ["n1", "n2", "n3"] {
+        create(&nodes, json!({"metadata": {"name": name}})).await?;
+    }
+    let mut cidrs = allocated(vec!["n1", "n2", "n3"]).await?;
+    cidrs.sort();
+    ensure!(
+        cidrs == ["10.42.0.0/24", "10.42.1.0/24", "10.42.2.0/24"],
+        "{cidrs:?}"
+    );
+
+    let freed = pod_cidr(&nodes.get("n2").await?).context("n2's podCIDR")?;
+    nodes
+        .delete("n2", &kube::api::DeleteParams::default())
+        .await?;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while nodes.get_opt("n2").await?.is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+    .await
+    .context("n2 gone within 30 s")??;
+    // The controller's informer sees n2 go before n4 come (a watch is in revision
+    // order), so n4's reconcile finds the range free.
+    create(&nodes, json!({"metadata": {"name": "n4"}})).await?;
+    let n4 = allocated(vec!["n4"]).await?;
+    ensure!(n4 == [freed.clone()], "n4 got {n4:?}, not n2's {freed}");
+
+    stop.stop();
+    running.stop().await;
+    Ok(())
+}
