@@ -1279,3 +1279,196 @@ async fn components_are_pulled_from_an_oci_registry_and_named_by_tag_digest_and_
     assert!(err.message().contains("MANIFEST_UNKNOWN"), "{err:?}");
     node.stop().await;
 }
+
+/// Whether an HTTP server answers at `ip:port` (from the host), retried for a while as
+/// it starts.
+async fn answers(ip: &str, port: u16) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        let attempt = async {
+            let mut tcp = tokio::net::TcpStream::connect((ip, port)).await?;
+            tcp.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+            let mut reply = Vec::new();
+            tcp.read_to_end(&mut reply).await?;
+            anyhow::Ok(reply.starts_with(b"HTTP/1.0 200"))
+        };
+        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// With a pod CIDR (as the kubelet sends it), POD-network sandboxes get a network
+/// namespace of their own, connected by the default CNI network, and their processes
+/// run in it; host-network sandboxes keep the node's. Needs root and the CNI plugins.
+#[tokio::test]
+async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
+    if !rustix::process::geteuid().is_root() || !Path::new("/usr/lib/cni/bridge").exists() {
+        eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut node = Node::start(dir.path()).await;
+    node.client
+        .runtime
+        .update_runtime_config(UpdateRuntimeConfigRequest {
+            runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+                network_config: Some(NetworkConfig {
+                    pod_cidr: "10.244.78.0/24".into(),
+                }),
+            }),
+        })
+        .await
+        .unwrap();
+    let conflist = std::fs::read_to_string(root.join("cni/net.d/10-trellis.conflist")).unwrap();
+    assert!(conflist.contains("10.244.78.0/24"), "{conflist}");
+
+    let python = "file:///usr/bin/python3";
+    node.pull(python).await;
+    let ports_before = bridge_ports();
+    let mut pods = Vec::new();
+    for name in ["net-a", "net-b"] {
+        let sandbox = node.sandbox(name, PROCESS).await;
+        let status = node
+            .client
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: sandbox.0.clone(),
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
+        let ip = status.network.unwrap().ip;
+        assert!(ip.starts_with("10.244.78."), "{ip}");
+        let options = status.linux.unwrap().namespaces.unwrap().options.unwrap();
+        assert_eq!(options.network, NamespaceMode::Pod as i32);
+        // The same port in both pods.
+        let id = node
+            .create(&sandbox, python, "web", &[], |c| {
+                c.command = ["python3", "-m", "http.server", "8080"]
+                    .map(String::from)
+                    .to_vec();
+                c.working_dir = dir.path().display().to_string();
+            })
+            .await
+            .unwrap();
+        node.start_container(&id).await;
+        pods.push((sandbox.0, ip));
+    }
+    assert_ne!(pods[0].1, pods[1].1);
+    assert_eq!(
+        bridge_ports().len(),
+        ports_before.len() + 2,
+        "a veth per pod"
+    );
+    for (_, ip) in &pods {
+        assert!(
+            answers(ip, 8080).await,
+            "the pod at {ip} answers from the host"
+        );
+    }
+
+    // A host-network sandbox is on the node's network, as every sandbox was before.
+    let host = node
+        .client
+        .runtime
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(PodSandboxConfig {
+                metadata: Some(PodSandboxMetadata {
+                    name: "host".into(),
+                    uid: "uid-host".into(),
+                    namespace: "default".into(),
+                    attempt: 0,
+                }),
+                linux: Some(LinuxPodSandboxConfig {
+                    security_context: Some(LinuxSandboxSecurityContext {
+                        namespace_options: Some(NamespaceOption {
+                            network: NamespaceMode::Node as i32,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            runtime_handler: PROCESS.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    let status = node
+        .client
+        .runtime
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: host,
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(
+        status.network.unwrap().ip,
+        IpAddr::from(NODE_IP).to_string()
+    );
+
+    // Stopping tears the network down: no pin, no veth, no address reserved; again is
+    // a no-op, and so is removing.
+    for (id, _) in &pods {
+        for _ in 0..2 {
+            node.client
+                .runtime
+                .stop_pod_sandbox(StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await
+                .unwrap();
+        }
+        node.client
+            .runtime
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    let entries = |path: PathBuf| {
+        std::fs::read_dir(path)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(entries(root.join("netns")), Vec::<String>::new());
+    assert_eq!(entries(root.join("cni/results")), Vec::<String>::new());
+    let reserved: Vec<_> = entries(root.join("cni/networks/trellis"))
+        .into_iter()
+        .filter(|name| name.starts_with("10.244.78."))
+        .collect();
+    assert_eq!(reserved, Vec::<String>::new());
+    assert_eq!(bridge_ports(), ports_before, "the pods' veths are gone");
+    node.stop().await;
+}
+
+/// The interfaces on the default network's bridge.
+fn bridge_ports() -> Vec<String> {
+    let mut ports: Vec<String> = std::fs::read_dir("/sys/class/net/trellis0/brif")
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    ports.sort();
+    ports
+}

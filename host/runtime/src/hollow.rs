@@ -76,6 +76,7 @@ impl HollowRuntime {
                 .into_iter()
                 .map(|name| (name, hollow.clone()))
                 .collect(),
+            network: None,
         });
         Arc::new(Self { runtime })
     }

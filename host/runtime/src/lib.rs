@@ -7,7 +7,9 @@
 //! Start with [`Runtime::new`] and [`serve`]; a node agent talks to this runtime, or
 //! to any other CRI runtime such as containerd, through [`connect`].
 //!
-//! Sandboxes are records on the host network (the pod IP is the node's). Images are
+//! Sandboxes are on the node's network (the pod IP is the node's) until the node has
+//! a pod CIDR (`UpdateRuntimeConfig`); then a sandbox that asks for the pod's network
+//! gets a network namespace of its own connected by CNI ([`CniConfig`]). Images are
 //! files pulled from `file://` URLs, or WebAssembly artifacts pulled from OCI
 //! registries (`127.0.0.1:5000/hello:v1`, with the credentials the pull request carries).
 //! A `wasi:http` container listens on the node's IP at the first TCP port of its
@@ -27,6 +29,8 @@
 //!   the image store (`store::image`): pulling `file://` and registry images (through
 //!   `trellis-oci`), the JSON index.
 //! - `log`: container output in the CRI log format.
+//! - `network`: a pod's network namespace (`network::netns`) and the CNI plugins
+//!   that connect it (`network::cni`).
 //! - `state`: the live tables of sandboxes and containers over a store, what a running
 //!   container has in memory only, and the container events stream.
 //! - `handler`: what a runtime handler does for the service: start, stop, measure a
@@ -64,6 +68,8 @@ use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+pub use network::CniConfig;
 
 /// The handler that runs WebAssembly components; the default.
 pub const WASMTIME: &str = "wasmtime";
@@ -114,7 +120,7 @@ pub struct RuntimeConfig {
     /// Whether the `process` handler is offered: it runs host executables with the
     /// runtime's own privileges, so a node opts in.
     pub process_handler: bool,
-    /// The node's IP: every sandbox is on the host network and reports it as its IP.
+    /// The node's IP: a sandbox on the node's network reports it as its IP.
     pub node_ip: IpAddr,
 }
 
@@ -134,12 +140,14 @@ impl Default for RuntimeConfig {
 pub struct Runtime {
     /// What `Version` reports as the runtime's name.
     name: &'static str,
-    /// Every sandbox is on the host network and reports it as its IP.
+    /// A sandbox on the node's network reports it as its IP.
     node_ip: IpAddr,
     state: Arc<state::State>,
     images: Arc<dyn store::ImageStore>,
     /// The handlers by name; the first is a sandbox's that names none.
     handlers: Vec<(String, Arc<dyn handler::Handler>)>,
+    /// The pods' own network; none on a hollow node, whose sandboxes are records.
+    network: Option<network::PodNetwork>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -156,6 +164,11 @@ impl Runtime {
     /// records a previous run left and adopts its processes still running. Must be
     /// called within a Tokio runtime: adopted processes are watched by tasks.
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
+        Self::with_cni(config, CniConfig::default())
+    }
+
+    /// [`Runtime::new`], with the pods' CNI network configured by `cni`.
+    pub fn with_cni(config: RuntimeConfig, cni: CniConfig) -> anyhow::Result<Arc<Self>> {
         tokio::runtime::Handle::try_current()
             .context("the container runtime must be created within a Tokio runtime")?;
         std::fs::create_dir_all(&config.root)
@@ -174,6 +187,7 @@ impl Runtime {
         if config.process_handler {
             handlers.push((PROCESS.to_string(), Arc::new(process::Process)));
         }
+        let network = network::PodNetwork::open(&config.root, cni);
         let state = state::State::open(Box::new(store::Files { root: config.root }))?;
         let runtime = Arc::new(Self {
             name: "trellis",
@@ -181,6 +195,7 @@ impl Runtime {
             state,
             images,
             handlers,
+            network: Some(network),
         });
         runtime.recover();
         Ok(runtime)

@@ -126,10 +126,9 @@ pub(crate) fn start(
     if let (Some(out), Some(err)) = (writers.next(), writers.next()) {
         command.stdout(out).stderr(err);
     }
-    let spawned = command.spawn();
-    // The runtime must not keep a write end: the readers see the end of the output
-    // when the process's last copy closes.
-    drop(command);
+    // Moved into the spawn, so the runtime keeps no write end: the readers see the
+    // end of the output when the process's last copy closes.
+    let spawned = spawn_in(command, record.netns.as_deref());
     let mut child = spawned.map_err(|e| {
         Status::failed_precondition(format!(
             "container {}: cannot run {}: {e}",
@@ -282,6 +281,24 @@ fn signal(pid: i32, signal: Signal) {
     }
 }
 
+/// Spawns `command`, in the network namespace pinned at `netns` if there is one: from
+/// a thread that entered it, whose children start in it (nothing runs between the
+/// fork and the exec).
+fn spawn_in(
+    mut command: tokio::process::Command,
+    netns: Option<&Path>,
+) -> std::io::Result<tokio::process::Child> {
+    let Some(netns) = netns else {
+        return command.spawn();
+    };
+    // The child is reaped by this runtime's tasks, whichever thread spawns it.
+    let tokio = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+    crate::network::netns::run_in(netns, move || {
+        let _entered = tokio.enter();
+        command.spawn()
+    })
+}
+
 /// Runs `cmd` beside `record`'s process, with its environment and working directory.
 pub(crate) async fn exec_sync(
     record: &ContainerRecord,
@@ -291,7 +308,8 @@ pub(crate) async fn exec_sync(
     let Some((program, args)) = cmd.split_first() else {
         return Err(Status::invalid_argument("exec needs a command"));
     };
-    let child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(args)
         .env_clear()
         .envs(environment(&record.config)?)
@@ -300,8 +318,9 @@ pub(crate) async fn exec_sync(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
+        .kill_on_drop(true);
+    // In the container's network namespace, so that an exec sees what it sees.
+    let child = spawn_in(command, record.netns.as_deref())
         .map_err(|e| Status::failed_precondition(format!("cannot run {program:?}: {e}")))?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok());
     let output = child.wait_with_output();

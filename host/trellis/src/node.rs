@@ -12,7 +12,31 @@ use clap::Args;
 use tracing::info;
 use trellis_agent::AgentConfig;
 use trellis_client::informer::SharedInformers;
-use trellis_runtime::{Runtime, RuntimeConfig};
+use trellis_runtime::{CniConfig, Runtime, RuntimeConfig};
+
+/// Where the built-in runtime finds the pods' CNI network.
+#[derive(Clone, Debug, Args)]
+pub struct CniFlags {
+    /// The CNI network's config dir (default: `cni/net.d` in the runtime's state
+    /// directory). Once the node has a pod CIDR, the default network is written there
+    /// if it holds none.
+    #[arg(long, value_name = "DIR")]
+    pub cni_conf_dir: Option<PathBuf>,
+
+    /// Where CNI plugins are looked for, in order (repeated or comma separated;
+    /// default: /usr/lib/cni, then /opt/cni/bin).
+    #[arg(long, value_name = "DIR", value_delimiter = ',')]
+    pub cni_bin_dir: Vec<PathBuf>,
+}
+
+impl CniFlags {
+    fn config(&self) -> CniConfig {
+        CniConfig {
+            conf_dir: self.cni_conf_dir.clone(),
+            bin_dirs: self.cni_bin_dir.clone(),
+        }
+    }
+}
 
 /// The settings `trellis node` and `trellis up` share.
 #[derive(Clone, Debug, Args)]
@@ -70,6 +94,9 @@ pub struct NodeFlags {
     /// ... up to this.
     #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
     pub restart_backoff_max: Duration,
+
+    #[command(flatten)]
+    pub cni: CniFlags,
 }
 
 /// `trellis node`: joins a cluster and runs its pods.
@@ -123,6 +150,9 @@ pub struct RuntimeArgs {
     /// The address pods' ports are served on.
     #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
     pub node_address: IpAddr,
+
+    #[command(flatten)]
+    pub cni: CniFlags,
 }
 
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
@@ -137,12 +167,15 @@ pub async fn run_runtime(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let socket = socket_path(&args.listen)?;
-    let runtime = Runtime::new(RuntimeConfig {
-        cache_dir: Some(args.root.join("compiled")),
-        root: args.root,
-        process_handler: args.process_handler,
-        node_ip: args.node_address,
-    })
+    let runtime = Runtime::with_cni(
+        RuntimeConfig {
+            cache_dir: Some(args.root.join("compiled")),
+            root: args.root,
+            process_handler: args.process_handler,
+            node_ip: args.node_address,
+        },
+        args.cni.config(),
+    )
     .context("start the runtime")?;
     println!("Trellis' runtime serves CRI at unix://{}", socket.display());
     trellis_runtime::serve(runtime, &socket, shutdown).await
@@ -163,12 +196,15 @@ pub async fn run_local(
         Some(endpoint) => (socket_path(endpoint)?, None),
         None => {
             let root = data_dir.join("runtime");
-            let runtime = Runtime::new(RuntimeConfig {
-                cache_dir: Some(root.join("compiled")),
-                root,
-                process_handler,
-                node_ip: flags.node_address,
-            })
+            let runtime = Runtime::with_cni(
+                RuntimeConfig {
+                    cache_dir: Some(root.join("compiled")),
+                    root,
+                    process_handler,
+                    node_ip: flags.node_address,
+                },
+                flags.cni.config(),
+            )
             .context("start the runtime")?;
             let socket = data_dir.join("runtime.sock");
             // Listening before the agent connects: no wait for the socket.

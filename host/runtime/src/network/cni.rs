@@ -105,7 +105,8 @@ struct CacheEntry {
 /// and `portmap` for hostPorts.
 #[derive(Clone, Debug)]
 pub(crate) struct DefaultNetwork {
-    pub subnet: String,
+    /// The node's pod CIDRs: one, or an IPv4 and an IPv6 one.
+    pub subnets: Vec<String>,
     pub bridge: String,
     /// Where host-local records the addresses it hands out.
     pub ipam_dir: PathBuf,
@@ -116,6 +117,16 @@ pub(crate) const DEFAULT_CONFLIST: &str = "10-trellis.conflist";
 
 impl DefaultNetwork {
     pub(crate) fn conflist(&self) -> Value {
+        let ranges: Vec<Value> = self
+            .subnets
+            .iter()
+            .map(|subnet| json!([{ "subnet": subnet }]))
+            .collect();
+        let routes: Vec<Value> = self
+            .subnets
+            .iter()
+            .map(|subnet| json!({ "dst": if subnet.contains(':') { "::/0" } else { "0.0.0.0/0" } }))
+            .collect();
         json!({
             "cniVersion": "1.0.0",
             "name": "trellis",
@@ -128,8 +139,8 @@ impl DefaultNetwork {
                     "hairpinMode": true,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{ "subnet": self.subnet }]],
-                        "routes": [{ "dst": "0.0.0.0/0" }],
+                        "ranges": ranges,
+                        "routes": routes,
                         "dataDir": self.ipam_dir,
                     }
                 },
@@ -260,16 +271,6 @@ impl Cni {
             }
             _ => Ok(()),
         }
-    }
-
-    /// The addresses cached for sandbox `id`'s pod.
-    pub(crate) fn cached_addresses(&self, id: &str) -> Result<Vec<IpAddr>> {
-        Ok(self
-            .cached(id)?
-            .and_then(|e| e.result)
-            .as_ref()
-            .map(addresses)
-            .unwrap_or_default())
     }
 
     async fn delete(&self, entry: &CacheEntry) -> Result<()> {
@@ -611,7 +612,7 @@ mod tests {
         };
         let ipam_dir = dir.path().join("ipam");
         let default = DefaultNetwork {
-            subnet: "10.244.77.0/24".into(),
+            subnets: vec!["10.244.77.0/24".into()],
             bridge: "trellisut0".into(),
             ipam_dir: ipam_dir.clone(),
         };
@@ -632,7 +633,6 @@ mod tests {
             netns::create(&pod.netns).unwrap();
             let ips = cni.add(&network, &pod).await.unwrap();
             assert_eq!(ips.len(), 1, "{ips:?}");
-            assert_eq!(cni.cached_addresses(&pod.id).unwrap(), ips);
             pods.push((pod, ips[0]));
         }
         let (a, a_ip) = &pods[0];

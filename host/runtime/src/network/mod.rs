@@ -1,9 +1,233 @@
 //! A pod's own network: its namespace (`netns`) and the CNI plugins that connect it
-//! (`cni`).
+//! (`cni`), under one [`PodNetwork`] the sandbox service asks.
+//!
+//! Nothing is made until the node has a pod CIDR (`UpdateRuntimeConfig`, as the
+//! kubelet sends it from its Node's `spec.podCIDR`): until then every sandbox is on
+//! the node's network, as host-network sandboxes always are.
 
-// Used by the sandbox service once it makes pods their own network.
-#[allow(dead_code)]
-pub(crate) mod netns;
-// Used by the sandbox service once it makes pods their own network.
-#[allow(dead_code)]
 pub(crate) mod cni;
+pub(crate) mod netns;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use k8s_cri::v1::{NamespaceMode, PodSandboxConfig, Protocol};
+use serde::{Deserialize, Serialize};
+use tonic::Status;
+
+/// Where the runtime finds its CNI network and plugins.
+#[derive(Clone, Debug, Default)]
+pub struct CniConfig {
+    /// The network's config dir; `None` is `<root>/cni/net.d`. The default conflist is
+    /// written there when it holds none.
+    pub conf_dir: Option<PathBuf>,
+    /// Where plugins are looked for, in order; empty is `/usr/lib/cni` (Debian's
+    /// `containernetworking-plugins`) then `/opt/cni/bin`.
+    pub bin_dirs: Vec<PathBuf>,
+}
+
+/// What the runtime keeps of the node's network across restarts.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Persisted {
+    #[serde(rename = "podCIDR")]
+    pod_cidr: String,
+}
+
+/// The bridge of the default network.
+const BRIDGE: &str = "trellis0";
+
+/// The pods' network of one runtime.
+#[derive(Debug)]
+pub(crate) struct PodNetwork {
+    root: PathBuf,
+    cni: cni::Cni,
+    /// The node's pod CIDR, empty until `UpdateRuntimeConfig` sets it.
+    pod_cidr: Mutex<String>,
+}
+
+/// A sandbox's network, once connected.
+#[derive(Debug)]
+pub(crate) struct Attached {
+    pub netns: PathBuf,
+    pub ips: Vec<IpAddr>,
+}
+
+impl PodNetwork {
+    /// The network of the runtime whose state is under `root`, with the pod CIDR a
+    /// previous run was given.
+    pub(crate) fn open(root: &Path, config: CniConfig) -> Self {
+        let bin_dirs = if config.bin_dirs.is_empty() {
+            vec![PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")]
+        } else {
+            config.bin_dirs
+        };
+        let persisted: Persisted = std::fs::read(root.join("network.json"))
+            .ok()
+            .and_then(|text| serde_json::from_slice(&text).ok())
+            .unwrap_or_default();
+        Self {
+            root: root.to_path_buf(),
+            cni: cni::Cni {
+                conf_dir: config
+                    .conf_dir
+                    .unwrap_or_else(|| root.join("cni").join("net.d")),
+                bin_dirs,
+                cache_dir: root.join("cni").join("results"),
+            },
+            pod_cidr: Mutex::new(persisted.pod_cidr),
+        }
+    }
+
+    fn pod_cidr(&self) -> String {
+        self.pod_cidr
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Sets the node's pod CIDR (one, or an IPv4 and an IPv6 one separated by a comma,
+    /// as the kubelet sends them), keeps it for the next run, and writes the default
+    /// network if the config dir has none.
+    pub(crate) fn set_pod_cidr(&self, pod_cidr: &str) -> Result<(), Status> {
+        let subnets: Vec<String> = pod_cidr
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        if subnets.is_empty() {
+            return Ok(());
+        }
+        for subnet in &subnets {
+            let valid = subnet.split_once('/').is_some_and(|(ip, bits)| {
+                ip.parse::<IpAddr>().is_ok() && bits.parse::<u8>().is_ok()
+            });
+            if !valid {
+                return Err(Status::invalid_argument(format!(
+                    "pod CIDR {subnet:?} is not an address/prefix"
+                )));
+            }
+        }
+        let joined = subnets.join(",");
+        let internal =
+            |what: &str, e: &dyn std::fmt::Display| Status::internal(format!("cannot {what}: {e}"));
+        let text = serde_json::to_vec(&Persisted {
+            pod_cidr: joined.clone(),
+        })
+        .unwrap_or_default();
+        std::fs::create_dir_all(&self.root)
+            .and_then(|()| std::fs::write(self.root.join("network.json"), text))
+            .map_err(|e| internal("keep the pod CIDR", &e))?;
+        let wrote = self
+            .cni
+            .write_default(&cni::DefaultNetwork {
+                subnets,
+                bridge: BRIDGE.into(),
+                ipam_dir: self.root.join("cni").join("networks"),
+            })
+            .map_err(|e| internal("write the default CNI network", &e))?;
+        if wrote {
+            tracing::info!(pod_cidr = %joined, dir = %self.cni.conf_dir.display(), "wrote the default CNI network");
+        }
+        *self
+            .pod_cidr
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = joined;
+        Ok(())
+    }
+
+    /// Whether a sandbox of `config` gets a network of its own: it asks for the pod's
+    /// network namespace (not the node's) and the node has a pod CIDR.
+    pub(crate) fn wanted(&self, config: &PodSandboxConfig) -> bool {
+        let mode = config
+            .linux
+            .as_ref()
+            .and_then(|linux| linux.security_context.as_ref())
+            .and_then(|security| security.namespace_options.as_ref())
+            .map_or(NamespaceMode::Pod as i32, |options| options.network);
+        mode == NamespaceMode::Pod as i32 && !self.pod_cidr().is_empty()
+    }
+
+    /// Makes sandbox `id`'s network namespace and connects it; on a failure, nothing is
+    /// left behind.
+    pub(crate) async fn attach(
+        &self,
+        id: &str,
+        config: &PodSandboxConfig,
+    ) -> Result<Attached, Status> {
+        let network = self
+            .cni
+            .load()
+            .map_err(|e| Status::failed_precondition(e.to_string()))?
+            .ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "no CNI network in {}",
+                    self.cni.conf_dir.display()
+                ))
+            })?;
+        let pin = netns::pin_path(&self.root, id);
+        let made = pin.clone();
+        tokio::task::spawn_blocking(move || netns::create(&made))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| {
+                Status::internal(format!("cannot make the pod's network namespace: {e}"))
+            })?;
+        let metadata = config.metadata.clone().unwrap_or_default();
+        let pod = cni::Pod {
+            id: id.to_string(),
+            namespace: metadata.namespace,
+            name: metadata.name,
+            uid: metadata.uid,
+            netns: pin.clone(),
+            port_mappings: config
+                .port_mappings
+                .iter()
+                .filter(|p| p.host_port > 0)
+                .map(|p| cni::PortMapping {
+                    host_port: p.host_port,
+                    container_port: p.container_port,
+                    protocol: match Protocol::try_from(p.protocol) {
+                        Ok(Protocol::Udp) => "udp",
+                        Ok(Protocol::Sctp) => "sctp",
+                        _ => "tcp",
+                    }
+                    .into(),
+                    host_ip: p.host_ip.clone(),
+                })
+                .collect(),
+        };
+        match self.cni.add(&network, &pod).await {
+            Ok(ips) => Ok(Attached { netns: pin, ips }),
+            Err(e) => {
+                if let Err(removed) = netns::remove(&pin) {
+                    tracing::warn!(sandbox = %id, "failed to remove the network namespace: {removed}");
+                }
+                Err(Status::unavailable(format!(
+                    "sandbox {id}: cannot connect the pod's network: {e}"
+                )))
+            }
+        }
+    }
+
+    /// Disconnects sandbox `id` and removes its namespace; what is already gone is not
+    /// an error.
+    pub(crate) async fn detach(&self, id: &str, netns: &Path) -> Result<(), Status> {
+        self.cni.del(id).await.map_err(|e| {
+            Status::internal(format!(
+                "sandbox {id}: cannot disconnect the pod's network: {e}"
+            ))
+        })?;
+        let pin = netns.to_path_buf();
+        tokio::task::spawn_blocking(move || netns::remove(&pin))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| {
+                Status::internal(format!(
+                    "sandbox {id}: cannot remove the network namespace: {e}"
+                ))
+            })
+    }
+}

@@ -35,6 +35,10 @@ pub(crate) struct ContainerRecord {
     /// /proc reports it), which tell it from a later process given the same pid.
     pub pid: Option<i32>,
     pub pid_start: Option<u64>,
+    /// Its sandbox's network namespace, which its process starts in; none on the
+    /// node's network.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
 }
 
 impl ContainerRecord {

@@ -95,6 +95,7 @@ pub(super) async fn create(
         message: String::new(),
         pid: None,
         pid_start: None,
+        netns: sandbox.netns.clone(),
     };
     runtime.state.store().save_container(&record);
     runtime

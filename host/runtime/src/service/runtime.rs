@@ -174,9 +174,19 @@ impl RuntimeService for Runtime {
 
     async fn update_runtime_config(
         &self,
-        _: Request<UpdateRuntimeConfigRequest>,
+        request: Request<UpdateRuntimeConfigRequest>,
     ) -> Reply<UpdateRuntimeConfigResponse> {
-        // The only setting is the pod CIDR, which host-network sandboxes do not use.
+        // The only setting is the node's pod CIDR, from which pods get their IPs; a
+        // hollow node's sandboxes have no network to give one.
+        let pod_cidr = request
+            .into_inner()
+            .runtime_config
+            .and_then(|c| c.network_config)
+            .map(|n| n.pod_cidr)
+            .unwrap_or_default();
+        if let Some(network) = &self.network {
+            network.set_pod_cidr(&pod_cidr)?;
+        }
         Ok(Response::new(UpdateRuntimeConfigResponse {}))
     }
 

@@ -1,6 +1,8 @@
-//! A pod sandbox's lifecycle: `RunPodSandbox` makes its record, `StopPodSandbox`
-//! stops its containers, `RemovePodSandbox` removes them and it. A sandbox is on the
-//! host network: its IP is the node's.
+//! A pod sandbox's lifecycle: `RunPodSandbox` makes its record and, when the pod has
+//! a network of its own, its network namespace connected by CNI; `StopPodSandbox`
+//! stops its containers and tears its network down, `RemovePodSandbox` removes them
+//! and it. A sandbox on the node's network (host network, or no pod CIDR yet) reports
+//! the node's IP.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -22,16 +24,24 @@ pub(super) async fn run(
         .config
         .ok_or_else(|| Status::invalid_argument("RunPodSandbox needs a sandbox config"))?;
     let handler = runtime.handler(&request.runtime_handler)?;
+    let id = new_id();
+    let network = match &runtime.network {
+        Some(network) if network.wanted(&config) => Some(network.attach(&id, &config).await?),
+        _ => None,
+    };
+    let (netns, ips) = network.map_or((None, Vec::new()), |n| (Some(n.netns), n.ips));
     let record = SandboxRecord {
-        id: new_id(),
+        id,
         config,
         handler,
         state: PodSandboxState::SandboxReady as i32,
         created_at: now_ns(),
+        netns,
+        ips,
     };
     runtime.state.store().save_sandbox(&record);
     let id = record.id.clone();
-    tracing::info!(sandbox = %id, handler = %record.handler, "sandbox ready");
+    tracing::info!(sandbox = %id, handler = %record.handler, ips = ?record.ips, "sandbox ready");
     runtime.state.tables().sandboxes.insert(id.clone(), record);
     Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
 }
@@ -50,6 +60,7 @@ pub(super) async fn stop(
             Err(e) => return Err(e),
         }
     }
+    runtime.detach(&id).await?;
     let mut tables = runtime.state.tables();
     if let Some(sandbox) = tables.sandboxes.get_mut(&id) {
         sandbox.state = PodSandboxState::SandboxNotready as i32;
@@ -71,6 +82,7 @@ pub(super) async fn remove(
             Err(e) => return Err(e),
         }
     }
+    runtime.detach(&id).await?;
     if runtime.state.tables().sandboxes.remove(&id).is_some() {
         runtime.state.store().delete_sandbox(&id);
     }
@@ -129,21 +141,43 @@ pub(super) async fn list(
 }
 
 impl Runtime {
+    /// Tears down sandbox `id`'s network, if it has one of its own; again is a no-op.
+    async fn detach(&self, id: &str) -> Result<(), Status> {
+        let netns = self
+            .state
+            .tables()
+            .sandboxes
+            .get(id)
+            .and_then(|s| s.netns.clone());
+        match (&self.network, netns) {
+            (Some(network), Some(netns)) => network.detach(id, &netns).await,
+            _ => Ok(()),
+        }
+    }
+
     fn sandbox_status(&self, sandbox: &SandboxRecord) -> PodSandboxStatus {
         let node = NamespaceMode::Node as i32;
+        let network = match sandbox.netns {
+            Some(_) => NamespaceMode::Pod as i32,
+            None => node,
+        };
+        let (ip, additional_ips) = match sandbox.ips.split_first() {
+            Some((first, rest)) => (
+                first.to_string(),
+                rest.iter().map(|ip| PodIp { ip: ip.to_string() }).collect(),
+            ),
+            None => (self.node_ip.to_string(), Vec::new()),
+        };
         PodSandboxStatus {
             id: sandbox.id.clone(),
             metadata: sandbox.config.metadata.clone(),
             state: sandbox.state,
             created_at: sandbox.created_at,
-            network: Some(PodSandboxNetworkStatus {
-                ip: self.node_ip.to_string(),
-                additional_ips: Vec::new(),
-            }),
+            network: Some(PodSandboxNetworkStatus { ip, additional_ips }),
             linux: Some(LinuxPodSandboxStatus {
                 namespaces: Some(Namespace {
                     options: Some(NamespaceOption {
-                        network: node,
+                        network,
                         pid: node,
                         ipc: node,
                         ..Default::default()

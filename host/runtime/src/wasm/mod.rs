@@ -81,7 +81,8 @@ impl Handler for Wasmtime {
             .readied
             .and_then(|readied| readied.downcast::<Prepared>().ok())
             .ok_or_else(|| Status::internal("the component was not compiled"))?;
-        // A program on a thread of its own, an HTTP handler listening on the node's IP;
+        // A program on a thread of its own, an HTTP handler listening on the node's IP
+        // (the pod's, in a pod with a network of its own);
         // called with the tables locked, so neither can record its end before its start.
         let engine = self.host.engine();
         let live = match *component {
@@ -92,6 +93,7 @@ impl Handler for Wasmtime {
                 proxy::Handler::new(engine, record, pre, prepared.log)?,
                 state,
                 self.node_ip,
+                record.netns.as_deref(),
             )?,
         };
         Ok(handler::Started {

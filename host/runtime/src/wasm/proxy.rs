@@ -18,6 +18,7 @@
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -222,16 +223,37 @@ fn plain(status: StatusCode, body: &str) -> Response<HyperOutgoingBody> {
 
 /// Listens on `node_ip` at the handler's port and serves on a thread of its own until
 /// stopped. A port that cannot be bound fails the start.
-pub(crate) fn start(handler: Handler, state: &Arc<State>, node_ip: IpAddr) -> Result<Live, Status> {
-    let address = SocketAddr::new(node_ip, handler.port);
-    let listener = std::net::TcpListener::bind(address)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| {
-            Status::failed_precondition(format!(
-                "container {}: cannot listen on {address}: {e}",
-                handler.id
-            ))
-        })?;
+///
+/// In a pod with a network of its own (`netns`), it listens on every address of the
+/// pod's namespace instead: the socket, made on a thread inside it, stays there.
+pub(crate) fn start(
+    handler: Handler,
+    state: &Arc<State>,
+    node_ip: IpAddr,
+    netns: Option<&Path>,
+) -> Result<Live, Status> {
+    let bind = |address: SocketAddr| {
+        std::net::TcpListener::bind(address).and_then(|l| l.set_nonblocking(true).map(|()| l))
+    };
+    let (address, listener) = match netns {
+        None => {
+            let address = SocketAddr::new(node_ip, handler.port);
+            (address, bind(address))
+        }
+        Some(netns) => {
+            let address = SocketAddr::from(([0, 0, 0, 0], handler.port));
+            (
+                address,
+                crate::network::netns::run_in(netns, move || bind(address)),
+            )
+        }
+    };
+    let listener = listener.map_err(|e| {
+        Status::failed_precondition(format!(
+            "container {}: cannot listen on {address}: {e}",
+            handler.id
+        ))
+    })?;
     let stop = Arc::new(Cancel::default());
     let (exited, _) = watch::channel(false);
     let live = Live {
@@ -366,6 +388,7 @@ mod tests {
             message: String::new(),
             pid: None,
             pid_start: None,
+            netns: None,
         }
     }
 
