@@ -111,7 +111,17 @@ impl Node {
     }
 
     async fn sandbox(&mut self, name: &str, handler: &str) -> (String, PodSandboxConfig) {
-        let config = PodSandboxConfig {
+        self.sandbox_with(name, handler, |_| {}).await
+    }
+
+    /// A sandbox whose config `edit` changes.
+    async fn sandbox_with(
+        &mut self,
+        name: &str,
+        handler: &str,
+        edit: impl FnOnce(&mut PodSandboxConfig),
+    ) -> (String, PodSandboxConfig) {
+        let mut config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
                 name: name.into(),
                 uid: format!("uid-{name}"),
@@ -122,6 +132,7 @@ impl Node {
             labels: HashMap::from([("app".to_string(), name.to_string())]),
             ..Default::default()
         };
+        edit(&mut config);
         let id = self
             .client
             .runtime
@@ -1288,10 +1299,15 @@ async fn answers(ip: &str, port: u16) -> bool {
     while Instant::now() < deadline {
         let attempt = async {
             let mut tcp = tokio::net::TcpStream::connect((ip, port)).await?;
-            tcp.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+            tcp.write_all(
+                format!("GET / HTTP/1.1\r\nHost: {ip}:{port}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
             let mut reply = Vec::new();
             tcp.read_to_end(&mut reply).await?;
-            anyhow::Ok(reply.starts_with(b"HTTP/1.0 200"))
+            let first = reply.split(|&b| b == b'\n').next().unwrap_or_default();
+            anyhow::Ok(first.starts_with(b"HTTP/1.") && first.windows(5).any(|w| w == b" 200 "))
         };
         if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
             return true;
@@ -1330,9 +1346,22 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
     let python = "file:///usr/bin/python3";
     node.pull(python).await;
     let ports_before = bridge_ports();
+    let host_port = free_port();
     let mut pods = Vec::new();
     for name in ["net-a", "net-b"] {
-        let sandbox = node.sandbox(name, PROCESS).await;
+        // a's port 8080 is also the node's host_port.
+        let sandbox = node
+            .sandbox_with(name, PROCESS, |c| {
+                if name == "net-a" {
+                    c.port_mappings = vec![PortMapping {
+                        protocol: Protocol::Tcp as i32,
+                        container_port: 8080,
+                        host_port: i32::from(host_port),
+                        host_ip: String::new(),
+                    }];
+                }
+            })
+            .await;
         let status = node
             .client
             .runtime
@@ -1374,6 +1403,43 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
             "the pod at {ip} answers from the host"
         );
     }
+    // The hostPort, on the bridge's address (one of the node's own).
+    assert!(
+        answers("10.244.78.1", host_port).await,
+        "a's hostPort {host_port} answers"
+    );
+
+    // A wasi:http component listens in its pod's namespace, on the pod's IP.
+    let image = http_hello();
+    node.pull(&image).await;
+    let web = node.sandbox("net-web", WASMTIME).await;
+    let id = node
+        .create(&web, &image, "hello", &[], |c| {
+            c.annotations = ports_annotation(8080);
+        })
+        .await
+        .unwrap();
+    node.start_container(&id).await;
+    let web_ip = node
+        .client
+        .runtime
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: web.0.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap()
+        .network
+        .unwrap()
+        .ip;
+    assert!(
+        answers(&web_ip, 8080).await,
+        "the component at {web_ip} answers"
+    );
+    pods.push((web.0, web_ip));
 
     // A host-network sandbox is on the node's network, as every sandbox was before.
     let host = node
