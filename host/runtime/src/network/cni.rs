@@ -245,8 +245,15 @@ impl Cni {
                 Ok(None) => {}
                 Err(e) => {
                     entry.result = result;
-                    if let Err(del) = self.delete(&entry).await {
-                        tracing::warn!(sandbox = %pod.id, "failed to clean up after a failed CNI ADD: {del}");
+                    // The sandbox is not made, so no DEL will come for it: what a
+                    // failed DEL leaves stays cached, for an operator to find.
+                    match self.delete(&entry).await {
+                        Ok(()) => {
+                            let _ = std::fs::remove_file(self.cache_file(&pod.id));
+                        }
+                        Err(del) => {
+                            tracing::warn!(sandbox = %pod.id, "failed to clean up after a failed CNI ADD: {del}");
+                        }
                     }
                     return Err(e);
                 }
@@ -585,6 +592,120 @@ mod tests {
             plugin_error(&output),
             "invalid config: no subnet (CNI error 7)"
         );
+    }
+
+    /// A plugin that records its command, name and environment in `log` and fails its
+    /// ADD with a CNI error when its name says so.
+    fn fake_plugin(bin: &Path, name: &str, log: &Path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let fail = if name.starts_with("fail") {
+            r#"[ "$CNI_COMMAND" = ADD ] && { echo '{"cniVersion":"1.0.0","code":11,"msg":"no luck","details":"by design"}'; exit 1; }"#
+        } else {
+            ""
+        };
+        let script = format!(
+            "#!/bin/sh\nconfig=$(cat)\necho \"$CNI_COMMAND {name} $(env | grep -c .) $CNI_ARGS $config\" >> {log}\n{fail}\n\
+             [ \"$CNI_COMMAND\" = ADD ] && echo '{{\"cniVersion\":\"1.0.0\",\"ips\":[{{\"address\":\"10.9.0.7/24\"}}]}}'\nexit 0\n",
+            log = log.display()
+        );
+        let path = bin.join(name);
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failed_add_is_deleted_in_reverse_and_names_the_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let log = dir.path().join("calls");
+        for name in ["first", "second", "failing"] {
+            fake_plugin(&bin, name, &log);
+        }
+        let cni = Cni {
+            conf_dir: dir.path().join("net.d"),
+            bin_dirs: vec![bin],
+            cache_dir: dir.path().join("cache"),
+        };
+        let pod = Pod {
+            id: "sandbox-1".into(),
+            namespace: "ns".into(),
+            name: "pod".into(),
+            uid: "u1".into(),
+            netns: dir.path().join("netns"),
+            port_mappings: vec![PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: "tcp".into(),
+                host_ip: String::new(),
+            }],
+        };
+        let network = |plugins: &[&str]| Network {
+            name: "fake".into(),
+            cni_version: "1.0.0".into(),
+            plugins: plugins
+                .iter()
+                .map(|p| json!({"type": p, "capabilities": {"portMappings": *p == "second"}}))
+                .collect(),
+        };
+        let calls = || -> Vec<String> {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+
+        let err = cni
+            .add(&network(&["first", "second", "failing"]), &pod)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "CNI plugin failing ADD: no luck: by design (CNI error 11)"
+        );
+        let order: Vec<_> = calls()
+            .iter()
+            .map(|c| c.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "ADD first",
+                "ADD second",
+                "ADD failing",
+                "DEL failing",
+                "DEL second",
+                "DEL first"
+            ]
+        );
+        let all = calls();
+        // Only PATH and the six CNI_* variables (and what sh sets itself: PWD).
+        assert!(
+            all.iter().all(|c| c.split(' ').nth(2) == Some("8")),
+            "{all:?}"
+        );
+        assert!(all[0].contains(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod;K8S_POD_INFRA_CONTAINER_ID=sandbox-1;K8S_POD_UID=u1"
+        ));
+        assert!(all[1].contains(r#""prevResult":{"#) && all[1].contains(r#""runtimeConfig":{"portMappings":[{"containerPort":80,"hostPort":8080,"protocol":"tcp"}]}"#), "{}", all[1]);
+        assert!(!all[0].contains("runtimeConfig"));
+        assert_eq!(std::fs::read_dir(&cni.cache_dir).unwrap().count(), 0);
+
+        std::fs::remove_file(&log).unwrap();
+        let ips = cni.add(&network(&["first", "second"]), &pod).await.unwrap();
+        assert_eq!(ips, ["10.9.0.7".parse::<IpAddr>().unwrap()]);
+        cni.del(&pod.id).await.unwrap();
+        cni.del(&pod.id).await.unwrap();
+        let order: Vec<_> = calls()
+            .iter()
+            .map(|c| c.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(
+            order,
+            ["ADD first", "ADD second", "DEL second", "DEL first"]
+        );
+        assert!(calls()[2].contains(r#""prevResult":{"cniVersion":"1.0.0","ips""#));
     }
 
     /// The pod's side of a TCP connection to `ip:port` from inside `pin`.
