@@ -1538,3 +1538,60 @@ fn bridge_ports() -> Vec<String> {
     ports.sort();
     ports
 }
+
+/// A hollow node's runtime hands its pods addresses from its pod CIDR, and nothing
+/// else (no namespace, no CNI).
+#[tokio::test]
+async fn hollow_sandboxes_get_addresses_from_the_pod_cidr() {
+    use trellis_runtime::hollow::{HollowConfig, HollowRuntime};
+    let hollow = HollowRuntime::new(HollowConfig::default());
+    let mut client = trellis_runtime::hollow::connect(hollow).await.unwrap();
+    let mut control = client.runtime.clone();
+    let mut run = async |name: &str| {
+        let id = client
+            .runtime
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(PodSandboxConfig {
+                    metadata: Some(PodSandboxMetadata {
+                        name: name.into(),
+                        uid: format!("uid-{name}"),
+                        namespace: "default".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                }),
+                runtime_handler: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .pod_sandbox_id;
+        let status = client
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
+        (id, status.network.unwrap().ip)
+    };
+    // No pod CIDR: the node's address, as before.
+    assert_eq!(run("before").await.1, "127.0.0.1");
+    control
+        .update_runtime_config(UpdateRuntimeConfigRequest {
+            runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+                network_config: Some(NetworkConfig {
+                    pod_cidr: "10.42.7.0/24".into(),
+                }),
+            }),
+        })
+        .await
+        .unwrap();
+    let (_, a) = run("a").await;
+    let (_, b) = run("b").await;
+    assert_eq!((a.as_str(), b.as_str()), ("10.42.7.2", "10.42.7.3"));
+}

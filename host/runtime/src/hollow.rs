@@ -26,6 +26,7 @@ use tonic::Status;
 use tonic::transport::{Endpoint, Uri};
 
 use crate::handler::{Handler, Prepared, Started};
+use crate::network::PodNetwork;
 use crate::record::{ContainerRecord, ImageKind, ImageRecord};
 use crate::state::{Exit, Live, State, Stopper, Tables};
 use crate::store::{ImageStore, Memory};
@@ -38,7 +39,8 @@ pub struct HollowConfig {
     pub handlers: Vec<String>,
     /// How long `StartContainer` takes before the container is running.
     pub start_delay: Duration,
-    /// The IP every sandbox reports (the node's).
+    /// The node's IP, which sandboxes on the node's network report; once the node has
+    /// a pod CIDR, the others get addresses from it.
     pub node_ip: String,
 }
 
@@ -76,7 +78,7 @@ impl HollowRuntime {
                 .into_iter()
                 .map(|name| (name, hollow.clone()))
                 .collect(),
-            network: None,
+            network: PodNetwork::fake(),
         });
         Arc::new(Self { runtime })
     }

@@ -146,8 +146,8 @@ pub struct Runtime {
     images: Arc<dyn store::ImageStore>,
     /// The handlers by name; the first is a sandbox's that names none.
     handlers: Vec<(String, Arc<dyn handler::Handler>)>,
-    /// The pods' own network; none on a hollow node, whose sandboxes are records.
-    network: Option<network::PodNetwork>,
+    /// The pods' own network: CNI's, or a hollow node's addresses only.
+    network: network::PodNetwork,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -187,7 +187,7 @@ impl Runtime {
         if config.process_handler {
             handlers.push((PROCESS.to_string(), Arc::new(process::Process)));
         }
-        let network = network::PodNetwork::open(&config.root, cni);
+        let network = network::PodNetwork::cni(&config.root, cni);
         let state = state::State::open(Box::new(store::Files { root: config.root }))?;
         let runtime = Arc::new(Self {
             name: "trellis",
@@ -195,7 +195,7 @@ impl Runtime {
             state,
             images,
             handlers,
-            network: Some(network),
+            network,
         });
         runtime.recover();
         Ok(runtime)

@@ -1,11 +1,13 @@
 //! A pod's own network: its namespace (`netns`) and the CNI plugins that connect it
-//! (`cni`), under one [`PodNetwork`] the sandbox service asks.
+//! (`cni`), under one [`PodNetwork`] the sandbox service asks; a hollow node's pods
+//! get addresses from its pod CIDR and nothing else (`fake`).
 //!
 //! Nothing is made until the node has a pod CIDR (`UpdateRuntimeConfig`, as the
 //! kubelet sends it from its Node's `spec.podCIDR`): until then every sandbox is on
 //! the node's network, as host-network sandboxes always are.
 
 pub(crate) mod cni;
+mod fake;
 pub(crate) mod netns;
 
 use std::net::IpAddr;
@@ -40,24 +42,127 @@ const BRIDGE: &str = "trellis0";
 
 /// The pods' network of one runtime.
 #[derive(Debug)]
-pub(crate) struct PodNetwork {
+pub(crate) enum PodNetwork {
+    /// Namespaces connected by CNI.
+    Cni(CniNetwork),
+    /// Addresses only, for a hollow node.
+    Fake(fake::FakeNetwork),
+}
+
+/// A sandbox's network, once connected.
+#[derive(Debug)]
+pub(crate) struct Attached {
+    /// Its pinned namespace; none for a hollow node's.
+    pub netns: Option<PathBuf>,
+    pub ips: Vec<IpAddr>,
+}
+
+impl PodNetwork {
+    /// The CNI network of the runtime whose state is under `root`.
+    pub(crate) fn cni(root: &Path, config: CniConfig) -> Self {
+        Self::Cni(CniNetwork::open(root, config))
+    }
+
+    /// A hollow node's addresses.
+    pub(crate) fn fake() -> Self {
+        Self::Fake(fake::FakeNetwork::default())
+    }
+
+    /// Sets the node's pod CIDR (one, or an IPv4 and an IPv6 one separated by a comma,
+    /// as the kubelet sends them); an empty one changes nothing.
+    pub(crate) fn set_pod_cidr(&self, pod_cidr: &str) -> Result<(), Status> {
+        let subnets: Vec<String> = pod_cidr
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        if subnets.is_empty() {
+            return Ok(());
+        }
+        for subnet in &subnets {
+            if parse_cidr(subnet).is_none() {
+                return Err(Status::invalid_argument(format!(
+                    "pod CIDR {subnet:?} is not an address/prefix"
+                )));
+            }
+        }
+        match self {
+            Self::Cni(cni) => cni.set_pod_cidr(subnets),
+            Self::Fake(fake) => {
+                fake.set_pod_cidr(&subnets);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether a sandbox of `config` gets a network of its own: it asks for the pod's
+    /// network namespace (not the node's) and the node has a pod CIDR.
+    pub(crate) fn wanted(&self, config: &PodSandboxConfig) -> bool {
+        let mode = config
+            .linux
+            .as_ref()
+            .and_then(|linux| linux.security_context.as_ref())
+            .and_then(|security| security.namespace_options.as_ref())
+            .map_or(NamespaceMode::Pod as i32, |options| options.network);
+        mode == NamespaceMode::Pod as i32
+            && match self {
+                Self::Cni(cni) => cni.has_pod_cidr(),
+                Self::Fake(fake) => fake.has_pod_cidr(),
+            }
+    }
+
+    /// Connects sandbox `id`; on a failure, nothing is left behind.
+    pub(crate) async fn attach(
+        &self,
+        id: &str,
+        config: &PodSandboxConfig,
+    ) -> Result<Attached, Status> {
+        match self {
+            Self::Cni(cni) => cni.attach(id, config).await,
+            Self::Fake(fake) => Ok(Attached {
+                netns: None,
+                ips: vec![fake.allocate(id)?],
+            }),
+        }
+    }
+
+    /// Disconnects sandbox `id` (whose namespace is `netns`); what is already gone is
+    /// not an error.
+    pub(crate) async fn detach(&self, id: &str, netns: Option<&Path>) -> Result<(), Status> {
+        match (self, netns) {
+            (Self::Cni(cni), Some(netns)) => cni.detach(id, netns).await,
+            (Self::Cni(_), None) => Ok(()),
+            (Self::Fake(fake), _) => {
+                fake.release(id);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The address and prefix length of `cidr` (`10.42.0.0/24`).
+fn parse_cidr(cidr: &str) -> Option<(IpAddr, u8)> {
+    let (ip, bits) = cidr.split_once('/')?;
+    let ip: IpAddr = ip.parse().ok()?;
+    let bits: u8 = bits.parse().ok()?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    (bits <= max).then_some((ip, bits))
+}
+
+/// Pods' namespaces connected by the CNI network of the config dir.
+#[derive(Debug)]
+pub(crate) struct CniNetwork {
     root: PathBuf,
     cni: cni::Cni,
     /// The node's pod CIDR, empty until `UpdateRuntimeConfig` sets it.
     pod_cidr: Mutex<String>,
 }
 
-/// A sandbox's network, once connected.
-#[derive(Debug)]
-pub(crate) struct Attached {
-    pub netns: PathBuf,
-    pub ips: Vec<IpAddr>,
-}
-
-impl PodNetwork {
+impl CniNetwork {
     /// The network of the runtime whose state is under `root`, with the pod CIDR a
     /// previous run was given.
-    pub(crate) fn open(root: &Path, config: CniConfig) -> Self {
+    fn open(root: &Path, config: CniConfig) -> Self {
         let bin_dirs = if config.bin_dirs.is_empty() {
             vec![PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")]
         } else {
@@ -80,36 +185,17 @@ impl PodNetwork {
         }
     }
 
-    fn pod_cidr(&self) -> String {
-        self.pod_cidr
+    fn has_pod_cidr(&self) -> bool {
+        !self
+            .pod_cidr
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+            .is_empty()
     }
 
-    /// Sets the node's pod CIDR (one, or an IPv4 and an IPv6 one separated by a comma,
-    /// as the kubelet sends them), keeps it for the next run, and writes the default
+    /// Sets the node's pod CIDRs, keeps them for the next run, and writes the default
     /// network if the config dir has none.
-    pub(crate) fn set_pod_cidr(&self, pod_cidr: &str) -> Result<(), Status> {
-        let subnets: Vec<String> = pod_cidr
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect();
-        if subnets.is_empty() {
-            return Ok(());
-        }
-        for subnet in &subnets {
-            let valid = subnet.split_once('/').is_some_and(|(ip, bits)| {
-                ip.parse::<IpAddr>().is_ok() && bits.parse::<u8>().is_ok()
-            });
-            if !valid {
-                return Err(Status::invalid_argument(format!(
-                    "pod CIDR {subnet:?} is not an address/prefix"
-                )));
-            }
-        }
+    fn set_pod_cidr(&self, subnets: Vec<String>) -> Result<(), Status> {
         let joined = subnets.join(",");
         let internal =
             |what: &str, e: &dyn std::fmt::Display| Status::internal(format!("cannot {what}: {e}"));
@@ -138,25 +224,9 @@ impl PodNetwork {
         Ok(())
     }
 
-    /// Whether a sandbox of `config` gets a network of its own: it asks for the pod's
-    /// network namespace (not the node's) and the node has a pod CIDR.
-    pub(crate) fn wanted(&self, config: &PodSandboxConfig) -> bool {
-        let mode = config
-            .linux
-            .as_ref()
-            .and_then(|linux| linux.security_context.as_ref())
-            .and_then(|security| security.namespace_options.as_ref())
-            .map_or(NamespaceMode::Pod as i32, |options| options.network);
-        mode == NamespaceMode::Pod as i32 && !self.pod_cidr().is_empty()
-    }
-
     /// Makes sandbox `id`'s network namespace and connects it; on a failure, nothing is
     /// left behind.
-    pub(crate) async fn attach(
-        &self,
-        id: &str,
-        config: &PodSandboxConfig,
-    ) -> Result<Attached, Status> {
+    async fn attach(&self, id: &str, config: &PodSandboxConfig) -> Result<Attached, Status> {
         let network = self
             .cni
             .load()
@@ -200,7 +270,10 @@ impl PodNetwork {
                 .collect(),
         };
         match self.cni.add(&network, &pod).await {
-            Ok(ips) => Ok(Attached { netns: pin, ips }),
+            Ok(ips) => Ok(Attached {
+                netns: Some(pin),
+                ips,
+            }),
             Err(e) => {
                 if let Err(removed) = netns::remove(&pin) {
                     tracing::warn!(sandbox = %id, "failed to remove the network namespace: {removed}");
@@ -214,7 +287,7 @@ impl PodNetwork {
 
     /// Disconnects sandbox `id` and removes its namespace; what is already gone is not
     /// an error.
-    pub(crate) async fn detach(&self, id: &str, netns: &Path) -> Result<(), Status> {
+    async fn detach(&self, id: &str, netns: &Path) -> Result<(), Status> {
         self.cni.del(id).await.map_err(|e| {
             Status::internal(format!(
                 "sandbox {id}: cannot disconnect the pod's network: {e}"

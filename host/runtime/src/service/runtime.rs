@@ -176,17 +176,14 @@ impl RuntimeService for Runtime {
         &self,
         request: Request<UpdateRuntimeConfigRequest>,
     ) -> Reply<UpdateRuntimeConfigResponse> {
-        // The only setting is the node's pod CIDR, from which pods get their IPs; a
-        // hollow node's sandboxes have no network to give one.
+        // The only setting is the node's pod CIDR, from which pods get their IPs.
         let pod_cidr = request
             .into_inner()
             .runtime_config
             .and_then(|c| c.network_config)
             .map(|n| n.pod_cidr)
             .unwrap_or_default();
-        if let Some(network) = &self.network {
-            network.set_pod_cidr(&pod_cidr)?;
-        }
+        self.network.set_pod_cidr(&pod_cidr)?;
         Ok(Response::new(UpdateRuntimeConfigResponse {}))
     }
 

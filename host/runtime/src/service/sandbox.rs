@@ -25,11 +25,12 @@ pub(super) async fn run(
         .ok_or_else(|| Status::invalid_argument("RunPodSandbox needs a sandbox config"))?;
     let handler = runtime.handler(&request.runtime_handler)?;
     let id = new_id();
-    let network = match &runtime.network {
-        Some(network) if network.wanted(&config) => Some(network.attach(&id, &config).await?),
-        _ => None,
+    let (netns, ips) = if runtime.network.wanted(&config) {
+        let attached = runtime.network.attach(&id, &config).await?;
+        (attached.netns, attached.ips)
+    } else {
+        (None, Vec::new())
     };
-    let (netns, ips) = network.map_or((None, Vec::new()), |n| (Some(n.netns), n.ips));
     let record = SandboxRecord {
         id,
         config,
@@ -143,23 +144,25 @@ pub(super) async fn list(
 impl Runtime {
     /// Tears down sandbox `id`'s network, if it has one of its own; again is a no-op.
     async fn detach(&self, id: &str) -> Result<(), Status> {
-        let netns = self
+        let network = self
             .state
             .tables()
             .sandboxes
             .get(id)
-            .and_then(|s| s.netns.clone());
-        match (&self.network, netns) {
-            (Some(network), Some(netns)) => network.detach(id, &netns).await,
-            _ => Ok(()),
+            .filter(|s| !s.ips.is_empty() || s.netns.is_some())
+            .map(|s| s.netns.clone());
+        match network {
+            Some(netns) => self.network.detach(id, netns.as_deref()).await,
+            None => Ok(()),
         }
     }
 
     fn sandbox_status(&self, sandbox: &SandboxRecord) -> PodSandboxStatus {
         let node = NamespaceMode::Node as i32;
-        let network = match sandbox.netns {
-            Some(_) => NamespaceMode::Pod as i32,
-            None => node,
+        let network = if sandbox.netns.is_some() || !sandbox.ips.is_empty() {
+            NamespaceMode::Pod as i32
+        } else {
+            node
         };
         let (ip, additional_ips) = match sandbox.ips.split_first() {
             Some((first, rest)) => (
