@@ -136,7 +136,7 @@ impl RuntimeService for Runtime {
 
     async fn port_forward(&self, _: Request<PortForwardRequest>) -> Reply<PortForwardResponse> {
         Err(Status::unimplemented(
-            "port forwarding is not supported by this runtime yet (pods are on the host network)",
+            "port forwarding is not supported by this runtime yet",
         ))
     }
 
