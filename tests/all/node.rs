@@ -937,3 +937,239 @@ async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     cluster.stop().await?;
     Ok(())
 }
+
+/// With `pod_network`, pods that are not hostNetwork wait for the Node's pod CIDR and
+/// get addresses of their own from it: two web servers on the same port, each
+/// answering on its pod IP, made Ready by an HTTP readiness probe against that IP; a
+/// hostNetwork pod keeps the node's IP; the downward API's `status.podIP` is the
+/// pod's; nothing of the pods' namespaces is left once they are deleted. Needs root
+/// and the CNI plugins; the node has a CNI network of its own (its bridge, no
+/// masquerade) on 10.244.79.0/24, so it never meets the runtime tests' default
+/// network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()> {
+    if !rustix::process::geteuid().is_root()
+        || !std::path::Path::new("/usr/lib/cni/bridge").exists()
+    {
+        eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
+        return Ok(());
+    }
+    const NET_NODE: &str = "node-net";
+    const POD_CIDR: &str = "10.244.79.0/24";
+    let cluster = TestCluster::start().await?;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let conf_dir = root.join("cni/net.d");
+    std::fs::create_dir_all(&conf_dir)?;
+    std::fs::write(
+        conf_dir.join("10-node-test.conflist"),
+        serde_json::to_vec_pretty(&json!({
+            "cniVersion": "1.0.0",
+            "name": "node-test",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": "trellis-nt79",
+                "isGateway": true,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    "dataDir": root.join("cni/networks"),
+                }
+            }]
+        }))?,
+    )?;
+
+    let (stop, stopped) = Shutdown::new();
+    let runtime = Runtime::with_cni(
+        RuntimeConfig {
+            root: root.join("runtime"),
+            cache_dir: Some(root.join("compiled")),
+            process_handler: true,
+            node_ip: "127.0.0.1".parse()?,
+        },
+        trellis_runtime::CniConfig {
+            conf_dir: Some(conf_dir),
+            bin_dirs: Vec::new(),
+        },
+    )?;
+    let socket = root.join("cri.sock");
+    let listener = trellis_runtime::listen(&socket)?;
+    let server_stop = stopped.clone();
+    let server = tokio::spawn(async move {
+        trellis_runtime::serve_on(runtime, listener, async move {
+            server_stop.wait().await;
+        })
+        .await
+    });
+    let cri = trellis_runtime::connect(&socket).await?;
+    let mut config = AgentConfig::new(NET_NODE, "127.0.0.1".parse()?, root.join("agent"));
+    config.pod_network = true;
+    config.relist_period = Duration::from_millis(50);
+    config.port = 0;
+    config.eviction_hard = None;
+    let agent = tokio::spawn(trellis_agent::run(
+        config,
+        cluster.in_process().client(identity::node(NET_NODE)),
+        cri,
+        SharedInformers::new(),
+        stopped,
+    ));
+
+    let admin = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    let watching = SharedInformers::new();
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let names = ["web-a", "web-b", "on-host"];
+    let work = async {
+        // The pods come before the pod CIDR: they wait for it.
+        for name in ["web-a", "web-b"] {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"nodeName": NET_NODE, "runtimeClassName": "process",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "web", "image": "file:///bin/sh",
+                        "command": ["/bin/sh", "-c", "echo \"$POD_IP\" > ip-$NAME; exec /usr/bin/python3 -m http.server 8080"],
+                        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                            {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "workingDir": root.display().to_string(),
+                        "ports": [{"containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}
+            }))?;
+            api.create(&PostParams::default(), &pod).await?;
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "on-host"},
+            "spec": {"nodeName": NET_NODE, "runtimeClassName": "process", "hostNetwork": true,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "file:///bin/sleep", "args": ["600"]}]}
+        }))?;
+        api.create(&PostParams::default(), &pod).await?;
+        // A hostNetwork pod does not wait for the pod CIDR.
+        let on_host = wait_pod(&pods, "on-host", Duration::from_secs(30), |p| {
+            phase(p) == "Running"
+        })
+        .await?;
+        let status = on_host.status.clone().unwrap_or_default();
+        ensure!(
+            status.pod_ip.as_deref() == Some("127.0.0.1"),
+            "a hostNetwork pod has the node's IP: {status:?}"
+        );
+        ensure!(
+            pods.get("default/web-a")
+                .and_then(|p| p.status.clone())
+                .and_then(|s| s.pod_ip)
+                .is_none(),
+            "no pod IP before the node has a pod CIDR"
+        );
+
+        // The node IPAM controller's part, done by hand.
+        let nodes: Api<Node> = Api::all(admin.clone());
+        nodes
+            .patch(
+                NET_NODE,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}})),
+            )
+            .await?;
+        let mut ips = Vec::new();
+        for name in ["web-a", "web-b"] {
+            let pod = wait_pod(&pods, name, Duration::from_secs(60), |p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .is_some_and(|c| c.status == "True")
+            })
+            .await?;
+            let status = pod.status.clone().unwrap_or_default();
+            let ip = status.pod_ip.clone().context("no podIP")?;
+            ensure!(ip.starts_with("10.244.79."), "{name}'s IP {ip} is in the pod CIDR");
+            let listed: Vec<String> = status
+                .pod_ips
+                .iter()
+                .flatten()
+                .map(|i| i.ip.clone())
+                .collect();
+            ensure!(listed == [ip.clone()], "{listed:?}");
+            ensure!(
+                status.host_ip.as_deref() == Some("127.0.0.1"),
+                "{:?}",
+                status.host_ip
+            );
+            // The downward API gives the container the same IP.
+            let told = std::fs::read_to_string(root.join(format!("ip-{name}")))?;
+            ensure!(told.trim() == ip, "{name} was told {told:?}, not {ip}");
+            ips.push(ip);
+        }
+        ensure!(ips[0] != ips[1], "{ips:?}");
+        for ip in &ips {
+            ensure!(answers(ip, 8080).await, "the pod at {ip} answers from the host");
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+
+    // Deleted whatever happened above, so that no namespace outlives the test.
+    let forced = DeleteParams::default().grace_period(0);
+    for name in names {
+        let _ = api.delete(name, &forced).await;
+    }
+    let gone = async {
+        let mut changes = pods.subscribe();
+        while names
+            .iter()
+            .any(|n| pods.get(&format!("default/{n}")).is_some())
+        {
+            changes.recv().await.context("pod informer ended")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let gone = tokio::time::timeout(Duration::from_secs(30), gone).await;
+    // The agent removes what a deleted pod ran right after it is gone from the API.
+    let netns = root.join("runtime/netns");
+    let pins = || {
+        std::fs::read_dir(&netns)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !pins().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.stop();
+    agent.await??;
+    server.await??;
+    work?;
+    gone.context("the pods were not removed")??;
+    ensure!(pins().is_empty(), "netns pins left: {:?}", pins());
+    cluster.stop().await?;
+    Ok(())
+}
+
+/// Whether an HTTP server answers 200 at `ip:port` from the host, retried for a while.
+async fn answers(ip: &str, port: u16) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while tokio::time::Instant::now() < deadline {
+        let attempt = async {
+            let mut tcp = tokio::net::TcpStream::connect((ip, port)).await?;
+            tcp.write_all(
+                format!("GET / HTTP/1.1\r\nHost: {ip}:{port}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+            let mut reply = Vec::new();
+            tcp.read_to_end(&mut reply).await?;
+            let first = reply.split(|&b| b == b'\n').next().unwrap_or_default();
+            anyhow::Ok(first.starts_with(b"HTTP/1.") && first.windows(5).any(|w| w == b" 200 "))
+        };
+        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}

@@ -59,8 +59,14 @@ use trellis_client::informer::SharedInformers;
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub node_name: String,
-    /// The node's address: its InternalIP, and every pod's IP in this release.
+    /// The node's address: its InternalIP, and the IP of its hostNetwork pods (of every
+    /// pod without `pod_network`).
     pub node_ip: IpAddr,
+    /// Whether pods that are not hostNetwork get a network of their own: the agent
+    /// waits for its Node's `spec.podCIDR`, gives it to the runtime, asks for sandboxes
+    /// on the pod's network, and reports the IPs the runtime gave them. Off: every pod
+    /// is on the node's network and reports the node's IP.
+    pub pod_network: bool,
     /// Where pods' volumes and logs live (`pods/UID/…`).
     pub root: PathBuf,
     /// Extra labels of the Node.
@@ -105,6 +111,7 @@ impl AgentConfig {
         Self {
             node_name: node_name.to_owned(),
             node_ip,
+            pod_network: false,
             root,
             labels: Vec::new(),
             lease_renew: Duration::from_secs(10),
@@ -136,6 +143,9 @@ pub struct Context {
     pub runtime_name: String,
     /// The port logs are served on (0 when they are not).
     pub port: std::sync::atomic::AtomicU16,
+    /// The Node's pod CIDR once the runtime has been given it (with `pod_network`):
+    /// until then pods that need a network wait.
+    pub pod_cidr: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -225,6 +235,7 @@ pub async fn run_with(
         informers,
         runtime_name,
         port: Default::default(),
+        pod_cidr: tokio::sync::watch::Sender::new(None),
     });
     std::fs::create_dir_all(ctx.config.root.join("pods"))
         .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
@@ -248,10 +259,17 @@ pub async fn run_with(
         let _ = registered.send(());
     }
     let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), stopped.clone()));
+    let pod_cidr = ctx
+        .config
+        .pod_network
+        .then(|| tokio::spawn(node::pod_cidr(ctx.clone(), stopped.clone())));
     let pods = tokio::spawn(pods::run(ctx.clone(), options.pods, stopped.clone()));
     stopped.wait().await;
     let _ = pods.await;
     heartbeat.abort();
+    if let Some(pod_cidr) = pod_cidr {
+        pod_cidr.abort();
+    }
     ctx.events.flush().await;
     Ok(())
 }

@@ -99,6 +99,67 @@ pub async fn heartbeat(ctx: Arc<Context>, stopped: Shutdown) {
     }
 }
 
+/// Watches the Node for its `spec.podCIDR` (given by the node IPAM controller) and
+/// gives it to the runtime (`UpdateRuntimeConfig`), again whenever it changes, as the
+/// kubelet does; `ctx.pod_cidr` tells it once the runtime has it, which is what pods
+/// on their own network wait for. Runs until `stopped`.
+pub async fn pod_cidr(ctx: Arc<Context>, stopped: Shutdown) {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let config =
+        watcher::Config::default().fields(&format!("metadata.name={}", ctx.config.node_name));
+    let mut seen = watcher(nodes, config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    let mut given: Option<String> = None;
+    loop {
+        let node = tokio::select! {
+            node = seen.next() => node,
+            _ = stopped.wait() => return,
+        };
+        let node = match node {
+            Some(Ok(node)) => node,
+            Some(Err(e)) => {
+                warn!(error = %e, "watch the node for its pod CIDR");
+                continue;
+            }
+            None => return,
+        };
+        let Some(cidr) = node.spec.and_then(|s| s.pod_cidr).filter(|c| !c.is_empty()) else {
+            continue;
+        };
+        if given.as_ref() == Some(&cidr) {
+            continue;
+        }
+        // Retried until the runtime takes it: pods wait for it.
+        loop {
+            let mut runtime = ctx.cri.runtime.clone();
+            let request = k8s_cri::v1::UpdateRuntimeConfigRequest {
+                runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+                    network_config: Some(k8s_cri::v1::NetworkConfig {
+                        pod_cidr: cidr.clone(),
+                    }),
+                }),
+            };
+            match runtime.update_runtime_config(request).await {
+                Ok(_) => break,
+                Err(e) => {
+                    warn!(pod_cidr = %cidr, error = %e.message(), "give the runtime the pod CIDR");
+                    tokio::select! {
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = stopped.wait() => return,
+                    }
+                }
+            }
+        }
+        info!(node = %ctx.config.node_name, pod_cidr = %cidr, "the runtime has the node's pod CIDR");
+        ctx.pod_cidr.send_replace(Some(cidr.clone()));
+        given = Some(cidr);
+    }
+}
+
 fn labels(ctx: &Context) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (

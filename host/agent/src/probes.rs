@@ -259,7 +259,8 @@ async fn run(
     probe: &Probe,
     timeout: Duration,
 ) -> Result<(), String> {
-    let host_default = ctx.config.node_ip.to_string();
+    // The pod's IP, as the kubelet probes (the node's for a hostNetwork pod).
+    let host_default = crate::spec::pod_ips(ctx, pod).swap_remove(0);
     if let Some(exec) = &probe.exec {
         let mut runtime = ctx.cri.runtime.clone();
         let answer = runtime

@@ -14,9 +14,26 @@ use crate::labels::{self, POD_UID};
 use crate::paths::pod_logs_dir;
 use crate::spec;
 
+/// Whether pod `pod` is on a network of its own when the node gives pods one
+/// (`pod_network`): every pod but a hostNetwork one.
+pub fn own_network(pod_network: bool, pod: &Pod) -> bool {
+    pod_network
+        && !pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false)
+}
+
 /// The sandbox of pod `uid`: its labels name the pod, its containers' logs go under
-/// `root/logs`, and it shares the node's network.
-pub fn sandbox_config(root: &Path, pod: &Pod, uid: &str) -> cri::PodSandboxConfig {
+/// `root/logs`; with `own_network` it is on the pod's network with the containers'
+/// `hostPort`s mapped, else it shares the node's.
+pub fn sandbox_config(
+    root: &Path,
+    pod: &Pod,
+    uid: &str,
+    own_network: bool,
+) -> cri::PodSandboxConfig {
     let meta = &pod.metadata;
     let name = meta.name.clone().unwrap_or_default();
     let namespace = meta.namespace.clone().unwrap_or_default();
@@ -39,7 +56,11 @@ pub fn sandbox_config(root: &Path, pod: &Pod, uid: &str) -> cri::PodSandboxConfi
         linux: Some(cri::LinuxPodSandboxConfig {
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(cri::NamespaceOption {
-                    network: cri::NamespaceMode::Node as i32,
+                    network: if own_network {
+                        cri::NamespaceMode::Pod
+                    } else {
+                        cri::NamespaceMode::Node
+                    } as i32,
                     pid: cri::NamespaceMode::Container as i32,
                     ipc: cri::NamespaceMode::Pod as i32,
                     ..Default::default()
@@ -48,8 +69,57 @@ pub fn sandbox_config(root: &Path, pod: &Pod, uid: &str) -> cri::PodSandboxConfi
             }),
             ..Default::default()
         }),
+        port_mappings: if own_network {
+            port_mappings(pod)
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     }
+}
+
+/// The `hostPort`s of the pod's containers, as the runtime maps them (the kubelet's
+/// `makePortMappings`, without the ports no host port is asked for).
+fn port_mappings(pod: &Pod) -> Vec<cri::PortMapping> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    spec.containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| cri::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => cri::Protocol::Udp,
+                Some("SCTP") => cri::Protocol::Sctp,
+                _ => cri::Protocol::Tcp,
+            } as i32,
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or_default(),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The IPs the runtime gave sandbox `id` on its pod's network, the first one first;
+/// empty when it has none (on the node's network); `Err` is the runtime's message.
+pub async fn sandbox_ips(ctx: &Context, id: &str) -> Result<Vec<String>, String> {
+    let mut runtime = ctx.cri.runtime.clone();
+    let status = runtime
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: false,
+        })
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner();
+    let Some(network) = status.status.and_then(|s| s.network) else {
+        return Ok(Vec::new());
+    };
+    Ok(std::iter::once(network.ip)
+        .chain(network.additional_ips.into_iter().map(|ip| ip.ip))
+        .filter(|ip| !ip.is_empty())
+        .collect())
 }
 
 /// The ID of pod `uid`'s ready sandbox, if it has one; `Err` is the runtime's message.

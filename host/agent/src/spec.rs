@@ -226,9 +226,9 @@ pub fn field_value(
             .as_ref()
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
-        "status.hostIP" | "status.podIP" | "status.hostIPs" | "status.podIPs" => {
-            ctx.config.node_ip.to_string()
-        }
+        "status.hostIP" | "status.hostIPs" => ctx.config.node_ip.to_string(),
+        "status.podIP" => pod_ips(ctx, pod).swap_remove(0),
+        "status.podIPs" => pod_ips(ctx, pod).join(","),
         _ => {
             if let Some(key) = quoted_key("metadata.labels['") {
                 map_value(&meta.labels, &key)
@@ -239,6 +239,27 @@ pub fn field_value(
             }
         }
     })
+}
+
+/// The pod's IPs, the first one first: those the runtime gave it on its own network
+/// (its status's, which the worker fills in from the sandbox before it starts or
+/// probes anything), else the node's.
+pub fn pod_ips(ctx: &Context, pod: &Pod) -> Vec<String> {
+    let own = crate::sandbox::own_network(ctx.config.pod_network, pod)
+        .then_some(pod.status.as_ref())
+        .flatten();
+    let ips: Vec<String> = own
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|ip| ip.ip.clone())
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    if ips.is_empty() {
+        vec![ctx.config.node_ip.to_string()]
+    } else {
+        ips
+    }
 }
 
 /// `key="value"` lines, sorted, as the downward API writes labels and annotations.

@@ -44,6 +44,10 @@ fn status_retry() -> Instant {
     Instant::now() + STATUS_RETRY.mul_f64(1.0 + rand::random::<f64>())
 }
 
+/// How often a pod on its own network looks again whether the runtime has the node's
+/// pod CIDR.
+const POD_CIDR_POLL: Duration = Duration::from_millis(200);
+
 /// What a sync leaves the worker to do.
 enum Step {
     /// Wait for the pod or its containers to change, or until this instant.
@@ -76,6 +80,7 @@ pub async fn run(
         finished: None,
         start_time: None,
         prober: Prober::default(),
+        network: None,
     };
     let mut last: Option<Arc<Pod>> = None;
     loop {
@@ -134,6 +139,9 @@ struct Worker {
     finished: Option<Value>,
     start_time: Option<Time>,
     prober: Prober,
+    /// The pod's sandbox on its own network and the IPs the runtime gave it: asked of
+    /// the runtime once per sandbox.
+    network: Option<(String, Vec<String>)>,
 }
 
 fn pod_label(pod: &Pod) -> String {
@@ -251,11 +259,20 @@ impl Worker {
                 .and_then(|s| s.start_time.clone())
                 .or_else(|| Some(Time(jiff::Timestamp::now())));
         }
-        let sandbox_config = sandbox::sandbox_config(&self.ctx.config.root, pod, &self.uid);
+        let own_network = sandbox::own_network(self.ctx.config.pod_network, pod);
+        let sandbox_config =
+            sandbox::sandbox_config(&self.ctx.config.root, pod, &self.uid, own_network);
         let ready = match sandbox::ready_sandbox(&self.ctx, &self.uid).await {
             Ok(ready) => ready,
             Err(message) => return Ok(Some(self.failed_sandbox(pod, &message))),
         };
+        // On its own network the pod is seen with the IPs of its sandbox from here on:
+        // its containers' downward API and its probes use them.
+        let mut with_ips = None;
+        if own_network && let Some(id) = &ready {
+            with_ips = Some(self.with_ips(pod, id).await?);
+        }
+        let pod = with_ips.as_ref().unwrap_or(pod);
         let mut observed = match &ready {
             Some(id) => container::observe(&self.ctx, id).await?,
             None => HashMap::new(),
@@ -312,11 +329,22 @@ impl Worker {
             plan::compute_pod_actions(&restart_policy, ready.is_some(), &init, &main, &unhealthy);
         let sandbox = match ready {
             Some(id) if !actions.create_sandbox => id,
+            _ if own_network && self.ctx.pod_cidr.borrow().is_none() => {
+                // The network is not ready until the runtime has the node's pod CIDR,
+                // as the kubelet's "network is not ready".
+                debug!(pod = %pod_label(pod), "waiting for the node's pod CIDR");
+                return Ok(Some(Instant::now() + POD_CIDR_POLL));
+            }
             _ => match sandbox::run_sandbox(&self.ctx, &sandbox_config, &handler).await {
                 Ok(id) => id,
                 Err(message) => return Ok(Some(self.failed_sandbox(pod, &message))),
             },
         };
+        let mut with_new_ips = None;
+        if own_network && self.network.as_ref().is_none_or(|(id, _)| *id != sandbox) {
+            with_new_ips = Some(self.with_ips(pod, &sandbox).await?);
+        }
+        let pod = with_new_ips.as_ref().unwrap_or(pod);
         for kill in &actions.kill {
             self.event(pod, EventType::Normal, "Killing", &kill.reason);
             let mut runtime = self.ctx.cri.runtime.clone();
@@ -389,13 +417,24 @@ impl Worker {
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
         let containers_ready = initialized && main.iter().all(|s| s.ready);
+        let (pod_ip, pod_ips) = if own_network {
+            let ips = self.network.as_ref().map(|(_, ips)| ips.as_slice());
+            let ips = ips.unwrap_or_default();
+            (
+                json!(ips.first()),
+                json!(ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()),
+            )
+        } else {
+            let ip = self.ctx.config.node_ip.to_string();
+            (json!(ip), json!([{"ip": ip}]))
+        };
         let status = json!({
             "phase": phase,
             "conditions": status::conditions(&old_conditions, initialized, containers_ready, terminal),
             "hostIP": self.ctx.config.node_ip.to_string(),
             "hostIPs": [{"ip": self.ctx.config.node_ip.to_string()}],
-            "podIP": self.ctx.config.node_ip.to_string(),
-            "podIPs": [{"ip": self.ctx.config.node_ip.to_string()}],
+            "podIP": pod_ip,
+            "podIPs": pod_ips,
             "startTime": self.start_time,
             "qosClass": status::qos_class(pod),
             "initContainerStatuses": (!init.is_empty()).then(|| status::container_statuses(&init, &self.ctx.runtime_name)),
@@ -411,6 +450,28 @@ impl Worker {
             sandbox::kill_pod(&self.ctx, &self.uid, Some(pod), 0, false).await;
         }
         Ok(wake)
+    }
+
+    /// `pod` with the IPs of its sandbox `id` in its status (asked of the runtime the
+    /// first time this sandbox is seen).
+    async fn with_ips(&mut self, pod: &Pod, id: &str) -> anyhow::Result<Pod> {
+        if self.network.as_ref().is_none_or(|(known, _)| known != id) {
+            let ips = sandbox::sandbox_ips(&self.ctx, id)
+                .await
+                .map_err(|e| anyhow::anyhow!("read the IPs of sandbox {id}: {e}"))?;
+            self.network = Some((id.to_owned(), ips));
+        }
+        let ips = self.network.as_ref().map(|(_, ips)| ips.clone());
+        let ips = ips.unwrap_or_default();
+        let mut pod = pod.clone();
+        let status = pod.status.get_or_insert_default();
+        status.pod_ip = ips.first().cloned();
+        status.pod_ips = Some(
+            ips.into_iter()
+                .map(|ip| k8s_openapi::api::core::v1::PodIP { ip })
+                .collect(),
+        );
+        Ok(pod)
     }
 
     /// Tells that the pod's sandbox could not be found or made (`message`, the

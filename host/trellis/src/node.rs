@@ -95,6 +95,14 @@ pub struct NodeFlags {
     #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
     pub restart_backoff_max: Duration,
 
+    /// Puts pods that are not hostNetwork on a network of their own (a namespace
+    /// joined by CNI, an IP of the Node's pod CIDR, which they wait for). Incomplete,
+    /// hence off by default: pods get no /etc/hosts or DNS of their own yet, nodes no
+    /// routes to each other's pods, and the node's own address is not yet made
+    /// reachable from them.
+    #[arg(long)]
+    pub pod_network: bool,
+
     #[command(flatten)]
     pub cni: CniFlags,
 }
@@ -242,6 +250,7 @@ pub async fn run_local(
     config.default_handler = flags.default_runtime_handler.clone();
     config.port = flags.node_port;
     config.client_ca_pem = client_ca_pem;
+    config.pod_network = flags.pod_network;
     info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
     let result = trellis_agent::run(config, client, cri, informers, stopped).await;
     if let Some(server) = server {
