@@ -253,3 +253,66 @@ pub async fn kill_pod(ctx: &Context, uid: &str, pod: Option<&Pod>, grace: i64, r
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn network(config: &cri::PodSandboxConfig) -> i32 {
+        config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref())
+            .map(|o| o.network)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_pod_on_its_own_network_gets_its_host_ports_mapped() {
+        let web = pod(serde_json::json!({"containers": [
+            {"name": "a", "ports": [{"containerPort": 8080, "hostPort": 80, "hostIP": "127.0.0.1"},
+                {"containerPort": 9090}]},
+            {"name": "b", "ports": [{"containerPort": 53, "hostPort": 5353, "protocol": "UDP"}]},
+        ]}));
+        assert!(own_network(true, &web));
+        assert!(!own_network(false, &web));
+        let config = sandbox_config(Path::new("/r"), &web, "u", true);
+        assert_eq!(network(&config), cri::NamespaceMode::Pod as i32);
+        assert_eq!(
+            config.port_mappings,
+            [
+                cri::PortMapping {
+                    protocol: cri::Protocol::Tcp as i32,
+                    container_port: 8080,
+                    host_port: 80,
+                    host_ip: "127.0.0.1".into(),
+                },
+                cri::PortMapping {
+                    protocol: cri::Protocol::Udp as i32,
+                    container_port: 53,
+                    host_port: 5353,
+                    host_ip: String::new(),
+                },
+            ]
+        );
+        // Without a network of its own: the node's, and no mappings (as before).
+        let config = sandbox_config(Path::new("/r"), &web, "u", false);
+        assert_eq!(network(&config), cri::NamespaceMode::Node as i32);
+        assert!(config.port_mappings.is_empty());
+    }
+
+    #[test]
+    fn a_host_network_pod_stays_on_the_node_network() {
+        let host = pod(serde_json::json!({"hostNetwork": true, "containers": [{"name": "a"}]}));
+        assert!(!own_network(true, &host));
+    }
+}
