@@ -34,6 +34,9 @@ use crate::cidr::{Cidr, CidrSet};
 /// without reconciling the others.
 const RETRY_WHEN_FULL: Duration = Duration::from_secs(10);
 
+/// Patches of a Node tried in one reconcile when its status changed in between.
+const CONFLICT_ATTEMPTS: u32 = 5;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeIpam {
@@ -134,16 +137,6 @@ impl Reconcile for NodeIpam {
             report_outside(&sets, &node, &cidrs);
             return Ok(Action::Done);
         }
-        // The patch is made against the Node as the API server has it, so a range
-        // set by hand meanwhile is neither overwritten nor counted twice.
-        let live = client::read(&key.resource, None, &key.name)
-            .map_err(|e| format!("read node {}: {e}", key.name))?;
-        let Some(live) = live else {
-            return Ok(Action::Done);
-        };
-        if !pod_cidrs(&live).is_empty() {
-            return Ok(Action::Done);
-        }
         let used = occupied(&sets, key)?;
         let mut chosen = Vec::with_capacity(sets.len());
         for (set, used) in sets.iter().zip(&used) {
@@ -160,18 +153,41 @@ impl Reconcile for NodeIpam {
                 }
             }
         }
-        client::patch(
-            &key.resource,
-            None,
-            &key.name,
-            PatchType::Merge,
-            json!({
-                "metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
-                "spec": {"podCIDR": chosen[0], "podCIDRs": chosen},
-            }),
-            false,
-        )
-        .map_err(|e| format!("set the podCIDRs {chosen:?} of node {}: {e}", key.name))?;
+        // The patch is made against the Node as the API server has it, so a range
+        // set by hand meanwhile is neither overwritten nor counted twice. Its agent
+        // writes its status often at first: a conflict is read again at once.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let live = client::read(&key.resource, None, &key.name)
+                .map_err(|e| format!("read node {}: {e}", key.name))?;
+            let Some(live) = live else {
+                return Ok(Action::Done);
+            };
+            if !pod_cidrs(&live).is_empty() {
+                return Ok(Action::Done);
+            }
+            match client::patch(
+                &key.resource,
+                None,
+                &key.name,
+                PatchType::Merge,
+                json!({
+                    "metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
+                    "spec": {"podCIDR": chosen[0], "podCIDRs": chosen},
+                }),
+                false,
+            ) {
+                Ok(_) => break,
+                Err(e) if e.code == 409 && attempts < CONFLICT_ATTEMPTS => {}
+                Err(e) => {
+                    return Err(format!(
+                        "set the podCIDRs {chosen:?} of node {}: {e}",
+                        key.name
+                    ));
+                }
+            }
+        }
         Ok(Action::Done)
     }
 }
