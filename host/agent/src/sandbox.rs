@@ -14,17 +14,6 @@ use crate::labels::{self, POD_UID};
 use crate::paths::pod_logs_dir;
 use crate::spec;
 
-/// Whether pod `pod` is on a network of its own when the node gives pods one
-/// (`pod_network`): every pod but a hostNetwork one.
-pub fn own_network(pod_network: bool, pod: &Pod) -> bool {
-    pod_network
-        && !pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.host_network)
-            .unwrap_or(false)
-}
-
 /// The sandbox of pod `uid`: its labels name the pod, its containers' logs go under
 /// `root/logs`; with `own_network` it is on the pod's network with the containers'
 /// `hostPort`s mapped, else it shares the node's.
@@ -283,8 +272,8 @@ mod tests {
                 {"containerPort": 9090}]},
             {"name": "b", "ports": [{"containerPort": 53, "hostPort": 5353, "protocol": "UDP"}]},
         ]}));
-        assert!(own_network(true, &web));
-        assert!(!own_network(false, &web));
+        assert!(crate::spec::own_network(true, &web));
+        assert!(!crate::spec::own_network(false, &web));
         let config = sandbox_config(Path::new("/r"), &web, "u", true);
         assert_eq!(network(&config), cri::NamespaceMode::Pod as i32);
         assert_eq!(
@@ -313,6 +302,6 @@ mod tests {
     #[test]
     fn a_host_network_pod_stays_on_the_node_network() {
         let host = pod(serde_json::json!({"hostNetwork": true, "containers": [{"name": "a"}]}));
-        assert!(!own_network(true, &host));
+        assert!(!crate::spec::own_network(true, &host));
     }
 }

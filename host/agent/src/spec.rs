@@ -245,7 +245,7 @@ pub fn field_value(
 /// (its status's, which the worker fills in from the sandbox before it starts or
 /// probes anything), else the node's.
 pub fn pod_ips(ctx: &Context, pod: &Pod) -> Vec<String> {
-    let own = crate::sandbox::own_network(ctx.config.pod_network, pod)
+    let own = own_network(ctx.config.pod_network, pod)
         .then_some(pod.status.as_ref())
         .flatten();
     let ips: Vec<String> = own
@@ -625,6 +625,17 @@ pub fn mounts(
         });
     }
     Ok(out)
+}
+
+/// Whether pod `pod` is on a network of its own when the node gives pods one
+/// (`pod_network`): every pod but a hostNetwork one.
+pub fn own_network(pod_network: bool, pod: &Pod) -> bool {
+    pod_network
+        && !pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false)
 }
 
 #[cfg(test)]

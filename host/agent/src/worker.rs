@@ -28,7 +28,7 @@ use crate::images;
 use crate::plan::{self, Start};
 use crate::probes::Prober;
 use crate::sandbox;
-use crate::spec::Sources;
+use crate::spec::{self, Sources};
 use crate::status::{self, Observed, Slot, State, human};
 
 /// The grace period of a pod that sets none.
@@ -259,7 +259,7 @@ impl Worker {
                 .and_then(|s| s.start_time.clone())
                 .or_else(|| Some(Time(jiff::Timestamp::now())));
         }
-        let own_network = sandbox::own_network(self.ctx.config.pod_network, pod);
+        let own_network = spec::own_network(self.ctx.config.pod_network, pod);
         let sandbox_config =
             sandbox::sandbox_config(&self.ctx.config.root, pod, &self.uid, own_network);
         let ready = match sandbox::ready_sandbox(&self.ctx, &self.uid).await {
