@@ -355,7 +355,7 @@ pub(super) async fn start_builtins(
         .iter()
         .filter(|b| !b.needs_root_ca)
     {
-        let writer = in_process.client(identity::controller(builtin.identity));
+        let writer = in_process.client(identity::controller(builtin.account()));
         let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
         running.push(
             manager
