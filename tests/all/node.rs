@@ -1106,7 +1106,7 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
         }
         ensure!(ips[0] != ips[1], "{ips:?}");
         for ip in &ips {
-            ensure!(answers(ip, 8080).await, "the pod at {ip} answers from the host");
+            ensure!(trellis_tests::http_answers(ip, 8080).await, "the pod at {ip} answers from the host");
         }
         Ok::<_, anyhow::Error>(())
     }
@@ -1147,29 +1147,4 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
     ensure!(pins().is_empty(), "netns pins left: {:?}", pins());
     cluster.stop().await?;
     Ok(())
-}
-
-/// Whether an HTTP server answers 200 at `ip:port` from the host, retried for a while.
-async fn answers(ip: &str, port: u16) -> bool {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while tokio::time::Instant::now() < deadline {
-        let attempt = async {
-            let mut tcp = tokio::net::TcpStream::connect((ip, port)).await?;
-            tcp.write_all(
-                format!("GET / HTTP/1.1\r\nHost: {ip}:{port}\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await?;
-            let mut reply = Vec::new();
-            tcp.read_to_end(&mut reply).await?;
-            let first = reply.split(|&b| b == b'\n').next().unwrap_or_default();
-            anyhow::Ok(first.starts_with(b"HTTP/1.") && first.windows(5).any(|w| w == b" 200 "))
-        };
-        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
 }

@@ -1291,32 +1291,6 @@ async fn components_are_pulled_from_an_oci_registry_and_named_by_tag_digest_and_
     node.stop().await;
 }
 
-/// Whether an HTTP server answers at `ip:port` (from the host), retried for a while as
-/// it starts.
-async fn answers(ip: &str, port: u16) -> bool {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        let attempt = async {
-            let mut tcp = tokio::net::TcpStream::connect((ip, port)).await?;
-            tcp.write_all(
-                format!("GET / HTTP/1.1\r\nHost: {ip}:{port}\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await?;
-            let mut reply = Vec::new();
-            tcp.read_to_end(&mut reply).await?;
-            let first = reply.split(|&b| b == b'\n').next().unwrap_or_default();
-            anyhow::Ok(first.starts_with(b"HTTP/1.") && first.windows(5).any(|w| w == b" 200 "))
-        };
-        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
 /// With a pod CIDR (as the kubelet sends it), POD-network sandboxes get a network
 /// namespace of their own, connected by the default CNI network, and their processes
 /// run in it; host-network sandboxes keep the node's. Needs root and the CNI plugins.
@@ -1399,13 +1373,13 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
     );
     for (_, ip) in &pods {
         assert!(
-            answers(ip, 8080).await,
+            trellis_tests::http_answers(ip, 8080).await,
             "the pod at {ip} answers from the host"
         );
     }
     // The hostPort, on the bridge's address (one of the node's own).
     assert!(
-        answers("10.244.78.1", host_port).await,
+        trellis_tests::http_answers("10.244.78.1", host_port).await,
         "a's hostPort {host_port} answers"
     );
 
@@ -1436,7 +1410,7 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
         .unwrap()
         .ip;
     assert!(
-        answers(&web_ip, 8080).await,
+        trellis_tests::http_answers(&web_ip, 8080).await,
         "the component at {web_ip} answers"
     );
     pods.push((web.0, web_ip));

@@ -878,3 +878,29 @@ impl TestCluster {
         }
     }
 }
+
+/// Whether an HTTP server answers 200 at `ip:port` from the host, retried for up to
+/// 15 s as it starts: a pod's server on its own IP, reached from the node.
+pub async fn http_answers(ip: &str, port: u16) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while tokio::time::Instant::now() < deadline {
+        let attempt = async {
+            let mut tcp = tokio::net::TcpStream::connect((ip, port)).await?;
+            tcp.write_all(
+                format!("GET / HTTP/1.1\r\nHost: {ip}:{port}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+            let mut reply = Vec::new();
+            tcp.read_to_end(&mut reply).await?;
+            let first = reply.split(|&b| b == b'\n').next().unwrap_or_default();
+            anyhow::Ok(first.starts_with(b"HTTP/1.") && first.windows(5).any(|w| w == b" 200 "))
+        };
+        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
