@@ -1625,28 +1625,27 @@ async fn nodes_get_distinct_pod_cidrs_and_a_deleted_nodes_range_is_given_again()
 
     let nodes: Api<Node> = Api::all(admin.clone());
     let pod_cidr = |node: &Node| node.spec.as_ref().and_then(|s| s.pod_cidr.clone());
-    // Waits until every one of `names` has a podCIDR; their podCIDRs.
+    // Waits, on a watch of each Node, until every one of `names` has a podCIDR; their
+    // podCIDRs.
     let allocated = |names: Vec<&'static str>| {
         let nodes = nodes.clone();
         async move {
-            tokio::time::timeout(Duration::from_secs(30), async {
-                loop {
-                    let mut cidrs = Vec::new();
-                    for name in &names {
-                        let node = nodes.get(name).await?;
-                        let Some(cidr) = pod_cidr(&node) else { break };
-                        let listed = node.spec.as_ref().and_then(|s| s.pod_cidrs.clone());
-                        ensure!(listed == Some(vec![cidr.clone()]), "{node:?}");
-                        cidrs.push(cidr);
-                    }
-                    if cidrs.len() == names.len() {
-                        return Ok::<_, anyhow::Error>(cidrs);
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-            .await
-            .context("every node given a podCIDR within 30 s")?
+            let mut cidrs = Vec::new();
+            for name in names {
+                let given = |node: Option<&Node>| node.and_then(pod_cidr).is_some();
+                let node = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    kube::runtime::wait::await_condition(nodes.clone(), name, given),
+                )
+                .await
+                .with_context(|| format!("{name} given a podCIDR within 30 s"))??
+                .with_context(|| format!("{name} deleted"))?;
+                let cidr = pod_cidr(&node).context("podCIDR")?;
+                let listed = node.spec.as_ref().and_then(|s| s.pod_cidrs.clone());
+                ensure!(listed == Some(vec![cidr.clone()]), "{node:?}");
+                cidrs.push(cidr);
+            }
+            Ok::<_, anyhow::Error>(cidrs)
         }
     };
 
@@ -1664,12 +1663,10 @@ async fn nodes_get_distinct_pod_cidrs_and_a_deleted_nodes_range_is_given_again()
     nodes
         .delete("n2", &kube::api::DeleteParams::default())
         .await?;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while nodes.get_opt("n2").await?.is_some() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok::<_, anyhow::Error>(())
-    })
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        kube::runtime::wait::await_condition(nodes.clone(), "n2", |n: Option<&Node>| n.is_none()),
+    )
     .await
     .context("n2 gone within 30 s")??;
     // The controller's informer sees n2 go before n4 come (a watch is in revision

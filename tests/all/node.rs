@@ -180,29 +180,37 @@ fn log_dirs(root: &std::path::Path, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits until the node has no log directory left of the pods `names`, up to `limit`:
-/// woken by inotify at each removal in the logs directory, not by a clock.
+/// Waits until the node has no log directory left of the pods `names`, up to `limit`.
 async fn wait_logs_removed(root: &std::path::Path, names: &[&str], limit: Duration) -> Result<()> {
+    let left = || names.iter().flat_map(|n| log_dirs(root, n)).collect();
+    wait_removed(&root.join("agent/logs"), left, limit)
+        .await
+        .context("log directories left")
+}
+
+/// Waits until `left` (what is still in `dir`) is empty, up to `limit`: woken by
+/// inotify at each removal in `dir`, not by a clock.
+async fn wait_removed(
+    dir: &std::path::Path,
+    left: impl Fn() -> Vec<String>,
+    limit: Duration,
+) -> Result<()> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::fs::inotify;
     let removals = Arc::new(inotify::init(
         inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK,
     )?);
-    inotify::add_watch(
-        &*removals,
-        root.join("agent/logs"),
-        inotify::WatchFlags::DELETE,
-    )?;
+    inotify::add_watch(&*removals, dir, inotify::WatchFlags::DELETE)?;
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         // Looked at after the watch is set, so no removal goes unseen.
-        let left: Vec<String> = names.iter().flat_map(|n| log_dirs(root, n)).collect();
+        let left = left();
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_empty() {
             return Ok(());
         }
         if remaining.is_zero() {
-            bail!("log directories left after {limit:?}: {left:?}");
+            bail!("left in {} after {limit:?}: {left:?}", dir.display());
         }
         let removals = removals.clone();
         tokio::task::spawn_blocking(move || -> Result<()> {
@@ -1132,19 +1140,20 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
     let netns = root.join("runtime/netns");
     let pins = || {
         std::fs::read_dir(&netns)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default()
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !pins().is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let removed = wait_removed(&netns, pins, Duration::from_secs(15)).await;
     stop.stop();
     agent.await??;
     server.await??;
     work?;
     gone.context("the pods were not removed")??;
-    ensure!(pins().is_empty(), "netns pins left: {:?}", pins());
+    removed.context("netns pins left")?;
     cluster.stop().await?;
     Ok(())
 }
