@@ -107,6 +107,8 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
     let mut states: HashMap<String, (i32, String)> = HashMap::new();
     let mut relist = tokio::time::interval(ctx.config.relist_period);
     relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Pods waiting for the network start as soon as the runtime has the pod CIDR.
+    let mut network = ctx.pod_cidr.subscribe();
     loop {
         tokio::select! {
             change = changes.recv() => {
@@ -141,6 +143,11 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
                     let known: HashSet<String> =
                         pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
                     remove_orphans(&ctx, &known, &workers).await;
+                }
+            }
+            Ok(()) = network.changed() => {
+                for handle in workers.values() {
+                    handle.poke.notify_one();
                 }
             }
             _ = stopped.wait() => break,

@@ -44,10 +44,6 @@ fn status_retry() -> Instant {
     Instant::now() + STATUS_RETRY.mul_f64(1.0 + rand::random::<f64>())
 }
 
-/// How often a pod on its own network looks again whether the runtime has the node's
-/// pod CIDR.
-const POD_CIDR_POLL: Duration = Duration::from_millis(200);
-
 /// What a sync leaves the worker to do.
 enum Step {
     /// Wait for the pod or its containers to change, or until this instant.
@@ -332,8 +328,9 @@ impl Worker {
             _ if own_network && self.ctx.pod_cidr.borrow().is_none() => {
                 // The network is not ready until the runtime has the node's pod CIDR,
                 // as the kubelet's "network is not ready".
+                // Woken when it has (`pods::run`).
                 debug!(pod = %pod_label(pod), "waiting for the node's pod CIDR");
-                return Ok(Some(Instant::now() + POD_CIDR_POLL));
+                return Ok(None);
             }
             _ => match sandbox::run_sandbox(&self.ctx, &sandbox_config, &handler).await {
                 Ok(id) => id,
