@@ -971,6 +971,7 @@ async fn a_plugin_replacing_a_built_in_runs_only_once_loaded_and_gives_it_back_w
         root_ca: None,
         node_monitor_grace_period: 50,
         plugin_status_interval: Duration::from_secs(10),
+        node_ipam: Default::default(),
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let controller_manager = tokio::spawn(trellis::components::run(

@@ -185,7 +185,7 @@ pub async fn run_controllers(
     args: ControllerArgs,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let builtins = args.node_ipam.apply(bundled::select(&args.controllers)?);
+    let builtins = args.node_ipam.select(bundled::select(&args.controllers)?);
     let plugins = PluginHost::new(HostConfig {
         cache_dir: args.plugin_cache_dir.clone(),
         ..HostConfig::default()
@@ -203,6 +203,7 @@ pub async fn run_controllers(
         root_ca,
         node_monitor_grace_period: args.node_monitor_grace_period,
         plugin_status_interval: args.plugin_status_interval,
+        node_ipam: args.node_ipam.clone(),
         credentials: Credentials::ServiceAccounts {
             config: Box::new(config),
             dir: tokens.path().to_owned(),

@@ -60,6 +60,8 @@ pub struct ControllerSetup {
     pub node_monitor_grace_period: u64,
     /// How often controller Plugins' counters are copied into their status.
     pub plugin_status_interval: Duration,
+    /// The cluster CIDRs a built-in that allocates Nodes' ranges takes.
+    pub node_ipam: NodeIpamFlags,
 }
 
 impl std::fmt::Debug for ControllerSetup {
@@ -187,15 +189,30 @@ pub fn builtin_configuration(setup: &ControllerSetup, builtin: &Builtin) -> Opti
         let ca = setup.root_ca.as_ref()?;
         return Some(serde_json::json!({"caCrt": ca}).to_string());
     }
-    // A built-in whose configuration has a grace period (the node lifecycle
-    // controller's) takes it from --node-monitor-grace-period.
-    if let Ok(mut configuration) = serde_json::from_str::<serde_json::Value>(builtin.configuration)
-        && let Some(grace) = configuration.get_mut("gracePeriodSeconds")
-    {
-        *grace = setup.node_monitor_grace_period.into();
-        return Some(configuration.to_string());
+    Some(configured(
+        builtin.configuration,
+        setup.node_monitor_grace_period,
+        &setup.node_ipam,
+    ))
+}
+
+/// A built-in's `configuration` with what it declares filled from the flags: a grace
+/// period (the node lifecycle controller's) from --node-monitor-grace-period, cluster
+/// CIDRs (the node IPAM controller's) from --cluster-cidr and the mask sizes.
+fn configured(configuration: &str, grace_period: u64, node_ipam: &NodeIpamFlags) -> String {
+    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(configuration) else {
+        return configuration.to_owned();
+    };
+    let Some(object) = value.as_object_mut() else {
+        return configuration.to_owned();
+    };
+    if let Some(grace) = object.get_mut("gracePeriodSeconds") {
+        *grace = grace_period.into();
     }
-    Some(builtin.configuration.to_owned())
+    if object.contains_key("clusterCIDRs") {
+        node_ipam.fill(object);
+    }
+    value.to_string()
 }
 
 /// Starts the setup's built-in controllers; each that cannot start is named and left
@@ -317,34 +334,18 @@ pub struct NodeIpamFlags {
 }
 
 impl NodeIpamFlags {
-    /// The built-ins to run under these flags: the node IPAM controller is left out
-    /// when `--allocate-node-cidrs=false`, and a built-in whose configuration
-    /// declares `clusterCIDRs` takes the flags' ranges and mask sizes (an unset mask
-    /// size leaves the controller's default for the family). Such a built-in is
-    /// copied once, for the life of the process, with its new configuration.
-    pub fn apply(&self, builtins: Vec<&'static Builtin>) -> Vec<&'static Builtin> {
+    /// `builtins` without those that allocate Nodes' ranges (their configuration
+    /// declares `clusterCIDRs`) when `--allocate-node-cidrs=false`.
+    pub fn select(&self, builtins: Vec<&'static Builtin>) -> Vec<&'static Builtin> {
         builtins
             .into_iter()
-            .filter(|b| self.allocate_node_cidrs || b.name != "nodeipam")
-            .map(|b| match self.configuration(b.configuration) {
-                Some(configuration) => {
-                    let configuration: &'static str = Box::leak(configuration.into_boxed_str());
-                    let b: &'static Builtin = Box::leak(Box::new(Builtin {
-                        configuration,
-                        ..*b
-                    }));
-                    b
-                }
-                None => b,
-            })
+            .filter(|b| self.allocate_node_cidrs || !allocates_node_cidrs(b))
             .collect()
     }
 
-    /// `configuration` with the flags' values, if it declares `clusterCIDRs`.
-    fn configuration(&self, configuration: &str) -> Option<String> {
-        let mut configuration: serde_json::Value = serde_json::from_str(configuration).ok()?;
-        let object = configuration.as_object_mut()?;
-        object.get("clusterCIDRs")?;
+    /// Puts the flags' ranges and mask sizes in a configuration that declares
+    /// `clusterCIDRs`; an unset mask size leaves the controller's default for the family.
+    fn fill(&self, object: &mut serde_json::Map<String, serde_json::Value>) {
         object.insert("clusterCIDRs".into(), self.cluster_cidr.clone().into());
         for (key, value) in [
             ("nodeCIDRMaskSize", self.node_cidr_mask_size),
@@ -355,8 +356,25 @@ impl NodeIpamFlags {
                 None => object.remove(key),
             };
         }
-        Some(configuration.to_string())
     }
+}
+
+impl Default for NodeIpamFlags {
+    /// As the flags' defaults.
+    fn default() -> Self {
+        Self {
+            allocate_node_cidrs: true,
+            cluster_cidr: vec!["10.42.0.0/16".into()],
+            node_cidr_mask_size: None,
+            node_cidr_mask_size_ipv6: None,
+        }
+    }
+}
+
+/// Whether a built-in allocates Nodes' ranges: its configuration declares `clusterCIDRs`.
+fn allocates_node_cidrs(builtin: &Builtin) -> bool {
+    serde_json::from_str::<serde_json::Value>(builtin.configuration)
+        .is_ok_and(|c| c.get("clusterCIDRs").is_some())
 }
 
 /// What the scheduler runs with.
@@ -386,26 +404,43 @@ mod tests {
         node_ipam: NodeIpamFlags,
     }
 
-    fn apply(args: &[&str]) -> Vec<&'static Builtin> {
-        let flags = Flags::parse_from(std::iter::once("trellis").chain(args.iter().copied()));
-        flags
-            .node_ipam
-            .apply(trellis_controllers::bundled::select("*").unwrap())
+    fn flags(args: &[&str]) -> NodeIpamFlags {
+        Flags::parse_from(std::iter::once("trellis").chain(args.iter().copied())).node_ipam
     }
 
-    fn node_ipam(builtins: &[&'static Builtin]) -> Option<serde_json::Value> {
-        let b = builtins.iter().find(|b| b.name == "nodeipam")?;
-        Some(serde_json::from_str(b.configuration).unwrap())
+    fn apply(args: &[&str]) -> Vec<&'static Builtin> {
+        flags(args).select(trellis_controllers::bundled::select("*").unwrap())
+    }
+
+    /// The configuration each built-in runs with under `args`, by name.
+    fn configurations(args: &[&str]) -> Vec<(&'static str, serde_json::Value)> {
+        let flags = flags(args);
+        apply(args)
+            .into_iter()
+            .map(|b| {
+                let c = configured(b.configuration, 50, &flags);
+                (b.name, serde_json::from_str(&c).unwrap())
+            })
+            .collect()
+    }
+
+    fn node_ipam(
+        configurations: &[(&'static str, serde_json::Value)],
+    ) -> Option<serde_json::Value> {
+        configurations
+            .iter()
+            .find(|(name, _)| *name == "nodeipam")
+            .map(|(_, c)| c.clone())
     }
 
     #[test]
     fn the_node_ipam_controller_takes_the_cluster_cidr_flags() {
         assert_eq!(
-            node_ipam(&apply(&[])),
+            node_ipam(&configurations(&[])),
             Some(serde_json::json!({"clusterCIDRs": ["10.42.0.0/16"]}))
         );
         assert_eq!(
-            node_ipam(&apply(&[
+            node_ipam(&configurations(&[
                 "--cluster-cidr",
                 "10.50.0.0/16,fd00:50::/56",
                 "--node-cidr-mask-size",
@@ -419,15 +454,18 @@ mod tests {
             )
         );
         // The others keep theirs.
-        let builtins = apply(&["--cluster-cidr", "10.50.0.0/16"]);
-        let lifecycle = builtins.iter().find(|b| b.name == "nodelifecycle").unwrap();
-        assert_eq!(lifecycle.configuration, r#"{"gracePeriodSeconds": 50}"#);
+        let all = configurations(&["--cluster-cidr", "10.50.0.0/16"]);
+        let lifecycle = all
+            .iter()
+            .find(|(name, _)| *name == "nodelifecycle")
+            .unwrap();
+        assert_eq!(lifecycle.1, serde_json::json!({"gracePeriodSeconds": 50}));
     }
 
     #[test]
     fn allocate_node_cidrs_false_leaves_the_node_ipam_controller_out() {
         let builtins = apply(&["--allocate-node-cidrs", "false"]);
-        assert_eq!(node_ipam(&builtins), None);
+        assert!(!builtins.iter().any(|b| b.name == "nodeipam"));
         assert!(builtins.iter().any(|b| b.name == "nodelifecycle"));
     }
 }

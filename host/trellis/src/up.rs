@@ -222,7 +222,7 @@ pub async fn run(
     };
     let builtins = args
         .node_ipam
-        .apply(trellis_controllers::bundled::select(&args.controllers)?);
+        .select(trellis_controllers::bundled::select(&args.controllers)?);
     let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
     server_config.listen = args.listen;
     // In `trellis up` the controller manager's namespace controller does it, if run.
@@ -297,6 +297,7 @@ pub async fn run(
             root_ca: std::fs::read_to_string(args.data_dir.join("pki").join("ca.crt")).ok(),
             node_monitor_grace_period: args.node_monitor_grace_period,
             plugin_status_interval: Duration::from_secs(10),
+            node_ipam: args.node_ipam.clone(),
             builtins,
         });
         shared.scheduler = Some(crate::setup::SchedulerSetup {

@@ -135,6 +135,7 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
         root_ca: None,
         node_monitor_grace_period: 50,
         plugin_status_interval: Duration::from_secs(10),
+        node_ipam: Default::default(),
     };
     shared.controllers = Some(setup.clone());
     let (stop, stopped) = Shutdown::new();

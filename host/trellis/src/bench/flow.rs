@@ -242,6 +242,7 @@ async fn measure(cluster: &LocalCluster, args: &FlowArgs) -> anyhow::Result<Repo
         root_ca: Some(cluster.server.ca_pem.clone()),
         node_monitor_grace_period: 50,
         plugin_status_interval: Duration::from_secs(10),
+        node_ipam: Default::default(),
         builtins: trellis_controllers::bundled::select("*")?,
     });
     shared.scheduler = Some(crate::setup::SchedulerSetup {
