@@ -110,6 +110,20 @@ impl Node {
             .image_ref
     }
 
+    async fn sandbox_status(&mut self, id: &str) -> PodSandboxStatus {
+        self.client
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.to_owned(),
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+    }
+
     async fn sandbox(&mut self, name: &str, handler: &str) -> (String, PodSandboxConfig) {
         self.sandbox_with(name, handler, |_| {}).await
     }
@@ -877,18 +891,7 @@ async fn handlers_images_and_sandboxes_answer_as_cri_says() {
     assert!(gone.is_none());
 
     let other = node.sandbox("other", PROCESS).await;
-    let status = node
-        .client
-        .runtime
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: sandbox.0.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let status = node.sandbox_status(&sandbox.0).await;
     assert_eq!(status.network.unwrap().ip, "10.1.2.3");
     assert_eq!(status.runtime_handler, WASMTIME);
     assert_eq!(status.metadata.unwrap().name, "images");
@@ -1336,18 +1339,7 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
                 }
             })
             .await;
-        let status = node
-            .client
-            .runtime
-            .pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: sandbox.0.clone(),
-                verbose: false,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status
-            .unwrap();
+        let status = node.sandbox_status(&sandbox.0).await;
         let ip = status.network.unwrap().ip;
         assert!(ip.starts_with("10.244.78."), "{ip}");
         let options = status.linux.unwrap().namespaces.unwrap().options.unwrap();
@@ -1394,21 +1386,7 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
         .await
         .unwrap();
     node.start_container(&id).await;
-    let web_ip = node
-        .client
-        .runtime
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: web.0.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap()
-        .network
-        .unwrap()
-        .ip;
+    let web_ip = node.sandbox_status(&web.0).await.network.unwrap().ip;
     assert!(
         trellis_tests::http_answers(&web_ip, 8080).await,
         "the component at {web_ip} answers"
@@ -1445,18 +1423,7 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
         .unwrap()
         .into_inner()
         .pod_sandbox_id;
-    let status = node
-        .client
-        .runtime
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: host,
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let status = node.sandbox_status(&host).await;
     assert_eq!(
         status.network.unwrap().ip,
         IpAddr::from(NODE_IP).to_string()
