@@ -15,8 +15,8 @@
 //! A `wasi:http` container listens on the node's IP at the first TCP port of its
 //! annotation `io.kubernetes.container.ports` (a JSON list of `v1.ContainerPort`, as the
 //! kubelet writes it). Everything the runtime knows is kept as JSON under
-//! [`RuntimeConfig::root`], so a restarted runtime adopts the processes still running
-//! and reports what it could not keep.
+//! [`RuntimeConfig::root`], so a restarted runtime adopts the processes and pod networks
+//! still there, reports what it could not keep, and tears down what no record names.
 //!
 //! # Layout
 //! One CRI service over the runtime's records, whatever runs the containers: as in
@@ -29,8 +29,9 @@
 //!   the image store (`store::image`): pulling `file://` and registry images (through
 //!   `trellis-oci`), the JSON index.
 //! - `log`: container output in the CRI log format.
-//! - `network`: a pod's network namespace (`network::netns`) and the CNI plugins
-//!   that connect it (`network::cni`).
+//! - `network`: a pod's network namespace (`network::netns`), the CNI plugins
+//!   that connect it (`network::cni`), and what a restart finds of them
+//!   (`network::recover`).
 //! - `state`: the live tables of sandboxes and containers over a store, what a running
 //!   container has in memory only, and the container events stream.
 //! - `handler`: what a runtime handler does for the service: start, stop, measure a
@@ -41,6 +42,10 @@
 //!   stopping, adopting after a restart, `ExecSync`); and [`hollow`], the runtime of
 //!   hollow nodes: the hollow handler, an image store where every image is present,
 //!   served over an in-memory stream.
+//! - `recover`: what a restarted runtime does with what the previous run left, before
+//!   it serves: sandboxes whose namespace is still pinned and processes still running
+//!   are adopted, the network of sandboxes with no record is torn down
+//!   (`network::recover`).
 //! - `service`: the two CRI services on [`Runtime`], the gRPC edge (every error a
 //!   client sees is a `tonic::Status` made there or in the module that knows why): a
 //!   sandbox's lifecycle in `service::sandbox`, a container's in `service::container`.
@@ -51,6 +56,7 @@ mod log;
 mod network;
 mod process;
 mod record;
+mod recover;
 mod service;
 mod state;
 mod store;
@@ -161,8 +167,9 @@ impl std::fmt::Debug for Runtime {
 
 impl Runtime {
     /// Opens the runtime's state under `config.root` (creating it), reloads the
-    /// records a previous run left and adopts its processes still running. Must be
-    /// called within a Tokio runtime: adopted processes are watched by tasks.
+    /// records a previous run left, adopts its processes and pod networks still there
+    /// and tears down the networks no record names (see `recover`). Must be called
+    /// within a Tokio runtime: adopted processes are watched by tasks.
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
         Self::with_cni(config, CniConfig::default())
     }
@@ -220,42 +227,6 @@ impl Runtime {
     /// removed.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.state.changes()
-    }
-
-    /// What a previous run left: containers that were running are adopted (a live
-    /// process) or reported as ended (a WASM program, whose store died with the run).
-    fn recover(&self) {
-        for (id, kind, pid, start) in self.state.running_after_restart() {
-            match kind {
-                record::ImageKind::Process => {
-                    let alive = pid.zip(start).filter(|&(pid, start)| {
-                        process::start_time(pid).is_some_and(|now| now == start)
-                    });
-                    match alive {
-                        Some((pid, start)) => {
-                            tracing::info!(container = %id, pid, "adopting a running process");
-                            process::adopt(&self.state, &id, pid, start);
-                        }
-                        None => self.state.finish(
-                            &id,
-                            state::Exit {
-                                code: 137,
-                                reason: "Error",
-                                message: "exit status lost across a runtime restart".into(),
-                            },
-                        ),
-                    }
-                }
-                record::ImageKind::Wasm | record::ImageKind::Hollow => self.state.finish(
-                    &id,
-                    state::Exit {
-                        code: 1,
-                        reason: "Error",
-                        message: "the runtime restarted while it ran".into(),
-                    },
-                ),
-            }
-        }
     }
 }
 

@@ -9,6 +9,7 @@
 pub(crate) mod cni;
 mod fake;
 pub(crate) mod netns;
+pub(crate) mod recover;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
