@@ -11,8 +11,11 @@
 //!
 //! WASI grants exactly the container's arguments and environment, a preopened
 //! directory per mount (read-only when the mount is), stdout and stderr into the log,
-//! clocks and randomness; no sockets, no name lookup, no stdin. An HTTP handler may also
-//! send requests (`wasi:http/outgoing-handler`); a program may not. A WASM program has
+//! clocks and randomness; no stdin. A program in a pod with a network of its own also
+//! gets `wasi:sockets` and name lookups, inside the pod's network namespace and with
+//! the pod's `resolv.conf` (`pod`); elsewhere (the node's network) no sockets and no
+//! name lookup. An HTTP handler may also send requests
+//! (`wasi:http/outgoing-handler`); a program may not. A WASM program has
 //! no signal handler: a stop cancels it at once, whatever the grace period.
 //!
 //! # Layout
@@ -20,9 +23,11 @@
 //! - `workload`: what an instance's store holds: the WASI context, the memory limit,
 //!   output into the log; and how a trap reads.
 //! - `program`: a `wasi:cli/run` component's run on a thread of its own.
+//! - `pod`: how that thread enters its pod's network and DNS settings.
 //! - `proxy`: a `wasi:http/incoming-handler` component's HTTP server.
 
 mod engine;
+mod pod;
 mod program;
 mod proxy;
 mod workload;

@@ -1,5 +1,7 @@
 //! A `wasi:cli/run` component, run once as a program on an OS thread of its own with
-//! a small executor, so a guest's work stays off the runtime's gRPC threads.
+//! a small executor, so a guest's work stays off the runtime's gRPC threads. In a pod
+//! with a network of its own, that thread enters the pod's network first (`pod`), and
+//! the program may use `wasi:sockets` there.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +12,7 @@ use wasmtime::{Engine, Store};
 use wasmtime_wasi::I32Exit;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
+use super::pod::PodNetwork;
 use super::workload::{WasiConfig, Workload, memory_limit, new_store, trap_message};
 use crate::log::LogFile;
 use crate::record::ContainerRecord;
@@ -24,7 +27,15 @@ pub(crate) fn start(
     program: CommandPre<Workload>,
     log: Option<Arc<LogFile>>,
 ) -> Result<Live, Status> {
-    let wasi = WasiConfig::of(record).context(log.clone())?;
+    let network = record
+        .netns
+        .as_deref()
+        .map(|netns| PodNetwork::of(netns, &record.sandbox_id));
+    let mut wasi = WasiConfig::of(record);
+    if network.is_some() {
+        wasi.grant_sockets();
+    }
+    let wasi = wasi.context(log.clone())?;
     let memory = Arc::new(AtomicU64::new(0));
     let cancel = Arc::new(Cancel::default());
     let store = new_store(
@@ -38,13 +49,37 @@ pub(crate) fn start(
     let id = record.id.clone();
     let state = state.clone();
     let thread_cancel = cancel.clone();
+    // The thread says whether it is in the pod's network before the program runs, so
+    // a failure to enter fails the start rather than the program.
+    let (entered, inside) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name(format!("wasm-{}", id.get(..12).unwrap_or(&id)))
         .spawn(move || {
+            let ready = network.as_ref().map_or(Ok(()), PodNetwork::enter);
+            let failed = ready.is_err();
+            let _ = entered.send(ready);
+            if failed {
+                return;
+            }
             let exit = run(store, program, &thread_cancel);
             state.finish(&id, exit);
         })
         .map_err(|e| Status::internal(format!("cannot start a thread: {e}")))?;
+    match inside.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(Status::internal(format!(
+                "container {}: cannot enter its pod's network: {e}",
+                record.id
+            )));
+        }
+        Err(_) => {
+            return Err(Status::internal(format!(
+                "container {}: its thread ended before it started",
+                record.id
+            )));
+        }
+    }
     Ok(Live {
         exited,
         stop: Stopper::Wasm(cancel),

@@ -33,6 +33,9 @@ pub(crate) struct WasiConfig {
     /// Host path, guest path, read-only.
     mounts: Vec<(String, String, bool)>,
     working_dir: Option<String>,
+    /// Whether it may open sockets and look names up: only inside a network of its
+    /// pod's own, where they cannot reach what listens on the node's loopback.
+    sockets: bool,
 }
 
 impl WasiConfig {
@@ -64,20 +67,30 @@ impl WasiConfig {
                 .map(|m| (m.host_path.clone(), m.container_path.clone(), m.readonly))
                 .collect(),
             working_dir: Some(config.working_dir.clone()).filter(|d| !d.is_empty()),
+            sockets: false,
         }
     }
 
+    /// Grants `wasi:sockets` (TCP, UDP, name lookup, any address): for a program whose
+    /// thread is in its pod's network.
+    pub(crate) fn grant_sockets(&mut self) {
+        self.sockets = true;
+    }
+
     /// A WASI context granting the container's arguments, environment and mounts, its
-    /// output into `log`, and no sockets.
+    /// output into `log`, and sockets if granted.
     pub(crate) fn context(&self, log: Option<Arc<LogFile>>) -> Result<WasiCtx, Status> {
         let mut wasi = WasiCtxBuilder::new();
         wasi.args(&self.argv)
             .envs(&self.envs)
             .stdout(LogStream::new(Stream::Stdout, log.clone()))
             .stderr(LogStream::new(Stream::Stderr, log))
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false);
+            .allow_tcp(self.sockets)
+            .allow_udp(self.sockets)
+            .allow_ip_name_lookup(self.sockets);
+        if self.sockets {
+            wasi.inherit_network();
+        }
         for (host_path, container_path, readonly) in &self.mounts {
             let perms = if *readonly {
                 FsPerms::ReadOnly
