@@ -53,7 +53,9 @@
 mod handler;
 pub mod hollow;
 mod log;
+pub mod namespaces;
 mod network;
+pub mod pod_files;
 mod process;
 mod record;
 mod recover;

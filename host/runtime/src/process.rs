@@ -1,7 +1,9 @@
 //! The `process` handler: a container is a host process in a process group of its
-//! own, with only the container's environment. No namespaces or cgroups: mounts are
-//! not applied and the memory limit is not enforced (the process sees the host's
-//! filesystem, network and users, as the runtime itself does).
+//! own, with only the container's environment, in its pod's network, UTS and IPC
+//! namespaces and a mount namespace of its own where its mounts and the pod's /etc
+//! files appear (`namespaces`, `pod_files`); an exec enters the same namespaces. The
+//! node's root stays its root, its pid namespace and users are the node's, and the
+//! memory limit is not enforced.
 //!
 //! Its stdout and stderr are named pipes (FIFOs) in the container's directory that
 //! the process holds open for reading and writing: output never fails for want of a
@@ -11,7 +13,7 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt as _;
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +27,8 @@ use tonic::Status;
 
 use crate::handler::{self, Handler, Prepared};
 use crate::log::{Lines, LogFile, Stream};
+use crate::namespaces::{self, Enter};
+use crate::pod_files;
 use crate::record::{ContainerRecord, ImageKind, state_name};
 use crate::state::{Exit, Live, State, Stopper};
 
@@ -126,9 +130,12 @@ pub(crate) fn start(
     if let (Some(out), Some(err)) = (writers.next(), writers.next()) {
         command.stdout(out).stderr(err);
     }
+    let enter = enter(&dir, record).map_err(|message| {
+        Status::failed_precondition(format!("container {}: {message}", record.id))
+    })?;
     // Moved into the spawn, so the runtime keeps no write end: the readers see the
     // end of the output when the process's last copy closes.
-    let spawned = spawn_in(command, record.netns.as_deref());
+    let spawned = namespaces::spawn_in_pod(command, enter);
     let mut child = spawned.map_err(|e| {
         Status::failed_precondition(format!(
             "container {}: cannot run {}: {e}",
@@ -281,25 +288,27 @@ fn signal(pid: i32, signal: Signal) {
     }
 }
 
-/// Spawns `command`, in the network namespace pinned at `netns` if there is one: from
-/// a thread that entered it, whose children start in it (nothing runs between the
-/// fork and the exec).
-fn spawn_in(
-    mut command: tokio::process::Command,
-    netns: Option<&Path>,
-) -> std::io::Result<tokio::process::Child> {
-    let Some(netns) = netns else {
-        return command.spawn();
-    };
-    // The child is reaped by this runtime's tasks, whichever thread spawns it.
-    let tokio = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
-    crate::network::netns::run_in(netns, move || {
-        let _entered = tokio.enter();
-        command.spawn()
+/// The namespaces container `record`, whose directory is `dir`, starts in: its pod's
+/// pinned ones (under the runtime's root, two levels above `dir`) and its mounts with
+/// the pod's /etc files.
+fn enter(dir: &Path, record: &ContainerRecord) -> Result<Enter, String> {
+    let root = dir
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("{} is not under the runtime's root", dir.display()))?;
+    let pinned = |pin: PathBuf| pin.exists().then_some(pin);
+    let files = pod_files::sandbox_dir(root, &record.sandbox_id);
+    let files = files.exists().then_some(files);
+    Ok(Enter {
+        netns: record.netns.clone(),
+        uts: pinned(namespaces::uts_pin(root, &record.sandbox_id)),
+        ipc: pinned(namespaces::ipc_pin(root, &record.sandbox_id)),
+        binds: pod_files::binds(&record.config.mounts, files.as_deref())?,
     })
 }
 
-/// Runs `cmd` beside `record`'s process, with its environment and working directory.
+/// Runs `cmd` in `record`'s namespaces (its process's), with its environment and
+/// working directory, so that an exec sees what the container sees.
 pub(crate) async fn exec_sync(
     record: &ContainerRecord,
     cmd: &[String],
@@ -319,8 +328,10 @@ pub(crate) async fn exec_sync(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // In the container's network namespace, so that an exec sees what it sees.
-    let child = spawn_in(command, record.netns.as_deref())
+    let pid = record.pid.ok_or_else(|| {
+        Status::failed_precondition(format!("container {} has no process", record.id))
+    })?;
+    let child = namespaces::spawn_in_container(command, pid, record.pid_start)
         .map_err(|e| Status::failed_precondition(format!("cannot run {program:?}: {e}")))?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok());
     let output = child.wait_with_output();

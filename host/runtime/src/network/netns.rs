@@ -82,7 +82,9 @@ fn loopback_up() -> std::io::Result<()> {
 }
 
 /// Unpins the namespace at `pin` and removes the pin: the namespace ends with its last
-/// process. Removing one that is not there is not an error.
+/// process. Removing one that is not there is not an error. Any pinned namespace (UTS,
+/// IPC: `crate::namespaces`) is removed so; unlinking the pin also drops the copies of
+/// its mount that containers' mount namespaces hold.
 pub(crate) fn remove(pin: &Path) -> std::io::Result<()> {
     match rustix::mount::unmount(pin, UnmountFlags::DETACH) {
         // EINVAL: not a mount point (a pin whose mount is gone); ENOENT: no pin.
@@ -111,7 +113,7 @@ pub(crate) fn run_in<T: Send + 'static>(
 
 /// Runs `f` on a new thread that ends with it, so that whatever namespace it enters
 /// dies with it.
-fn on_thread<T: Send + 'static>(
+pub(crate) fn on_thread<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
     std::thread::Builder::new()

@@ -1,5 +1,6 @@
 //! A pod sandbox's record: the config `RunPodSandbox` gave, the handler its
-//! containers run with, and its network namespace and IPs when it has its own.
+//! containers run with, its network namespace and IPs when it has its own, its UTS
+//! and IPC namespaces and the directory of its /etc files.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -21,4 +22,13 @@ pub(crate) struct SandboxRecord {
     /// Its IPs, from CNI; none on the node's network.
     #[serde(default)]
     pub ips: Vec<IpAddr>,
+    /// The pins of its UTS and IPC namespaces; none where it shares the node's.
+    #[serde(default)]
+    pub uts: Option<PathBuf>,
+    #[serde(default)]
+    pub ipc: Option<PathBuf>,
+    /// The directory of its `hostname`, `resolv.conf` and `hosts` (`pod_files`); none
+    /// for a runtime that keeps no files.
+    #[serde(default)]
+    pub files: Option<PathBuf>,
 }

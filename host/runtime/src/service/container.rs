@@ -55,6 +55,16 @@ pub(super) async fn create(
             sandbox.handler
         )));
     }
+    if image.kind == ImageKind::Process {
+        // Checked now, so a mount the process could not get fails the creation and
+        // says which; made when it starts.
+        crate::pod_files::binds(&config.mounts, sandbox.files.as_deref()).map_err(|message| {
+            Status::invalid_argument(format!(
+                "container {:?}: {message}",
+                container_name(&config)
+            ))
+        })?;
+    }
     let raw_env = crate::env_bytes(&config)?;
     if image.kind == ImageKind::Wasm
         && let Some((name, _)) = raw_env.first()
@@ -204,13 +214,25 @@ pub(super) async fn status(
     runtime: &Runtime,
     request: Request<ContainerStatusRequest>,
 ) -> Reply<ContainerStatusResponse> {
-    let id = request.into_inner().container_id;
+    let request = request.into_inner();
+    let id = request.container_id;
     let tables = runtime.state.tables();
     let container = tables
         .containers
         .get(&id)
         .ok_or_else(|| no_container(&id))?;
     let mut status = container.record.status();
+    let mut info = HashMap::new();
+    // As containerd's verbose status: the process's pid (and here its /proc start
+    // time), by which a client on the node enters the container's namespaces.
+    if request.verbose
+        && let Some(pid) = container.record.pid.filter(|_| container.live.is_some())
+    {
+        info.insert(
+            "info".to_owned(),
+            serde_json::json!({"pid": pid, "pidStart": container.record.pid_start}).to_string(),
+        );
+    }
     drop(tables);
     // As containerd reports it: the registry's digest of the image when it came
     // from one (`REPO@sha256:…`), else the image's id.
@@ -237,7 +259,7 @@ pub(super) async fn status(
     }
     Ok(Response::new(ContainerStatusResponse {
         status: Some(status),
-        info: HashMap::new(),
+        info,
     }))
 }
 
@@ -419,4 +441,12 @@ impl Runtime {
         });
         stats
     }
+}
+
+fn container_name(config: &ContainerConfig) -> &str {
+    config
+        .metadata
+        .as_ref()
+        .map(|m| m.name.as_str())
+        .unwrap_or_default()
 }

@@ -1,18 +1,22 @@
 //! A pod sandbox's lifecycle: `RunPodSandbox` makes its record and, when the pod has
-//! a network of its own, its network namespace connected by CNI; `StopPodSandbox`
-//! stops its containers and tears its network down, `RemovePodSandbox` removes them
-//! and it. A sandbox on the node's network (host network, or no pod CIDR yet) reports
+//! a network of its own, its network namespace connected by CNI; its UTS namespace
+//! (hostname set) unless it is on the node's network, its IPC namespace unless it
+//! asks for the node's, and its /etc files (`pod_files`); `StopPodSandbox` stops its
+//! containers and tears its network down, `RemovePodSandbox` removes them and the
+//! rest. A sandbox on the node's network (host network, or no pod CIDR yet) reports
 //! the node's IP.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_cri::v1::*;
 use tonic::{Request, Response, Status};
 
 use super::{Reply, new_id, selects};
-use crate::Runtime;
+use crate::network::netns;
 use crate::record::{SandboxRecord, now_ns};
+use crate::{Runtime, namespaces, pod_files};
 
 /// `RunPodSandbox`: a ready sandbox with the runtime handler it asks for (or the first).
 pub(super) async fn run(
@@ -31,6 +35,17 @@ pub(super) async fn run(
     } else {
         (None, Vec::new())
     };
+    let own = match runtime.make_own(&id, &config).await {
+        Ok(own) => own,
+        Err(e) => {
+            if (netns.is_some() || !ips.is_empty())
+                && let Err(detached) = runtime.network.detach(&id, netns.as_deref()).await
+            {
+                tracing::warn!(sandbox = %id, "failed to {}", detached.message());
+            }
+            return Err(e);
+        }
+    };
     let record = SandboxRecord {
         id,
         config,
@@ -39,6 +54,9 @@ pub(super) async fn run(
         created_at: now_ns(),
         netns,
         ips,
+        uts: own.uts,
+        ipc: own.ipc,
+        files: own.files,
     };
     runtime.state.store().save_sandbox(&record);
     let id = record.id.clone();
@@ -84,6 +102,7 @@ pub(super) async fn remove(
         }
     }
     runtime.detach(&id).await?;
+    runtime.remove_own(&id).await?;
     if runtime.state.tables().sandboxes.remove(&id).is_some() {
         runtime.state.store().delete_sandbox(&id);
     }
@@ -141,7 +160,94 @@ pub(super) async fn list(
     Ok(Response::new(ListPodSandboxResponse { items }))
 }
 
+/// What a sandbox has of its own besides its network.
+#[derive(Default)]
+struct Own {
+    uts: Option<PathBuf>,
+    ipc: Option<PathBuf>,
+    files: Option<PathBuf>,
+}
+
 impl Runtime {
+    /// The runtime's root, where it keeps files; none for a runtime that keeps none
+    /// (a hollow node's), whose sandboxes get no namespaces or files.
+    fn files_root(&self) -> Option<PathBuf> {
+        // The store knows the root only through the directories it hands out.
+        let dir = self.state.store().container_dir("_")?;
+        Some(dir.parent()?.parent()?.to_path_buf())
+    }
+
+    /// Makes sandbox `id`'s UTS namespace (hostname set: it is on the pod's network,
+    /// and a host-network pod shares the node's, as in Kubernetes) and IPC namespace
+    /// (unless it asks for the node's), and writes its /etc files; on a failure,
+    /// nothing is left.
+    async fn make_own(&self, id: &str, config: &PodSandboxConfig) -> Result<Own, Status> {
+        let Some(root) = self.files_root() else {
+            return Ok(Own::default());
+        };
+        let options = config
+            .linux
+            .as_ref()
+            .and_then(|linux| linux.security_context.as_ref())
+            .and_then(|security| security.namespace_options.clone())
+            .unwrap_or_default();
+        let node = NamespaceMode::Node as i32;
+        let uts = (options.network != node).then(|| namespaces::uts_pin(&root, id));
+        let ipc = (options.ipc != node).then(|| namespaces::ipc_pin(&root, id));
+        let files = pod_files::sandbox_dir(&root, id);
+        let own = Own {
+            uts: uts.clone(),
+            ipc: ipc.clone(),
+            files: Some(files.clone()),
+        };
+        let config = config.clone();
+        let made = tokio::task::spawn_blocking(move || {
+            let hostname = match config.hostname.as_str() {
+                "" => config
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.name.clone())
+                    .unwrap_or_default(),
+                name => name.to_owned(),
+            };
+            pod_files::write(&files, &config, uts.is_some())
+                .map_err(|e| format!("cannot write the sandbox's files: {e}"))?;
+            namespaces::create(
+                uts.as_deref().map(|pin| (pin, hostname.as_str())),
+                ipc.as_deref(),
+            )
+            .map_err(|e| format!("cannot make the pod's UTS and IPC namespaces: {e}"))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        if let Err(message) = made {
+            let _ = self.remove_own(id).await;
+            return Err(Status::internal(format!("sandbox {id}: {message}")));
+        }
+        Ok(own)
+    }
+
+    /// Removes sandbox `id`'s UTS and IPC namespaces and its files, whether or not it
+    /// still has a record; what is gone already is not an error.
+    async fn remove_own(&self, id: &str) -> Result<(), Status> {
+        let Some(root) = self.files_root() else {
+            return Ok(());
+        };
+        let id = id.to_owned();
+        tokio::task::spawn_blocking(move || {
+            netns::remove(&namespaces::uts_pin(&root, &id))?;
+            netns::remove(&namespaces::ipc_pin(&root, &id))?;
+            pod_files::remove(&pod_files::sandbox_dir(&root, &id))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| {
+            Status::internal(format!(
+                "cannot remove the sandbox's namespaces and files: {e}"
+            ))
+        })
+    }
+
     /// Tears down sandbox `id`'s network, if it has one of its own; again is a no-op.
     async fn detach(&self, id: &str) -> Result<(), Status> {
         let network = self
@@ -182,7 +288,11 @@ impl Runtime {
                     options: Some(NamespaceOption {
                         network,
                         pid: node,
-                        ipc: node,
+                        ipc: if sandbox.ipc.is_some() {
+                            NamespaceMode::Pod as i32
+                        } else {
+                            node
+                        },
                         ..Default::default()
                     }),
                 }),
