@@ -29,6 +29,7 @@
 pub mod bootstrap;
 pub mod container;
 pub mod exec;
+pub mod gc;
 pub mod hollow;
 mod http;
 pub mod images;

@@ -1,7 +1,8 @@
 //! The pods bound to this node: a worker per pod (see [`crate::worker`]), fed the
 //! pod's versions from a shared informer of `spec.nodeName=NAME`, and woken by a
 //! relist of the runtime's containers when one of its containers changes state (the
-//! kubelet's PLEG). Sandboxes of pods that no longer exist are removed.
+//! kubelet's PLEG). At each relist, once the pods are listed, what the runtime holds
+//! of pods that no longer exist is collected ([`crate::gc`]).
 //!
 //! Many agents of one process (hollow nodes) share one informer of every pod instead
 //! of a watch each: [`PodDispatch`] hands each node the changes of its own pods.
@@ -15,13 +16,13 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::warn;
 use trellis_api::Shutdown;
 use trellis_client::informer::{BY_NODE_NAME, Change, Informer, pod_node_name};
 
 use crate::Context;
 use crate::labels::POD_UID;
-use crate::worker;
+use crate::{gc, worker};
 
 struct Handle {
     pod: watch::Sender<Option<Arc<Pod>>>,
@@ -132,9 +133,13 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
                 }
             }
             _ = relist.tick() => {
-                relist_containers(&ctx, &mut states, &workers).await;
+                let containers = relist_containers(&ctx, &mut states, &workers).await;
                 workers.retain(|_, h| !h.task.is_finished());
-                if informer.has_synced() {
+                // Only once the node's pods are listed: before, every pod would look
+                // gone.
+                if let Some(containers) = containers
+                    && informer.has_synced()
+                {
                     let pods = if shared {
                         informer.by_index(BY_NODE_NAME, &ctx.config.node_name)
                     } else {
@@ -142,7 +147,8 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
                     };
                     let known: HashSet<String> =
                         pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-                    remove_orphans(&ctx, &known, &workers).await;
+                    let live = |uid: &str| known.contains(uid) || workers.contains_key(uid);
+                    gc::collect(&ctx, &live, &containers).await;
                 }
             }
             Ok(()) = network.changed() => {
@@ -171,12 +177,13 @@ fn spawn(ctx: &Arc<Context>, uid: &str) -> Handle {
     }
 }
 
-/// Wakes the worker of each pod whose containers changed state since the last relist.
+/// Wakes the worker of each pod whose containers changed state since the last relist;
+/// returns the runtime's containers, none when it could not list them.
 async fn relist_containers(
     ctx: &Context,
     states: &mut HashMap<String, (i32, String)>,
     workers: &HashMap<String, Handle>,
-) {
+) -> Option<Vec<cri::Container>> {
     let mut runtime = ctx.cri.runtime.clone();
     let listed = match runtime
         .list_containers(cri::ListContainersRequest { filter: None })
@@ -185,13 +192,13 @@ async fn relist_containers(
         Ok(r) => r.into_inner().containers,
         Err(e) => {
             warn!(error = %e.message(), "list the runtime's containers");
-            return;
+            return None;
         }
     };
     let mut now: HashMap<String, (i32, String)> = HashMap::with_capacity(listed.len());
-    for c in listed {
+    for c in &listed {
         let uid = c.labels.get(POD_UID).cloned().unwrap_or_default();
-        now.insert(c.id, (c.state, uid));
+        now.insert(c.id.clone(), (c.state, uid));
     }
     let mut changed: Vec<&str> = Vec::new();
     for (id, (state, uid)) in &now {
@@ -210,72 +217,5 @@ async fn relist_containers(
         }
     }
     *states = now;
-}
-
-/// Sandboxes of pods this node no longer has (deleted while the agent was down):
-/// stopped and removed.
-async fn remove_orphans(ctx: &Context, known: &HashSet<String>, workers: &HashMap<String, Handle>) {
-    let mut runtime = ctx.cri.runtime.clone();
-    let Ok(listed) = runtime
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-    else {
-        return;
-    };
-    for sandbox in listed.into_inner().items {
-        let Some(uid) = sandbox.labels.get(POD_UID) else {
-            continue;
-        };
-        if known.contains(uid) || workers.contains_key(uid) {
-            continue;
-        }
-        info!(sandbox = %sandbox.id, pod_uid = %uid, "removing the sandbox of a pod that is gone");
-        let _ = runtime
-            .stop_pod_sandbox(cri::StopPodSandboxRequest {
-                pod_sandbox_id: sandbox.id.clone(),
-            })
-            .await;
-        let _ = runtime
-            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: sandbox.id,
-            })
-            .await;
-        let _ = std::fs::remove_dir_all(crate::spec::pod_dir(ctx, uid));
-    }
-    remove_orphan_files(ctx, known, workers);
-}
-
-/// The files and logs of pods this node no longer has, as the kubelet's housekeeping
-/// removes them: a pod's worker removes its own when the pod goes, so what is left is
-/// a pod's that went while the agent was down, or whose removal failed.
-fn remove_orphan_files(ctx: &Context, known: &HashSet<String>, workers: &HashMap<String, Handle>) {
-    let orphan = |uid: &str| !known.contains(uid) && !workers.contains_key(uid);
-    let root = &ctx.config.root;
-    for (dir, uid_of) in [
-        (
-            root.join("pods"),
-            (|n: &str| Some(n)) as fn(&str) -> Option<&str>,
-        ),
-        (root.join("logs"), crate::paths::uid_of_pod_logs_dir),
-    ] {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(uid) = name.to_str().and_then(uid_of) else {
-                continue;
-            };
-            if !orphan(uid) {
-                continue;
-            }
-            let path = entry.path();
-            info!(path = %path.display(), pod_uid = %uid, "removing what is left of a pod that is gone");
-            if let Err(e) = std::fs::remove_dir_all(&path)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                warn!(path = %path.display(), error = %e, "remove what is left of a pod");
-            }
-        }
-    }
+    Some(listed)
 }
