@@ -38,3 +38,4 @@ mod plugins;
 mod runtime;
 mod scheduler;
 mod store;
+mod wasi_sockets;
