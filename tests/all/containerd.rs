@@ -3,10 +3,16 @@
 //! completion and its log is served to `kubectl logs`; a long-running container turns
 //! Ready through an exec probe and is stopped gracefully when its pod is deleted.
 //!
-//! The test starts a containerd of its own, everything under a temporary directory
+//! containerd's CRI plugin gets its pods' network from a CNI conflist as Trellis'
+//! runtime does (a bridge with host-local IPAM, then portmap, from the same plugins): a
+//! sandbox made through containerd's CRI gets an IP of the conflist's subnet, which is
+//! released when the sandbox is removed. Its own bridge (`trellis-nt85`) and range
+//! (10.244.85.0/24), with no gateway, so nothing can leave the machine.
+//!
+//! Each test starts a containerd of its own, everything under a temporary directory
 //! (FACTS.md, "containerd through CRI v1"), imports the image with `ctr`, and stops
-//! it at the end. It is skipped only where the script says containerd cannot run
-//! (not root); anywhere else a containerd that does not work fails it.
+//! it at the end. They are skipped only where the script says containerd cannot run
+//! (not root); anywhere else a containerd that does not work fails them.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -28,6 +34,10 @@ use trellis_client::informer::SharedInformers;
 use trellis_tests::TestCluster;
 
 use super::node::{container, phase, wait_pod};
+
+/// The pods' network of the tests' containerd: its bridge and subnet.
+const BRIDGE: &str = "trellis-nt85";
+const SUBNET_PREFIX: &str = "10.244.85.";
 
 const NODE: &str = "containerd-1";
 /// The images in the script's tarball, once imported under this base name.
@@ -75,8 +85,29 @@ impl Containerd {
         let d = dir.path();
         let socket = d.join("containerd.sock");
         std::fs::create_dir(d.join("cni"))?;
-        // Pods use the host's network, so the CNI directory stays empty (containerd logs
-        // that it has no network config, which only pod networks need).
+        // The shape of Trellis' default network (bridge with hairpin and host-local
+        // IPAM, then portmap), on the tests' own bridge and range, without a gateway;
+        // addresses are reserved under the test's directory.
+        std::fs::write(
+            d.join("cni/10-containerd-test.conflist"),
+            serde_json::to_vec_pretty(&json!({
+                "cniVersion": "1.0.0",
+                "name": "containerd-test",
+                "plugins": [{
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": format!("{SUBNET_PREFIX}0/24")}]],
+                        "dataDir": d.join("ipam"),
+                    }
+                }, {
+                    "type": "portmap",
+                    "capabilities": {"portMappings": true}
+                }]
+            }))?,
+        )?;
         let config = format!(
             r#"version = 2
 root = "{root}"
@@ -238,6 +269,16 @@ state = "{state}"
         unmount_under(self.dir.path());
         removed
     }
+
+    /// The addresses host-local holds reserved for containerd's pods.
+    fn reserved(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir.path().join("ipam/containerd-test"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| name.starts_with(SUBNET_PREFIX))
+            .collect()
+    }
 }
 
 impl Drop for Containerd {
@@ -252,6 +293,17 @@ impl Drop for Containerd {
                 .status();
         }
         unmount_under(self.dir.path());
+    }
+}
+
+/// Deletes the tests' bridge (CNI leaves it), also after a failure.
+struct BridgeGuard;
+
+impl Drop for BridgeGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", BRIDGE])
+            .status();
     }
 }
 
@@ -312,6 +364,112 @@ async fn the_agent_runs_oci_containers_on_containerd() -> Result<()> {
     let stopped = containerd.stop().await.context("stop containerd");
     result?;
     stopped
+}
+
+/// A sandbox made through containerd's CRI on the pod's network gets an IP of the
+/// conflist's subnet, reserved by host-local, and releases it when removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_gives_sandboxes_ips_from_the_cni_conflist() -> Result<()> {
+    let tarball = match image().await? {
+        Ok(path) => path,
+        Err(reason) => {
+            eprintln!("skipping the containerd test: {reason}");
+            return Ok(());
+        }
+    };
+    let started = Instant::now();
+    let _bridge = BridgeGuard;
+    let mut containerd = Containerd::start().await?;
+    let result = sandbox_on_the_pod_network(&containerd, &tarball).await;
+    let stopped = containerd.stop().await.context("stop containerd");
+    result?;
+    eprintln!("containerd's pod network test took {:?}", started.elapsed());
+    stopped
+}
+
+async fn sandbox_on_the_pod_network(containerd: &Containerd, tarball: &Path) -> Result<()> {
+    containerd.import(tarball).await?;
+    let cri = containerd.cri().await?;
+    let mut runtime = cri.runtime.clone();
+    let status = runtime
+        .status(cri::StatusRequest { verbose: false })
+        .await?
+        .into_inner();
+    ensure!(
+        status.status.as_ref().is_some_and(|s| s
+            .conditions
+            .iter()
+            .any(|c| c.r#type == "NetworkReady" && c.status)),
+        "containerd's network is not ready: {status:?}\n{}",
+        containerd.log_tail()
+    );
+    let config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "net".into(),
+            uid: "uid-containerd-net".into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: "net".into(),
+        log_directory: containerd.dir.path().join("pod-logs").display().to_string(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let id = runtime
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        })
+        .await
+        .with_context(|| containerd.log_tail())?
+        .into_inner()
+        .pod_sandbox_id;
+    let status = runtime
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.clone(),
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .status
+        .context("sandbox status")?;
+    let ip = status.network.map(|n| n.ip).unwrap_or_default();
+    ensure!(
+        ip.starts_with(SUBNET_PREFIX),
+        "the sandbox's IP {ip:?} is not of the conflist's subnet"
+    );
+    ensure!(
+        containerd.reserved() == [ip.clone()],
+        "host-local holds {:?}, not {ip}",
+        containerd.reserved()
+    );
+    runtime
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await?;
+    runtime
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+        .await?;
+    ensure!(
+        containerd.reserved().is_empty(),
+        "addresses still reserved after RemovePodSandbox: {:?}",
+        containerd.reserved()
+    );
+    let ports = std::fs::read_dir(Path::new("/sys/class/net").join(BRIDGE).join("brif"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    ensure!(ports == 0, "{ports} veths left on {BRIDGE}");
+    Ok(())
 }
 
 async fn run_pods(containerd: &Containerd, tarball: &Path) -> Result<()> {

@@ -1,6 +1,9 @@
 #!/bin/sh
-# Installs Debian's containerd and runc (the containerd test starts a containerd of its
-# own, under a temporary directory) and builds a busybox OCI image for it; prints the
+# Installs Debian's containerd and runc, and the CNI plugins (bridge, host-local,
+# portmap, with iptables) its CRI plugin gives pods a network with, as Trellis' runtime
+# does (the containerd tests start a containerd of their own, under a temporary
+# directory, whose CNI bin_dir is /usr/lib/cni and conf_dir holds the tests'
+# conflist), and builds a busybox OCI image for it; prints the
 # path of the image's tarball (an OCI image layout), or, on a machine that cannot run
 # containerd, one line starting with "unsupported:" that says why.
 #
@@ -27,10 +30,13 @@ fi
 missing=""
 { command -v containerd && command -v ctr; } >/dev/null || missing="$missing containerd"
 command -v runc >/dev/null || missing="$missing runc"
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/portmap ] ||
+  missing="$missing containernetworking-plugins"
+command -v iptables >/dev/null || missing="$missing iptables"
 if [ -n "$missing" ]; then
   echo "installing Debian packages:$missing" >&2
   apt-get update -qq
-  # No recommends: the test needs no CNI plugins (its pods use the host's network).
+  # No recommends: nothing else is used.
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
