@@ -1,6 +1,8 @@
 //! `trellis node` (the node agent with its runtime), `trellis runtime` (the CRI
 //! runtime alone), and the local node of `trellis up`.
 
+mod address;
+
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -29,6 +31,9 @@ pub struct CniFlags {
     pub cni_bin_dir: Vec<PathBuf>,
 }
 
+/// The plugins of the default network (`bridge` with `host-local`, then `portmap`).
+const DEFAULT_NETWORK_PLUGINS: &[&str] = &["bridge", "host-local", "portmap"];
+
 impl CniFlags {
     fn config(&self) -> CniConfig {
         CniConfig {
@@ -36,6 +41,59 @@ impl CniFlags {
             bin_dirs: self.cni_bin_dir.clone(),
         }
     }
+
+    /// Where plugins are looked for: the flag's directories, else the runtime's.
+    fn bin_dirs(&self) -> Vec<PathBuf> {
+        if self.cni_bin_dir.is_empty() {
+            vec!["/usr/lib/cni".into(), "/opt/cni/bin".into()]
+        } else {
+            self.cni_bin_dir.clone()
+        }
+    }
+
+    /// Why pods cannot have a network of their own here, if they cannot: namespaces
+    /// and links need root, and the default network its plugins.
+    fn missing(&self) -> Option<String> {
+        if !rustix::process::geteuid().is_root() {
+            return Some("it needs root (network namespaces, links, iptables)".into());
+        }
+        let dirs = self.bin_dirs();
+        let missing: Vec<&str> = DEFAULT_NETWORK_PLUGINS
+            .iter()
+            .copied()
+            .filter(|plugin| !dirs.iter().any(|dir| dir.join(plugin).is_file()))
+            .collect();
+        (!missing.is_empty()).then(|| {
+            let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+            format!(
+                "the CNI plugins {} are not in {} (Debian: containernetworking-plugins)",
+                missing.join(", "),
+                dirs.join(", ")
+            )
+        })
+    }
+}
+
+/// The node's address: the flag's, else the one a kubelet would pick.
+fn node_address(flag: Option<IpAddr>) -> IpAddr {
+    if let Some(ip) = flag {
+        return ip;
+    }
+    let (ip, source) = address::detect();
+    match source {
+        address::Source::DefaultRoute(interface) => {
+            info!(%ip, %interface, "node address: the default route's interface")
+        }
+        address::Source::Interface(interface) => {
+            info!(%ip, %interface, "node address: no default route, an interface that is up")
+        }
+        address::Source::Loopback => tracing::warn!(
+            %ip,
+            "node address: no interface has an IPv4 address; pods on a network of their own \
+             cannot reach the node (--node-address sets one)"
+        ),
+    }
+    ip
 }
 
 /// The settings `trellis node` and `trellis up` share.
@@ -45,9 +103,12 @@ pub struct NodeFlags {
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
 
-    /// The node's address: its InternalIP, where its pods' ports are served.
-    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
-    pub node_address: IpAddr,
+    /// The node's address: its InternalIP, where its agent serves logs and exec and
+    /// its hostNetwork pods' ports are served (default: as a kubelet picks it, the
+    /// first IPv4 address of the default route's interface, else of an interface that
+    /// is up and is not a pod network's bridge or veth, else 127.0.0.1).
+    #[arg(long, value_name = "IP")]
+    pub node_address: Option<IpAddr>,
 
     /// A CRI runtime to use instead of the built-in one, e.g.
     /// `unix:///run/containerd/containerd.sock`.
@@ -96,12 +157,18 @@ pub struct NodeFlags {
     pub restart_backoff_max: Duration,
 
     /// Puts pods that are not hostNetwork on a network of their own (a namespace
-    /// joined by CNI, an IP of the Node's pod CIDR, which they wait for). Incomplete,
-    /// hence off by default: pods get no /etc/hosts or DNS of their own yet, nodes no
-    /// routes to each other's pods, and the node's own address is not yet made
-    /// reachable from them.
-    #[arg(long)]
-    pub pod_network: bool,
+    /// joined by CNI, an IP of the Node's pod CIDR, which they wait for). Default: on
+    /// when this process is root and the default network's CNI plugins (bridge,
+    /// host-local, portmap) are in the CNI bin dirs, else off (the log says why);
+    /// `--pod-network=false` keeps every pod on the node's network.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub pod_network: Option<bool>,
 
     #[command(flatten)]
     pub cni: CniFlags,
@@ -155,9 +222,10 @@ pub struct RuntimeArgs {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub process_handler: bool,
 
-    /// The address pods' ports are served on.
-    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
-    pub node_address: IpAddr,
+    /// The node's address: the IP of sandboxes on the node's network, where their
+    /// `wasi:http` components listen (default: as `trellis node` picks it).
+    #[arg(long, value_name = "IP")]
+    pub node_address: Option<IpAddr>,
 
     #[command(flatten)]
     pub cni: CniFlags,
@@ -180,7 +248,7 @@ pub async fn run_runtime(
             cache_dir: Some(args.root.join("compiled")),
             root: args.root,
             process_handler: args.process_handler,
-            node_ip: args.node_address,
+            node_ip: node_address(args.node_address),
         },
         args.cni.config(),
     )
@@ -200,6 +268,7 @@ pub async fn run_local(
     flags: &NodeFlags,
     stopped: Shutdown,
 ) -> anyhow::Result<()> {
+    let node_ip = node_address(flags.node_address);
     let (socket, server) = match &flags.container_runtime_endpoint {
         Some(endpoint) => (socket_path(endpoint)?, None),
         None => {
@@ -209,7 +278,7 @@ pub async fn run_local(
                     cache_dir: Some(root.join("compiled")),
                     root,
                     process_handler,
-                    node_ip: flags.node_address,
+                    node_ip,
                 },
                 flags.cni.config(),
             )
@@ -238,7 +307,7 @@ pub async fn run_local(
             .node_name
             .clone()
             .unwrap_or_else(crate::setup::host_name),
-        flags.node_address,
+        node_ip,
         data_dir.join("node"),
     );
     config.lease_renew = flags.node_lease_renew;
@@ -250,13 +319,30 @@ pub async fn run_local(
     config.default_handler = flags.default_runtime_handler.clone();
     config.port = flags.node_port;
     config.client_ca_pem = client_ca_pem;
-    config.pod_network = flags.pod_network;
+    config.pod_network = pod_network(flags);
     info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
     let result = trellis_agent::run(config, client, cri, informers, stopped).await;
     if let Some(server) = server {
         server.await.context("join the runtime")??;
     }
     result
+}
+
+/// Whether pods get a network of their own: the flag's word, else whether they can.
+fn pod_network(flags: &NodeFlags) -> bool {
+    if let Some(on) = flags.pod_network {
+        return on;
+    }
+    match flags.cni.missing() {
+        None => {
+            info!("pods get a network of their own (--pod-network=false keeps them on the node's)");
+            true
+        }
+        Some(why) => {
+            info!("pods stay on the node's network: {why}");
+            false
+        }
+    }
 }
 
 /// Another runtime's client once its socket answers: it may be starting beside the
