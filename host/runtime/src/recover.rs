@@ -4,14 +4,19 @@
 //!   IPs, ready if it was); one whose namespace is gone (the host rebooted) is no
 //!   longer ready, so the kubelet makes a new one, and its CNI state is released;
 //!   the network of a sandbox with no record (the runtime died between CNI ADD and
-//!   saving the record) is torn down (`network::recover`);
+//!   saving the record) is torn down (`network::recover`), and so are its UTS and IPC
+//!   namespaces and its /etc files;
 //! - containers: a process still running is adopted; a WASM program, whose store died
 //!   with the run, is reported ended.
 
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
 use k8s_cri::v1::PodSandboxState;
 
+use crate::network::netns;
 use crate::network::recover::Recorded;
-use crate::{Runtime, process, record, state};
+use crate::{Runtime, namespaces, pod_files, process, record, state};
 
 impl Runtime {
     pub(crate) fn recover(&self) {
@@ -61,11 +66,50 @@ impl Runtime {
         if !recovered.released.is_empty() {
             tracing::info!(sandboxes = ?recovered.released, "tore down the network of sandboxes with no record");
         }
+        self.remove_unrecorded(&recorded);
         let mut tables = self.state.tables();
         for id in &recovered.lost {
             if let Some(sandbox) = tables.sandboxes.get_mut(id) {
                 sandbox.state = PodSandboxState::SandboxNotready as i32;
                 self.state.store().save_sandbox(sandbox);
+            }
+        }
+    }
+
+    /// Removes the UTS and IPC namespaces and the /etc files of sandboxes that have no
+    /// record: made by a `RunPodSandbox` the runtime died in.
+    fn remove_unrecorded(&self, recorded: &[Recorded]) {
+        let Some(root) = self.state.store().root() else {
+            return;
+        };
+        let known: HashSet<&str> = recorded.iter().map(|s| s.id.as_str()).collect();
+        let unknown = |dir: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(|id| !known.contains(id)))
+                .map(|e| e.path())
+                .collect()
+        };
+        let pins = [
+            namespaces::uts_pin(root, "_"),
+            namespaces::ipc_pin(root, "_"),
+        ];
+        for dir in pins.iter().filter_map(|pin| pin.parent()) {
+            for pin in unknown(dir) {
+                tracing::info!(pin = %pin.display(), "removing a namespace of a sandbox with no record");
+                if let Err(e) = netns::remove(&pin) {
+                    tracing::warn!(pin = %pin.display(), "failed to remove a namespace: {e}");
+                }
+            }
+        }
+        // The records themselves are files beside the sandboxes' directories.
+        if let Some(dir) = pod_files::sandbox_dir(root, "_").parent() {
+            for files in unknown(dir).into_iter().filter(|path| path.is_dir()) {
+                if let Err(e) = pod_files::remove(&files) {
+                    tracing::warn!(dir = %files.display(), "failed to remove a sandbox's files: {e}");
+                }
             }
         }
     }

@@ -27,6 +27,8 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     fn delete_sandbox(&self, id: &str);
     /// A container's own directory (a process's output pipes); none without files.
     fn container_dir(&self, id: &str) -> Option<PathBuf>;
+    /// The root the records are kept under; none without files.
+    fn root(&self) -> Option<&Path>;
 }
 
 /// Records in JSON files under a root.
@@ -76,6 +78,10 @@ impl Store for Files {
     fn container_dir(&self, id: &str) -> Option<PathBuf> {
         Some(self.root.join("containers").join(id))
     }
+
+    fn root(&self) -> Option<&Path> {
+        Some(&self.root)
+    }
 }
 
 /// Records in the tables only.
@@ -91,6 +97,9 @@ impl Store for Memory {
     fn delete_container(&self, _: &str) {}
     fn delete_sandbox(&self, _: &str) {}
     fn container_dir(&self, _: &str) -> Option<PathBuf> {
+        None
+    }
+    fn root(&self) -> Option<&Path> {
         None
     }
 }
