@@ -27,6 +27,7 @@
 //!   own checks (bad files, limits, reopen) and the crash test.
 
 mod apiserver;
+mod churn;
 mod client;
 mod containerd;
 mod controllers;

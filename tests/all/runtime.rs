@@ -1536,3 +1536,229 @@ async fn hollow_sandboxes_get_addresses_from_the_pod_cidr() {
     let (_, b) = run("b").await;
     assert_eq!((a.as_str(), b.as_str()), ("10.42.7.2", "10.42.7.3"));
 }
+
+/// What a pod-network test made that a failure could leave: its sandboxes' pins
+/// (unmounted, which ends their namespaces and veths) and its bridge, removed on drop.
+struct NetworkGuard {
+    root: PathBuf,
+    bridge: &'static str,
+}
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        for kind in ["netns", "utsns", "ipcns"] {
+            for entry in std::fs::read_dir(self.root.join(kind))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let pin = entry.path();
+                let _ = rustix::mount::unmount(&pin, rustix::mount::UnmountFlags::DETACH);
+                let _ = std::fs::remove_file(&pin);
+            }
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", self.bridge])
+            .status();
+    }
+}
+
+/// The names in `dir`, sorted; none when it does not exist.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A runtime restart keeps its pods' networks: sandboxes whose namespaces are still
+/// pinned are READY with the same IPs and answer on them. What no record names (the
+/// runtime died between CNI ADD and saving the sandbox's record) is torn down before
+/// the runtime serves: no pin, cached result, reserved address or veth is left. A
+/// sandbox whose namespace did not survive (a reboot unmounts the pins) is no longer
+/// ready, and its address is freed. Needs root and the CNI plugins; its own bridge
+/// and range (10.244.82.0/25).
+#[tokio::test]
+async fn a_restarted_runtime_keeps_its_pods_addresses_and_tears_down_what_no_record_names() {
+    if !rustix::process::geteuid().is_root() || !Path::new("/usr/lib/cni/bridge").exists() {
+        eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
+        return;
+    }
+    const BRIDGE: &str = "trellis-nt82r";
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let _guard = NetworkGuard {
+        root: root.clone(),
+        bridge: BRIDGE,
+    };
+    let conf_dir = root.join("cni/net.d");
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let ipam = root.join("cni/networks");
+    std::fs::write(
+        conf_dir.join("10-restart-test.conflist"),
+        serde_json::to_vec(&serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "restart-test",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": "10.244.82.0/25"}]],
+                    "dataDir": ipam,
+                }
+            }]
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut node = Node::start(dir.path()).await;
+    node.client
+        .runtime
+        .update_runtime_config(UpdateRuntimeConfigRequest {
+            runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+                network_config: Some(NetworkConfig {
+                    pod_cidr: "10.244.82.0/25".into(),
+                }),
+            }),
+        })
+        .await
+        .unwrap();
+    let python = "file:///usr/bin/python3";
+    node.pull(python).await;
+    let mut kept = Vec::new();
+    for name in ["keep-a", "keep-b"] {
+        let sandbox = node.sandbox(name, PROCESS).await;
+        let id = node
+            .create(&sandbox, python, "web", &[], |c| {
+                c.command = ["python3", "-m", "http.server", "8080"]
+                    .map(String::from)
+                    .to_vec();
+                c.working_dir = dir.path().display().to_string();
+            })
+            .await
+            .unwrap();
+        node.start_container(&id).await;
+        let ip = node.sandbox_status(&sandbox.0).await.network.unwrap().ip;
+        assert!(trellis_tests::http_answers(&ip, 8080).await, "{ip} answers");
+        kept.push((sandbox.0, ip));
+    }
+    // A crash between ADD and saving the record: the network is there, the record not.
+    let (crashed, _) = node.sandbox("crashed", PROCESS).await;
+    std::fs::remove_file(root.join("sandboxes").join(format!("{crashed}.json"))).unwrap();
+    let (rebooted, _) = node.sandbox("rebooted", PROCESS).await;
+    let bridge = Path::new("/sys/class/net").join(BRIDGE).join("brif");
+    assert_eq!(names_in(&bridge).len(), 4, "a veth per sandbox");
+    // A reboot: the pin is a plain file, its namespace gone.
+    rustix::mount::unmount(
+        &root.join("netns").join(&rebooted),
+        rustix::mount::UnmountFlags::DETACH,
+    )
+    .unwrap();
+    node.stop().await;
+
+    let restarted = Instant::now();
+    let mut node = Node::start(dir.path()).await;
+    let recovery = restarted.elapsed();
+    for (id, ip) in &kept {
+        let status = node.sandbox_status(id).await;
+        assert_eq!(status.state, PodSandboxState::SandboxReady as i32);
+        assert_eq!(&status.network.unwrap().ip, ip, "the same IP");
+        assert!(
+            trellis_tests::http_answers(ip, 8080).await,
+            "{ip} still answers"
+        );
+    }
+    let err = node
+        .client
+        .runtime
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: crashed.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let status = node.sandbox_status(&rebooted).await;
+    assert_eq!(status.state, PodSandboxState::SandboxNotready as i32);
+    let kept_ids: Vec<String> = {
+        let mut ids: Vec<String> = kept.iter().map(|(id, _)| id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(names_in(&root.join("netns")), kept_ids, "pins");
+    let mut with_rebooted = kept_ids.clone();
+    with_rebooted.push(rebooted.clone());
+    with_rebooted.sort();
+    for kind in ["utsns", "ipcns"] {
+        assert_eq!(names_in(&root.join(kind)), with_rebooted, "{kind} pins");
+    }
+    assert!(
+        !root.join("sandboxes").join(&crashed).exists(),
+        "the files of the sandbox with no record"
+    );
+    let cached: Vec<String> = kept_ids.iter().map(|id| format!("{id}-eth0")).collect();
+    assert_eq!(names_in(&root.join("cni/results")), cached, "CNI cache");
+    let reserved = || {
+        let mut owners: Vec<String> = names_in(&ipam.join("restart-test"))
+            .into_iter()
+            .filter(|name| name.starts_with("10.244.82."))
+            .map(|name| {
+                let text = std::fs::read_to_string(ipam.join("restart-test").join(name)).unwrap();
+                text.lines().next().unwrap().trim().to_string()
+            })
+            .collect();
+        owners.sort();
+        owners
+    };
+    assert_eq!(reserved(), kept_ids, "addresses reserved");
+    // A namespace's veth goes with it, which the kernel finishes a moment after the
+    // last reference: the bridge is looked at again for a while.
+    assert_eq!(
+        bridge_ports_settle(&bridge, 2).await,
+        2,
+        "the veths of the kept pods only"
+    );
+    eprintln!("recovery and restart took {recovery:?}");
+
+    for id in kept_ids.iter().chain([&rebooted]) {
+        node.client
+            .runtime
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+        node.client
+            .runtime
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    for kind in ["netns", "utsns", "ipcns", "cni/results"] {
+        assert_eq!(names_in(&root.join(kind)), Vec::<String>::new(), "{kind}");
+    }
+    assert_eq!(reserved(), Vec::<String>::new());
+    assert_eq!(bridge_ports_settle(&bridge, 0).await, 0, "no veth left");
+    node.stop().await;
+}
+
+/// The number of ports of the bridge whose `brif` directory is `brif`, once it is
+/// `expected` or after 5 s of looking again every 20 ms.
+async fn bridge_ports_settle(brif: &Path, expected: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ports = names_in(brif).len();
+        if ports == expected || Instant::now() >= deadline {
+            return ports;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

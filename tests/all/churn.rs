@@ -1,0 +1,384 @@
+//! Pods on the pod network come and go through a node (agent and runtime over CRI)
+//! without leaving anything of their network behind: no veth on the bridge, no
+//! namespace pin, no cached CNI result, no address reserved by host-local; the agent
+//! collects what the runtime holds of pods that are gone (deleted while it was down)
+//! and a live pod's old sandboxes. Needs root and the CNI plugins; the node has a CNI
+//! network of its own on 10.244.82.128/25 (bridge `trellis-nt82c`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::time::Instant;
+use trellis_agent::AgentConfig;
+use trellis_api::{Shutdown, Stop, UserInfo};
+use trellis_client::identity;
+use trellis_client::informer::SharedInformers;
+use trellis_runtime::{Runtime, RuntimeConfig};
+use trellis_tests::TestCluster;
+
+use super::node::{phase, wait_pod};
+
+const NODE: &str = "node-churn";
+const POD_CIDR: &str = "10.244.82.128/25";
+const BRIDGE: &str = "trellis-nt82c";
+const NETWORK: &str = "churn-test";
+
+/// What the test made that a failure could leave: the pins (unmounted, which ends
+/// their namespaces and veths) and the bridge, removed on drop.
+struct NetworkGuard {
+    runtime_root: PathBuf,
+}
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        for kind in ["netns", "utsns", "ipcns"] {
+            for entry in std::fs::read_dir(self.runtime_root.join(kind))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let pin = entry.path();
+                let _ = rustix::mount::unmount(&pin, rustix::mount::UnmountFlags::DETACH);
+                let _ = std::fs::remove_file(&pin);
+            }
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", BRIDGE])
+            .status();
+    }
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect()
+}
+
+/// What is left of the pods' network: pins, cached results, reserved addresses and
+/// the bridge's ports; all empty when nothing leaked.
+#[derive(Debug, Default, PartialEq)]
+struct Leftovers {
+    /// Network, UTS and IPC namespace pins.
+    pins: Vec<String>,
+    cached: Vec<String>,
+    reserved: Vec<String>,
+    veths: Vec<String>,
+}
+
+fn leftovers(root: &Path) -> Leftovers {
+    Leftovers {
+        pins: ["netns", "utsns", "ipcns"]
+            .iter()
+            .flat_map(|kind| names_in(&root.join("runtime").join(kind)))
+            .collect(),
+        cached: names_in(&root.join("runtime/cni/results")),
+        reserved: names_in(&root.join("cni/networks").join(NETWORK))
+            .into_iter()
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+            .collect(),
+        veths: names_in(&Path::new("/sys/class/net").join(BRIDGE).join("brif")),
+    }
+}
+
+/// Waits until nothing is left, looking again every 50 ms for up to `limit` (a
+/// namespace's veth goes a moment after its pin).
+async fn wait_clean(root: &Path, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = leftovers(root);
+        if left == Leftovers::default() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("left after {limit:?}: {left:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The node's agent, started and stopped apart from its runtime.
+struct Agent {
+    stop: Stop,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+async fn start_agent(cluster: &TestCluster, root: &Path) -> Result<Agent> {
+    let (stop, stopped) = Shutdown::new();
+    let cri = trellis_runtime::connect(&root.join("cri.sock")).await?;
+    let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
+    config.pod_network = true;
+    config.relist_period = Duration::from_millis(50);
+    config.backoff_base = Duration::from_millis(100);
+    config.port = 0;
+    config.eviction_hard = None;
+    let task = tokio::spawn(trellis_agent::run(
+        config,
+        cluster.in_process().client(identity::node(NODE)),
+        cri,
+        SharedInformers::new(),
+        stopped,
+    ));
+    Ok(Agent { stop, task })
+}
+
+impl Agent {
+    async fn stop(self) -> Result<()> {
+        self.stop.stop();
+        self.task.await?
+    }
+}
+
+fn sleeper(name: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": NODE, "runtimeClassName": "process",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "file:///bin/sleep", "args": ["600"]}]}
+    }))?)
+}
+
+/// The runtime's sandboxes of pod `uid`: id and whether it is ready.
+async fn sandboxes_of(cri: &mut trellis_runtime::Client, uid: &str) -> Result<Vec<(String, bool)>> {
+    Ok(cri
+        .runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into(),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|s| (s.id, s.state == cri::PodSandboxState::SandboxReady as i32))
+        .collect())
+}
+
+/// Waits until pod `uid`'s sandboxes satisfy `done`, looking again every 50 ms.
+async fn wait_sandboxes(
+    cri: &mut trellis_runtime::Client,
+    uid: &str,
+    limit: Duration,
+    done: impl Fn(&[(String, bool)]) -> bool,
+) -> Result<Vec<(String, bool)>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let sandboxes = sandboxes_of(cri, uid).await?;
+        if done(&sandboxes) {
+            return Ok(sandboxes);
+        }
+        if Instant::now() >= deadline {
+            bail!("pod {uid}'s sandboxes after {limit:?}: {sandboxes:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
+    if !rustix::process::geteuid().is_root()
+        || !std::path::Path::new("/usr/lib/cni/bridge").exists()
+    {
+        eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
+        return Ok(());
+    }
+    let cluster = TestCluster::start().await?;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let _guard = NetworkGuard {
+        runtime_root: root.join("runtime"),
+    };
+    let conf_dir = root.join("cni/net.d");
+    std::fs::create_dir_all(&conf_dir)?;
+    std::fs::write(
+        conf_dir.join("10-churn-test.conflist"),
+        serde_json::to_vec(&json!({
+            "cniVersion": "1.0.0",
+            "name": NETWORK,
+            "plugins": [{
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    "dataDir": root.join("cni/networks"),
+                }
+            }]
+        }))?,
+    )?;
+    let (stop_runtime, runtime_stopped) = Shutdown::new();
+    let runtime = Runtime::with_cni(
+        RuntimeConfig {
+            root: root.join("runtime"),
+            cache_dir: Some(root.join("compiled")),
+            process_handler: true,
+            node_ip: "127.0.0.1".parse()?,
+        },
+        trellis_runtime::CniConfig {
+            conf_dir: Some(conf_dir),
+            bin_dirs: Vec::new(),
+        },
+    )?;
+    let listener = trellis_runtime::listen(&root.join("cri.sock"))?;
+    let server = tokio::spawn(async move {
+        trellis_runtime::serve_on(runtime, listener, async move {
+            runtime_stopped.wait().await;
+        })
+        .await
+    });
+    let mut cri = trellis_runtime::connect(&root.join("cri.sock")).await?;
+    let mut agent = Some(start_agent(&cluster, root).await?);
+
+    let admin = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    let watching = SharedInformers::new();
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    const CHURN: usize = 50;
+    let work = async {
+        let nodes: Api<Node> = Api::all(admin.clone());
+        kube::runtime::wait::await_condition(nodes.clone(), NODE, |n: Option<&Node>| n.is_some())
+            .await?;
+        nodes
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}})),
+            )
+            .await?;
+
+        // Churn: pods made and deleted through the node.
+        let begun = Instant::now();
+        for i in 0..CHURN {
+            api.create(&PostParams::default(), &sleeper(&format!("churn-{i}"))?)
+                .await?;
+        }
+        let mut changes = pods.subscribe();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let running = (0..CHURN)
+                .filter(|i| {
+                    pods.get(&format!("default/churn-{i}"))
+                        .is_some_and(|p| phase(&p) == "Running")
+                })
+                .count();
+            if running == CHURN {
+                break;
+            }
+            tokio::select! {
+                change = changes.recv() => if change.is_none() { bail!("the pod informer ended") },
+                _ = tokio::time::sleep_until(deadline) => bail!("{running} of {CHURN} pods running"),
+            }
+        }
+        let running = begun.elapsed();
+        ensure!(
+            leftovers(root).veths.len() == CHURN,
+            "a veth per pod: {:?}",
+            leftovers(root)
+        );
+        for i in 0..CHURN {
+            api.delete(&format!("churn-{i}"), &DeleteParams::default())
+                .await?;
+        }
+        wait_clean(root, Duration::from_secs(30))
+            .await
+            .context("after the churn")?;
+        eprintln!(
+            "{CHURN} pods: running after {running:?}, all gone after {:?}",
+            begun.elapsed()
+        );
+
+        // A pod deleted while its node's agent is down: the agent collects its sandbox
+        // when it is back.
+        let begun = Instant::now();
+        api.create(&PostParams::default(), &sleeper("orphan")?).await?;
+        let orphan = wait_pod(&pods, "orphan", Duration::from_secs(30), |p| {
+            phase(p) == "Running"
+        })
+        .await?;
+        let orphan_uid = orphan.metadata.uid.clone().context("no uid")?;
+        if let Some(agent) = agent.take() {
+            agent.stop().await?;
+        }
+        api.delete("orphan", &DeleteParams::default().grace_period(0))
+            .await?;
+        ensure!(
+            sandboxes_of(&mut cri, &orphan_uid).await?.len() == 1,
+            "the sandbox stays while the agent is down"
+        );
+        agent = Some(start_agent(&cluster, root).await?);
+        wait_sandboxes(&mut cri, &orphan_uid, Duration::from_secs(10), |s| {
+            s.is_empty()
+        })
+        .await
+        .context("the deleted pod's sandbox")?;
+        wait_clean(root, Duration::from_secs(10))
+            .await
+            .context("after the agent's collection")?;
+        eprintln!("a pod deleted while the agent was down: collected after {:?}", begun.elapsed());
+
+        // A live pod's old sandbox (stopped, as a reboot leaves it): the pod gets a new
+        // one, and the old one is collected.
+        let begun = Instant::now();
+        api.create(&PostParams::default(), &sleeper("renewed")?).await?;
+        let renewed = wait_pod(&pods, "renewed", Duration::from_secs(30), |p| {
+            phase(p) == "Running"
+        })
+        .await?;
+        let uid = renewed.metadata.uid.clone().context("no uid")?;
+        let first = wait_sandboxes(&mut cri, &uid, Duration::from_secs(10), |s| {
+            s.len() == 1 && s[0].1
+        })
+        .await?;
+        cri.runtime
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: first[0].0.clone(),
+            })
+            .await?;
+        let now = wait_sandboxes(&mut cri, &uid, Duration::from_secs(10), |s| {
+            s.len() == 1 && s[0].1 && s[0].0 != first[0].0
+        })
+        .await
+        .context("one new ready sandbox, the old one collected")?;
+        api.delete("renewed", &DeleteParams::default()).await?;
+        wait_clean(root, Duration::from_secs(10))
+            .await
+            .context("after the renewed pod")?;
+        eprintln!(
+            "a stopped sandbox replaced ({} -> {}) and collected after {:?}",
+            first[0].0,
+            now[0].0,
+            begun.elapsed()
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+
+    // Deleted whatever happened above, so that no namespace outlives the test.
+    let forced = DeleteParams::default().grace_period(0);
+    for pod in pods.list() {
+        if let Some(name) = pod.metadata.name.as_deref() {
+            let _ = api.delete(name, &forced).await;
+        }
+    }
+    if let Some(agent) = agent {
+        agent.stop().await?;
+    }
+    stop_runtime.stop();
+    server.await??;
+    work?;
+    cluster.stop().await?;
+    Ok(())
+}
