@@ -11,15 +11,15 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
 use trellis_runtime::ENV_BYTES;
 
-use crate::Context;
 use crate::labels;
 use crate::spec::{self, Sources};
 use crate::status::{Observed, State};
+use crate::{Context, hosts};
 
 /// The configuration of run `attempt` of `container`: its command and arguments with
 /// the environment's references expanded, environment, mounts (making the pod's volumes
-/// the first time `volumes` is asked for), labels and annotations, log file and memory
-/// limit.
+/// the first time `volumes` is asked for, and the pod's hosts file at `/etc/hosts`
+/// unless it mounts one), labels and annotations, log file and memory limit.
 pub async fn container_config(
     ctx: &Context,
     uid: &str,
@@ -32,7 +32,10 @@ pub async fn container_config(
     if volumes.is_none() {
         *volumes = Some(spec::volumes(ctx, pod, sources).await?);
     }
-    let mounts = spec::mounts(container, volumes.as_ref().unwrap_or(&HashMap::new()))?;
+    let mut mounts = spec::mounts(container, volumes.as_ref().unwrap_or(&HashMap::new()))?;
+    if !mounts.iter().any(|m| m.container_path == ETC_HOSTS) {
+        mounts.push(hosts_mount(ctx, uid, pod)?);
+    }
     let env = spec::environment(ctx, pod, container, sources).await?;
     // CRI's arguments are strings: a reference to a value that is not UTF-8 is
     // passed as its closest string.
@@ -77,6 +80,30 @@ pub async fn container_config(
             }),
             ..Default::default()
         }),
+        ..Default::default()
+    })
+}
+
+/// Where a container finds its pod's hosts file.
+const ETC_HOSTS: &str = "/etc/hosts";
+
+/// The pod's managed hosts file (written again, as the kubelet does for each
+/// container, with the pod's IPs as they are now) mounted at `/etc/hosts`.
+fn hosts_mount(ctx: &Context, uid: &str, pod: &Pod) -> Result<cri::Mount, spec::ConfigError> {
+    let path = hosts::hosts_path(&spec::pod_dir(ctx, uid));
+    hosts::ensure_hosts_file(
+        &path,
+        pod,
+        &spec::pod_ips(ctx, pod),
+        spec::own_network(ctx.config.pod_network, pod),
+        &ctx.config.cluster_domain,
+        std::path::Path::new(ETC_HOSTS),
+    )
+    .map_err(|e| spec::ConfigError(format!("cannot write the pod's hosts file: {e}")))?;
+    Ok(cri::Mount {
+        container_path: ETC_HOSTS.to_owned(),
+        host_path: path.to_string_lossy().into_owned(),
+        readonly: false,
         ..Default::default()
     })
 }

@@ -12,8 +12,10 @@
 //! # What runs the command
 //! Trellis' runtime implements CRI's `ExecSync` only, not the streaming `Exec`, so the
 //! agent runs the command itself for the `process` handler, whose containers are host
-//! processes without namespaces: the command is a host process too, with the
-//! container's environment (built from the pod as for the container, by
+//! processes in their pod's namespaces: the command enters the namespaces of the
+//! container's process (its pid from the runtime's verbose `ContainerStatus`: mount,
+//! UTS, IPC and network), so it sees the container's hostname, /etc files, mounts and
+//! interfaces; it has the container's environment (built from the pod as for the container, by
 //! [`crate::spec::environment`]; ConfigMap and Secret values are today's, not those
 //! the container started with) and working directory, in a process group of its own.
 //! No terminal is allocated: with `tty=true` the command's stdout and stderr both go
@@ -213,8 +215,13 @@ pub async fn handle(
 /// What an exec into a container does.
 #[derive(Debug)]
 enum Plan {
-    /// Run the command on the host, beside the container's process.
-    Process { pod_uid: String },
+    /// Run the command in the namespaces of the container's process, `pid` (whose
+    /// /proc start time is `start`).
+    Process {
+        pod_uid: String,
+        pid: i32,
+        start: Option<u64>,
+    },
     /// Answer this error on channel 3.
     Refuse(String),
 }
@@ -289,7 +296,22 @@ async fn plan(
         .unwrap_or_default();
     let pod_uid = found.labels.get(POD_UID).cloned().unwrap_or_default();
     Ok(match handler.as_str() {
-        "process" => Plan::Process { pod_uid },
+        "process" => {
+            let (pid, start) = process_of(ctx, &found.id)
+                .await
+                .map_err(runtime_error)?
+                .ok_or_else(|| {
+                    (
+                        StatusCode::NOT_FOUND,
+                        format!("container {container:?} in pod {pod:?} is not running"),
+                    )
+                })?;
+            Plan::Process {
+                pod_uid,
+                pid,
+                start,
+            }
+        }
         "wasmtime" => Plan::Refuse(format!(
             "container {container} runs a WebAssembly component: it has no shell to exec into"
         )),
@@ -297,6 +319,30 @@ async fn plan(
             "exec into containers of runtime handler {other:?} is not supported yet"
         )),
     })
+}
+
+/// The pid of container `id`'s process and its /proc start time, from the runtime's
+/// verbose status (as containerd gives it: `info` holds a JSON object with `pid`);
+/// none when it has no process.
+async fn process_of(ctx: &Context, id: &str) -> Result<Option<(i32, Option<u64>)>, String> {
+    let mut runtime = ctx.cri.runtime.clone();
+    let status = tokio::time::timeout(
+        RUNTIME_TIMEOUT,
+        runtime.container_status(cri::ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: true,
+        }),
+    )
+    .await
+    .map_err(|_| "timed out".to_owned())?
+    .map_err(|e| e.message().to_owned())?
+    .into_inner();
+    let Some(info) = status.info.get("info") else {
+        return Ok(None);
+    };
+    let info: serde_json::Value = serde_json::from_str(info).map_err(|e| e.to_string())?;
+    let pid = info["pid"].as_i64().and_then(|p| i32::try_from(p).ok());
+    Ok(pid.map(|pid| (pid, info["pidStart"].as_u64())))
 }
 
 type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
@@ -315,12 +361,14 @@ async fn session(
     let writer = tokio::spawn(write(sink, outgoing));
     let outcome = match plan {
         Plan::Refuse(message) => Outcome::Error(message),
-        Plan::Process { pod_uid } => {
-            match environment(ctx, namespace, pod, &pod_uid, container).await {
-                Ok((env, dir)) => run(&mut incoming, &out, &options, env, dir).await,
-                Err(message) => Outcome::Error(message),
-            }
-        }
+        Plan::Process {
+            pod_uid,
+            pid,
+            start,
+        } => match environment(ctx, namespace, pod, &pod_uid, container).await {
+            Ok((env, dir)) => run(&mut incoming, &out, &options, env, dir, (pid, start)).await,
+            Err(message) => Outcome::Error(message),
+        },
     };
     debug!(%namespace, %pod, %container, ?outcome, "exec ended");
     if !matches!(outcome, Outcome::ClientGone) {
@@ -440,6 +488,7 @@ async fn run(
     options: &ExecOptions,
     env: crate::spec::Environment,
     dir: String,
+    (pid, start): (i32, Option<u64>),
 ) -> Outcome {
     let Some((program, args)) = options.command.split_first() else {
         return Outcome::Error("no command".into());
@@ -451,7 +500,8 @@ async fn run(
             Stdio::null()
         }
     };
-    let spawned = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(args)
         .env_clear()
         .envs(env.into_iter().map(|(k, v)| (k, OsString::from_vec(v))))
@@ -460,8 +510,9 @@ async fn run(
         .stdout(piped(options.stdout || options.tty))
         .stderr(piped(options.stderr || options.tty))
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn();
+        .kill_on_drop(true);
+    // In the container's namespaces: what the command sees is what the container sees.
+    let spawned = trellis_runtime::namespaces::spawn_in_container(command, pid, start);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => return Outcome::Error(format!("cannot run {program:?}: {e}")),

@@ -28,9 +28,11 @@
 
 pub mod bootstrap;
 pub mod container;
+pub mod dns;
 pub mod exec;
 pub mod gc;
 pub mod hollow;
+pub mod hosts;
 mod http;
 pub mod images;
 pub mod labels;
@@ -105,6 +107,15 @@ pub struct AgentConfig {
     pub eviction_hard: Option<pressure::Thresholds>,
     /// How often the pressure signals are read; a change is written at once.
     pub pressure_check: Duration,
+    /// The cluster's DNS servers, the only nameservers of `ClusterFirst` pods (the
+    /// kubelet's `--cluster-dns`); empty: those pods get the node's resolvers, with a
+    /// `MissingClusterDNS` warning.
+    pub cluster_dns: Vec<IpAddr>,
+    /// The cluster's domain, of pods' search domains and FQDNs (`--cluster-domain`).
+    pub cluster_domain: String,
+    /// The node's resolver configuration, which `Default` pods get (`--resolv-conf`);
+    /// `None`: lookups go to the node itself.
+    pub resolv_conf: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -129,6 +140,9 @@ impl AgentConfig {
             client_ca_pem: None,
             eviction_hard: Some(pressure::Thresholds::default()),
             pressure_check: Duration::from_secs(10),
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".into(),
+            resolv_conf: Some(PathBuf::from("/etc/resolv.conf")),
         }
     }
 }

@@ -9,20 +9,85 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::warn;
 use trellis_client::events::EventType;
 
-use crate::Context;
 use crate::labels::{self, POD_UID};
 use crate::paths::pod_logs_dir;
 use crate::spec;
+use crate::{Context, dns, hosts};
 
-/// The sandbox of pod `uid`: its labels name the pod, its containers' logs go under
-/// `root/logs`; with `own_network` it is on the pod's network with the containers'
-/// `hostPort`s mapped, else it shares the node's.
+/// The sandbox of pod `uid` with the node's default DNS settings (no cluster DNS,
+/// `cluster.local`, the node's `/etc/resolv.conf`): see [`pod_sandbox_config`].
 pub fn sandbox_config(
     root: &Path,
     pod: &Pod,
     uid: &str,
     own_network: bool,
 ) -> cri::PodSandboxConfig {
+    let settings = dns::Settings {
+        cluster_dns: &[],
+        cluster_domain: "cluster.local",
+        resolv_conf: Some(Path::new("/etc/resolv.conf")),
+        node_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+    };
+    pod_sandbox_config(root, &settings, pod, uid, own_network)
+}
+
+/// The sandbox of pod `uid` on this node, with the node's DNS settings.
+pub fn sandbox_config_of(
+    ctx: &Context,
+    pod: &Pod,
+    uid: &str,
+    own_network: bool,
+) -> cri::PodSandboxConfig {
+    let config = &ctx.config;
+    let settings = dns::Settings {
+        cluster_dns: &config.cluster_dns,
+        cluster_domain: &config.cluster_domain,
+        resolv_conf: config.resolv_conf.as_deref(),
+        node_ip: config.node_ip,
+    };
+    pod_sandbox_config(&config.root, &settings, pod, uid, own_network)
+}
+
+/// Tells what is wrong with the DNS configuration pod `pod`'s new sandbox gets, as
+/// Warning events of the pod (the kubelet's `MissingClusterDNS`, `DNSConfigForming`).
+pub fn record_dns_warnings(ctx: &Context, pod: &Pod) {
+    let config = &ctx.config;
+    let settings = dns::Settings {
+        cluster_dns: &config.cluster_dns,
+        cluster_domain: &config.cluster_domain,
+        resolv_conf: config.resolv_conf.as_deref(),
+        node_ip: config.node_ip,
+    };
+    for warning in dns::pod_dns(&settings, pod).1 {
+        ctx.events
+            .record(pod, EventType::Warning, warning.reason, &warning.message);
+    }
+}
+
+/// The sandbox of pod `uid`: its labels name the pod, its containers' logs go under
+/// `root/logs`; with `own_network` it is on the pod's network with the containers'
+/// `hostPort`s mapped and its hostname (the pod's name or `spec.hostname`, the FQDN
+/// with `setHostnameAsFQDN`), else it shares the node's network and hostname; its IPC
+/// namespace is the node's with `hostIPC`; its DNS configuration follows `dnsPolicy`
+/// and `dnsConfig` ([`dns`]).
+pub fn pod_sandbox_config(
+    root: &Path,
+    settings: &dns::Settings,
+    pod: &Pod,
+    uid: &str,
+    own_network: bool,
+) -> cri::PodSandboxConfig {
+    let spec = pod.spec.as_ref();
+    let host_ipc = spec.and_then(|s| s.host_ipc).unwrap_or(false);
+    let host_pid = spec.and_then(|s| s.host_pid).unwrap_or(false);
+    let hostname = if own_network {
+        // A FQDN too long for the kernel: the short name, which always fits.
+        hosts::kernel_hostname(pod, settings.cluster_domain)
+            .unwrap_or_else(|_| hosts::hostname_and_domain(pod, settings.cluster_domain).0)
+    } else {
+        String::new()
+    };
+    let (dns_config, _) = dns::pod_dns(settings, pod);
     let meta = &pod.metadata;
     let name = meta.name.clone().unwrap_or_default();
     let namespace = meta.namespace.clone().unwrap_or_default();
@@ -34,6 +99,8 @@ pub fn sandbox_config(
             namespace,
             attempt: 0,
         }),
+        hostname,
+        dns_config: Some(dns_config),
         log_directory: log_directory.to_string_lossy().into_owned(),
         labels: labels::sandbox_labels(pod, uid),
         annotations: meta
@@ -50,8 +117,16 @@ pub fn sandbox_config(
                     } else {
                         cri::NamespaceMode::Node
                     } as i32,
-                    pid: cri::NamespaceMode::Container as i32,
-                    ipc: cri::NamespaceMode::Pod as i32,
+                    pid: if host_pid {
+                        cri::NamespaceMode::Node
+                    } else {
+                        cri::NamespaceMode::Container
+                    } as i32,
+                    ipc: if host_ipc {
+                        cri::NamespaceMode::Node
+                    } else {
+                        cri::NamespaceMode::Pod
+                    } as i32,
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -297,6 +372,43 @@ mod tests {
         let config = sandbox_config(Path::new("/r"), &web, "u", false);
         assert_eq!(network(&config), cri::NamespaceMode::Node as i32);
         assert!(config.port_mappings.is_empty());
+    }
+
+    #[test]
+    fn the_sandbox_carries_the_pods_hostname_dns_and_ipc_mode() {
+        let web = pod(serde_json::json!({"hostname": "db", "subdomain": "backend",
+            "setHostnameAsFQDN": true, "dnsPolicy": "None",
+            "dnsConfig": {"nameservers": ["10.9.9.9"], "searches": ["x.example"]},
+            "containers": [{"name": "a"}]}));
+        let config = sandbox_config(Path::new("/r"), &web, "u", true);
+        assert_eq!(config.hostname, "db.backend.default.svc.cluster.local");
+        let dns = config.dns_config.unwrap();
+        assert_eq!(
+            (dns.servers, dns.searches),
+            (vec!["10.9.9.9".to_owned()], vec!["x.example".to_owned()])
+        );
+        let options = config
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(options.ipc, cri::NamespaceMode::Pod as i32);
+        // On the node's network: the node's hostname (none given) and, with hostIPC, its IPC.
+        let host = pod(
+            serde_json::json!({"hostNetwork": true, "hostIPC": true, "containers": [{"name": "a"}]}),
+        );
+        let config = sandbox_config(Path::new("/r"), &host, "u", false);
+        assert_eq!(config.hostname, "");
+        let options = config
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap();
+        assert_eq!(options.ipc, cri::NamespaceMode::Node as i32);
     }
 
     #[test]

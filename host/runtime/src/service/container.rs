@@ -20,7 +20,7 @@ pub(super) async fn create(
     request: Request<CreateContainerRequest>,
 ) -> Reply<CreateContainerResponse> {
     let request = request.into_inner();
-    let config = request
+    let mut config = request
         .config
         .ok_or_else(|| Status::invalid_argument("CreateContainer needs a container config"))?;
     let image_name = config
@@ -54,6 +54,13 @@ pub(super) async fn create(
             sandbox.id,
             sandbox.handler
         )));
+    }
+    if image.kind == ImageKind::Wasm {
+        // A component is given directories: the kubelet's hosts file, a file at
+        // /etc/hosts, is for programs that read /etc.
+        config
+            .mounts
+            .retain(|m| m.container_path != "/etc/hosts" || Path::new(&m.host_path).is_dir());
     }
     if image.kind == ImageKind::Process {
         // Checked now, so a mount the process could not get fails the creation and
