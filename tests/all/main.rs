@@ -36,6 +36,7 @@ mod join;
 mod layout;
 mod node;
 mod plugins;
+mod pod_files;
 mod runtime;
 mod scheduler;
 mod store;

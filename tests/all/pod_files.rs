@@ -1,0 +1,319 @@
+//! A `process` pod's namespaces and files through a node on the pod network: the
+//! container sees its hostname (UTS), the kubelet's managed `/etc/hosts` (its IP with
+//! its FQDN, its `hostAliases`), its `resolv.conf` from `dnsPolicy: None` and
+//! `dnsConfig`, a hostPath volume at its `mountPath` with an emptyDir inside it;
+//! `kubectl exec` sees the same; the node's own files are unchanged; a `mountPath`
+//! the node lacks fails the container with the reason; nothing of the pods'
+//! namespaces or files is left once they are deleted.
+//!
+//! Needs root and the CNI plugins; the node has a CNI network of its own on
+//! 10.244.90.0/24 (bridge `trellis-nt90`, removed at the end).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use trellis_agent::AgentConfig;
+use trellis_api::{Shutdown, UserInfo};
+use trellis_client::identity;
+use trellis_client::informer::SharedInformers;
+use trellis_runtime::{Runtime, RuntimeConfig};
+use trellis_tests::TestCluster;
+
+use super::node::wait_pod;
+
+const NODE: &str = "files-node";
+const POD_CIDR: &str = "10.244.90.0/24";
+const BRIDGE: &str = "trellis-nt90";
+/// A directory every Debian machine has, and leaves empty.
+const MOUNT_AT: &str = "/srv";
+
+/// Removes the test's bridge however the test ends (CNI's DEL leaves bridges).
+struct BridgeGuard;
+
+impl Drop for BridgeGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "delete", BRIDGE])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The node's files a pod must not change.
+fn node_files() -> Vec<(String, Vec<u8>)> {
+    [
+        "/etc/hosts",
+        "/etc/hostname",
+        "/etc/resolv.conf",
+        "/proc/sys/kernel/hostname",
+    ]
+    .into_iter()
+    .map(|p| (p.to_owned(), std::fs::read(p).unwrap_or_default()))
+    .chain(
+        std::fs::read_dir(MOUNT_AT)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| (e.path().display().to_string(), Vec::new())),
+    )
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_does_exec()
+-> Result<()> {
+    if !rustix::process::geteuid().is_root()
+        || !std::path::Path::new("/usr/lib/cni/bridge").exists()
+        || !std::path::Path::new(MOUNT_AT).is_dir()
+    {
+        eprintln!("skipped: pod namespaces need root, the CNI plugins (make deps) and {MOUNT_AT}");
+        return Ok(());
+    }
+    let _bridge = BridgeGuard;
+    let before = node_files();
+    let cluster = TestCluster::start().await?;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let conf_dir = root.join("cni/net.d");
+    std::fs::create_dir_all(&conf_dir)?;
+    std::fs::write(
+        conf_dir.join("10-pod-files-test.conflist"),
+        serde_json::to_vec_pretty(&json!({
+            "cniVersion": "1.0.0",
+            "name": "pod-files-test",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    "dataDir": root.join("cni/networks"),
+                }
+            }]
+        }))?,
+    )?;
+    let host_data = root.join("host-data");
+    std::fs::create_dir_all(&host_data)?;
+    std::fs::write(host_data.join("in.txt"), "from the node\n")?;
+
+    let (stop, stopped) = Shutdown::new();
+    let runtime = Runtime::with_cni(
+        RuntimeConfig {
+            root: root.join("runtime"),
+            cache_dir: Some(root.join("compiled")),
+            process_handler: true,
+            node_ip: "127.0.0.1".parse()?,
+        },
+        trellis_runtime::CniConfig {
+            conf_dir: Some(conf_dir),
+            bin_dirs: Vec::new(),
+        },
+    )?;
+    let socket = root.join("cri.sock");
+    let listener = trellis_runtime::listen(&socket)?;
+    let server_stop = stopped.clone();
+    let server = tokio::spawn(async move {
+        trellis_runtime::serve_on(runtime, listener, async move {
+            server_stop.wait().await;
+        })
+        .await
+    });
+    let cri = trellis_runtime::connect(&socket).await?;
+    let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
+    config.pod_network = true;
+    config.relist_period = Duration::from_millis(50);
+    config.backoff_base = Duration::from_millis(200);
+    config.port = 0;
+    config.eviction_hard = None;
+    config.client_ca_pem = Some(cluster.ca_pem.clone());
+    let agent = tokio::spawn(trellis_agent::run(
+        config,
+        cluster.in_process().client(identity::node(NODE)),
+        cri,
+        SharedInformers::new(),
+        stopped,
+    ));
+
+    let admin = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    let watching = SharedInformers::new();
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let names = ["files", "nowhere"];
+    let work = async {
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let patch = json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}});
+        // The Node exists once the agent registered it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while nodes
+            .patch(NODE, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .is_err()
+        {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the node never registered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let script = format!(
+            "echo hostname=$(cat /proc/sys/kernel/hostname); echo --- hostname; cat /etc/hostname; \
+             echo --- hosts; cat /etc/hosts; echo --- resolv; cat /etc/resolv.conf; \
+             echo --- volume; cat {MOUNT_AT}/in.txt; echo from-pod > {MOUNT_AT}/scratch/out; \
+             echo --- done; exec sleep 600"
+        );
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "files"},
+            "spec": {"nodeName": NODE, "runtimeClassName": "process",
+                "terminationGracePeriodSeconds": 1,
+                "hostname": "db", "subdomain": "backend",
+                "hostAliases": [{"ip": "10.1.2.3", "hostnames": ["foo.local", "bar.local"]}],
+                "dnsPolicy": "None",
+                "dnsConfig": {"nameservers": ["10.244.90.53"], "searches": ["backend.example"],
+                    "options": [{"name": "ndots", "value": "2"}]},
+                "volumes": [{"name": "data", "hostPath": {"path": host_data.display().to_string()}},
+                    {"name": "scratch", "emptyDir": {}}],
+                "containers": [{"name": "main", "image": "file:///bin/sh",
+                    "command": ["/bin/sh", "-c", script],
+                    "volumeMounts": [{"name": "data", "mountPath": MOUNT_AT},
+                        {"name": "scratch", "mountPath": format!("{MOUNT_AT}/scratch")}]}]}
+        }))?;
+        api.create(&PostParams::default(), &pod).await?;
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "nowhere"},
+            "spec": {"nodeName": NODE, "runtimeClassName": "process",
+                "terminationGracePeriodSeconds": 1,
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "containers": [{"name": "main", "image": "file:///bin/sleep", "args": ["600"],
+                    "volumeMounts": [{"name": "scratch", "mountPath": "/no-such-dir-on-the-node"}]}]}
+        }))?;
+        api.create(&PostParams::default(), &pod).await?;
+
+        let running = wait_pod(&pods, "files", Duration::from_secs(60), |p| {
+            super::node::phase(p) == "Running"
+        })
+        .await?;
+        let ip = running
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .context("no podIP")?;
+        let kubectl = cluster.admin();
+        // Bounded: the script's output is in the log as soon as it ran.
+        let mut log = String::new();
+        for _ in 0..100 {
+            log = kubectl.ok(&["logs", "files"]).await?;
+            if log.contains("--- done") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for line in [
+            "hostname=db\n--- hostname\ndb\n--- hosts\n# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n",
+            &format!("{ip}\tdb.backend.default.svc.cluster.local\tdb\n"),
+            "# Entries added by HostAliases.\n10.1.2.3\tfoo.local\tbar.local\n",
+            "--- resolv\nsearch backend.example\nnameserver 10.244.90.53\noptions ndots:2\n",
+            "--- volume\nfrom the node\n--- done\n",
+        ] {
+            ensure!(log.contains(line), "{line:?} missing from the log:\n{log}");
+        }
+        let uid = running.metadata.uid.clone().unwrap_or_default();
+        let out = root.join(format!("agent/pods/{uid}/volumes/scratch/out"));
+        ensure!(
+            std::fs::read_to_string(&out).ok().as_deref() == Some("from-pod\n"),
+            "the emptyDir mounted in the hostPath volume got the write"
+        );
+
+        // An exec sees what the container sees.
+        ensure!(kubectl.ok(&["exec", "files", "--", "uname", "-n"]).await? == "db\n");
+        let resolv = kubectl.ok(&["exec", "files", "--", "cat", "/etc/resolv.conf"]).await?;
+        ensure!(resolv.contains("nameserver 10.244.90.53\n"), "{resolv}");
+        let read = kubectl
+            .ok(&["exec", "files", "--", "cat", &format!("{MOUNT_AT}/scratch/out")])
+            .await?;
+        ensure!(read == "from-pod\n", "{read:?}");
+        let addresses = kubectl
+            .ok(&["exec", "files", "--", "cat", "/proc/net/fib_trie"])
+            .await?;
+        ensure!(addresses.contains(&ip), "the exec is in the pod's network: {addresses}");
+
+        // A mountPath the node lacks: the container is not created, and says why.
+        let refused = wait_pod(&pods, "nowhere", Duration::from_secs(30), |p| {
+            super::node::container(p)
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.waiting.as_ref())
+                .is_some_and(|w| w.reason.as_deref() == Some("CreateContainerError"))
+        })
+        .await?;
+        let message = super::node::container(&refused)
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.waiting.as_ref())
+            .and_then(|w| w.message.clone())
+            .unwrap_or_default();
+        ensure!(
+            message.contains("/no-such-dir-on-the-node does not exist on this node"),
+            "{message}"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+
+    // Deleted whatever happened above, so that no namespace outlives the test.
+    let forced = DeleteParams::default().grace_period(0);
+    for name in names {
+        let _ = api.delete(name, &forced).await;
+    }
+    let gone = async {
+        let mut changes = pods.subscribe();
+        while names
+            .iter()
+            .any(|n| pods.get(&format!("default/{n}")).is_some())
+        {
+            changes.recv().await.context("pod informer ended")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let gone = tokio::time::timeout(Duration::from_secs(30), gone).await;
+    // The agent removes the sandboxes right after the pods are gone from the API.
+    let left = || {
+        ["netns", "utsns", "ipcns"]
+            .iter()
+            .flat_map(|d| {
+                std::fs::read_dir(root.join("runtime").join(d))
+                    .into_iter()
+                    .flatten()
+            })
+            .flatten()
+            .map(|e| e.path().display().to_string())
+            .chain(
+                std::fs::read_dir(root.join("runtime/sandboxes"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.path().display().to_string()),
+            )
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !left().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left = left();
+    stop.stop();
+    agent.await??;
+    server.await??;
+    work?;
+    gone.context("the pods were not removed")??;
+    ensure!(left.is_empty(), "namespaces or files left: {left:?}");
+    ensure!(node_files() == before, "the node's files changed");
+    cluster.stop().await?;
+    Ok(())
+}
