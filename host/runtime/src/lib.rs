@@ -78,6 +78,7 @@ use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use network::CniConfig;
+pub use network::default_conflist;
 
 /// The handler that runs WebAssembly components; the default.
 pub const WASMTIME: &str = "wasmtime";

@@ -2,12 +2,21 @@
 //! (`cni`), under one [`PodNetwork`] the sandbox service asks; a hollow node's pods
 //! get addresses from its pod CIDR and nothing else (`fake`).
 //!
+//! The runtime's default network (the conflist it writes) is done in-process
+//! (`bridge`, over `netlink` requests and `ipam` in host-local's records): the same
+//! bridge, addresses and rules as the plugins would make, without their executables.
+//! Any other network in the config dir goes through the plugins. A sandbox's DEL
+//! follows what its ADD used, whatever the config dir holds by then.
+//!
 //! Nothing is made until the node has a pod CIDR (`UpdateRuntimeConfig`, as the
 //! kubelet sends it from its Node's `spec.podCIDR`): until then every sandbox is on
 //! the node's network, as host-network sandboxes always are.
 
+mod bridge;
 pub(crate) mod cni;
 mod fake;
+mod ipam;
+mod netlink;
 pub(crate) mod netns;
 pub(crate) mod recover;
 
@@ -40,6 +49,19 @@ struct Persisted {
 
 /// The bridge of the default network.
 const BRIDGE: &str = "trellis0";
+
+/// The default network's conflist, as the runtime writes it into an empty config dir:
+/// a bridge `bridge` with host-local IPAM on `subnets` keeping its reservations under
+/// `ipam_dir`, and portmap. Written by another hand (a benchmark's own bridge), it is
+/// still the runtime's own network.
+pub fn default_conflist(subnets: &[String], bridge: &str, ipam_dir: &Path) -> serde_json::Value {
+    cni::DefaultNetwork {
+        subnets: subnets.to_vec(),
+        bridge: bridge.to_string(),
+        ipam_dir: ipam_dir.to_path_buf(),
+    }
+    .conflist()
+}
 
 /// The pods' network of one runtime.
 #[derive(Debug)]
@@ -270,7 +292,22 @@ impl CniNetwork {
                 })
                 .collect(),
         };
-        match self.cni.add(&network, &pod).await {
+        let added = match bridge::Bridge::of(&network) {
+            Some(bridge) => {
+                let root = self.root.clone();
+                let pod = pod.clone();
+                tokio::task::spawn_blocking(move || bridge.attach(&root, &pod))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|added| added.map(|ip| vec![ip]).map_err(|e| e.to_string()))
+            }
+            None => self
+                .cni
+                .add(&network, &pod)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match added {
             Ok(ips) => Ok(Attached {
                 netns: Some(pin),
                 ips,
@@ -286,10 +323,23 @@ impl CniNetwork {
         }
     }
 
+    /// Disconnects sandbox `id` as its ADD connected it: CNI DEL with its cached
+    /// result, or the in-process bridge's DEL with its record; each is a no-op unless
+    /// the ADD went that way, and again is a no-op. Its namespace is left.
+    pub(crate) async fn disconnect(&self, id: &str) -> Result<(), String> {
+        self.cni.del(id).await.map_err(|e| e.to_string())?;
+        let root = self.root.clone();
+        let sandbox = id.to_string();
+        tokio::task::spawn_blocking(move || bridge::detach(&root, &sandbox))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
     /// Disconnects sandbox `id` and removes its namespace; what is already gone is not
     /// an error.
     async fn detach(&self, id: &str, netns: &Path) -> Result<(), Status> {
-        self.cni.del(id).await.map_err(|e| {
+        self.disconnect(id).await.map_err(|e| {
             Status::internal(format!(
                 "sandbox {id}: cannot disconnect the pod's network: {e}"
             ))
