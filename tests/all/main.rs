@@ -19,6 +19,8 @@
 //!   restarts, env and volumes, graceful deletion, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
+//! - `port_forward`: `kubectl port-forward` (current and 1.20) through the API server
+//!   and the node into pods' own network namespaces.
 //! - `runtime`: `trellis-runtime` over real gRPC, as a kubelet drives a CRI runtime:
 //!   WASM programs and `wasi:http` servers, native processes, images from files and
 //!   from an OCI registry, stops, limits, a runtime restart.
@@ -36,6 +38,7 @@ mod join;
 mod layout;
 mod node;
 mod plugins;
+mod port_forward;
 mod pod_files;
 mod runtime;
 mod scheduler;

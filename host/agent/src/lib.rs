@@ -41,11 +41,13 @@ pub mod node;
 pub mod paths;
 pub mod plan;
 pub mod pods;
+pub mod port_forward;
 pub mod pressure;
 pub mod probes;
 pub mod sandbox;
 pub mod server;
 pub mod spec;
+mod spdy;
 pub mod status;
 pub mod worker;
 

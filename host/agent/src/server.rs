@@ -1,15 +1,17 @@
 //! The node's HTTPS server, the kubelet's (`pkg/kubelet/server`): the routes the API
 //! server calls — `GET /containerLogs/{namespace}/{pod}/{container}` for `kubectl logs`
 //! (read by [`crate::logs`]), `/exec/{namespace}/{pod}/{container}` for `kubectl exec`
-//! (see [`crate::exec`]) and `/healthz` — and who may call them. Start with [`serve`].
+//! (see [`crate::exec`]), `/portForward/{namespace}/{pod}` for `kubectl port-forward`
+//! (see [`crate::port_forward`]) and `/healthz` — and who may call them. Start with
+//! [`serve`].
 //!
 //! # Who may call
 //! There is no anonymous access: every connection must present a client certificate
 //! the cluster CA signed, and without a CA [`serve`] refuses to start. Of those
-//! clients, `/containerLogs` and `/exec` are served to a certificate whose subject has
-//! `O=system:masters` (administrators, and the API server's own certificate, which
-//! carries that group) or `CN=kube-apiserver-kubelet-client` (the API server's name
-//! for its node client). The kubelet asks the API server instead (a
+//! clients, `/containerLogs`, `/exec` and `/portForward` are served to a certificate
+//! whose subject has `O=system:masters` (administrators, and the API server's own
+//! certificate, which carries that group) or `CN=kube-apiserver-kubelet-client` (the
+//! API server's name for its node client). The kubelet asks the API server instead (a
 //! SubjectAccessReview of `nodes/proxy`); a fixed rule saves that round trip on every
 //! request, and it refuses nodes' own certificates (`O=system:nodes`), so that one node
 //! cannot read another's logs. `/healthz` answers any client the CA signed.
@@ -169,7 +171,8 @@ async fn connection(
         async move { Ok::<_, Infallible>(handle(ctx, client.as_ref().as_ref(), request).await) }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // With upgrades: `/exec` turns its connection into a WebSocket.
+    // With upgrades: `/exec` turns its connection into a WebSocket, `/portForward`
+    // into SPDY or a WebSocket.
     let served = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
     // On stop the connection is dropped, which ends its follows.
     tokio::select! {
@@ -215,7 +218,13 @@ async fn handle(
     client: Option<&Identity>,
     request: Request<Incoming>,
 ) -> Response<Body> {
-    if let Some(target) = request.uri().path().strip_prefix("/exec/") {
+    let streaming = [
+        ("/exec/", Streaming::Exec),
+        ("/portForward/", Streaming::PortForward),
+    ]
+    .into_iter()
+    .find_map(|(prefix, kind)| Some((request.uri().path().strip_prefix(prefix)?, kind)));
+    if let Some((target, kind)) = streaming {
         let target = target.to_owned();
         // POST, or GET for a WebSocket, as the kubelet serves it.
         let verb = if request.method() == Method::POST {
@@ -226,7 +235,10 @@ async fn handle(
         return match client {
             None => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
             Some(client) if !client.may_read_logs() => forbidden(client, verb),
-            Some(_) => crate::exec::handle(ctx, &target, request).await,
+            Some(_) => match kind {
+                Streaming::Exec => crate::exec::handle(ctx, &target, request).await,
+                Streaming::PortForward => crate::port_forward::handle(ctx, &target, request).await,
+            },
         };
     }
     if request.method() != Method::GET {
@@ -309,6 +321,13 @@ async fn handle(
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     response
+}
+
+/// The routes whose connection is upgraded, served to the same clients.
+#[derive(Clone, Copy)]
+enum Streaming {
+    Exec,
+    PortForward,
 }
 
 fn forbidden(client: &Identity, verb: &str) -> Response<Body> {

@@ -30,6 +30,9 @@ pub enum Subresource {
     /// `pods/exec`: a command run in a pod's container, its streams over a WebSocket
     /// (`v5.channel.k8s.io`) the API server relays to the node.
     Exec,
+    /// `pods/portforward`: connections to a pod's ports, over SPDY or a WebSocket the
+    /// API server passes on to the node.
+    PortForward,
     /// `serviceaccounts/token`: a TokenRequest for the account.
     Token,
     /// `pods/eviction`: a `policy/v1` Eviction, a delete that keeps the pod's
@@ -51,6 +54,7 @@ impl Subresource {
             Subresource::Binding => "binding",
             Subresource::Log => "log",
             Subresource::Exec => "exec",
+            Subresource::PortForward => "portforward",
             Subresource::Token => "token",
             Subresource::Finalize => "finalize",
             Subresource::Eviction => "eviction",
@@ -65,6 +69,7 @@ impl Subresource {
             Subresource::Binding,
             Subresource::Log,
             Subresource::Exec,
+            Subresource::PortForward,
             Subresource::Token,
             Subresource::Finalize,
             Subresource::Eviction,
@@ -223,7 +228,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
             true,
             &["po"],
             &["all"],
-            &[Status, Binding, Eviction, Log, Exec],
+            &[Status, Binding, Eviction, Log, Exec, PortForward],
         ),
         resource(
             "",

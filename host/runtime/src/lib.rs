@@ -79,6 +79,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use network::CniConfig;
 pub use network::default_conflist;
+pub use network::forward::{connect_in_netns, sandbox_netns};
 
 /// The handler that runs WebAssembly components; the default.
 pub const WASMTIME: &str = "wasmtime";

@@ -223,6 +223,7 @@ fn subresource_kind(
         Subresource::Log => ("", "", &r.kind, &["get"]),
         // As Kubernetes lists it: POST (create) and the WebSocket's GET.
         Subresource::Exec => ("", "", "PodExecOptions", &["create", "get"]),
+        Subresource::PortForward => ("", "", "PodPortForwardOptions", &["create", "get"]),
         Subresource::Finalize => ("", "", &r.kind, &["update"]),
         Subresource::Eviction => ("policy", "v1", "Eviction", &["create"]),
         Subresource::Approval => ("", "", &r.kind, READ_WRITE),

@@ -53,8 +53,9 @@ async fn dispatch(
     let (method, uri) = (request.method().clone(), request.uri().clone());
     let started = tokio::time::Instant::now();
     // An upgraded connection (`pods/exec`'s WebSocket) lasts as long as its session.
-    let long_running =
-        request::is_long_running(&uri) || crate::registry::exec::wants_websocket(request.headers());
+    let long_running = request::is_long_running(&uri)
+        || crate::registry::exec::wants_websocket(request.headers())
+        || crate::registry::portforward::wants_spdy(request.headers());
     let mutating = mutating_method(&method);
     let record = Arc::new(Mutex::new(RequestRecord::default()));
     let work = {
@@ -383,9 +384,10 @@ async fn handle(
         )
     })?;
     // Kubernetes (1.30+) authorizes an exec as `create` whether it came as a POST or as
-    // a WebSocket's GET: reading must not be enough to run commands.
+    // a WebSocket's GET: reading must not be enough to run commands (nor to reach a
+    // pod's ports).
     let verb = match (verb, subresource) {
-        ("get", Some(Subresource::Exec)) => "create",
+        ("get", Some(Subresource::Exec | Subresource::PortForward)) => "create",
         _ => verb,
     };
     if subresource.is_none() && !resource.allows(verb) {
@@ -500,6 +502,17 @@ async fn handle_resource(
         ("create", Some(Subresource::Exec)) => {
             let upgrade = extensions.remove::<hyper::upgrade::OnUpgrade>();
             return registry::exec::exec(&state, &req, headers, uri.query(), upgrade).await;
+        }
+        ("create", Some(Subresource::PortForward)) => {
+            let upgrade = extensions.remove::<hyper::upgrade::OnUpgrade>();
+            return registry::portforward::port_forward(
+                &state,
+                &req,
+                headers,
+                uri.query(),
+                upgrade,
+            )
+            .await;
         }
         // Only `spec.finalizers` changes: see `registry::update`'s merge.
         ("update", Some(Subresource::Finalize)) => registry::update(&state, &req, body).await,

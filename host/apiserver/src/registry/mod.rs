@@ -20,6 +20,8 @@
 //!   their own: [`get`], [`update`] and [`patch`] serve them, writing only
 //!   what the subresource may change.
 //! - [`exec`]: `pods/exec`, a WebSocket relayed to the pod's node.
+//! - [`portforward`]: `pods/portforward`, SPDY or a WebSocket passed on to the pod's
+//!   node.
 //! - [`eviction`]: `pods/eviction`, a delete that keeps PodDisruptionBudgets.
 //! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
 //! - [`certificates`]: CertificateSigningRequests' requester, approval and validation.
@@ -35,6 +37,7 @@ pub mod eviction;
 pub mod exec;
 pub mod get;
 pub mod namespace;
+pub mod portforward;
 pub mod status;
 pub mod subresources;
 pub mod typed;

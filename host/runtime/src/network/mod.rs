@@ -15,6 +15,7 @@
 mod bridge;
 pub(crate) mod cni;
 mod fake;
+pub(crate) mod forward;
 mod ipam;
 mod netlink;
 pub(crate) mod netns;

@@ -1,0 +1,338 @@
+//! `kubectl port-forward` through the API server to a node whose pods have networks of
+//! their own: two pods listen on the same port, each reached in its own network
+//! namespace, with the current kubectl (SPDY tunnelled in a WebSocket) and kubectl 1.20
+//! (SPDY/3.1); a port nobody listens on gives kubectl the kubelet's error; a user
+//! without `create` on `pods/portforward` is refused.
+//!
+//! Needs root and the CNI plugins; the node has a CNI network of its own on
+//! 10.244.81.0/24 (bridge `trellis-nt81`, removed at the end).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use trellis_agent::AgentConfig;
+use trellis_api::{Shutdown, UserInfo};
+use trellis_client::identity;
+use trellis_client::informer::SharedInformers;
+use trellis_runtime::{Runtime, RuntimeConfig};
+use trellis_tests::{Kubectl, TestCluster};
+
+use super::node::wait_pod;
+
+const NODE: &str = "pf-node";
+const POD_CIDR: &str = "10.244.81.0/24";
+const BRIDGE: &str = "trellis-nt81";
+const PODS: [&str; 2] = ["web-a", "web-b"];
+
+/// Removes the test's bridge however the test ends (CNI's DEL leaves bridges).
+struct BridgeGuard;
+
+impl Drop for BridgeGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "delete", BRIDGE])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_reaches_each_pods_own_port() -> Result<()> {
+    if !rustix::process::geteuid().is_root()
+        || !std::path::Path::new("/usr/lib/cni/bridge").exists()
+    {
+        eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
+        return Ok(());
+    }
+    let _bridge = BridgeGuard;
+    let cluster = TestCluster::start().await?;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let conf_dir = root.join("cni/net.d");
+    std::fs::create_dir_all(&conf_dir)?;
+    std::fs::write(
+        conf_dir.join("10-port-forward-test.conflist"),
+        serde_json::to_vec_pretty(&json!({
+            "cniVersion": "1.0.0",
+            "name": "port-forward-test",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    "dataDir": root.join("cni/networks"),
+                }
+            }]
+        }))?,
+    )?;
+
+    let (stop, stopped) = Shutdown::new();
+    let runtime = Runtime::with_cni(
+        RuntimeConfig {
+            root: root.join("runtime"),
+            cache_dir: Some(root.join("compiled")),
+            process_handler: true,
+            node_ip: "127.0.0.1".parse()?,
+        },
+        trellis_runtime::CniConfig {
+            conf_dir: Some(conf_dir),
+            bin_dirs: Vec::new(),
+        },
+    )?;
+    let socket = root.join("cri.sock");
+    let listener = trellis_runtime::listen(&socket)?;
+    let server_stop = stopped.clone();
+    let server = tokio::spawn(async move {
+        trellis_runtime::serve_on(runtime, listener, async move {
+            server_stop.wait().await;
+        })
+        .await
+    });
+    let cri = trellis_runtime::connect(&socket).await?;
+    let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
+    config.pod_network = true;
+    config.relist_period = Duration::from_millis(50);
+    config.port = 0;
+    config.eviction_hard = None;
+    config.client_ca_pem = Some(cluster.ca_pem.clone());
+    let agent = tokio::spawn(trellis_agent::run(
+        config,
+        cluster.in_process().client(identity::node(NODE)),
+        cri,
+        SharedInformers::new(),
+        stopped,
+    ));
+
+    let admin = cluster
+        .in_process()
+        .client(UserInfo::new("admin", ["system:masters"]));
+    let watching = SharedInformers::new();
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let work = async {
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let patch = json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}});
+        // The Node exists once the agent registered it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while nodes
+            .patch(NODE, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .is_err()
+        {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the node never registered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for name in PODS {
+            // Each serves a directory whose index names the pod, on the same port.
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"nodeName": NODE, "runtimeClassName": "process",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "web", "image": "file:///bin/sh",
+                        "command": ["/bin/sh", "-c", "mkdir -p $NAME && echo \"I am $NAME\" > $NAME/index.html && cd $NAME && exec /usr/bin/python3 -m http.server 8080"],
+                        "env": [{"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "workingDir": root.display().to_string(),
+                        "ports": [{"containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}
+            }))?;
+            api.create(&PostParams::default(), &pod).await?;
+        }
+        for name in PODS {
+            wait_pod(&pods, name, Duration::from_secs(60), |p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .is_some_and(|c| c.status == "True")
+            })
+            .await?;
+        }
+
+        let current = cluster.admin().clone();
+        let old = cluster.kubectl_1_20()?;
+        for (kubectl, which) in [(&current, "current"), (&old, "1.20")] {
+            for name in PODS {
+                let mut forward = Forward::start(kubectl, name, 8080).await?;
+                // Twice over one session: each local connection is a pair of streams.
+                for _ in 0..2 {
+                    let body = forward.get().await?;
+                    ensure!(
+                        body.contains(&format!("I am {name}")),
+                        "kubectl {which} to {name} reached: {body}"
+                    );
+                }
+                forward.stop().await;
+            }
+        }
+
+        // Nobody listens on port 9: kubectl shows the node's error.
+        for (kubectl, which) in [(&current, "current"), (&old, "1.20")] {
+            let mut forward = Forward::start(kubectl, "web-a", 9).await?;
+            let answer = forward.get().await.unwrap_or_default();
+            ensure!(answer.is_empty(), "port 9 answered {answer:?}");
+            let stderr = forward.stderr_until("error forwarding port 9 to pod").await;
+            ensure!(
+                stderr.contains("error forwarding port 9 to pod")
+                    && stderr.contains("connect: connection refused"),
+                "kubectl {which} said: {stderr}"
+            );
+            forward.stop().await;
+        }
+
+        // Reading pods is not enough: port-forward needs `create` on pods/portforward.
+        current
+            .ok_stdin(
+                &["apply", "-f", "-"],
+                r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: pod-reader, namespace: default}
+rules: [{apiGroups: [""], resources: ["pods"], verbs: ["get", "list"]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: jane-reads-pods, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-reader}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: jane}]
+"#,
+            )
+            .await?;
+        let jane = cluster.kubectl_with_cert("jane", &[])?;
+        let refused = jane
+            .run(&["port-forward", "pod/web-a", ":8080"], None)
+            .await?;
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        ensure!(
+            !refused.status.success()
+                && stderr.contains(r#"cannot create resource "pods/portforward""#),
+            "jane's port-forward: {stderr}"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+
+    // Deleted whatever happened above, so that no namespace outlives the test.
+    let forced = DeleteParams::default().grace_period(0);
+    for name in PODS {
+        let _ = api.delete(name, &forced).await;
+    }
+    let gone = async {
+        let mut changes = pods.subscribe();
+        while PODS
+            .iter()
+            .any(|n| pods.get(&format!("default/{n}")).is_some())
+        {
+            changes.recv().await.context("pod informer ended")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let gone = tokio::time::timeout(Duration::from_secs(30), gone).await;
+    stop.stop();
+    agent.await??;
+    server.await??;
+    work?;
+    gone.context("the pods were not removed")??;
+    cluster.stop().await?;
+    Ok(())
+}
+
+/// A running `kubectl port-forward pod/NAME :PORT` and the local port it chose.
+struct Forward {
+    child: tokio::process::Child,
+    local: u16,
+    stderr: tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
+}
+
+impl Forward {
+    async fn start(kubectl: &Kubectl, pod: &str, port: u16) -> Result<Forward> {
+        let target = format!("pod/{pod}");
+        let ports = format!(":{port}");
+        let mut child = kubectl
+            .command(&["port-forward", &target, &ports, "--address", "127.0.0.1"])
+            .spawn()
+            .context("start kubectl port-forward")?;
+        let stdout = child.stdout.take().context("kubectl's stdout")?;
+        let mut stderr = BufReader::new(child.stderr.take().context("kubectl's stderr")?).lines();
+        let mut lines = BufReader::new(stdout).lines();
+        // "Forwarding from 127.0.0.1:PORT -> 8080" once it listens.
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:")
+                    && let Some((local, _)) = rest.split_once(' ')
+                {
+                    return Ok(Some(local.parse::<u16>()?));
+                }
+            }
+            anyhow::Ok(None)
+        })
+        .await;
+        let local = match found {
+            Ok(Ok(Some(local))) => local,
+            _ => {
+                let mut said = String::new();
+                while let Ok(Ok(Some(line))) =
+                    tokio::time::timeout(Duration::from_secs(2), stderr.next_line()).await
+                {
+                    said.push_str(&line);
+                    said.push('\n');
+                }
+                bail!("kubectl port-forward {target} {ports} did not start: {said}");
+            }
+        };
+        // Its further "Handling connection" lines must not fill the pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Forward {
+            child,
+            local,
+            stderr,
+        })
+    }
+
+    /// `GET /` through the local port: the whole answer, empty when the connection
+    /// closed with none.
+    async fn get(&mut self) -> Result<String> {
+        let exchange = async {
+            let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.local)).await?;
+            tcp.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
+                .await?;
+            let mut reply = Vec::new();
+            tcp.read_to_end(&mut reply).await?;
+            anyhow::Ok(String::from_utf8_lossy(&reply).into_owned())
+        };
+        tokio::time::timeout(Duration::from_secs(20), exchange)
+            .await
+            .context("no answer through the forwarded port in 20 s")?
+    }
+
+    /// kubectl's stderr until a line has `wanted` (or 20 s passed, or it ended).
+    async fn stderr_until(&mut self, wanted: &str) -> String {
+        let mut said = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !said.contains(wanted) {
+            match tokio::time::timeout_at(deadline, self.stderr.next_line()).await {
+                Ok(Ok(Some(line))) => {
+                    said.push_str(&line);
+                    said.push('\n');
+                }
+                _ => break,
+            }
+        }
+        said
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
