@@ -6,10 +6,11 @@
 //!   not survive) is lost: its CNI state is released, and the runtime reports it not
 //!   ready so that the kubelet makes a new one;
 //! - what has no sandbox record (the runtime died between CNI ADD and saving the
-//!   record: a pin, a cached result, an address reserved by host-local) is torn down:
-//!   CNI DEL with the cached result, then the pin removed, which also ends the
-//!   namespace's side of the veth; an address still reserved for an unknown sandbox in
-//!   the default network's IPAM directory is freed.
+//!   record: a pin, a cached result or the in-process network's record of an ADD, an
+//!   address reserved by host-local) is torn down as a stop would (CNI DEL with the
+//!   cached result), then the pin removed, which also ends the namespace's side of the
+//!   veth; an address still reserved for an unknown sandbox in the default network's
+//!   IPAM directory is freed.
 //!
 //! Namespaces are known by their device: every namespace file is on `nsfs`, a plain
 //! file left where a pin was is not.
@@ -76,6 +77,7 @@ impl CniNetwork {
             .pinned()
             .into_iter()
             .chain(self.cached())
+            .chain(self.bridged())
             .filter(|id| !known.contains(id.as_str()))
             .collect();
         for id in unknown {
@@ -87,25 +89,23 @@ impl CniNetwork {
         recovered
     }
 
-    /// Tears down what sandbox `id` may have of its network: CNI DEL with its cached
-    /// result, and its pin at `pin`. The plugins enter a live namespace, so it is
-    /// disconnected before its pin goes; a pin that is no longer a namespace goes
-    /// first, so that they find no namespace (which DEL allows) rather than a plain
-    /// file. Failures are logged: the cached result stays for the next try.
+    /// Tears down what sandbox `id` may have of its network, as `StopPodSandbox` does
+    /// (whichever way its ADD went), and its pin at `pin`. The plugins enter a live
+    /// namespace, so it is disconnected before its pin goes; a pin that is no longer a
+    /// namespace goes first, so that they find no namespace (which DEL allows) rather
+    /// than a plain file. A failure is logged and the pin removed all the same: what
+    /// is recorded of the ADD stays for the next try.
     async fn release(&self, id: &str, pin: &Path) {
         let unpin = |pin: &Path| {
             if let Err(e) = netns::remove(pin) {
                 tracing::warn!(sandbox = %id, pin = %pin.display(), "failed to remove the network namespace: {e}");
             }
         };
-        let alive = is_namespace(pin);
-        if !alive {
+        if !is_namespace(pin) {
             unpin(pin);
         }
-        if let Err(e) = self.cni.del(id).await {
-            tracing::warn!(sandbox = %id, "failed to disconnect the pod's network: {e}");
-        }
-        if alive {
+        if let Err(e) = self.detach(id, pin).await {
+            tracing::warn!(sandbox = %id, "failed to release the pod's network: {}", e.message());
             unpin(pin);
         }
     }
@@ -113,6 +113,15 @@ impl CniNetwork {
     /// The sandboxes with a pin under the root.
     fn pinned(&self) -> Vec<String> {
         names(&self.root.join("netns"))
+    }
+
+    /// The sandboxes the in-process default network recorded an ADD for
+    /// (`<root>/bridge/<id>.json`); none where the plugins did every ADD.
+    fn bridged(&self) -> Vec<String> {
+        names(&self.root.join("bridge"))
+            .into_iter()
+            .filter_map(|name| Some(name.strip_suffix(".json")?.to_string()))
+            .collect()
     }
 
     /// The sandboxes with a cached ADD (`<id>-<ifname>`, naming its sandbox inside);
