@@ -221,6 +221,17 @@ mod tests {
         std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
     }
 
+    /// Unpins what a test pinned, also when it fails.
+    struct Unpin(Vec<PathBuf>);
+
+    impl Drop for Unpin {
+        fn drop(&mut self) {
+            for pin in &self.0 {
+                let _ = netns::remove(pin);
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_process_starts_in_the_pods_namespaces_with_its_mounts_and_an_exec_joins_it() {
         if !rustix::process::geteuid().is_root() {
@@ -229,6 +240,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let (uts, ipc) = (uts_pin(dir.path(), "s"), ipc_pin(dir.path(), "s"));
+        let _unpin = Unpin(vec![uts.clone(), ipc.clone()]);
         create(Some((&uts, "pod-a")), Some(&ipc)).unwrap();
         assert_ne!(inode(uts.to_str().unwrap()), inode("/proc/self/ns/uts"));
         assert_ne!(inode(ipc.to_str().unwrap()), inode("/proc/self/ns/ipc"));

@@ -130,7 +130,10 @@ pub(crate) fn start(
     if let (Some(out), Some(err)) = (writers.next(), writers.next()) {
         command.stdout(out).stderr(err);
     }
-    let enter = enter(&dir, record).map_err(|message| {
+    let root = state.store().root().ok_or_else(|| {
+        Status::failed_precondition("this runtime keeps no files: it cannot run a process")
+    })?;
+    let enter = enter(root, record).map_err(|message| {
         Status::failed_precondition(format!("container {}: {message}", record.id))
     })?;
     // Moved into the spawn, so the runtime keeps no write end: the readers see the
@@ -288,14 +291,9 @@ fn signal(pid: i32, signal: Signal) {
     }
 }
 
-/// The namespaces container `record`, whose directory is `dir`, starts in: its pod's
-/// pinned ones (under the runtime's root, two levels above `dir`) and its mounts with
-/// the pod's /etc files.
-fn enter(dir: &Path, record: &ContainerRecord) -> Result<Enter, String> {
-    let root = dir
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| format!("{} is not under the runtime's root", dir.display()))?;
+/// The namespaces container `record` starts in: its pod's pinned ones under the
+/// runtime's `root`, and its mounts with the pod's /etc files.
+fn enter(root: &Path, record: &ContainerRecord) -> Result<Enter, String> {
     let pinned = |pin: PathBuf| pin.exists().then_some(pin);
     let files = pod_files::sandbox_dir(root, &record.sandbox_id);
     let files = files.exists().then_some(files);

@@ -7,7 +7,7 @@
 //! the node's IP.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_cri::v1::*;
@@ -172,9 +172,7 @@ impl Runtime {
     /// The runtime's root, where it keeps files; none for a runtime that keeps none
     /// (a hollow node's), whose sandboxes get no namespaces or files.
     fn files_root(&self) -> Option<PathBuf> {
-        // The store knows the root only through the directories it hands out.
-        let dir = self.state.store().container_dir("_")?;
-        Some(dir.parent()?.parent()?.to_path_buf())
+        self.state.store().root().map(Path::to_path_buf)
     }
 
     /// Makes sandbox `id`'s UTS namespace (hostname set: it is on the pod's network,
