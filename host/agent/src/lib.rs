@@ -16,6 +16,8 @@
 //! - [`status`]: the pod status Kubernetes reports, from the runtime's containers.
 //! - [`spec`]: what a container gets: its environment, mounts and volumes.
 //! - [`probes`]: startup, liveness and readiness probes.
+//! - [`routes`]: with the pod network, the routes to the other nodes' pods (host-gw
+//!   or VXLAN), IP forwarding and the masquerade of pod traffic leaving the cluster.
 //! - [`server`]: the HTTPS server the API server calls: container logs (read by
 //!   [`logs`] from the files under [`paths`]), and [`exec`] (`kubectl exec` over a
 //!   WebSocket).
@@ -44,6 +46,7 @@ pub mod pods;
 pub mod port_forward;
 pub mod pressure;
 pub mod probes;
+pub mod routes;
 pub mod sandbox;
 pub mod server;
 pub mod spec;
@@ -72,6 +75,16 @@ pub struct AgentConfig {
     /// on the pod's network, and reports the IPs the runtime gave them. Off: every pod
     /// is on the node's network and reports the node's IP.
     pub pod_network: bool,
+    /// With `pod_network`, how pod traffic reaches other nodes: a route via the other
+    /// node's InternalIP (`host-gw`, nodes on a shared link), VXLAN, or each as fits
+    /// (`auto`).
+    pub pod_network_backend: routes::Backend,
+    /// The cluster's pod CIDRs (the controller manager's `--cluster-cidr`): pod traffic
+    /// to elsewhere is masqueraded. Empty: the podCIDRs of the Nodes there are.
+    pub cluster_cidrs: Vec<String>,
+    /// How often the routes are checked against the Nodes when no Node changed (a link
+    /// that came up, a route removed by hand).
+    pub route_resync: Duration,
     /// Where pods' volumes and logs live (`pods/UID/…`).
     pub root: PathBuf,
     /// Extra labels of the Node.
@@ -126,6 +139,9 @@ impl AgentConfig {
             node_name: node_name.to_owned(),
             node_ip,
             pod_network: false,
+            pod_network_backend: routes::Backend::Auto,
+            cluster_cidrs: Vec::new(),
+            route_resync: Duration::from_secs(60),
             root,
             labels: Vec::new(),
             lease_renew: Duration::from_secs(10),
@@ -280,12 +296,18 @@ pub async fn run_with(
         .config
         .pod_network
         .then(|| tokio::spawn(node::pod_cidr(ctx.clone(), stopped.clone())));
+    // Hollow nodes (a shared pod feed) have no network of their own to route.
+    let routes = (ctx.config.pod_network && options.pods.is_none())
+        .then(|| tokio::spawn(routes::run(ctx.clone(), stopped.clone())));
     let pods = tokio::spawn(pods::run(ctx.clone(), options.pods, stopped.clone()));
     stopped.wait().await;
     let _ = pods.await;
     heartbeat.abort();
     if let Some(pod_cidr) = pod_cidr {
         pod_cidr.abort();
+    }
+    if let Some(routes) = routes {
+        routes.abort();
     }
     ctx.events.flush().await;
     Ok(())
