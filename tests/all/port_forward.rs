@@ -172,6 +172,13 @@ async fn port_forward_reaches_each_pods_own_port() -> Result<()> {
                         "kubectl {which} to {name} reached: {body}"
                     );
                 }
+                // The current kubectl tries the WebSocket first and says (at -v=4)
+                // when it falls back to SPDY: the tunnel must have served it.
+                let said = forward.said.borrow().clone();
+                ensure!(
+                    !said.contains("fallback"),
+                    "kubectl {which} fell back from the WebSocket: {said}"
+                );
                 forward.stop().await;
             }
         }
@@ -238,20 +245,43 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: jane}]
         Ok::<_, anyhow::Error>(())
     };
     let gone = tokio::time::timeout(Duration::from_secs(30), gone).await;
+    // The agent removes a deleted pod's sandbox (its processes, namespaces and pins)
+    // right after the pod is gone from the API: stopped before that, they would stay.
+    let removed = async {
+        let mut probe = trellis_runtime::connect(&socket).await?.runtime;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = probe
+                .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest::default())
+                .await?
+                .into_inner()
+                .items;
+            if left.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("sandboxes left: {left:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    .await;
     stop.stop();
     agent.await??;
     server.await??;
     work?;
     gone.context("the pods were not removed")??;
+    removed.context("the pods' sandboxes were not removed")?;
     cluster.stop().await?;
     Ok(())
 }
 
-/// A running `kubectl port-forward pod/NAME :PORT` and the local port it chose.
+/// A running `kubectl port-forward pod/NAME :PORT` (at `-v=4`), the local port it
+/// chose and what it said on stderr so far.
 struct Forward {
     child: tokio::process::Child,
     local: u16,
-    stderr: tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
+    said: tokio::sync::watch::Receiver<String>,
 }
 
 impl Forward {
@@ -259,11 +289,28 @@ impl Forward {
         let target = format!("pod/{pod}");
         let ports = format!(":{port}");
         let mut child = kubectl
-            .command(&["port-forward", &target, &ports, "--address", "127.0.0.1"])
+            .command(&[
+                "port-forward",
+                &target,
+                &ports,
+                "--address",
+                "127.0.0.1",
+                "-v=4",
+            ])
             .spawn()
             .context("start kubectl port-forward")?;
         let stdout = child.stdout.take().context("kubectl's stdout")?;
         let mut stderr = BufReader::new(child.stderr.take().context("kubectl's stderr")?).lines();
+        // Read all along, so that the pipe never fills.
+        let (tell, said) = tokio::sync::watch::channel(String::new());
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stderr.next_line().await {
+                tell.send_modify(|said| {
+                    said.push_str(&line);
+                    said.push('\n');
+                });
+            }
+        });
         let mut lines = BufReader::new(stdout).lines();
         // "Forwarding from 127.0.0.1:PORT -> 8080" once it listens.
         let found = tokio::time::timeout(Duration::from_secs(30), async {
@@ -280,23 +327,15 @@ impl Forward {
         let local = match found {
             Ok(Ok(Some(local))) => local,
             _ => {
-                let mut said = String::new();
-                while let Ok(Ok(Some(line))) =
-                    tokio::time::timeout(Duration::from_secs(2), stderr.next_line()).await
-                {
-                    said.push_str(&line);
-                    said.push('\n');
-                }
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                let said = said.borrow().clone();
                 bail!("kubectl port-forward {target} {ports} did not start: {said}");
             }
         };
         // Its further "Handling connection" lines must not fill the pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Forward {
-            child,
-            local,
-            stderr,
-        })
+        Ok(Forward { child, local, said })
     }
 
     /// `GET /` through the local port: the whole answer, empty when the connection
@@ -315,20 +354,15 @@ impl Forward {
             .context("no answer through the forwarded port in 20 s")?
     }
 
-    /// kubectl's stderr until a line has `wanted` (or 20 s passed, or it ended).
+    /// kubectl's stderr once it has `wanted` (or 20 s passed, or it ended).
     async fn stderr_until(&mut self, wanted: &str) -> String {
-        let mut said = String::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !said.contains(wanted) {
-            match tokio::time::timeout_at(deadline, self.stderr.next_line()).await {
-                Ok(Ok(Some(line))) => {
-                    said.push_str(&line);
-                    said.push('\n');
-                }
-                _ => break,
-            }
-        }
-        said
+        let waited = tokio::time::timeout(
+            Duration::from_secs(20),
+            self.said.wait_for(|said| said.contains(wanted)),
+        )
+        .await;
+        drop(waited);
+        self.said.borrow().clone()
     }
 
     async fn stop(mut self) {
