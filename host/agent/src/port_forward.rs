@@ -779,6 +779,71 @@ mod tests {
         assert_eq!(netns_of(&HashMap::new()), None);
     }
 
+    /// The WebSocket of channels: the port first on each of a port's two channels,
+    /// then the pod's bytes on its data channel; a refused port's error on its error
+    /// channel.
+    #[tokio::test]
+    async fn forwards_ports_over_websocket_channels() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut got = [0u8; 4];
+            tcp.read_exact(&mut got).await.unwrap();
+            tcp.write_all(&[b"echo:".as_slice(), &got].concat())
+                .await
+                .unwrap();
+        });
+        let pod = Pod {
+            sandbox: "s1".into(),
+            uid: "u1".into(),
+            target: Ok(Target::Node),
+        };
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let session = tokio::spawn(async move {
+            let ws = WebSocketStream::from_raw_socket(far, Role::Server, None).await;
+            websocket_session(ws, pod, vec![port, 1]).await;
+        });
+        let mut client = WebSocketStream::from_raw_socket(near, Role::Client, None).await;
+        let [lo, hi] = port.to_le_bytes();
+        let mut firsts = Vec::new();
+        for _ in 0..4 {
+            firsts.push(client.next().await.unwrap().unwrap().into_data().to_vec());
+        }
+        assert_eq!(
+            firsts,
+            [
+                vec![0, lo, hi],
+                vec![1, lo, hi],
+                vec![2, 1, 0],
+                vec![3, 1, 0]
+            ]
+        );
+        client
+            .send(Message::Binary(Bytes::from_static(b"\0ping")))
+            .await
+            .unwrap();
+        let (mut echoed, mut refused) = (Vec::new(), String::new());
+        while echoed.len() < 9 || refused.is_empty() {
+            let message = client.next().await.unwrap().unwrap().into_data();
+            match message.split_first() {
+                Some((0, rest)) => echoed.extend_from_slice(rest),
+                Some((3, rest)) => refused = String::from_utf8_lossy(rest).into_owned(),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(echoed, b"echo:ping");
+        assert!(
+            refused.starts_with("error forwarding port 1 to pod s1, uid u1: dial tcp 127.0.0.1:1"),
+            "{refused}"
+        );
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(5), session)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
     /// A session over an in-memory pipe, as kubectl drives it: two streams for one
     /// request to the node's loopback, bytes both ways, the client's FIN, then the
     /// pod's close ends both streams; a port nobody listens on gets the kubelet's
