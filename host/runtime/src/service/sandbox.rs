@@ -1,7 +1,7 @@
 //! A pod sandbox's lifecycle: `RunPodSandbox` makes its record and, when the pod has
-//! a network of its own, its network namespace connected by CNI; its UTS namespace
-//! (hostname set) unless it is on the node's network, its IPC namespace unless it
-//! asks for the node's, and its /etc files (`pod_files`); `StopPodSandbox` stops its
+//! a network of its own, its network namespace connected by CNI; for native
+//! processes, its UTS namespace (hostname set) unless it is on the node's network and
+//! its IPC namespace unless it asks for the node's; and its /etc files (`pod_files`); `StopPodSandbox` stops its
 //! containers and tears its network down, `RemovePodSandbox` removes them and the
 //! rest. A sandbox on the node's network (host network, or no pod CIDR yet) reports
 //! the node's IP.
@@ -35,7 +35,7 @@ pub(super) async fn run(
     } else {
         (None, Vec::new())
     };
-    let own = match runtime.make_own(&id, &config).await {
+    let own = match runtime.make_own(&id, &config, &handler).await {
         Ok(own) => own,
         Err(e) => {
             if (netns.is_some() || !ips.is_empty())
@@ -177,9 +177,15 @@ impl Runtime {
 
     /// Makes sandbox `id`'s UTS namespace (hostname set: it is on the pod's network,
     /// and a host-network pod shares the node's, as in Kubernetes) and IPC namespace
-    /// (unless it asks for the node's), and writes its /etc files; on a failure,
-    /// nothing is left.
-    async fn make_own(&self, id: &str, config: &PodSandboxConfig) -> Result<Own, Status> {
+    /// (unless it asks for the node's) when its `handler` runs native processes (a
+    /// WebAssembly component has no hostname or System V IPC to keep apart), and
+    /// writes its /etc files; on a failure, nothing is left.
+    async fn make_own(
+        &self,
+        id: &str,
+        config: &PodSandboxConfig,
+        handler: &str,
+    ) -> Result<Own, Status> {
         let Some(root) = self.files_root() else {
             return Ok(Own::default());
         };
@@ -190,8 +196,10 @@ impl Runtime {
             .and_then(|security| security.namespace_options.clone())
             .unwrap_or_default();
         let node = NamespaceMode::Node as i32;
-        let uts = (options.network != node).then(|| namespaces::uts_pin(&root, id));
-        let ipc = (options.ipc != node).then(|| namespaces::ipc_pin(&root, id));
+        let native = handler == crate::PROCESS;
+        let pod_hostname = options.network != node;
+        let uts = (native && options.network != node).then(|| namespaces::uts_pin(&root, id));
+        let ipc = (native && options.ipc != node).then(|| namespaces::ipc_pin(&root, id));
         let files = pod_files::sandbox_dir(&root, id);
         let own = Own {
             uts: uts.clone(),
@@ -208,7 +216,7 @@ impl Runtime {
                     .unwrap_or_default(),
                 name => name.to_owned(),
             };
-            pod_files::write(&files, &config, uts.is_some())
+            pod_files::write(&files, &config, pod_hostname)
                 .map_err(|e| format!("cannot write the sandbox's files: {e}"))?;
             namespaces::create(
                 uts.as_deref().map(|pin| (pin, hostname.as_str())),
