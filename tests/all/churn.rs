@@ -1,9 +1,10 @@
 //! Pods on the pod network come and go through a node (agent and runtime over CRI)
 //! without leaving anything of their network behind: no veth on the bridge, no
-//! namespace pin, no cached CNI result, no address reserved by host-local; the agent
+//! namespace pin, no record of an ADD, no address reserved by host-local; the agent
 //! collects what the runtime holds of pods that are gone (deleted while it was down)
-//! and a live pod's old sandboxes. Needs root and the CNI plugins; the node has a CNI
-//! network of its own on 10.244.82.128/25 (bridge `trellis-nt82c`).
+//! and a live pod's old sandboxes. Needs root and the CNI plugins; the node has the
+//! runtime's default network (in-process) on a range and bridge of its own,
+//! 10.244.82.128/25 and `trellis-nt82c`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -27,7 +28,8 @@ use super::node::{phase, wait_pod};
 const NODE: &str = "node-churn";
 const POD_CIDR: &str = "10.244.82.128/25";
 const BRIDGE: &str = "trellis-nt82c";
-const NETWORK: &str = "churn-test";
+/// The default conflist's network name: host-local's directory.
+const NETWORK: &str = "trellis";
 
 /// What the test made that a failure could leave: the pins (unmounted, which ends
 /// their namespaces and veths) and the bridge, removed on drop.
@@ -51,6 +53,11 @@ impl Drop for NetworkGuard {
         let _ = std::process::Command::new("ip")
             .args(["link", "del", BRIDGE])
             .status();
+        // The in-process default network's table, named after its bridge.
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "ip", BRIDGE])
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -63,13 +70,14 @@ fn names_in(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// What is left of the pods' network: pins, cached results, reserved addresses and
+/// What is left of the pods' network: pins, records of ADDs, reserved addresses and
 /// the bridge's ports; all empty when nothing leaked.
 #[derive(Debug, Default, PartialEq)]
 struct Leftovers {
     /// Network, UTS and IPC namespace pins.
     pins: Vec<String>,
-    cached: Vec<String>,
+    /// Records of ADDs: the plugins' cached results, the in-process network's.
+    added: Vec<String>,
     reserved: Vec<String>,
     veths: Vec<String>,
 }
@@ -80,7 +88,10 @@ fn leftovers(root: &Path) -> Leftovers {
             .iter()
             .flat_map(|kind| names_in(&root.join("runtime").join(kind)))
             .collect(),
-        cached: names_in(&root.join("runtime/cni/results")),
+        added: ["cni/results", "bridge"]
+            .iter()
+            .flat_map(|kind| names_in(&root.join("runtime").join(kind)))
+            .collect(),
         reserved: names_in(&root.join("cni/networks").join(NETWORK))
             .into_iter()
             .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
@@ -200,22 +211,17 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
     };
     let conf_dir = root.join("cni/net.d");
     std::fs::create_dir_all(&conf_dir)?;
+    // The runtime's default network (made in-process), on a bridge of its own and
+    // without masquerade: nothing leaves this machine.
+    let mut conflist = trellis_runtime::default_conflist(
+        &[POD_CIDR.to_string()],
+        BRIDGE,
+        &root.join("cni/networks"),
+    );
+    conflist["plugins"][0]["ipMasq"] = false.into();
     std::fs::write(
         conf_dir.join("10-churn-test.conflist"),
-        serde_json::to_vec(&json!({
-            "cniVersion": "1.0.0",
-            "name": NETWORK,
-            "plugins": [{
-                "type": "bridge",
-                "bridge": BRIDGE,
-                "isGateway": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": POD_CIDR}]],
-                    "dataDir": root.join("cni/networks"),
-                }
-            }]
-        }))?,
+        serde_json::to_vec(&conflist)?,
     )?;
     let (stop_runtime, runtime_stopped) = Shutdown::new();
     let runtime = Runtime::with_cni(
