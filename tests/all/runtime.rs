@@ -1688,7 +1688,7 @@ async fn restart_recovers(bridge_name: &'static str, subnet: &str, default: bool
     assert_eq!(names_in(&bridge).len(), 4, "a veth per sandbox");
     // A reboot: the pin is a plain file, its namespace gone.
     rustix::mount::unmount(
-        &root.join("netns").join(&rebooted),
+        root.join("netns").join(&rebooted),
         rustix::mount::UnmountFlags::DETACH,
     )
     .unwrap();
