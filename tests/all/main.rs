@@ -15,6 +15,8 @@
 //! - `join`: bootstrap tokens and CertificateSigningRequests: authentication,
 //!   requester, auto-approval, manual approval, signing, validation.
 //! - `layout`: no import circle between the modules of any crate, host or plugin.
+//! - `multinode`: two test hosts in network namespaces of their own, joined by a
+//!   bridge: pods across nodes over host-gw and VXLAN without NAT, the Granular Checks.
 //! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
 //!   restarts, env and volumes, graceful deletion, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
@@ -36,6 +38,7 @@ mod controllers;
 mod hollow;
 mod join;
 mod layout;
+mod multinode;
 mod node;
 mod plugins;
 mod port_forward;
