@@ -206,8 +206,16 @@ impl Running {
         &self,
         f: impl Future<Output = T> + Send + 'static,
     ) -> Result<T> {
+        Ok(self.spawn(f)?.await?)
+    }
+
+    /// Starts `f` on the host (in its network namespace).
+    fn spawn<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = T> + Send + 'static,
+    ) -> Result<tokio::task::JoinHandle<T>> {
         let runtime = self.runtime.as_ref().context("the host is stopped")?;
-        Ok(runtime.spawn(f).await?)
+        Ok(runtime.spawn(f))
     }
 
     /// Stops the agent and the runtime, and waits for them.
@@ -546,6 +554,25 @@ async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication(
                 "across nodes over {protocol}, the server saw {seen}, not the client pod's {test_container}"
             );
         }
+        // What leaves the cluster CIDR is masqueraded: a server on the other node's
+        // own address (outside the cluster CIDR, though that node could route the
+        // reply to the pod) sees the client's node, not the pod.
+        let node_b = cluster.hosts[1].host.ip;
+        let outside = cluster.hosts[1]
+            .on_host(async move { tokio::net::TcpListener::bind((node_b, 0)).await })
+            .await??;
+        let port = outside.local_addr()?.port();
+        let serving = cluster.hosts[1].spawn(serve_client_ip(outside))?;
+        let seen = cluster
+            .dial(test_container, "clientip", "http", node_b, port)
+            .await;
+        serving.abort();
+        let seen = seen?;
+        let node_a = cluster.hosts[0].host.ip.to_string();
+        ensure!(
+            seen[0].rsplit_once(':').map(|(ip, _)| ip) == Some(node_a.as_str()),
+            "a pod's request to {node_b} comes from its node {node_a}, not {seen:?}"
+        );
 
         // A Node that goes takes its route with it.
         let nodes: Api<Node> = Api::all(cluster.admin.clone());
@@ -559,6 +586,24 @@ async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication(
     }
     work?;
     stopped
+}
+
+/// Answers each HTTP request on `listener` with the caller's address, as netexec's
+/// `/clientip`.
+async fn serve_client_ip(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    while let Ok((mut tcp, peer)) = listener.accept().await {
+        tokio::spawn(async move {
+            let mut request = [0u8; 4096];
+            let _ = tcp.read(&mut request).await;
+            let body = peer.to_string();
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = tcp.write_all(reply.as_bytes()).await;
+        });
+    }
 }
 
 /// With the `vxlan` backend the same pods talk through the overlay (`trellis.1`, VNI 1,
