@@ -28,21 +28,16 @@ pub const MAX_REMOVALS: usize = 32;
 /// informer lists it, or its worker has not finished).
 pub type Live<'a> = &'a (dyn Fn(&str) -> bool + Sync);
 
-/// One pass over the runtime's sandboxes and `containers` (the relist's listing of
+/// One pass over the runtime's `sandboxes` and `containers` (the relist's listing of
 /// them); returns how many it removed.
-pub async fn collect(ctx: &Context, live: Live<'_>, containers: &[cri::Container]) -> usize {
+pub async fn collect(
+    ctx: &Context,
+    live: Live<'_>,
+    sandboxes: &[cri::PodSandbox],
+    containers: &[cri::Container],
+) -> usize {
     let mut runtime = ctx.cri.runtime.clone();
-    let sandboxes = match runtime
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-    {
-        Ok(listed) => listed.into_inner().items,
-        Err(e) => {
-            warn!(error = %e.message(), "list the runtime's sandboxes");
-            return 0;
-        }
-    };
-    let plan = plan(&sandboxes, containers, live);
+    let plan = plan(sandboxes, containers, live);
     let mut removed = 0;
     for (id, uid) in plan.sandboxes.iter().take(MAX_REMOVALS) {
         if live(uid) {

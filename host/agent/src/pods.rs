@@ -1,7 +1,7 @@
 //! The pods bound to this node: a worker per pod (see [`crate::worker`]), fed the
 //! pod's versions from a shared informer of `spec.nodeName=NAME`, and woken by a
-//! relist of the runtime's containers when one of its containers changes state (the
-//! kubelet's PLEG). At each relist, once the pods are listed, what the runtime holds
+//! relist of the runtime's containers and sandboxes when one of its containers or
+//! sandboxes changes state (the kubelet's PLEG). At each relist, once the pods are listed, what the runtime holds
 //! of pods that no longer exist is collected ([`crate::gc`]).
 //!
 //! Many agents of one process (hollow nodes) share one informer of every pod instead
@@ -133,11 +133,11 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
                 }
             }
             _ = relist.tick() => {
-                let containers = relist_containers(&ctx, &mut states, &workers).await;
+                let listed = relist_runtime(&ctx, &mut states, &workers).await;
                 workers.retain(|_, h| !h.task.is_finished());
                 // Only once the node's pods are listed: before, every pod would look
                 // gone.
-                if let Some(containers) = containers
+                if let Some(listed) = listed
                     && informer.has_synced()
                 {
                     let pods = if shared {
@@ -148,7 +148,7 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
                     let known: HashSet<String> =
                         pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
                     let live = |uid: &str| known.contains(uid) || workers.contains_key(uid);
-                    gc::collect(&ctx, &live, &containers).await;
+                    gc::collect(&ctx, &live, &listed.sandboxes, &listed.containers).await;
                 }
             }
             Ok(()) = network.changed() => {
@@ -177,15 +177,23 @@ fn spawn(ctx: &Arc<Context>, uid: &str) -> Handle {
     }
 }
 
-/// Wakes the worker of each pod whose containers changed state since the last relist;
-/// returns the runtime's containers, none when it could not list them.
-async fn relist_containers(
+/// The runtime's containers and sandboxes, as one relist saw them.
+struct Listed {
+    containers: Vec<cri::Container>,
+    sandboxes: Vec<cri::PodSandbox>,
+}
+
+/// Wakes the worker of each pod whose containers or sandboxes changed state since the
+/// last relist (a sandbox the runtime stopped, or found gone after a restart, must be
+/// made again even when no container of it changed); returns what it listed, none
+/// when the runtime could not list it.
+async fn relist_runtime(
     ctx: &Context,
     states: &mut HashMap<String, (i32, String)>,
     workers: &HashMap<String, Handle>,
-) -> Option<Vec<cri::Container>> {
+) -> Option<Listed> {
     let mut runtime = ctx.cri.runtime.clone();
-    let listed = match runtime
+    let containers = match runtime
         .list_containers(cri::ListContainersRequest { filter: None })
         .await
     {
@@ -195,10 +203,26 @@ async fn relist_containers(
             return None;
         }
     };
-    let mut now: HashMap<String, (i32, String)> = HashMap::with_capacity(listed.len());
-    for c in &listed {
-        let uid = c.labels.get(POD_UID).cloned().unwrap_or_default();
-        now.insert(c.id.clone(), (c.state, uid));
+    // Listed after the containers: a container listed has its sandbox listed too,
+    // unless the sandbox was removed in between.
+    let sandboxes = match runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+    {
+        Ok(r) => r.into_inner().items,
+        Err(e) => {
+            warn!(error = %e.message(), "list the runtime's sandboxes");
+            return None;
+        }
+    };
+    let uid = |labels: &HashMap<String, String>| labels.get(POD_UID).cloned().unwrap_or_default();
+    let mut now: HashMap<String, (i32, String)> =
+        HashMap::with_capacity(containers.len() + sandboxes.len());
+    for c in &containers {
+        now.insert(c.id.clone(), (c.state, uid(&c.labels)));
+    }
+    for s in &sandboxes {
+        now.insert(format!("sandbox/{}", s.id), (s.state, uid(&s.labels)));
     }
     let mut changed: Vec<&str> = Vec::new();
     for (id, (state, uid)) in &now {
@@ -217,5 +241,8 @@ async fn relist_containers(
         }
     }
     *states = now;
-    Some(listed)
+    Some(Listed {
+        containers,
+        sandboxes,
+    })
 }
