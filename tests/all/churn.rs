@@ -211,14 +211,12 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
     };
     let conf_dir = root.join("cni/net.d");
     std::fs::create_dir_all(&conf_dir)?;
-    // The runtime's default network (made in-process), on a bridge of its own and
-    // without masquerade: nothing leaves this machine.
-    let mut conflist = trellis_runtime::default_conflist(
+    // The runtime's default network (made in-process), on a bridge of its own.
+    let conflist = trellis_runtime::default_conflist(
         &[POD_CIDR.to_string()],
         BRIDGE,
         &root.join("cni/networks"),
     );
-    conflist["plugins"][0]["ipMasq"] = false.into();
     std::fs::write(
         conf_dir.join("10-churn-test.conflist"),
         serde_json::to_vec(&conflist)?,
@@ -353,11 +351,28 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
                 pod_sandbox_id: first[0].0.clone(),
             })
             .await?;
-        let now = wait_sandboxes(&mut cri, &uid, Duration::from_secs(10), |s| {
+        let now = match wait_sandboxes(&mut cri, &uid, Duration::from_secs(10), |s| {
             s.len() == 1 && s[0].1 && s[0].0 != first[0].0
         })
         .await
-        .context("one new ready sandbox, the old one collected")?;
+        {
+            Ok(now) => now,
+            Err(e) => {
+                let events: Api<k8s_openapi::api::core::v1::Event> =
+                    Api::namespaced(admin.clone(), "default");
+                let told: Vec<String> = events
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|e| e.involved_object.name.as_deref() == Some("renewed"))
+                    .map(|e| format!("{:?}: {:?}", e.reason, e.message))
+                    .collect();
+                return Err(e.context(format!(
+                    "one new ready sandbox, the old one collected; the pod's events: {told:?}"
+                )));
+            }
+        };
         api.delete("renewed", &DeleteParams::default()).await?;
         wait_clean(root, Duration::from_secs(10))
             .await
