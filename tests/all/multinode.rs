@@ -608,7 +608,8 @@ async fn serve_client_ip(listener: tokio::net::TcpListener) {
 
 /// With the `vxlan` backend the same pods talk through the overlay (`trellis.1`, VNI 1,
 /// port 8472): a pod reaches a pod on the other node with its own source IP over HTTP
-/// and UDP, and a node reaches the other node's pods; a deleted Node's route goes.
+/// and UDP, and a node reaches the other node's pods; a deleted Node's route, fdb and
+/// neighbour entries go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_reach_pods_on_other_nodes_over_vxlan_without_nat() -> Result<()> {
     if skip() {
@@ -659,9 +660,31 @@ async fn pods_reach_pods_on_other_nodes_over_vxlan_without_nat() -> Result<()> {
             .await??;
         ensure!(name == "server", "{name}");
 
+        let entries = |host: &Host| -> Result<String> {
+            let fdb = std::process::Command::new("bridge")
+                .args(["-n", &host.name, "fdb", "show", "dev", "trellis.1"])
+                .output()?;
+            Ok(format!(
+                "{}{}",
+                String::from_utf8_lossy(&fdb.stdout),
+                host.ip(&["neigh", "show", "dev", "trellis.1"])?
+            ))
+        };
+        let before = entries(&cluster.hosts[0].host)?;
+        ensure!(
+            before.contains("dst 10.244.88.3") && before.contains("10.244.89.64 lladdr"),
+            "the fdb and neighbour entries of the other node: {before}"
+        );
         let nodes: Api<Node> = Api::all(cluster.admin.clone());
         nodes.delete(b, &DeleteParams::default()).await?;
-        wait_route(&cluster.hosts[0].host, setup.pod_cidrs[1], false).await
+        wait_route(&cluster.hosts[0].host, setup.pod_cidrs[1], false).await?;
+        // Its VXLAN entries go with it.
+        let after = entries(&cluster.hosts[0].host)?;
+        ensure!(
+            !after.contains("10.244.88.3") && !after.contains("10.244.89.64"),
+            "entries of a node gone are left: {after}"
+        );
+        Ok(())
     }
     .await;
     let stopped = cluster.stop(&names).await;
