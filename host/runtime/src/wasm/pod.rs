@@ -30,13 +30,13 @@ pub(crate) struct PodNetwork {
 
 impl PodNetwork {
     /// The network of sandbox `sandbox_id`, whose namespace is pinned at `netns`
-    /// (`<root>/netns/<sandbox id>`): its `resolv.conf` is the sandbox's, at
-    /// `<root>/sandboxes/<sandbox id>/resolv.conf`.
+    /// (`<root>/netns/<sandbox id>`): its `resolv.conf` is the one the sandbox's files
+    /// hold under the same root (`pod_files`).
     pub(crate) fn of(netns: &Path, sandbox_id: &str) -> Self {
         let root = netns.parent().and_then(Path::parent).unwrap_or(netns);
         Self {
             netns: netns.to_path_buf(),
-            resolv_conf: root.join("sandboxes").join(sandbox_id).join("resolv.conf"),
+            resolv_conf: crate::pod_files::resolv_conf(root, sandbox_id),
         }
     }
 
