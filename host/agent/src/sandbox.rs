@@ -16,6 +16,7 @@ use crate::{Context, dns, hosts};
 
 /// The sandbox of pod `uid` with the node's default DNS settings (no cluster DNS,
 /// `cluster.local`, the node's `/etc/resolv.conf`): see [`pod_sandbox_config`].
+#[cfg(test)]
 pub fn sandbox_config(
     root: &Path,
     pod: &Pod,

@@ -256,8 +256,7 @@ impl Worker {
                 .or_else(|| Some(Time(jiff::Timestamp::now())));
         }
         let own_network = spec::own_network(self.ctx.config.pod_network, pod);
-        let sandbox_config =
-            sandbox::sandbox_config(&self.ctx.config.root, pod, &self.uid, own_network);
+        let sandbox_config = sandbox::sandbox_config_of(&self.ctx, pod, &self.uid, own_network);
         let ready = match sandbox::ready_sandbox(&self.ctx, &self.uid).await {
             Ok(ready) => ready,
             Err(message) => return Ok(Some(self.failed_sandbox(pod, &message))),
@@ -332,10 +331,14 @@ impl Worker {
                 debug!(pod = %pod_label(pod), "waiting for the node's pod CIDR");
                 return Ok(None);
             }
-            _ => match sandbox::run_sandbox(&self.ctx, &sandbox_config, &handler).await {
-                Ok(id) => id,
-                Err(message) => return Ok(Some(self.failed_sandbox(pod, &message))),
-            },
+            _ => {
+                // As the kubelet, which tells them each time it makes a sandbox.
+                sandbox::record_dns_warnings(&self.ctx, pod);
+                match sandbox::run_sandbox(&self.ctx, &sandbox_config, &handler).await {
+                    Ok(id) => id,
+                    Err(message) => return Ok(Some(self.failed_sandbox(pod, &message))),
+                }
+            }
         };
         let mut with_new_ips = None;
         if own_network && self.network.as_ref().is_none_or(|(id, _)| *id != sandbox) {
