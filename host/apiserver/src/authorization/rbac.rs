@@ -536,7 +536,7 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
         ),
         cluster_role(
             "edit",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/exec", "pods/eviction", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]},
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/exec", "pods/portforward", "pods/eviction", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]},
                    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["*"]}]),
         ),
         // As Kubernetes' bootstrap roles: each component may take its own Lease only.
