@@ -109,8 +109,16 @@ pub struct Plan {
 }
 
 /// The routes node `own` wants to the other `nodes`, given the subnets of its links
-/// (`connected`).
-pub fn plan(backend: Backend, own: &str, nodes: &[Arc<Node>], connected: &[Cidr]) -> Plan {
+/// (`connected`) and its own addresses (`local`): a Node whose InternalIP is one of
+/// them is on this machine (a test's, or a stale Node of this one), and no route leads
+/// to it.
+pub fn plan(
+    backend: Backend,
+    own: &str,
+    nodes: &[Arc<Node>],
+    connected: &[Cidr],
+    local: &[IpAddr],
+) -> Plan {
     let mut plan = Plan::default();
     for node in nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
@@ -131,6 +139,13 @@ pub fn plan(backend: Backend, own: &str, nodes: &[Arc<Node>], connected: &[Cidr]
                 }
                 continue;
             };
+            if ip.is_loopback() || local.contains(ip) {
+                plan.unreachable.push((
+                    name.clone(),
+                    format!("its InternalIP {ip} is an address of this node"),
+                ));
+                continue;
+            }
             let shared = connected.iter().any(|subnet| contains(*subnet, *ip));
             let via = match (backend, shared, ip) {
                 (Backend::HostGw | Backend::Auto, true, _) => Via::Gateway(*ip),
@@ -324,12 +339,13 @@ impl Routes {
     }
 
     async fn sync(&mut self, ctx: &Context, nodes: &[Arc<Node>]) -> anyhow::Result<()> {
-        let connected = self.connected().await?;
+        let (connected, local) = self.links().await?;
         let plan = plan(
             ctx.config.pod_network_backend,
             &ctx.config.node_name,
             nodes,
             &connected,
+            &local,
         );
         for (node, why) in &plan.unreachable {
             if self.warned.insert((node.clone(), why.clone())) {
@@ -390,25 +406,26 @@ impl Routes {
         Ok(())
     }
 
-    /// The subnets of this node's links (not host-scoped ones, not the VXLAN device's).
-    async fn connected(&self) -> anyhow::Result<Vec<Cidr>> {
+    /// The subnets of this node's links (not host-scoped ones, not the VXLAN device's),
+    /// and all of its addresses.
+    async fn links(&self) -> anyhow::Result<(Vec<Cidr>, Vec<IpAddr>)> {
         let vxlan = self.link_index(VXLAN_DEVICE).await?;
         let mut addresses = self.handle.address().get().execute();
-        let mut subnets = Vec::new();
+        let (mut subnets, mut local) = (Vec::new(), Vec::new());
         while let Some(address) = addresses.try_next().await? {
-            if Some(address.header.index) == vxlan
-                || address.header.scope == rtnetlink::packet_route::address::AddressScope::Host
-            {
-                continue;
-            }
+            let linked = Some(address.header.index) != vxlan
+                && address.header.scope != rtnetlink::packet_route::address::AddressScope::Host;
             for attribute in &address.attributes {
                 if let AddressAttribute::Address(ip) = attribute {
-                    let bits = address.header.prefix_len;
-                    subnets.push((network(*ip, bits), bits));
+                    local.push(*ip);
+                    if linked {
+                        let bits = address.header.prefix_len;
+                        subnets.push((network(*ip, bits), bits));
+                    }
                 }
             }
         }
-        Ok(subnets)
+        Ok((subnets, local))
     }
 
     async fn link_index(&self, name: &str) -> anyhow::Result<Option<u32>> {
@@ -709,7 +726,11 @@ mod tests {
             node("silent", Some("10.42.3.0/24"), None),
         ];
         let connected = [cidr("192.168.1.0/24"), cidr("10.42.0.1/24")];
-        let auto = plan(Backend::Auto, "me", &nodes, &connected);
+        let local = [
+            "192.168.1.10".parse().unwrap(),
+            "10.42.0.1".parse().unwrap(),
+        ];
+        let auto = plan(Backend::Auto, "me", &nodes, &connected, &local);
         assert_eq!(
             auto.routes,
             BTreeMap::from([
@@ -731,12 +752,12 @@ mod tests {
         assert_eq!(auto.own, BTreeSet::from([cidr("10.42.0.0/24")]));
         assert_eq!(auto.pod_cidrs.len(), 4);
 
-        let host_gw = plan(Backend::HostGw, "me", &nodes, &connected);
+        let host_gw = plan(Backend::HostGw, "me", &nodes, &connected, &local);
         assert_eq!(host_gw.routes.len(), 1);
         assert_eq!(host_gw.unreachable.len(), 1);
         assert_eq!(host_gw.unreachable[0].0, "far");
 
-        let vxlan = plan(Backend::Vxlan, "me", &nodes, &connected);
+        let vxlan = plan(Backend::Vxlan, "me", &nodes, &connected, &local);
         assert!(
             vxlan
                 .routes
@@ -744,6 +765,16 @@ mod tests {
                 .all(|v| matches!(v, Via::Vxlan { .. }))
         );
         assert_eq!(vxlan.routes.len(), 2);
+
+        // A Node at one of this node's addresses is this machine: no route to it.
+        let twins = [
+            node("me", Some("10.42.0.0/24"), Some("192.168.1.10")),
+            node("twin", Some("10.42.5.0/24"), Some("192.168.1.10")),
+            node("loop", Some("10.42.6.0/24"), Some("127.0.0.1")),
+        ];
+        let same = plan(Backend::Auto, "me", &twins, &connected, &local);
+        assert!(same.routes.is_empty(), "{:?}", same.routes);
+        assert_eq!(same.unreachable.len(), 2);
     }
 
     #[test]
