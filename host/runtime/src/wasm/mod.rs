@@ -15,7 +15,9 @@
 //! gets `wasi:sockets` and name lookups, inside the pod's network namespace and with
 //! the pod's `resolv.conf` (`pod`); elsewhere (the node's network) no sockets and no
 //! name lookup. An HTTP handler may also send requests
-//! (`wasi:http/outgoing-handler`); a program may not. A WASM program has
+//! (`wasi:http/outgoing-handler`); a program may not. In a pod with a network of its
+//! own, a handler's thread is in the pod's network too: it listens there, and its
+//! requests and their name lookups are the pod's. A WASM program has
 //! no signal handler: a stop cancels it at once, whatever the grace period.
 //!
 //! # Layout
@@ -98,7 +100,10 @@ impl Handler for Wasmtime {
                 proxy::Handler::new(engine, record, pre, prepared.log)?,
                 state,
                 self.node_ip,
-                record.netns.as_deref(),
+                record
+                    .netns
+                    .as_deref()
+                    .map(|netns| pod::PodNetwork::of(netns, &record.sandbox_id)),
             )?,
         };
         Ok(handler::Started {

@@ -18,7 +18,6 @@
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -38,6 +37,7 @@ use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
+use super::pod::PodNetwork;
 use super::workload::{WasiConfig, Workload, memory_limit, new_store, trap_message};
 use crate::log::{Lines, LogFile, Stream};
 use crate::record::ContainerRecord;
@@ -224,36 +224,32 @@ fn plain(status: StatusCode, body: &str) -> Response<HyperOutgoingBody> {
 /// Listens on `node_ip` at the handler's port and serves on a thread of its own until
 /// stopped. A port that cannot be bound fails the start.
 ///
-/// In a pod with a network of its own (`netns`), it listens on every address of the
-/// pod's namespace instead: the socket, made on a thread inside it, stays there.
+/// In a pod with a network of its own (`network`), the thread enters the pod's network
+/// first and listens on every address of the pod's namespace: the requests a handler
+/// sends (`wasi:http/outgoing-handler`) and their name lookups are the pod's too.
 pub(crate) fn start(
     handler: Handler,
     state: &Arc<State>,
     node_ip: IpAddr,
-    netns: Option<&Path>,
+    network: Option<PodNetwork>,
 ) -> Result<Live, Status> {
-    let bind = |address: SocketAddr| {
-        std::net::TcpListener::bind(address).and_then(|l| l.set_nonblocking(true).map(|()| l))
+    let address = match network {
+        None => SocketAddr::new(node_ip, handler.port),
+        Some(_) => SocketAddr::from(([0, 0, 0, 0], handler.port)),
     };
-    let (address, listener) = match netns {
-        None => {
-            let address = SocketAddr::new(node_ip, handler.port);
-            (address, bind(address))
+    // The thread says whether it listens before it serves, so a port that cannot be
+    // bound (or a network that cannot be entered) fails the start.
+    let (bound, listening) = std::sync::mpsc::sync_channel(1);
+    let listen = move || {
+        if let Some(network) = &network {
+            network
+                .enter()
+                .map_err(|e| format!("cannot enter its pod's network: {e}"))?;
         }
-        Some(netns) => {
-            let address = SocketAddr::from(([0, 0, 0, 0], handler.port));
-            (
-                address,
-                crate::network::netns::run_in(netns, move || bind(address)),
-            )
-        }
+        std::net::TcpListener::bind(address)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| format!("cannot listen on {address}: {e}"))
     };
-    let listener = listener.map_err(|e| {
-        Status::failed_precondition(format!(
-            "container {}: cannot listen on {address}: {e}",
-            handler.id
-        ))
-    })?;
     let stop = Arc::new(Cancel::default());
     let (exited, _) = watch::channel(false);
     let live = Live {
@@ -264,11 +260,22 @@ pub(crate) fn start(
         memory: Some(handler.memory.clone()),
     };
     let id = handler.id.clone();
-    tracing::info!(container = %id, %address, "serving wasi:http");
     let state = state.clone();
+    let thread_id = id.clone();
     std::thread::Builder::new()
         .name(format!("http-{}", id.get(..12).unwrap_or(&id)))
         .spawn(move || {
+            let listener = match listen() {
+                Ok(listener) => {
+                    let _ = bound.send(Ok(()));
+                    listener
+                }
+                Err(e) => {
+                    let _ = bound.send(Err(e));
+                    return;
+                }
+            };
+            let id = thread_id;
             let exit = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -285,6 +292,18 @@ pub(crate) fn start(
             state.finish(&id, exit);
         })
         .map_err(|e| Status::internal(format!("cannot start a thread: {e}")))?;
+    match listening.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(Status::failed_precondition(format!("container {id}: {e}")));
+        }
+        Err(_) => {
+            return Err(Status::internal(format!(
+                "container {id}: its thread ended before it listened"
+            )));
+        }
+    }
+    tracing::info!(container = %id, %address, "serving wasi:http");
     Ok(live)
 }
 
