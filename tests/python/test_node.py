@@ -13,7 +13,10 @@ would:
   stdin), and says a WASM pod has no shell;
 - `kubectl delete pod` waits while the node stops the pod, then it is gone.
 
-The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh)."""
+The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh).
+
+Nodes run with `--pod-network=false`: a bare `trellis server` runs no node IPAM
+controller, so no Node gets a pod CIDR for pods on a network of their own to wait for."""
 
 import subprocess
 import time
@@ -62,7 +65,7 @@ def cluster():
              "--root", str(data_dir / "runtime"), "--process-handler", "true"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         proc = subprocess.Popen(
-            [str(trellis_binary()), "node", "--kubeconfig", str(node_kubeconfig(data_dir)),
+            [str(trellis_binary()), "node", "--pod-network=false", "--kubeconfig", str(node_kubeconfig(data_dir)),
              "--data-dir", str(node_dir), "--node-name", NODE, "--node-port", "0",
              "--relist-period", "0.1", "--container-runtime-endpoint", f"unix://{socket}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

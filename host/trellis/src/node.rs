@@ -170,6 +170,30 @@ pub struct NodeFlags {
     )]
     pub pod_network: Option<bool>,
 
+    /// How pod traffic reaches other nodes: `host-gw` (a route via the other node's
+    /// InternalIP, on a link both share), `vxlan` (the overlay device `trellis.1`, UDP
+    /// 8472), or `auto`: host-gw where the nodes share a link, vxlan elsewhere.
+    #[arg(long, default_value = "auto", value_name = "BACKEND")]
+    pub pod_network_backend: trellis_agent::routes::Backend,
+
+    /// The cluster's pod CIDRs: pod traffic to elsewhere is masqueraded. Default: the
+    /// podCIDRs of the Nodes there are (`trellis up`: its `--cluster-cidr`).
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    pub pod_network_cluster_cidr: Vec<String>,
+
+    /// The cluster's DNS servers, the nameservers of `ClusterFirst` pods (comma
+    /// separated). None: those pods get the node's resolvers, with a warning event.
+    #[arg(long, value_delimiter = ',', value_name = "IP")]
+    pub cluster_dns: Vec<IpAddr>,
+
+    /// The cluster's domain, of pods' search domains and FQDNs.
+    #[arg(long, default_value = "cluster.local", value_name = "DOMAIN")]
+    pub cluster_domain: String,
+
+    /// The resolver configuration `dnsPolicy: Default` pods get; empty: none.
+    #[arg(long, default_value = "/etc/resolv.conf", value_name = "FILE")]
+    pub resolv_conf: PathBuf,
+
     #[command(flatten)]
     pub cni: CniFlags,
 }
@@ -320,6 +344,12 @@ pub async fn run_local(
     config.port = flags.node_port;
     config.client_ca_pem = client_ca_pem;
     config.pod_network = pod_network(flags);
+    config.pod_network_backend = flags.pod_network_backend;
+    config.cluster_cidrs = flags.pod_network_cluster_cidr.clone();
+    config.cluster_dns = flags.cluster_dns.clone();
+    config.cluster_domain = flags.cluster_domain.clone();
+    config.resolv_conf =
+        (!flags.resolv_conf.as_os_str().is_empty()).then(|| flags.resolv_conf.clone());
     info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
     let result = trellis_agent::run(config, client, cri, informers, stopped).await;
     if let Some(server) = server {

@@ -345,7 +345,12 @@ pub async fn run(
             let client = in_process.client(trellis_client::identity::node(&name));
             let informers = shared.informers.clone();
             let data_dir = args.data_dir.clone();
-            let flags = args.node.clone();
+            let mut flags = args.node.clone();
+            // Pod traffic within the CIDR the node IPAM controller hands out is not
+            // masqueraded.
+            if flags.pod_network_cluster_cidr.is_empty() && args.node_ipam.allocate_node_cidrs {
+                flags.pod_network_cluster_cidr = args.node_ipam.cluster_cidr.clone();
+            }
             let stopped = stopped.clone();
             running.push(tokio::spawn(async move {
                 let ca = std::fs::read_to_string(data_dir.join("pki").join("ca.crt")).ok();
