@@ -12,6 +12,16 @@
 //! sleeps); `process` runs `/bin/sleep`. `node_rss_mb` is the node process's resident
 //! memory with every pod running (for `process`, the agent and the runtime alone: the
 //! pods are processes of their own).
+//!
+//! With `--pod-network` the node runs with the pod network on (`trellis node
+//! --pod-network`) and its Node gets `--pod-cidr` (the node IPAM controller's part,
+//! done by the benchmark): every pod gets a network namespace and an address of its
+//! own. The node's config dir holds the runtime's default network on a bridge of the
+//! benchmark's own (`--bridge`), never a user's `trellis0`; with `--cni-plugins` the
+//! same network goes through the CNI plugins rather than the runtime's in-process
+//! bridge. At the end, each pod is deleted alone and `teardown_ms` measures from the
+//! delete's answer to its sandbox gone from the runtime; then the bridge and what
+//! the network left on the node are removed.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -56,6 +66,25 @@ pub struct PodStartArgs {
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
+
+    /// Pods on a network of their own: the node runs with `--pod-network`, its Node
+    /// gets `--pod-cidr`.
+    #[arg(long)]
+    pod_network: bool,
+
+    /// The node's pod CIDR with `--pod-network`: a private range no other network on
+    /// this machine uses.
+    #[arg(long, default_value = "10.244.250.0/24", value_name = "CIDR")]
+    pod_cidr: String,
+
+    /// The bridge of the pods' network with `--pod-network`; removed at the end.
+    #[arg(long, default_value = "trellis-bench", value_name = "NAME")]
+    bridge: String,
+
+    /// With `--pod-network`: the default network through the CNI plugins (bridge,
+    /// host-local, portmap) instead of the runtime's in-process bridge.
+    #[arg(long)]
+    cni_plugins: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,6 +98,12 @@ struct Report {
     first_start_ms: f64,
     /// The `trellis node` process (agent and runtime) with every pod running.
     node_rss_mb: f64,
+    /// Whether pods had a network of their own, and through what.
+    pod_network: Option<&'static str>,
+    /// From a pod's delete to its sandbox gone from the runtime, each pod alone.
+    teardown_p50_ms: f64,
+    teardown_p99_ms: f64,
+    teardown_max_ms: f64,
 }
 
 const NODE: &str = "bench-node";
@@ -88,13 +123,27 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     };
     let cluster = LocalCluster::start().await?;
     let node_dir = cluster.dir.path().join("node");
-    let node = start_node(&cluster, &node_dir);
+    let network = if args.pod_network {
+        match write_network(&args, &node_dir) {
+            Ok(conf_dir) => Some(conf_dir),
+            Err(e) => {
+                let _ = cluster.stop().await;
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
+    let node = start_node(&cluster, &node_dir, network.as_deref());
     let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
     let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
     let measured = match node {
         Ok(mut child) => {
-            let measured = measure(&admin, &args, &image, child.id()).await;
+            let measured = measure(&admin, &args, &image, child.id(), &node_dir).await;
             let cleaned = cleanup(&node_dir).await;
+            if args.pod_network {
+                remove_network(&args.bridge);
+            }
             let _ = rustix::process::kill_process(
                 rustix::process::Pid::from_raw(child.id().unwrap_or(0) as i32)
                     .unwrap_or(rustix::process::Pid::INIT),
@@ -111,14 +160,17 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     stopped?;
     super::print_report(args.json, &report, || {
         format!(
-            "pod start ({:?}): {} pods, bound → Running p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; the first (compiled) {:.1} ms; the node process {:.1} MB with every pod running",
+            "pod start ({:?}, {}): {} pods, bound → Running p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; the first (compiled) {:.1} ms; the node process {:.1} MB with every pod running; delete → sandbox gone p50 {:.1} ms, p99 {:.1} ms",
             report.handler,
+            report.pod_network.unwrap_or("node network"),
             report.pods,
             report.p50_ms,
             report.p99_ms,
             report.max_ms,
             report.first_start_ms,
-            report.node_rss_mb
+            report.node_rss_mb,
+            report.teardown_p50_ms,
+            report.teardown_p99_ms,
         )
     })
 }
@@ -127,6 +179,7 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
 fn start_node(
     cluster: &LocalCluster,
     dir: &std::path::Path,
+    cni_conf_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<tokio::process::Child> {
     std::fs::create_dir_all(dir)?;
     let pki = trellis_apiserver::server::pki::Pki::load_or_create(cluster.dir.path(), &[])?;
@@ -145,9 +198,17 @@ fn start_node(
     )?;
     let exe = std::env::current_exe().context("find this binary")?;
     let log = std::fs::File::create(dir.join("node.log"))?;
-    tokio::process::Command::new(exe)
-        .args(["node", "--kubeconfig"])
-        .arg(&kubeconfig)
+    let mut command = tokio::process::Command::new(exe);
+    command.args(["node", "--kubeconfig"]).arg(&kubeconfig);
+    // Said either way: the node's default depends on the machine.
+    match cni_conf_dir {
+        Some(conf_dir) => command
+            .arg("--pod-network=true")
+            .arg("--cni-conf-dir")
+            .arg(conf_dir),
+        None => command.arg("--pod-network=false"),
+    };
+    command
         .arg("--data-dir")
         .arg(dir)
         .args([
@@ -170,6 +231,7 @@ async fn measure(
     args: &PodStartArgs,
     image: &str,
     node_pid: Option<u32>,
+    node_dir: &std::path::Path,
 ) -> anyhow::Result<Report> {
     let informers = SharedInformers::new();
     let nodes = informers.informer::<k8s_openapi::api::core::v1::Node>(
@@ -191,6 +253,18 @@ async fn measure(
     tokio::time::timeout(Duration::from_secs(30), ready)
         .await
         .context("the node did not become Ready (see its node.log)")??;
+    if args.pod_network {
+        // The node IPAM controller's part.
+        let cidr = &args.pod_cidr;
+        Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+            .patch(
+                NODE,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}})),
+            )
+            .await
+            .context("give the node its pod CIDR")?;
+    }
     let pods = informers.informer::<Pod>(
         Api::namespaced(admin.clone(), "default"),
         watcher::Config::default(),
@@ -213,7 +287,8 @@ async fn measure(
             .extend(command.as_object().cloned().unwrap_or_default());
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name},
-            "spec": {"nodeName": NODE, "runtimeClassName": class, "containers": [container]},
+            "spec": {"nodeName": NODE, "runtimeClassName": class, "containers": [container],
+                "terminationGracePeriodSeconds": 5},
         }))?;
         api.create(&PostParams::default(), &pod).await?;
         let created = Instant::now();
@@ -243,7 +318,10 @@ async fn measure(
             samples.push(took);
         }
     }
+    let node_rss_mb = node_pid.map_or(0.0, rss_of);
+    let mut teardowns = teardown(&api, args.pods, node_dir).await?;
     let p = Percentiles::of(&mut samples);
+    let t = Percentiles::of(&mut teardowns);
     Ok(Report {
         handler: args.handler,
         pods: args.pods,
@@ -251,8 +329,111 @@ async fn measure(
         p99_ms: p.p99_ms,
         max_ms: p.max_ms,
         first_start_ms: super::ms(first),
-        node_rss_mb: node_pid.map_or(0.0, rss_of),
+        node_rss_mb,
+        pod_network: args.pod_network.then_some(if args.cni_plugins {
+            "CNI plugins"
+        } else {
+            "in-process bridge"
+        }),
+        teardown_p50_ms: t.p50_ms,
+        teardown_p99_ms: t.p99_ms,
+        teardown_max_ms: t.max_ms,
     })
+}
+
+/// Deletes the pods one at a time, each timed from the delete's answer until the
+/// runtime no longer knows its sandbox.
+async fn teardown(
+    api: &Api<Pod>,
+    pods: usize,
+    node_dir: &std::path::Path,
+) -> anyhow::Result<Vec<Duration>> {
+    use k8s_cri::v1::{ListPodSandboxRequest, PodSandboxFilter, PodSandboxStatusRequest};
+    let mut cri = trellis_runtime::connect(&node_dir.join("runtime.sock"))
+        .await
+        .context("connect to the node's runtime")?;
+    let mut took = Vec::with_capacity(pods + 1);
+    for i in 0..=pods {
+        let name = format!("start-{i}");
+        let sandboxes = cri
+            .runtime
+            .list_pod_sandbox(ListPodSandboxRequest {
+                filter: Some(PodSandboxFilter {
+                    label_selector: [("io.kubernetes.pod.name".to_owned(), name.clone())].into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("list {name}'s sandboxes: {}", e.message()))?
+            .into_inner()
+            .items;
+        api.delete(&name, &kube::api::DeleteParams::default())
+            .await
+            .with_context(|| format!("delete {name}"))?;
+        let deleted = Instant::now();
+        let deadline = deleted + Duration::from_secs(60);
+        for sandbox in sandboxes {
+            // A probe of the runtime every millisecond: the agent says nothing when it
+            // removes a sandbox.
+            while cri
+                .runtime
+                .pod_sandbox_status(PodSandboxStatusRequest {
+                    pod_sandbox_id: sandbox.id.clone(),
+                    verbose: false,
+                })
+                .await
+                .is_ok()
+            {
+                if Instant::now() > deadline {
+                    bail!("{name}'s sandbox was not removed within 60 s");
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        took.push(deleted.elapsed());
+    }
+    Ok(took)
+}
+
+/// Writes the runtime's default network on the benchmark's bridge and pod CIDR into
+/// the node's CNI config dir, where the runtime finds it instead of writing its own;
+/// with `--cni-plugins`, under another name, so the runtime runs it through the CNI
+/// plugins. Returns the config dir.
+fn write_network(args: &PodStartArgs, node_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    if !rustix::process::geteuid().is_root() {
+        bail!("--pod-network needs root (network namespaces, links, nftables)");
+    }
+    let root = node_dir.join("runtime");
+    let conf_dir = root.join("cni").join("net.d");
+    std::fs::create_dir_all(&conf_dir)?;
+    let mut conflist = trellis_runtime::default_conflist(
+        std::slice::from_ref(&args.pod_cidr),
+        &args.bridge,
+        &root.join("cni").join("networks"),
+    );
+    if args.cni_plugins {
+        conflist["name"] = json!("trellis-cni");
+    }
+    std::fs::write(
+        conf_dir.join("10-trellis.conflist"),
+        serde_json::to_vec_pretty(&conflist)?,
+    )?;
+    Ok(conf_dir)
+}
+
+/// Removes the benchmark's bridge and what the network keeps beside it (the
+/// in-process bridge's nftables table); the pods' namespaces and veths went with
+/// their sandboxes.
+fn remove_network(bridge: &str) {
+    let quiet = |program: &str, args: &[&str]| {
+        let _ = std::process::Command::new(program)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    };
+    quiet("ip", &["link", "del", bridge]);
+    quiet("nft", &["delete", "table", "ip", bridge]);
 }
 
 pub(crate) fn rss_of(pid: u32) -> f64 {
