@@ -55,6 +55,7 @@ pub mod hollow;
 mod log;
 pub mod namespaces;
 mod network;
+mod pid;
 pub mod pod_files;
 mod process;
 mod record;

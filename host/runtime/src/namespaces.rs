@@ -191,7 +191,7 @@ pub fn spawn_in_container(
     let raw = Pid::from_raw(pid).ok_or_else(gone)?;
     let pidfd = rustix::process::pidfd_open(raw, PidfdFlags::empty())?;
     // Opened before the check: the pidfd names this process, whatever reuses its pid.
-    let alive = crate::process::start_time(pid);
+    let alive = crate::pid::start_time(pid);
     if alive.is_none() || (start.is_some() && alive != start) {
         return Err(gone());
     }
@@ -288,7 +288,7 @@ mod tests {
         exec.args(["-c", "cat /proc/sys/kernel/hostname; echo x >> /etc/hosts"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null());
-        let output = spawn_in_container(exec, pid, crate::process::start_time(pid))
+        let output = spawn_in_container(exec, pid, crate::pid::start_time(pid))
             .unwrap()
             .wait_with_output()
             .await

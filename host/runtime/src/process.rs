@@ -182,7 +182,7 @@ pub(crate) fn start(
     tasks.push(waiter.abort_handle());
     Ok(Started {
         pid,
-        start: start_time(pid),
+        start: crate::pid::start_time(pid),
         live: Live {
             exited,
             stop: Stopper::Process { pid },
@@ -229,7 +229,7 @@ pub(crate) fn adopt(state: &Arc<State>, id: &str, pid: i32, start: u64) {
         let state = state.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            while start_time(pid) == Some(start) {
+            while crate::pid::start_time(pid) == Some(start) {
                 tokio::time::sleep(ADOPTED_POLL).await;
             }
             drain(copies).await;
@@ -396,21 +396,6 @@ async fn drain(copies: Vec<JoinHandle<()>>) {
             abort.abort();
         }
     }
-}
-
-/// The start time /proc gives process `pid`, if it is alive (a zombie is not).
-pub(crate) fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields follow its last ')'.
-    let fields: Vec<&str> = stat
-        .get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .collect();
-    if matches!(fields.first(), Some(&"Z" | &"X" | &"x")) {
-        return None;
-    }
-    // Field 22 of stat(5), the 20th after the name.
-    fields.get(19)?.parse().ok()
 }
 
 /// The `process` handler.

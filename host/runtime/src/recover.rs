@@ -121,7 +121,7 @@ impl Runtime {
             match kind {
                 record::ImageKind::Process => {
                     let alive = pid.zip(start).filter(|&(pid, start)| {
-                        process::start_time(pid).is_some_and(|now| now == start)
+                        crate::pid::start_time(pid).is_some_and(|now| now == start)
                     });
                     match alive {
                         Some((pid, start)) => {
