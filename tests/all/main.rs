@@ -43,6 +43,7 @@ mod node;
 mod plugins;
 mod port_forward;
 mod pod_files;
+mod pod_network;
 mod runtime;
 mod scheduler;
 mod store;
