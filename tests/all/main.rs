@@ -4,6 +4,8 @@
 //! - `apiserver`: the API server end to end, driven by the real kubectl (tables,
 //!   apply, selectors, conflicts, validation, finalizers, namespaces, watch, paging,
 //!   the status subresource, authentication and authorization).
+//! - `churn`: pods on the pod network come and go through a node and leave nothing of
+//!   their network; the agent collects what gone pods left.
 //! - `client`: `trellis-client` (kube-rs) against the server, remote and in-process:
 //!   the verbs, identities held to their roles, shared informers.
 //! - `containerd`: the node agent on a real containerd over CRI v1 (started by the
@@ -21,6 +23,10 @@
 //!   restarts, env and volumes, graceful deletion, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
+//! - `pod_files`: a `process` pod's hostname, `/etc/hosts`, `resolv.conf` and volumes
+//!   in its own mount namespace, and exec seeing the same.
+//! - `pod_network`: the runtime's default network made in-process; an operator's
+//!   conflist through the CNI plugins.
 //! - `port_forward`: `kubectl port-forward` (current and 1.20) through the API server
 //!   and the node into pods' own network namespaces.
 //! - `runtime`: `trellis-runtime` over real gRPC, as a kubelet drives a CRI runtime:
@@ -29,6 +35,8 @@
 //! - `scheduler`: the scheduler with the bundled default plugins against a server.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
+//! - `wasi_sockets`: a `wasi:cli` program's sockets and name lookups in its pod's
+//!   network.
 
 mod apiserver;
 mod churn;
@@ -41,9 +49,9 @@ mod layout;
 mod multinode;
 mod node;
 mod plugins;
-mod port_forward;
 mod pod_files;
 mod pod_network;
+mod port_forward;
 mod runtime;
 mod scheduler;
 mod store;
