@@ -381,7 +381,8 @@ mod tests {
         assert_eq!(bridge.name, "br-x");
         assert_eq!(bridge.subnet(), "10.244.9.0/24");
         assert_eq!(bridge.ipam.gateway(), Ipv4Addr::new(10, 244, 9, 1));
-        assert!(bridge.ip_masq);
+        // The node agent masquerades what leaves the cluster, not the bridge.
+        assert!(!bridge.ip_masq);
 
         let mut renamed = default.clone();
         renamed["name"] = json!("operator");

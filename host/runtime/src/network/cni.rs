@@ -127,6 +127,9 @@ impl DefaultNetwork {
             .iter()
             .map(|subnet| json!({ "dst": if subnet.contains(':') { "::/0" } else { "0.0.0.0/0" } }))
             .collect();
+        // No `ipMasq`: the bridge would masquerade whatever leaves the node's own
+        // range, pod-to-pod traffic to other nodes included. The node agent
+        // masquerades only what leaves the cluster CIDR.
         json!({
             "cniVersion": "1.0.0",
             "name": "trellis",
@@ -135,7 +138,7 @@ impl DefaultNetwork {
                     "type": "bridge",
                     "bridge": self.bridge,
                     "isGateway": true,
-                    "ipMasq": true,
+                    "ipMasq": false,
                     "hairpinMode": true,
                     "ipam": {
                         "type": "host-local",
