@@ -49,8 +49,8 @@ pub mod probes;
 pub mod routes;
 pub mod sandbox;
 pub mod server;
-pub mod spec;
 mod spdy;
+pub mod spec;
 pub mod status;
 pub mod worker;
 
