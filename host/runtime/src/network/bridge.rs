@@ -155,7 +155,11 @@ impl Bridge {
         let netns = File::open(&pod.netns)?;
         host.add_veth(&veth, bridge, IFNAME, &netns)
             .map_err(|e| context(e, format!("make the veth pair {veth}")))?;
-        std::fs::write(format!("/sys/class/net/{veth}/brport/hairpin_mode"), "1")
+        host.link_index(&veth)
+            .and_then(|index| {
+                let index = index.ok_or_else(|| std::io::Error::other("no such link"))?;
+                host.set_hairpin(index)
+            })
             .map_err(|e| context(e, format!("set hairpin mode on {veth}")))?;
         let gateway = self.ipam.gateway();
         let prefix = self.ipam.prefix();
@@ -456,6 +460,11 @@ mod tests {
         netns::create(&pod.netns).unwrap();
         let attached = bridge.attach(dir.path(), &pod);
         let listener = netns::run_in(&pod.netns, || std::net::TcpListener::bind("0.0.0.0:8080"));
+        // Through netlink, as the port was set: sysfs may show another namespace.
+        let hairpin = std::process::Command::new("bridge")
+            .args(["-d", "link", "show", "dev", &veth_name(&pod.id)])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
         let reached = attached.as_ref().is_ok_and(|ip| {
             std::net::TcpStream::connect_timeout(
                 &(*ip, 8080).into(),
@@ -474,6 +483,8 @@ mod tests {
             .status();
         assert_eq!(attached.unwrap(), IpAddr::from([10, 244, 84, 2]));
         assert!(reached, "the host reaches the pod");
+        let hairpin = hairpin.unwrap();
+        assert!(hairpin.contains("hairpin on"), "{hairpin}");
         detached.unwrap();
         assert!(recorded_none(dir.path()));
     }

@@ -16,6 +16,7 @@ const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
+const RTM_SETLINK: u16 = 19;
 const RTM_NEWADDR: u16 = 20;
 const RTM_NEWROUTE: u16 = 24;
 
@@ -28,12 +29,15 @@ const IFF_UP: u32 = 0x1;
 const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MASTER: u16 = 10;
+const IFLA_PROTINFO: u16 = 12;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_NET_NS_FD: u16 = 28;
 const IFLA_INFO_KIND: u16 = 1;
 const IFLA_INFO_DATA: u16 = 2;
 const VETH_INFO_PEER: u16 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
+const AF_BRIDGE: u8 = 7;
+const IFLA_BRPORT_MODE: u16 = 4;
 
 const AF_INET: u8 = 2;
 const IFA_ADDRESS: u16 = 1;
@@ -72,6 +76,13 @@ impl Message {
     /// An `ifinfomsg`: family, type, index, flags, change.
     fn link(mut self, index: u32, flags: u32) -> Self {
         push_link(&mut self.bytes, index, flags);
+        self
+    }
+
+    /// An `ifinfomsg` of the bridge family for port `index`, changing no flags.
+    fn bridge_port(mut self, index: u32) -> Self {
+        push_link(&mut self.bytes, index, 0);
+        self.bytes[16] = AF_BRIDGE;
         self
     }
 
@@ -293,6 +304,18 @@ impl Netlink {
                     });
                 });
             });
+        self.request(message).map(drop)
+    }
+
+    /// Puts bridge port `index` in hairpin mode (a frame may go back out of the port
+    /// it came in by: a pod reaching itself through a hostPort or a Service), as
+    /// `bridge link set dev X hairpin on` does. Not through
+    /// `/sys/class/net/X/brport/hairpin_mode`: sysfs shows the links of the namespace
+    /// it was mounted in, not necessarily the calling thread's.
+    pub(crate) fn set_hairpin(&mut self, index: u32) -> std::io::Result<()> {
+        let mut message = Message::new(RTM_SETLINK, 0).bridge_port(index);
+        // Nested, or the kernel reads the attribute as the old bare port state.
+        message.nest(IFLA_PROTINFO, |b| push_attr(b, IFLA_BRPORT_MODE, &[1]));
         self.request(message).map(drop)
     }
 
