@@ -7,7 +7,8 @@
 //! Kubernetes' conformance checks "Networking Granular Checks: Pods should function for
 //! intra-pod communication: http/udp" and "for node-pod communication: http/udp", with
 //! agnhost netexec's `/hostname`, `/clientip` and `/dial` written in Python as a
-//! `process` container.
+//! `process` container. A `wasi:http` component on one node answers a `wasi:sockets`
+//! program on the other (`hello-http` and `dial`, built by plugins/build.sh).
 //!
 //! Needs root, `ip`, `nft`, python3 and the CNI plugins; skipped otherwise. Each test
 //! has its own LAN (bridge and /24) and pod range.
@@ -31,7 +32,7 @@ use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
 use trellis_tests::hosts::{Host, Lan, http_get, unpin_all};
 
-use super::node::wait_pod;
+use super::node::{phase, wait_pod};
 
 /// agnhost netexec's endpoints that the conformance checks use: `/hostname` (the pod's
 /// name), `/clientip` (the caller's address as the server sees it) and `/dial` (asks
@@ -94,6 +95,8 @@ ThreadingHTTPServer(("", HTTP), Handler).serve_forever()
 const HTTP_PORT: u16 = 8083;
 const UDP_PORT: u16 = 8081;
 const TEST_PORT: u16 = 9080;
+/// The `wasi:http` component's port.
+const WEB_PORT: u16 = 8090;
 
 /// One host's runtime and agent, on the host's own Tokio runtime.
 struct Running {
@@ -155,7 +158,8 @@ impl Running {
             let cri_runtime = Runtime::with_cni(
                 RuntimeConfig {
                     root: root.join("runtime"),
-                    cache_dir: Some(root.join("compiled")),
+                    // Shared with the other tests: the components compile once.
+                    cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
                     process_handler: true,
                     node_ip: ip,
                 },
@@ -216,6 +220,23 @@ impl Running {
     ) -> Result<tokio::task::JoinHandle<T>> {
         let runtime = self.runtime.as_ref().context("the host is stopped")?;
         Ok(runtime.spawn(f))
+    }
+
+    /// The log of `pod`'s container `container` (its first attempt), as the agent
+    /// keeps it.
+    fn log(&self, pod: &Pod, container: &str) -> Result<String> {
+        let path = self
+            .dir
+            .path()
+            .join("agent/logs")
+            .join(format!(
+                "default_{}_{}",
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                pod.metadata.uid.as_deref().unwrap_or_default()
+            ))
+            .join(container)
+            .join("0.log");
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
     }
 
     /// Stops the agent and the runtime, and waits for them.
@@ -369,6 +390,15 @@ impl Cluster {
         Ok(())
     }
 
+    /// Creates `pod` in `default`.
+    async fn create(&self, pod: serde_json::Value) -> Result<()> {
+        let pod: Pod = serde_json::from_value(pod)?;
+        Api::<Pod>::namespaced(self.admin.clone(), "default")
+            .create(&PostParams::default(), &pod)
+            .await?;
+        Ok(())
+    }
+
     /// Waits until pod `name` is Ready; its IP.
     async fn ready(&self, name: &str) -> Result<IpAddr> {
         let pod = wait_pod(&self.pods, name, Duration::from_secs(60), |p| {
@@ -483,7 +513,8 @@ async fn wait_route(host: &Host, cidr: &str, want: bool) -> Result<()> {
 /// they do: a test container pod `/dial`s the endpoint pod of each node by HTTP and by
 /// UDP and gets its hostname (intra-pod), and so does a test container on the host's
 /// network (node-pod); across nodes the endpoint sees the client pod's own IP. A
-/// deleted Node's route goes.
+/// `wasi:sockets` program on the second node gets the answer of a `wasi:http`
+/// component on the first (both `wasmtime` pods). A deleted Node's route goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication() -> Result<()> {
     if skip() {
@@ -504,12 +535,30 @@ async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication(
         "netserver-1",
         "test-container",
         "host-test-container",
+        "web",
+        "dialer",
     ];
+    let image = |name: &str| -> Result<String> {
+        Ok(format!(
+            "file://{}",
+            trellis_tests::plugin_wasm(name)?.display()
+        ))
+    };
     let work = async {
         cluster.netexec("netserver-0", a, false, HTTP_PORT).await?;
         cluster.netexec("netserver-1", b, false, HTTP_PORT).await?;
         cluster.netexec("test-container", a, false, TEST_PORT).await?;
         cluster.netexec("host-test-container", a, true, TEST_PORT).await?;
+        // No runtimeClassName: the agents' default handler, wasmtime.
+        cluster
+            .create(json!({
+                "metadata": {"name": "web"},
+                "spec": {"nodeName": a, "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "web", "image": image("hello-http")?,
+                        "env": [{"name": "GREETING", "value": a}],
+                        "ports": [{"containerPort": WEB_PORT}]}]}
+            }))
+            .await?;
         let endpoints = [
             ("netserver-0", cluster.ready("netserver-0").await?),
             ("netserver-1", cluster.ready("netserver-1").await?),
@@ -527,6 +576,17 @@ async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication(
             cluster.hosts[0].host.ip(&["route", "show", setup.pod_cidrs[1]])?.contains("via 10.244.80.3"),
             "host-gw: via the other node's InternalIP"
         );
+        // Ready once it listens (the runtime binds before the start returns); the
+        // program runs while the checks below do.
+        let web = cluster.ready("web").await?;
+        cluster
+            .create(json!({
+                "metadata": {"name": "dialer"},
+                "spec": {"nodeName": b, "restartPolicy": "Never",
+                    "containers": [{"name": "dial", "image": image("dial")?,
+                        "env": [{"name": "GET", "value": format!("{web}:{WEB_PORT}/")}]}]}
+            }))
+            .await?;
 
         for (check, from) in [("intra-pod", test_container), ("node-pod", host_container)] {
             for (protocol, port) in [("http", HTTP_PORT), ("udp", UDP_PORT)] {
@@ -572,6 +632,26 @@ async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication(
         ensure!(
             seen[0].rsplit_once(':').map(|(ip, _)| ip) == Some(node_a.as_str()),
             "a pod's request to {node_b} comes from its node {node_a}, not {seen:?}"
+        );
+
+        // The program on the second node got the component's answer from the first.
+        let dialer = wait_pod(&cluster.pods, "dialer", Duration::from_secs(30), |p| {
+            matches!(phase(p), "Succeeded" | "Failed")
+        })
+        .await?;
+        let status = dialer.status.as_ref().context("dialer status")?;
+        let dialer_ip: IpAddr = status.pod_ip.as_deref().context("dialer podIP")?.parse()?;
+        ensure!(
+            contains(parse_cidr(setup.pod_cidrs[1]).context("podCIDR")?, dialer_ip),
+            "the dialer's IP {dialer_ip} is from {b}'s podCIDR"
+        );
+        let log = cluster.hosts[1].log(&dialer, "dial")?;
+        // CRI log lines: time, stream, tag, then the line.
+        let lines: Vec<&str> = log.lines().filter_map(|l| l.splitn(4, ' ').nth(3)).collect();
+        ensure!(
+            lines == [format!("get {web}:{WEB_PORT}/: 200 hello from {a}")]
+                && phase(&dialer) == "Succeeded",
+            "the wasi:sockets program on {b} asked the wasi:http component on {a}: {log}"
         );
 
         // A Node that goes takes its route with it.
