@@ -109,6 +109,22 @@ impl Node {
         self.server.await.unwrap().unwrap();
     }
 
+    /// The runtime's `NetworkReady` condition, as its CRI `Status` tells it.
+    async fn network_ready(&mut self) -> RuntimeCondition {
+        self.client
+            .runtime
+            .status(StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.r#type == "NetworkReady")
+            .unwrap()
+    }
+
     /// A pod sandbox on the pod network with `port_mappings`; its id and IP.
     async fn sandbox(
         &mut self,
@@ -338,8 +354,59 @@ async fn the_default_network_is_made_in_process() {
     node.stop().await;
 }
 
+/// An operator's conflist: a bridge network of its own with host-local IPAM on
+/// `subnet`, recording under `ipam_dir`.
+fn operator_conflist(bridge: &str, subnet: &str, ipam_dir: &Path) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "cniVersion": "1.0.0",
+        "name": "operator",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": bridge,
+            "isGateway": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": subnet}]],
+                "dataDir": ipam_dir,
+            }
+        }]
+    }))
+    .unwrap()
+}
+
+/// The runtime's network is ready (`Status`'s `NetworkReady`, which the node agent
+/// and the kubelet wait for before they make a sandbox on the pod's network) once
+/// its config dir holds a network: with neither a pod CIDR nor a conflist it is not,
+/// with the reason the kubelet shows; an operator's conflist alone, whose IPAM needs
+/// no pod CIDR, makes it ready. Nothing is connected, so no root is needed.
+#[tokio::test]
+async fn the_network_is_ready_once_the_config_dir_holds_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf_dir = dir.path().join("net.d");
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let mut node = Node::start(dir.path(), "", &conf_dir).await;
+    let network = node.network_ready().await;
+    assert!(!network.status, "no pod CIDR, no conflist: {network:?}");
+    assert_eq!(network.reason, "NetworkPluginNotReady");
+    assert!(
+        network.message.contains("no network config found"),
+        "{}",
+        network.message
+    );
+    std::fs::write(
+        conf_dir.join("10-operator.conflist"),
+        // Never connected: the operator test's bridge and range.
+        operator_conflist("trellis-nt83", "10.244.83.0/24", &dir.path().join("ipam")),
+    )
+    .unwrap();
+    let network = node.network_ready().await;
+    assert!(network.status, "an operator's conflist: {network:?}");
+    node.stop().await;
+}
+
 /// An operator's conflist (another network, on another bridge) is not the runtime's
-/// default: the CNI plugins run it, and their cached result is what DEL uses.
+/// default: the CNI plugins run it, and their cached result is what DEL uses. The
+/// node has no pod CIDR: the operator's network needs none.
 #[tokio::test]
 async fn an_operators_conflist_is_run_by_the_cni_plugins() {
     if !can_run() {
@@ -353,24 +420,10 @@ async fn an_operators_conflist_is_run_by_the_cni_plugins() {
     let ipam_dir = dir.path().join("ipam");
     std::fs::write(
         conf_dir.join("10-operator.conflist"),
-        serde_json::to_vec(&json!({
-            "cniVersion": "1.0.0",
-            "name": "operator",
-            "plugins": [{
-                "type": "bridge",
-                "bridge": BRIDGE,
-                "isGateway": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": "10.244.83.0/24"}]],
-                    "dataDir": ipam_dir,
-                }
-            }]
-        }))
-        .unwrap(),
+        operator_conflist(BRIDGE, "10.244.83.0/24", &ipam_dir),
     )
     .unwrap();
-    let mut node = Node::start(dir.path(), "10.244.83.0/24", &conf_dir).await;
+    let mut node = Node::start(dir.path(), "", &conf_dir).await;
     let (id, _, ip) = node.sandbox("op", Vec::new()).await;
     assert!(ip.starts_with("10.244.83."), "{ip}");
     assert_eq!(

@@ -71,7 +71,8 @@ pub struct AgentConfig {
     /// pod without `pod_network`).
     pub node_ip: IpAddr,
     /// Whether pods that are not hostNetwork get a network of their own: the agent
-    /// waits for its Node's `spec.podCIDR`, gives it to the runtime, asks for sandboxes
+    /// gives its Node's `spec.podCIDR` to the runtime, waits until the runtime's network
+    /// is ready (that pod CIDR, or an operator's network), asks for sandboxes
     /// on the pod's network, and reports the IPs the runtime gave them. Off: every pod
     /// is on the node's network and reports the node's IP.
     pub pod_network: bool,
@@ -79,6 +80,11 @@ pub struct AgentConfig {
     /// node's InternalIP (`host-gw`, nodes on a shared link), VXLAN, or each as fits
     /// (`auto`).
     pub pod_network_backend: routes::Backend,
+    /// With `pod_network`, how often the runtime is asked whether its network is
+    /// ready (`Status`'s `NetworkReady`) when the pod CIDR did not change: an
+    /// operator's network (a CNI daemonset writing its conflist) comes at any time
+    /// (the kubelet: 5 s).
+    pub network_check: Duration,
     /// The cluster's pod CIDRs (the controller manager's `--cluster-cidr`): pod traffic
     /// to elsewhere is masqueraded. Empty: the podCIDRs of the Nodes there are.
     pub cluster_cidrs: Vec<String>,
@@ -141,6 +147,7 @@ impl AgentConfig {
             pod_network: false,
             pod_network_backend: routes::Backend::Auto,
             cluster_cidrs: Vec::new(),
+            network_check: Duration::from_secs(5),
             route_resync: Duration::from_secs(60),
             root,
             labels: Vec::new(),
@@ -176,9 +183,9 @@ pub struct Context {
     pub runtime_name: String,
     /// The port logs are served on (0 when they are not).
     pub port: std::sync::atomic::AtomicU16,
-    /// The Node's pod CIDR once the runtime has been given it (with `pod_network`):
-    /// until then pods that need a network wait.
-    pub pod_cidr: tokio::sync::watch::Sender<Option<String>>,
+    /// Whether the runtime can give pods a network of their own, as its `Status`
+    /// last said (with `pod_network`): until then pods that need one wait.
+    pub network_ready: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Context {
@@ -268,7 +275,7 @@ pub async fn run_with(
         informers,
         runtime_name,
         port: Default::default(),
-        pod_cidr: tokio::sync::watch::Sender::new(None),
+        network_ready: tokio::sync::watch::Sender::new(false),
     });
     std::fs::create_dir_all(ctx.config.root.join("pods"))
         .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
@@ -292,10 +299,10 @@ pub async fn run_with(
         let _ = registered.send(());
     }
     let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), stopped.clone()));
-    let pod_cidr = ctx
+    let pod_network = ctx
         .config
         .pod_network
-        .then(|| tokio::spawn(node::pod_cidr(ctx.clone(), stopped.clone())));
+        .then(|| tokio::spawn(node::pod_network(ctx.clone(), stopped.clone())));
     // Hollow nodes (a shared pod feed) have no network of their own to route.
     let routes = (ctx.config.pod_network && options.pods.is_none())
         .then(|| tokio::spawn(routes::run(ctx.clone(), stopped.clone())));
@@ -303,8 +310,8 @@ pub async fn run_with(
     stopped.wait().await;
     let _ = pods.await;
     heartbeat.abort();
-    if let Some(pod_cidr) = pod_cidr {
-        pod_cidr.abort();
+    if let Some(pod_network) = pod_network {
+        pod_network.abort();
     }
     if let Some(routes) = routes {
         routes.abort();

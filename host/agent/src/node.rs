@@ -99,11 +99,13 @@ pub async fn heartbeat(ctx: Arc<Context>, stopped: Shutdown) {
     }
 }
 
-/// Watches the Node for its `spec.podCIDR` (given by the node IPAM controller) and
-/// gives it to the runtime (`UpdateRuntimeConfig`), again whenever it changes, as the
-/// kubelet does; `ctx.pod_cidr` tells it once the runtime has it, which is what pods
-/// on their own network wait for. Runs until `stopped`.
-pub async fn pod_cidr(ctx: Arc<Context>, stopped: Shutdown) {
+/// Gives the runtime the Node's `spec.podCIDR` (from the node IPAM controller) by
+/// `UpdateRuntimeConfig`, again whenever it changes, as the kubelet does; and asks
+/// the runtime whether its network is ready (`Status`'s `NetworkReady`) then and
+/// every `network_check`, into `ctx.network_ready`, which pods on their own network
+/// wait for. The runtime's default network needs the pod CIDR; an operator's network
+/// (its conflist in the runtime's config dir) needs none. Runs until `stopped`.
+pub async fn pod_network(ctx: Arc<Context>, stopped: Shutdown) {
     use futures::StreamExt as _;
     use kube::runtime::{WatchStreamExt as _, watcher};
     let nodes: Api<Node> = Api::all(ctx.client.clone());
@@ -114,9 +116,15 @@ pub async fn pod_cidr(ctx: Arc<Context>, stopped: Shutdown) {
         .applied_objects()
         .boxed();
     let mut given: Option<String> = None;
+    let mut check = tokio::time::interval(ctx.config.network_check);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let node = tokio::select! {
             node = seen.next() => node,
+            _ = check.tick() => {
+                check_network(&ctx).await;
+                continue;
+            }
             _ = stopped.wait() => return,
         };
         let node = match node {
@@ -133,7 +141,7 @@ pub async fn pod_cidr(ctx: Arc<Context>, stopped: Shutdown) {
         if given.as_ref() == Some(&cidr) {
             continue;
         }
-        // Retried until the runtime takes it: pods wait for it.
+        // Retried until the runtime takes it: pods may wait for it.
         loop {
             let mut runtime = ctx.cri.runtime.clone();
             let request = k8s_cri::v1::UpdateRuntimeConfigRequest {
@@ -155,9 +163,46 @@ pub async fn pod_cidr(ctx: Arc<Context>, stopped: Shutdown) {
             }
         }
         info!(node = %ctx.config.node_name, pod_cidr = %cidr, "the runtime has the node's pod CIDR");
-        ctx.pod_cidr.send_replace(Some(cidr.clone()));
         given = Some(cidr);
+        // At once: pods waiting for the default network need not wait for the period.
+        check_network(&ctx).await;
     }
+}
+
+/// Sets `ctx.network_ready` from the runtime's `NetworkReady` condition (none is not
+/// ready, as for the kubelet); a runtime that does not answer changes nothing.
+async fn check_network(ctx: &Context) {
+    let mut runtime = ctx.cri.runtime.clone();
+    let status = match runtime
+        .status(k8s_cri::v1::StatusRequest { verbose: false })
+        .await
+    {
+        Ok(status) => status.into_inner(),
+        Err(e) => {
+            warn!(error = %e.message(), "ask the runtime whether its network is ready");
+            return;
+        }
+    };
+    let network = status
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .find(|c| c.r#type == "NetworkReady");
+    let ready = network.is_some_and(|c| c.status);
+    ctx.network_ready.send_if_modified(|was| {
+        if *was == ready {
+            return false;
+        }
+        *was = ready;
+        if ready {
+            info!(node = %ctx.config.node_name, "the runtime's network is ready");
+        } else {
+            let (reason, message) =
+                network.map_or(("", ""), |c| (c.reason.as_str(), c.message.as_str()));
+            info!(node = %ctx.config.node_name, %reason, %message, "container runtime network not ready");
+        }
+        true
+    });
 }
 
 fn labels(ctx: &Context) -> BTreeMap<String, String> {

@@ -108,8 +108,8 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
     let mut states: HashMap<String, (i32, String)> = HashMap::new();
     let mut relist = tokio::time::interval(ctx.config.relist_period);
     relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Pods waiting for the network start as soon as the runtime has the pod CIDR.
-    let mut network = ctx.pod_cidr.subscribe();
+    // Pods waiting for the network start as soon as the runtime's network is ready.
+    let mut network = ctx.network_ready.subscribe();
     loop {
         tokio::select! {
             change = changes.recv() => {

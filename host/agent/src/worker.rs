@@ -324,11 +324,12 @@ impl Worker {
             plan::compute_pod_actions(&restart_policy, ready.is_some(), &init, &main, &unhealthy);
         let sandbox = match ready {
             Some(id) if !actions.create_sandbox => id,
-            _ if own_network && self.ctx.pod_cidr.borrow().is_none() => {
-                // The network is not ready until the runtime has the node's pod CIDR,
-                // as the kubelet's "network is not ready".
-                // Woken when it has (`pods::run`).
-                debug!(pod = %pod_label(pod), "waiting for the node's pod CIDR");
+            _ if own_network && !*self.ctx.network_ready.borrow() => {
+                // As the kubelet's "network is not ready: container runtime network not
+                // ready": until the runtime has a network for pods (the default one on
+                // the node's pod CIDR, or an operator's). Woken when it has
+                // (`pods::run`).
+                debug!(pod = %pod_label(pod), "waiting for the runtime's network");
                 return Ok(None);
             }
             _ => {

@@ -8,9 +8,11 @@
 //! Any other network in the config dir goes through the plugins. A sandbox's DEL
 //! follows what its ADD used, whatever the config dir holds by then.
 //!
-//! Nothing is made until the node has a pod CIDR (`UpdateRuntimeConfig`, as the
-//! kubelet sends it from its Node's `spec.podCIDR`): until then every sandbox is on
-//! the node's network, as host-network sandboxes always are.
+//! Nothing is made until the network is ready: the config dir holds a network, the
+//! default one (written once the node has a pod CIDR, `UpdateRuntimeConfig`, as the
+//! kubelet sends it from its Node's `spec.podCIDR`) or an operator's, whose own IPAM
+//! needs no pod CIDR. Until then every sandbox is on the node's network, as
+//! host-network sandboxes always are, and `Status` says `NetworkReady` false.
 
 mod bridge;
 pub(crate) mod cni;
@@ -120,8 +122,21 @@ impl PodNetwork {
         }
     }
 
+    /// Whether pods can be given a network of their own (CRI's `NetworkReady`): for
+    /// the CNI network, the config dir holds one that loads; for a hollow node's, it
+    /// has a pod CIDR. `Err` says why not.
+    pub(crate) fn ready(&self) -> Result<(), String> {
+        match self {
+            Self::Cni(cni) => cni.ready(),
+            Self::Fake(fake) if fake.has_pod_cidr() => Ok(()),
+            Self::Fake(_) => Err("the node has no pod CIDR yet".into()),
+        }
+    }
+
     /// Whether a sandbox of `config` gets a network of its own: it asks for the pod's
-    /// network namespace (not the node's) and the node has a pod CIDR.
+    /// network namespace (not the node's) and the network is ready (or the node has
+    /// a pod CIDR: then a config dir that does not load fails the sandbox rather
+    /// than putting it on the node's network).
     pub(crate) fn wanted(&self, config: &PodSandboxConfig) -> bool {
         let mode = config
             .linux
@@ -131,7 +146,7 @@ impl PodNetwork {
             .map_or(NamespaceMode::Pod as i32, |options| options.network);
         mode == NamespaceMode::Pod as i32
             && match self {
-                Self::Cni(cni) => cni.has_pod_cidr(),
+                Self::Cni(cni) => cni.has_pod_cidr() || cni.ready().is_ok(),
                 Self::Fake(fake) => fake.has_pod_cidr(),
             }
     }
@@ -215,6 +230,19 @@ impl CniNetwork {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .is_empty()
+    }
+
+    /// Whether the config dir holds a network that loads, as containerd's CRI plugin
+    /// tells it (the kubelet shows the message).
+    fn ready(&self) -> Result<(), String> {
+        match self.cni.load() {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(format!(
+                "cni plugin not initialized: no network config found in {}",
+                self.cni.conf_dir.display()
+            )),
+            Err(e) => Err(format!("cni plugin not initialized: {e}")),
+        }
     }
 
     /// Sets the node's pod CIDRs, keeps them for the next run, and writes the default

@@ -194,9 +194,20 @@ impl RuntimeService for Runtime {
             reason: String::new(),
             message: String::new(),
         };
+        // What the kubelet waits for before it makes a sandbox on the pod's network:
+        // a pod CIDR, or an operator's network that needs none.
+        let network = match self.network.ready() {
+            Ok(()) => condition("NetworkReady"),
+            Err(message) => RuntimeCondition {
+                reason: "NetworkPluginNotReady".into(),
+                message: format!("Network plugin returns error: {message}"),
+                status: false,
+                ..condition("NetworkReady")
+            },
+        };
         Ok(Response::new(StatusResponse {
             status: Some(RuntimeStatus {
-                conditions: vec![condition("RuntimeReady"), condition("NetworkReady")],
+                conditions: vec![condition("RuntimeReady"), network],
             }),
             info: HashMap::new(),
             runtime_handlers: self
