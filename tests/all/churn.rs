@@ -11,17 +11,14 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio::time::Instant;
-use trellis_agent::AgentConfig;
-use trellis_api::{Shutdown, Stop, UserInfo};
-use trellis_client::identity;
 use trellis_client::informer::SharedInformers;
-use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
+use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork};
 
 use super::node::{phase, wait_pod};
 
@@ -31,8 +28,8 @@ const BRIDGE: &str = "trellis-nt82c";
 /// The default conflist's network name: host-local's directory.
 const NETWORK: &str = "trellis";
 
-/// What the test made that a failure could leave: the pins (unmounted, which ends
-/// their namespaces and veths) and the bridge, removed on drop.
+/// What the test made that a failure could leave: the pins, unmounted on drop, which
+/// ends their namespaces and veths (the node removes its bridge and table itself).
 struct NetworkGuard {
     runtime_root: PathBuf,
 }
@@ -50,14 +47,6 @@ impl Drop for NetworkGuard {
                 let _ = std::fs::remove_file(&pin);
             }
         }
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", BRIDGE])
-            .status();
-        // The in-process default network's table, named after its bridge.
-        let _ = std::process::Command::new("nft")
-            .args(["delete", "table", "ip", BRIDGE])
-            .stderr(std::process::Stdio::null())
-            .status();
     }
 }
 
@@ -113,38 +102,6 @@ async fn wait_clean(root: &Path, limit: Duration) -> Result<()> {
             bail!("left after {limit:?}: {left:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The node's agent, started and stopped apart from its runtime.
-struct Agent {
-    stop: Stop,
-    task: tokio::task::JoinHandle<Result<()>>,
-}
-
-async fn start_agent(cluster: &TestCluster, root: &Path) -> Result<Agent> {
-    let (stop, stopped) = Shutdown::new();
-    let cri = trellis_runtime::connect(&root.join("cri.sock")).await?;
-    let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
-    config.pod_network = true;
-    config.relist_period = Duration::from_millis(50);
-    config.backoff_base = Duration::from_millis(100);
-    config.port = 0;
-    config.eviction_hard = None;
-    let task = tokio::spawn(trellis_agent::run(
-        config,
-        cluster.in_process().client(identity::node(NODE)),
-        cri,
-        SharedInformers::new(),
-        stopped,
-    ));
-    Ok(Agent { stop, task })
-}
-
-impl Agent {
-    async fn stop(self) -> Result<()> {
-        self.stop.stop();
-        self.task.await?
     }
 }
 
@@ -204,64 +161,33 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
         return Ok(());
     }
     let cluster = TestCluster::start().await?;
-    let dir = tempfile::tempdir()?;
-    let root = dir.path();
+    let mut node = NetworkedNode::start(
+        &cluster,
+        NetworkedNodeOptions {
+            node: NODE,
+            pod_cidr: POD_CIDR,
+            bridge: BRIDGE,
+            // The runtime's default network (made in-process), on a bridge of its own.
+            network: PodNetwork::Default,
+            client_ca: false,
+            backoff_base: Some(Duration::from_millis(100)),
+        },
+    )
+    .await?;
+    let root = node.root().to_path_buf();
+    let root = root.as_path();
     let _guard = NetworkGuard {
         runtime_root: root.join("runtime"),
     };
-    let conf_dir = root.join("cni/net.d");
-    std::fs::create_dir_all(&conf_dir)?;
-    // The runtime's default network (made in-process), on a bridge of its own.
-    let conflist = trellis_runtime::default_conflist(
-        &[POD_CIDR.to_string()],
-        BRIDGE,
-        &root.join("cni/networks"),
-    );
-    std::fs::write(
-        conf_dir.join("10-churn-test.conflist"),
-        serde_json::to_vec(&conflist)?,
-    )?;
-    let (stop_runtime, runtime_stopped) = Shutdown::new();
-    let runtime = Runtime::with_cni(
-        RuntimeConfig {
-            root: root.join("runtime"),
-            cache_dir: Some(root.join("compiled")),
-            process_handler: true,
-            node_ip: "127.0.0.1".parse()?,
-        },
-        trellis_runtime::CniConfig {
-            conf_dir: Some(conf_dir),
-            bin_dirs: Vec::new(),
-        },
-    )?;
-    let listener = trellis_runtime::listen(&root.join("cri.sock"))?;
-    let server = tokio::spawn(async move {
-        trellis_runtime::serve_on(runtime, listener, async move {
-            runtime_stopped.wait().await;
-        })
-        .await
-    });
-    let mut cri = trellis_runtime::connect(&root.join("cri.sock")).await?;
-    let mut agent = Some(start_agent(&cluster, root).await?);
+    let mut cri = node.cri().await?;
 
-    let admin = cluster
-        .in_process()
-        .client(UserInfo::new("admin", ["system:masters"]));
+    let admin = node.admin.clone();
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
     const CHURN: usize = 50;
     let work = async {
-        let nodes: Api<Node> = Api::all(admin.clone());
-        kube::runtime::wait::await_condition(nodes.clone(), NODE, |n: Option<&Node>| n.is_some())
-            .await?;
-        nodes
-            .patch(
-                NODE,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}})),
-            )
-            .await?;
+        node.set_pod_cidr().await?;
 
         // Churn: pods made and deleted through the node.
         let begun = Instant::now();
@@ -313,16 +239,14 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
         })
         .await?;
         let orphan_uid = orphan.metadata.uid.clone().context("no uid")?;
-        if let Some(agent) = agent.take() {
-            agent.stop().await?;
-        }
+        node.stop_agent().await?;
         api.delete("orphan", &DeleteParams::default().grace_period(0))
             .await?;
         ensure!(
             sandboxes_of(&mut cri, &orphan_uid).await?.len() == 1,
             "the sandbox stays while the agent is down"
         );
-        agent = Some(start_agent(&cluster, root).await?);
+        node.start_agent().await?;
         wait_sandboxes(&mut cri, &orphan_uid, Duration::from_secs(10), |s| {
             s.is_empty()
         })
@@ -394,11 +318,7 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
             let _ = api.delete(name, &forced).await;
         }
     }
-    if let Some(agent) = agent {
-        agent.stop().await?;
-    }
-    stop_runtime.stop();
-    server.await??;
+    node.stop().await?;
     work?;
     cluster.stop().await?;
     Ok(())

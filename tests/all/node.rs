@@ -23,6 +23,7 @@ use trellis_client::identity;
 use trellis_client::informer::{Informer, SharedInformers};
 use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
+use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork};
 
 const NODE: &str = "node-1";
 
@@ -963,70 +964,24 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
         return Ok(());
     }
     const NET_NODE: &str = "node-net";
-    const POD_CIDR: &str = "10.244.79.0/24";
     let cluster = TestCluster::start().await?;
-    let dir = tempfile::tempdir()?;
-    let root = dir.path();
-    let conf_dir = root.join("cni/net.d");
-    std::fs::create_dir_all(&conf_dir)?;
-    std::fs::write(
-        conf_dir.join("10-node-test.conflist"),
-        serde_json::to_vec_pretty(&json!({
-            "cniVersion": "1.0.0",
-            "name": "node-test",
-            "plugins": [{
-                "type": "bridge",
-                "bridge": "trellis-nt79",
-                "isGateway": true,
-                "hairpinMode": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": POD_CIDR}]],
-                    "dataDir": root.join("cni/networks"),
-                }
-            }]
-        }))?,
-    )?;
-
-    let (stop, stopped) = Shutdown::new();
-    let runtime = Runtime::with_cni(
-        RuntimeConfig {
-            root: root.join("runtime"),
-            cache_dir: Some(root.join("compiled")),
-            process_handler: true,
-            node_ip: "127.0.0.1".parse()?,
+    let node = NetworkedNode::start(
+        &cluster,
+        NetworkedNodeOptions {
+            node: NET_NODE,
+            pod_cidr: "10.244.79.0/24",
+            bridge: "trellis-nt79",
+            network: PodNetwork::Bridge {
+                name: "node-test",
+                hairpin: true,
+            },
+            client_ca: false,
+            backoff_base: None,
         },
-        trellis_runtime::CniConfig {
-            conf_dir: Some(conf_dir),
-            bin_dirs: Vec::new(),
-        },
-    )?;
-    let socket = root.join("cri.sock");
-    let listener = trellis_runtime::listen(&socket)?;
-    let server_stop = stopped.clone();
-    let server = tokio::spawn(async move {
-        trellis_runtime::serve_on(runtime, listener, async move {
-            server_stop.wait().await;
-        })
-        .await
-    });
-    let cri = trellis_runtime::connect(&socket).await?;
-    let mut config = AgentConfig::new(NET_NODE, "127.0.0.1".parse()?, root.join("agent"));
-    config.pod_network = true;
-    config.relist_period = Duration::from_millis(50);
-    config.port = 0;
-    config.eviction_hard = None;
-    let agent = tokio::spawn(trellis_agent::run(
-        config,
-        cluster.in_process().client(identity::node(NET_NODE)),
-        cri,
-        SharedInformers::new(),
-        stopped,
-    ));
-
-    let admin = cluster
-        .in_process()
-        .client(UserInfo::new("admin", ["system:masters"]));
+    )
+    .await?;
+    let root = node.root();
+    let admin = node.admin.clone();
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -1074,14 +1029,7 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
         );
 
         // The node IPAM controller's part, done by hand.
-        let nodes: Api<Node> = Api::all(admin.clone());
-        nodes
-            .patch(
-                NET_NODE,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}})),
-            )
-            .await?;
+        node.set_pod_cidr().await?;
         let mut ips = Vec::new();
         for name in ["web-a", "web-b"] {
             let pod = wait_pod(&pods, name, Duration::from_secs(60), |p| {
@@ -1148,9 +1096,7 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
             .unwrap_or_default()
     };
     let removed = wait_removed(&netns, pins, Duration::from_secs(15)).await;
-    stop.stop();
-    agent.await??;
-    server.await??;
+    node.stop().await?;
     work?;
     gone.context("the pods were not removed")??;
     removed.context("netns pins left")?;

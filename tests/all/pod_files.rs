@@ -9,20 +9,16 @@
 //! Needs root and the CNI plugins; the node has a CNI network of its own on
 //! 10.244.90.0/24 (bridge `trellis-nt90`, removed at the end).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use trellis_agent::AgentConfig;
-use trellis_api::{Shutdown, UserInfo};
-use trellis_client::identity;
 use trellis_client::informer::SharedInformers;
-use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
+use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork};
 
 use super::node::wait_pod;
 
@@ -31,18 +27,6 @@ const POD_CIDR: &str = "10.244.90.0/24";
 const BRIDGE: &str = "trellis-nt90";
 /// A directory every Debian machine has, and leaves empty.
 const MOUNT_AT: &str = "/srv";
-
-/// Removes the test's bridge however the test ends (CNI's DEL leaves bridges).
-struct BridgeGuard;
-
-impl Drop for BridgeGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "delete", BRIDGE])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
 
 /// The node's files a pod must not change.
 fn node_files() -> Vec<(String, Vec<u8>)> {
@@ -74,95 +58,34 @@ async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_do
         eprintln!("skipped: pod namespaces need root, the CNI plugins (make deps) and {MOUNT_AT}");
         return Ok(());
     }
-    let _bridge = BridgeGuard;
     let before = node_files();
     let cluster = TestCluster::start().await?;
-    let dir = tempfile::tempdir()?;
-    let root = dir.path();
-    let conf_dir = root.join("cni/net.d");
-    std::fs::create_dir_all(&conf_dir)?;
-    std::fs::write(
-        conf_dir.join("10-pod-files-test.conflist"),
-        serde_json::to_vec_pretty(&json!({
-            "cniVersion": "1.0.0",
-            "name": "pod-files-test",
-            "plugins": [{
-                "type": "bridge",
-                "bridge": BRIDGE,
-                "isGateway": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": POD_CIDR}]],
-                    "dataDir": root.join("cni/networks"),
-                }
-            }]
-        }))?,
-    )?;
+    let node = NetworkedNode::start(
+        &cluster,
+        NetworkedNodeOptions {
+            node: NODE,
+            pod_cidr: POD_CIDR,
+            bridge: BRIDGE,
+            network: PodNetwork::Bridge {
+                name: "pod-files-test",
+                hairpin: false,
+            },
+            client_ca: true,
+            backoff_base: Some(Duration::from_millis(200)),
+        },
+    )
+    .await?;
+    let root = node.root();
+    let admin = node.admin.clone();
     let host_data = root.join("host-data");
     std::fs::create_dir_all(&host_data)?;
     std::fs::write(host_data.join("in.txt"), "from the node\n")?;
-
-    let (stop, stopped) = Shutdown::new();
-    let runtime = Runtime::with_cni(
-        RuntimeConfig {
-            root: root.join("runtime"),
-            cache_dir: Some(root.join("compiled")),
-            process_handler: true,
-            node_ip: "127.0.0.1".parse()?,
-        },
-        trellis_runtime::CniConfig {
-            conf_dir: Some(conf_dir),
-            bin_dirs: Vec::new(),
-        },
-    )?;
-    let socket = root.join("cri.sock");
-    let listener = trellis_runtime::listen(&socket)?;
-    let server_stop = stopped.clone();
-    let server = tokio::spawn(async move {
-        trellis_runtime::serve_on(runtime, listener, async move {
-            server_stop.wait().await;
-        })
-        .await
-    });
-    let cri = trellis_runtime::connect(&socket).await?;
-    let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
-    config.pod_network = true;
-    config.relist_period = Duration::from_millis(50);
-    config.backoff_base = Duration::from_millis(200);
-    config.port = 0;
-    config.eviction_hard = None;
-    config.client_ca_pem = Some(cluster.ca_pem.clone());
-    let agent = tokio::spawn(trellis_agent::run(
-        config,
-        cluster.in_process().client(identity::node(NODE)),
-        cri,
-        SharedInformers::new(),
-        stopped,
-    ));
-
-    let admin = cluster
-        .in_process()
-        .client(UserInfo::new("admin", ["system:masters"]));
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let names = ["files", "nowhere"];
     let work = async {
-        let nodes: Api<Node> = Api::all(admin.clone());
-        let patch = json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}});
-        // The Node exists once the agent registered it.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while nodes
-            .patch(NODE, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .is_err()
-        {
-            ensure!(
-                tokio::time::Instant::now() < deadline,
-                "the node never registered"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        node.set_pod_cidr().await?;
         let script = format!(
             "echo hostname=$(cat /proc/sys/kernel/hostname); echo --- hostname; cat /etc/hostname; \
              echo --- hosts; cat /etc/hosts; echo --- resolv; cat /etc/resolv.conf; \
@@ -307,9 +230,7 @@ async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_do
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let left = left();
-    stop.stop();
-    agent.await??;
-    server.await??;
+    node.stop().await?;
     work?;
     gone.context("the pods were not removed")??;
     ensure!(left.is_empty(), "namespaces or files left: {left:?}");

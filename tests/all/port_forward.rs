@@ -7,20 +7,16 @@
 //! Needs root and the CNI plugins; the node has a CNI network of its own on
 //! 10.244.81.0/24 (bridge `trellis-nt81`, removed at the end).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
-use trellis_agent::AgentConfig;
-use trellis_api::{Shutdown, UserInfo};
-use trellis_client::identity;
 use trellis_client::informer::SharedInformers;
-use trellis_runtime::{Runtime, RuntimeConfig};
+use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork};
 use trellis_tests::{Kubectl, TestCluster};
 
 use super::node::wait_pod;
@@ -30,18 +26,6 @@ const POD_CIDR: &str = "10.244.81.0/24";
 const BRIDGE: &str = "trellis-nt81";
 const PODS: [&str; 2] = ["web-a", "web-b"];
 
-/// Removes the test's bridge however the test ends (CNI's DEL leaves bridges).
-struct BridgeGuard;
-
-impl Drop for BridgeGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "delete", BRIDGE])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn port_forward_reaches_each_pods_own_port() -> Result<()> {
     if !rustix::process::geteuid().is_root()
@@ -50,89 +34,29 @@ async fn port_forward_reaches_each_pods_own_port() -> Result<()> {
         eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
         return Ok(());
     }
-    let _bridge = BridgeGuard;
     let cluster = TestCluster::start().await?;
-    let dir = tempfile::tempdir()?;
-    let root = dir.path();
-    let conf_dir = root.join("cni/net.d");
-    std::fs::create_dir_all(&conf_dir)?;
-    std::fs::write(
-        conf_dir.join("10-port-forward-test.conflist"),
-        serde_json::to_vec_pretty(&json!({
-            "cniVersion": "1.0.0",
-            "name": "port-forward-test",
-            "plugins": [{
-                "type": "bridge",
-                "bridge": BRIDGE,
-                "isGateway": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": POD_CIDR}]],
-                    "dataDir": root.join("cni/networks"),
-                }
-            }]
-        }))?,
-    )?;
-
-    let (stop, stopped) = Shutdown::new();
-    let runtime = Runtime::with_cni(
-        RuntimeConfig {
-            root: root.join("runtime"),
-            cache_dir: Some(root.join("compiled")),
-            process_handler: true,
-            node_ip: "127.0.0.1".parse()?,
+    let node = NetworkedNode::start(
+        &cluster,
+        NetworkedNodeOptions {
+            node: NODE,
+            pod_cidr: POD_CIDR,
+            bridge: BRIDGE,
+            network: PodNetwork::Bridge {
+                name: "port-forward-test",
+                hairpin: false,
+            },
+            client_ca: true,
+            backoff_base: None,
         },
-        trellis_runtime::CniConfig {
-            conf_dir: Some(conf_dir),
-            bin_dirs: Vec::new(),
-        },
-    )?;
-    let socket = root.join("cri.sock");
-    let listener = trellis_runtime::listen(&socket)?;
-    let server_stop = stopped.clone();
-    let server = tokio::spawn(async move {
-        trellis_runtime::serve_on(runtime, listener, async move {
-            server_stop.wait().await;
-        })
-        .await
-    });
-    let cri = trellis_runtime::connect(&socket).await?;
-    let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
-    config.pod_network = true;
-    config.relist_period = Duration::from_millis(50);
-    config.port = 0;
-    config.eviction_hard = None;
-    config.client_ca_pem = Some(cluster.ca_pem.clone());
-    let agent = tokio::spawn(trellis_agent::run(
-        config,
-        cluster.in_process().client(identity::node(NODE)),
-        cri,
-        SharedInformers::new(),
-        stopped,
-    ));
-
-    let admin = cluster
-        .in_process()
-        .client(UserInfo::new("admin", ["system:masters"]));
+    )
+    .await?;
+    let root = node.root();
+    let admin = node.admin.clone();
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let work = async {
-        let nodes: Api<Node> = Api::all(admin.clone());
-        let patch = json!({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}});
-        // The Node exists once the agent registered it.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while nodes
-            .patch(NODE, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .is_err()
-        {
-            ensure!(
-                tokio::time::Instant::now() < deadline,
-                "the node never registered"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        node.set_pod_cidr().await?;
         for name in PODS {
             // Each serves a directory whose index names the pod, on the same port.
             let pod: Pod = serde_json::from_value(json!({
@@ -248,7 +172,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: jane}]
     // The agent removes a deleted pod's sandbox (its processes, namespaces and pins)
     // right after the pod is gone from the API: stopped before that, they would stay.
     let removed = async {
-        let mut probe = trellis_runtime::connect(&socket).await?.runtime;
+        let mut probe = node.cri().await?.runtime;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
             let left = probe
@@ -266,9 +190,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: jane}]
         }
     }
     .await;
-    stop.stop();
-    agent.await??;
-    server.await??;
+    node.stop().await?;
     work?;
     gone.context("the pods were not removed")??;
     removed.context("the pods' sandboxes were not removed")?;

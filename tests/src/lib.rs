@@ -16,6 +16,7 @@ use trellis_store::local_etcd::LocalEtcd;
 use trellis_store::{EtcdStore, RedbConfig, RedbStore, Store};
 
 pub mod hosts;
+pub mod pod_network;
 pub mod registry;
 
 /// Settings the conformance suite varies on both backends alike.
