@@ -6,7 +6,7 @@
 //! runtime's default network (in-process) on a range and bridge of its own,
 //! 10.244.82.128/25 and `trellis-nt82c`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -27,28 +27,6 @@ const POD_CIDR: &str = "10.244.82.128/25";
 const BRIDGE: &str = "trellis-nt82c";
 /// The default conflist's network name: host-local's directory.
 const NETWORK: &str = "trellis";
-
-/// What the test made that a failure could leave: the pins, unmounted on drop, which
-/// ends their namespaces and veths (the node removes its bridge and table itself).
-struct NetworkGuard {
-    runtime_root: PathBuf,
-}
-
-impl Drop for NetworkGuard {
-    fn drop(&mut self) {
-        for kind in ["netns", "utsns", "ipcns"] {
-            for entry in std::fs::read_dir(self.runtime_root.join(kind))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let pin = entry.path();
-                let _ = rustix::mount::unmount(&pin, rustix::mount::UnmountFlags::DETACH);
-                let _ = std::fs::remove_file(&pin);
-            }
-        }
-    }
-}
 
 fn names_in(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -176,9 +154,6 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
     .await?;
     let root = node.root().to_path_buf();
     let root = root.as_path();
-    let _guard = NetworkGuard {
-        runtime_root: root.join("runtime"),
-    };
     let mut cri = node.cri().await?;
 
     let admin = node.admin.clone();

@@ -23,7 +23,7 @@ use trellis_client::identity;
 use trellis_client::informer::{Informer, SharedInformers};
 use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
-use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork};
+use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork, delete_pods};
 
 const NODE: &str = "node-1";
 
@@ -1069,21 +1069,7 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
     .await;
 
     // Deleted whatever happened above, so that no namespace outlives the test.
-    let forced = DeleteParams::default().grace_period(0);
-    for name in names {
-        let _ = api.delete(name, &forced).await;
-    }
-    let gone = async {
-        let mut changes = pods.subscribe();
-        while names
-            .iter()
-            .any(|n| pods.get(&format!("default/{n}")).is_some())
-        {
-            changes.recv().await.context("pod informer ended")?;
-        }
-        Ok::<_, anyhow::Error>(())
-    };
-    let gone = tokio::time::timeout(Duration::from_secs(30), gone).await;
+    let gone = delete_pods(&api, &pods, &names, Duration::from_secs(30)).await;
     // The agent removes what a deleted pod ran right after it is gone from the API.
     let netns = root.join("runtime/netns");
     let pins = || {

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use trellis_client::informer::SharedInformers;
 use trellis_tests::TestCluster;
-use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork};
+use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork, delete_pods};
 
 use super::node::wait_pod;
 
@@ -189,21 +189,7 @@ async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_do
     .await;
 
     // Deleted whatever happened above, so that no namespace outlives the test.
-    let forced = DeleteParams::default().grace_period(0);
-    for name in names {
-        let _ = api.delete(name, &forced).await;
-    }
-    let gone = async {
-        let mut changes = pods.subscribe();
-        while names
-            .iter()
-            .any(|n| pods.get(&format!("default/{n}")).is_some())
-        {
-            changes.recv().await.context("pod informer ended")?;
-        }
-        Ok::<_, anyhow::Error>(())
-    };
-    let gone = tokio::time::timeout(Duration::from_secs(30), gone).await;
+    let gone = delete_pods(&api, &pods, &names, Duration::from_secs(30)).await;
     // The agent removes the sandboxes right after the pods are gone from the API.
     let left = || {
         ["netns", "utsns", "ipcns"]

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use trellis_client::informer::SharedInformers;
-use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork};
+use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork, delete_pods};
 use trellis_tests::{Kubectl, TestCluster};
 
 use super::node::wait_pod;
@@ -154,21 +154,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: jane}]
     .await;
 
     // Deleted whatever happened above, so that no namespace outlives the test.
-    let forced = DeleteParams::default().grace_period(0);
-    for name in PODS {
-        let _ = api.delete(name, &forced).await;
-    }
-    let gone = async {
-        let mut changes = pods.subscribe();
-        while PODS
-            .iter()
-            .any(|n| pods.get(&format!("default/{n}")).is_some())
-        {
-            changes.recv().await.context("pod informer ended")?;
-        }
-        Ok::<_, anyhow::Error>(())
-    };
-    let gone = tokio::time::timeout(Duration::from_secs(30), gone).await;
+    let gone = delete_pods(&api, &pods, &PODS, Duration::from_secs(30)).await;
     // The agent removes a deleted pod's sandbox (its processes, namespaces and pins)
     // right after the pod is gone from the API: stopped before that, they would stay.
     let removed = async {

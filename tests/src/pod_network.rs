@@ -2,21 +2,21 @@
 //! conflist on the test's own range and bridge, the runtime serving CRI on a socket
 //! with CNI, the agent with `pod_network` and short periods, and the Node's pod CIDR
 //! set by hand (the node IPAM controller's part). Everything lives in a temporary
-//! directory; the bridge (which CNI's DEL leaves) and the in-process network's nftables
-//! table are removed however the test ends.
+//! directory; the pods' namespace pins, the bridge (which CNI's DEL leaves) and the
+//! in-process network's nftables table are removed however the test ends.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use trellis_agent::AgentConfig;
 use trellis_api::{Shutdown, Stop, UserInfo};
 use trellis_client::identity;
-use trellis_client::informer::SharedInformers;
+use trellis_client::informer::{Informer, SharedInformers};
 use trellis_runtime::{Runtime, RuntimeConfig};
 
 use crate::TestCluster;
@@ -47,6 +47,8 @@ pub struct NetworkedNodeOptions<'a> {
 
 /// A node (runtime and agent) whose pods have a network of their own.
 pub struct NetworkedNode {
+    // Dropped first: the pins go before the directory that holds them.
+    _guard: NetworkGuard,
     dir: tempfile::TempDir,
     node: String,
     pod_cidr: String,
@@ -60,7 +62,6 @@ pub struct NetworkedNode {
     stop_runtime: Stop,
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
     agent: Option<(Stop, tokio::task::JoinHandle<anyhow::Result<()>>)>,
-    _bridge: BridgeGuard,
 }
 
 impl std::fmt::Debug for NetworkedNode {
@@ -72,15 +73,28 @@ impl std::fmt::Debug for NetworkedNode {
     }
 }
 
-/// Removes the bridge on drop, and the in-process default network's table, which is
-/// named after its bridge.
-struct BridgeGuard {
+/// What a failing test could leave, removed on drop: its sandboxes' pins (unmounted,
+/// which ends their namespaces and veths), the bridge (CNI's DEL leaves it) and the
+/// in-process default network's table, which is named after its bridge.
+struct NetworkGuard {
+    runtime_root: PathBuf,
     bridge: String,
     table: bool,
 }
 
-impl Drop for BridgeGuard {
+impl Drop for NetworkGuard {
     fn drop(&mut self) {
+        for kind in ["netns", "utsns", "ipcns"] {
+            for entry in std::fs::read_dir(self.runtime_root.join(kind))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let pin = entry.path();
+                let _ = rustix::mount::unmount(&pin, rustix::mount::UnmountFlags::DETACH);
+                let _ = std::fs::remove_file(&pin);
+            }
+        }
         let _ = std::process::Command::new("ip")
             .args(["link", "delete", &self.bridge])
             .stderr(Stdio::null())
@@ -101,12 +115,13 @@ impl NetworkedNode {
         cluster: &TestCluster,
         options: NetworkedNodeOptions<'_>,
     ) -> anyhow::Result<Self> {
-        let bridge = BridgeGuard {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path();
+        let guard = NetworkGuard {
+            runtime_root: root.join("runtime"),
             bridge: options.bridge.to_owned(),
             table: matches!(options.network, PodNetwork::Default),
         };
-        let dir = tempfile::tempdir()?;
-        let root = dir.path();
         let conf_dir = root.join("cni/net.d");
         std::fs::create_dir_all(&conf_dir)?;
         let ipam_dir = root.join("cni/networks");
@@ -174,7 +189,7 @@ impl NetworkedNode {
             server,
             agent: None,
             dir,
-            _bridge: bridge,
+            _guard: guard,
         };
         node.start_agent().await?;
         Ok(node)
@@ -255,4 +270,30 @@ impl NetworkedNode {
         self.server.await??;
         agent
     }
+}
+
+/// Deletes the pods at once (grace period 0), whatever the test did before, so that no
+/// namespace outlives it; then waits up to `limit` for `pods` to see them gone.
+pub async fn delete_pods(
+    api: &Api<Pod>,
+    pods: &Informer<Pod>,
+    names: &[&str],
+    limit: Duration,
+) -> Result<anyhow::Result<()>, tokio::time::error::Elapsed> {
+    let forced = DeleteParams::default().grace_period(0);
+    for name in names {
+        let _ = api.delete(name, &forced).await;
+    }
+    let namespace = api.namespace().unwrap_or("default");
+    let gone = async {
+        let mut changes = pods.subscribe();
+        while names
+            .iter()
+            .any(|n| pods.get(&format!("{namespace}/{n}")).is_some())
+        {
+            changes.recv().await.context("pod informer ended")?;
+        }
+        Ok(())
+    };
+    tokio::time::timeout(limit, gone).await
 }
