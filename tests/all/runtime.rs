@@ -755,7 +755,25 @@ async fn handlers_images_and_sandboxes_answer_as_cri_says() {
         .map(|h| h.name.as_str())
         .collect();
     assert_eq!(handlers, [WASMTIME, PROCESS]);
-    assert!(status.status.unwrap().conditions.iter().all(|c| c.status));
+    // Ready to run containers; no pod network yet: no pod CIDR, no conflist.
+    let conditions: Vec<_> = status
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .map(|c| (c.r#type, c.status, c.reason))
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ("RuntimeReady".to_string(), true, String::new()),
+            (
+                "NetworkReady".to_string(),
+                false,
+                "NetworkPluginNotReady".to_string()
+            ),
+        ]
+    );
 
     let err = node
         .client
