@@ -266,7 +266,7 @@ state = "{state}"
         {
             self.process.kill().await?;
         }
-        unmount_under(self.dir.path());
+        trellis_tests::unmount_under(self.dir.path());
         removed
     }
 
@@ -292,7 +292,7 @@ impl Drop for Containerd {
                 .args(["-KILL", "--", &format!("-{pid}")])
                 .status();
         }
-        unmount_under(self.dir.path());
+        trellis_tests::unmount_under(self.dir.path());
     }
 }
 
@@ -327,26 +327,6 @@ async fn remove_sandboxes(cri: &trellis_runtime::Client) -> Result<()> {
             .await?;
     }
     Ok(())
-}
-
-/// Lazily unmounts every mount at or below `dir`, deepest first.
-fn unmount_under(dir: &Path) {
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    // The mount point is the fifth field, with spaces and the like escaped in octal.
-    let mut points: Vec<String> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| p.replace("\\040", " "))
-        .filter(|p| Path::new(p).starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for point in points {
-        let _ = std::process::Command::new("umount")
-            .args(["-l", &point])
-            .status();
-    }
 }
 
 /// Waits until the pod satisfies `done` (a watch, not a poll), up to `limit`.

@@ -239,7 +239,7 @@ async fn create_pod(api: &Api<Pod>, value: serde_json::Value) -> Result<Pod> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_runs_pods_as_kubernetes_reports_them() -> Result<()> {
     let cluster = TestCluster::start().await?;
-    let dir = tempfile::tempdir()?;
+    let dir = trellis_tests::test_dir()?;
     let root = dir.path();
     let node = TestNode::start(&cluster, root).await?;
     let admin = cluster

@@ -320,7 +320,7 @@ async fn wait_for_log(path: &str, line: &str) {
 
 #[tokio::test]
 async fn wasm_programs_write_the_cri_log_and_see_only_their_args_env_and_mounts() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start(dir.path()).await;
     let image = workload();
     let id = node.pull(&image).await;
@@ -484,7 +484,7 @@ async fn wasm_programs_write_the_cri_log_and_see_only_their_args_env_and_mounts(
 
 #[tokio::test]
 async fn wasm_memory_limit_is_an_oom_kill_and_a_trap_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start(dir.path()).await;
     let image = workload();
     node.pull(&image).await;
@@ -533,7 +533,7 @@ async fn wasm_memory_limit_is_an_oom_kill_and_a_trap_is_reported() {
 
 #[tokio::test]
 async fn stop_cancels_wasm_at_once_and_sends_a_process_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start(dir.path()).await;
     let image = workload();
     node.pull(&image).await;
@@ -599,7 +599,7 @@ async fn stop_cancels_wasm_at_once_and_sends_a_process_sigterm() {
 
 #[tokio::test]
 async fn exec_sync_runs_beside_a_process_and_is_refused_for_wasm_and_logs_reopen() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start(dir.path()).await;
     node.pull("file:///bin/sh").await;
     let sandbox = node.sandbox("exec", PROCESS).await;
@@ -726,7 +726,7 @@ async fn exec_sync_runs_beside_a_process_and_is_refused_for_wasm_and_logs_reopen
 
 #[tokio::test]
 async fn handlers_images_and_sandboxes_answer_as_cri_says() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start(dir.path()).await;
     let version = node
         .client
@@ -966,7 +966,7 @@ async fn handlers_images_and_sandboxes_answer_as_cri_says() {
 
 #[tokio::test]
 async fn a_restarted_runtime_adopts_a_live_process_and_reports_a_lost_wasm_program() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start(dir.path()).await;
     let image = workload();
     node.pull(&image).await;
@@ -1070,7 +1070,7 @@ async fn get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
 
 #[tokio::test]
 async fn wasi_http_components_serve_each_request_with_a_fresh_instance() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start_on(dir.path(), IpAddr::from([127, 0, 0, 1])).await;
     let image = http_hello();
     node.pull(&image).await;
@@ -1225,7 +1225,7 @@ async fn components_are_pulled_from_an_oci_registry_and_named_by_tag_digest_and_
         .push("wasm/workload", "v1", "application/wasm", &module)
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let mut node = Node::start(dir.path()).await;
 
     // As the kubelet does: pull by the pod's name, then create by the ref it returned.
@@ -1321,7 +1321,7 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
         eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let root = dir.path().join("root");
     let mut node = Node::start(dir.path()).await;
     node.client
@@ -1620,7 +1620,7 @@ async fn a_restarted_runtime_keeps_its_pods_addresses_and_tears_down_what_no_rec
 /// on bridge `bridge` and `subnet`: with the runtime's `default` network (made
 /// in-process), else with a conflist of the bridge and host-local plugins.
 async fn restart_recovers(bridge_name: &'static str, subnet: &str, default: bool) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = trellis_tests::test_dir().unwrap();
     let root = dir.path().join("root");
     let _guard = NetworkGuard {
         root: root.clone(),

@@ -3,7 +3,7 @@
 //! [`TestCluster`], an API server driven by the real kubectl.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -905,4 +905,48 @@ pub async fn http_answers(ip: &str, port: u16) -> bool {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+/// A temporary directory for a test's runtime or node, which unmounts whatever is still
+/// mounted below it before it is removed: a runtime keeps its sandboxes' namespace pins
+/// across its own restarts by design, so a test that drops it with sandboxes left would
+/// otherwise leave them mounted (and its directory behind).
+#[derive(Debug)]
+pub struct TestDir(tempfile::TempDir);
+
+impl TestDir {
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        unmount_under(self.0.path());
+    }
+}
+
+/// A new [`TestDir`].
+pub fn test_dir() -> std::io::Result<TestDir> {
+    tempfile::tempdir().map(TestDir)
+}
+
+/// Lazily unmounts every mount at or below `dir`, deepest first.
+pub fn unmount_under(dir: &Path) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    // The mount point is the fifth field, with spaces and the like escaped in octal.
+    let mut points: Vec<String> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| p.replace("\\040", " "))
+        .filter(|p| Path::new(p).starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", &point])
+            .status();
+    }
 }
