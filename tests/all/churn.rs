@@ -182,9 +182,10 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
             if running == CHURN {
                 break;
             }
-            tokio::select! {
-                change = changes.recv() => if change.is_none() { bail!("the pod informer ended") },
-                _ = tokio::time::sleep_until(deadline) => bail!("{running} of {CHURN} pods running"),
+            match tokio::time::timeout_at(deadline, changes.recv()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => bail!("the pod informer ended"),
+                Err(_) => bail!("{running} of {CHURN} pods running"),
             }
         }
         let running = begun.elapsed();
@@ -208,7 +209,8 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
         // A pod deleted while its node's agent is down: the agent collects its sandbox
         // when it is back.
         let begun = Instant::now();
-        api.create(&PostParams::default(), &sleeper("orphan")?).await?;
+        api.create(&PostParams::default(), &sleeper("orphan")?)
+            .await?;
         let orphan = wait_pod(&pods, "orphan", Duration::from_secs(30), |p| {
             phase(p) == "Running"
         })
@@ -230,12 +232,16 @@ async fn pods_on_the_pod_network_leave_nothing_behind() -> Result<()> {
         wait_clean(root, Duration::from_secs(10))
             .await
             .context("after the agent's collection")?;
-        eprintln!("a pod deleted while the agent was down: collected after {:?}", begun.elapsed());
+        eprintln!(
+            "a pod deleted while the agent was down: collected after {:?}",
+            begun.elapsed()
+        );
 
         // A live pod's old sandbox (stopped, as a reboot leaves it): the pod gets a new
         // one, and the old one is collected.
         let begun = Instant::now();
-        api.create(&PostParams::default(), &sleeper("renewed")?).await?;
+        api.create(&PostParams::default(), &sleeper("renewed")?)
+            .await?;
         let renewed = wait_pod(&pods, "renewed", Duration::from_secs(30), |p| {
             phase(p) == "Running"
         })

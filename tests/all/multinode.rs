@@ -470,12 +470,16 @@ impl Cluster {
         for host in &mut self.hosts {
             // The pods' sandboxes are gone once their pins are.
             let netns = host.dir.path().join("runtime/netns");
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-            while std::fs::read_dir(&netns).map(|d| d.count()).unwrap_or(0) > 0
-                && tokio::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            let pins = || {
+                std::fs::read_dir(&netns)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            };
+            // Stopped either way; the guard unmounts what is left.
+            let _ = trellis_tests::wait_removed(&netns, pins, Duration::from_secs(15)).await;
             host.stop().await?;
         }
         gone.context("the pods were not removed")??;

@@ -184,49 +184,9 @@ fn log_dirs(root: &std::path::Path, name: &str) -> Vec<String> {
 /// Waits until the node has no log directory left of the pods `names`, up to `limit`.
 async fn wait_logs_removed(root: &std::path::Path, names: &[&str], limit: Duration) -> Result<()> {
     let left = || names.iter().flat_map(|n| log_dirs(root, n)).collect();
-    wait_removed(&root.join("agent/logs"), left, limit)
+    trellis_tests::wait_removed(&root.join("agent/logs"), left, limit)
         .await
         .context("log directories left")
-}
-
-/// Waits until `left` (what is still in `dir`) is empty, up to `limit`: woken by
-/// inotify at each removal in `dir`, not by a clock.
-async fn wait_removed(
-    dir: &std::path::Path,
-    left: impl Fn() -> Vec<String>,
-    limit: Duration,
-) -> Result<()> {
-    use rustix::event::{PollFd, PollFlags, Timespec, poll};
-    use rustix::fs::inotify;
-    let removals = Arc::new(inotify::init(
-        inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK,
-    )?);
-    inotify::add_watch(&*removals, dir, inotify::WatchFlags::DELETE)?;
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        // Looked at after the watch is set, so no removal goes unseen.
-        let left = left();
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_empty() {
-            return Ok(());
-        }
-        if remaining.is_zero() {
-            bail!("left in {} after {limit:?}: {left:?}", dir.display());
-        }
-        let removals = removals.clone();
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            let timeout = Timespec::try_from(remaining)?;
-            poll(
-                &mut [PollFd::new(&*removals, PollFlags::IN)],
-                Some(&timeout),
-            )?;
-            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-            let mut events = inotify::Reader::new(&*removals, &mut buf);
-            while events.next().is_ok() {}
-            Ok(())
-        })
-        .await??;
-    }
 }
 
 async fn create_pod(api: &Api<Pod>, value: serde_json::Value) -> Result<Pod> {
@@ -1081,7 +1041,7 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
             })
             .unwrap_or_default()
     };
-    let removed = wait_removed(&netns, pins, Duration::from_secs(15)).await;
+    let removed = trellis_tests::wait_removed(&netns, pins, Duration::from_secs(15)).await;
     node.stop().await?;
     work?;
     gone.context("the pods were not removed")??;

@@ -211,10 +211,14 @@ async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_do
             )
             .collect::<Vec<_>>()
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !left().is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let runtime = root.join("runtime");
+    let dirs = ["netns", "utsns", "ipcns", "sandboxes"].map(|d| runtime.join(d));
+    let _ = trellis_tests::wait_removed_in(
+        &dirs.each_ref().map(|d| d.as_path()),
+        &left,
+        Duration::from_secs(15),
+    )
+    .await;
     let left = left();
     node.stop().await?;
     work?;

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
@@ -134,7 +135,37 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def release_namespaces(data_dir: Path) -> None:
+    """Kills the processes left in the namespaces pinned below `data_dir` and unmounts
+    the pins: a node that was killed, or stopped with its pods running, leaves them (a
+    runtime keeps its pods across its own restarts), and with them their veths."""
+    points = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split(" ")
+            point = fields[4].replace("\\040", " ")
+            if Path(point).is_relative_to(data_dir) and " - nsfs " in line:
+                points.append(point)
+    inodes = set()
+    for point in points:
+        try:
+            inodes.add(os.stat(point).st_ino)
+        except OSError:
+            pass
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        for kind in ("net", "ipc", "uts"):
+            try:
+                if os.stat(f"/proc/{pid}/ns/{kind}").st_ino in inodes:
+                    os.kill(int(pid), signal.SIGKILL)
+                    break
+            except OSError:
+                pass
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
 def remove_data_dir(data_dir: Path) -> None:
+    release_namespaces(data_dir)
     if os.environ.get("TRELLIS_KEEP_DATA"):
         print(f"trellis data directory kept: {data_dir}")
     else:

@@ -950,3 +950,60 @@ pub fn unmount_under(dir: &Path) {
             .status();
     }
 }
+
+/// Waits until `left` (what is still in `dir`) is empty, up to `limit`: woken by
+/// inotify at each removal in `dir`, not by a clock.
+pub async fn wait_removed(
+    dir: &std::path::Path,
+    left: impl Fn() -> Vec<String>,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    wait_removed_in(&[dir], left, limit).await
+}
+
+/// [`wait_removed`] for what is spread over several directories: woken by a removal in
+/// any of `dirs` (those that exist).
+pub async fn wait_removed_in(
+    dirs: &[&std::path::Path],
+    left: impl Fn() -> Vec<String>,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    use rustix::fs::inotify;
+    let removals = std::sync::Arc::new(inotify::init(
+        inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK,
+    )?);
+    for dir in dirs.iter().filter(|d| d.exists()) {
+        inotify::add_watch(&*removals, *dir, inotify::WatchFlags::DELETE)?;
+    }
+    let named = dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        // Looked at after the watch is set, so no removal goes unseen.
+        let left = left();
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_empty() {
+            return Ok(());
+        }
+        if remaining.is_zero() {
+            anyhow::bail!("left in {named} after {limit:?}: {left:?}");
+        }
+        let removals = removals.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let timeout = Timespec::try_from(remaining)?;
+            poll(
+                &mut [PollFd::new(&*removals, PollFlags::IN)],
+                Some(&timeout),
+            )?;
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            let mut events = inotify::Reader::new(&*removals, &mut buf);
+            while events.next().is_ok() {}
+            Ok(())
+        })
+        .await??;
+    }
+}

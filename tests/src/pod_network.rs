@@ -80,6 +80,9 @@ struct NetworkGuard {
     runtime_root: PathBuf,
     bridge: String,
     table: bool,
+    /// The agent's masquerade table (`table inet trellis`) was not there before this
+    /// node: it goes with it. Tests running beside it may make it again.
+    masquerade: bool,
 }
 
 impl Drop for NetworkGuard {
@@ -105,6 +108,12 @@ impl Drop for NetworkGuard {
                 .stderr(Stdio::null())
                 .status();
         }
+        if self.masquerade {
+            let _ = std::process::Command::new("nft")
+                .args(["delete", "table", "inet", trellis_agent::routes::NFT_TABLE])
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 
@@ -121,6 +130,12 @@ impl NetworkedNode {
             runtime_root: root.join("runtime"),
             bridge: options.bridge.to_owned(),
             table: matches!(options.network, PodNetwork::Default),
+            masquerade: !std::process::Command::new("nft")
+                .args(["list", "table", "inet", trellis_agent::routes::NFT_TABLE])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
         };
         let conf_dir = root.join("cni/net.d");
         std::fs::create_dir_all(&conf_dir)?;
