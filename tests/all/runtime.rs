@@ -1321,6 +1321,8 @@ async fn pod_network_sandboxes_get_their_own_ips_from_cni() {
         eprintln!("skipped: pod networks need root and the CNI plugins (make deps)");
         return;
     }
+    // The default network's bridge and table, in this machine's namespace.
+    let _made = trellis_tests::NetworkLeftovers::new(&["trellis0"], &["ip trellis0"]);
     let dir = trellis_tests::test_dir().unwrap();
     let root = dir.path().join("root");
     let mut node = Node::start(dir.path()).await;

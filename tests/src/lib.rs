@@ -1007,3 +1007,54 @@ pub async fn wait_removed_in(
         .await??;
     }
 }
+
+/// Network objects of this machine a test may make (links, nftables tables, each as its
+/// `ip link`/`nft` name): those missing when it is made are deleted when it is dropped,
+/// whatever way the test ends; those already there are left alone.
+#[derive(Debug)]
+pub struct NetworkLeftovers(Vec<(&'static str, String)>);
+
+impl NetworkLeftovers {
+    /// `links` are `ip link` names, `tables` `nft` family and name (`"ip trellis0"`).
+    pub fn new(links: &[&str], tables: &[&str]) -> Self {
+        let quiet = |program: &str, args: &[&str]| {
+            std::process::Command::new(program)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let mut missing = Vec::new();
+        for link in links {
+            if !quiet("ip", &["link", "show", link]) {
+                missing.push(("link", (*link).to_owned()));
+            }
+        }
+        for table in tables {
+            let mut args = vec!["list", "table"];
+            args.extend(table.split(' '));
+            if !quiet("nft", &args) {
+                missing.push(("table", (*table).to_owned()));
+            }
+        }
+        Self(missing)
+    }
+}
+
+impl Drop for NetworkLeftovers {
+    fn drop(&mut self) {
+        for (kind, name) in &self.0 {
+            let mut args = match *kind {
+                "link" => vec!["link", "delete"],
+                _ => vec!["delete", "table"],
+            };
+            args.extend(name.split(' '));
+            let program = if *kind == "link" { "ip" } else { "nft" };
+            let _ = std::process::Command::new(program)
+                .args(&args)
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
