@@ -164,6 +164,30 @@ def release_namespaces(data_dir: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
+# What a node's pod network makes on this machine: the default network's bridge and
+# nftables table, and the agent's masquerade table.
+NETWORK_OBJECTS = [("link", "trellis0"), ("table", "ip trellis0"), ("table", "inet trellis")]
+
+
+def _network_object(thing, verb):
+    kind, name = thing
+    if kind == "link":
+        command = ["ip", "link", "show" if verb == "list" else "delete", name]
+    else:
+        command = ["nft", verb, "table", *name.split()]
+    return subprocess.run(command, capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def network_leftovers():
+    """Removes at the end of the session the network objects its nodes made, unless
+    they were on the machine before it."""
+    made = [thing for thing in NETWORK_OBJECTS if not _network_object(thing, "list")]
+    yield
+    for thing in made:
+        _network_object(thing, "delete")
+
+
 def remove_data_dir(data_dir: Path) -> None:
     release_namespaces(data_dir)
     if os.environ.get("TRELLIS_KEEP_DATA"):

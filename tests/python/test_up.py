@@ -33,9 +33,6 @@ def up():
     if not WORKLOAD.exists():
         pytest.fail(f"{WORKLOAD} is missing: run plugins/build.sh")
     data_dir = Path(tempfile.mkdtemp(prefix="trellis-up-"))
-    # What the node's pod network makes on this machine, removed at the end unless it
-    # was here before.
-    made = [thing for thing in NETWORK_OBJECTS if not _exists(thing)]
     # The tokens `_wait_ready` asks /readyz with.
     (data_dir / "tokens.csv").write_text(TOKENS_CSV)
     (data_dir / "tokens.csv").chmod(0o600)
@@ -63,24 +60,7 @@ def up():
         log.close()
         print((data_dir / "up.log").read_text(errors="replace")[-3000:])
         remove_data_dir(data_dir)
-        for thing in made:
-            _remove(thing)
 
-
-# The default network's bridge and nftables table, and the agent's masquerade table.
-NETWORK_OBJECTS = [("link", "trellis0"), ("table", "ip trellis0"), ("table", "inet trellis")]
-
-
-def _exists(thing):
-    kind, name = thing
-    command = ["ip", "link", "show", name] if kind == "link" else ["nft", "list", "table", *name.split()]
-    return subprocess.run(command, capture_output=True).returncode == 0
-
-
-def _remove(thing):
-    kind, name = thing
-    command = ["ip", "link", "delete", name] if kind == "link" else ["nft", "delete", "table", *name.split()]
-    subprocess.run(command, capture_output=True)
 
 
 def kubectl(data_dir, *args, stdin=None):
