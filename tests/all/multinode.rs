@@ -162,6 +162,7 @@ impl Running {
                     cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
                     process_handler: true,
                     node_ip: ip,
+                    ..Default::default()
                 },
                 trellis_runtime::CniConfig {
                     conf_dir: Some(conf_dir),

@@ -50,6 +50,7 @@ impl TestNode {
             cache_dir: Some(root.join("compiled")),
             process_handler: true,
             node_ip: "127.0.0.1".parse()?,
+            ..Default::default()
         })?;
         let socket = root.join("cri.sock");
         let listener = trellis_runtime::listen(&socket)?;

@@ -70,6 +70,7 @@ impl Node {
                 cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
                 process_handler: true,
                 node_ip: "127.0.0.1".parse().unwrap(),
+                ..Default::default()
             },
             CniConfig {
                 conf_dir: Some(conf_dir.to_path_buf()),

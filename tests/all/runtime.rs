@@ -64,6 +64,7 @@ impl Node {
             cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
             process_handler: true,
             node_ip,
+            ..Default::default()
         })
         .unwrap();
         let weak = Arc::downgrade(&runtime);

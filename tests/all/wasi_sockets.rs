@@ -178,6 +178,7 @@ async fn a_wasi_program_dials_and_looks_up_inside_its_pods_network() {
         cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
         process_handler: false,
         node_ip: "127.0.0.1".parse().unwrap(),
+        ..Default::default()
     })
     .unwrap();
     let socket = dir.path().join("cri.sock");

@@ -177,6 +177,7 @@ impl NetworkedNode {
                 cache_dir: Some(root.join("compiled")),
                 process_handler: true,
                 node_ip: "127.0.0.1".parse()?,
+                ..Default::default()
             },
             trellis_runtime::CniConfig {
                 conf_dir: Some(conf_dir),

@@ -133,6 +133,11 @@ pub struct RuntimeConfig {
     pub process_handler: bool,
     /// The node's IP: a sandbox on the node's network reports it as its IP.
     pub node_ip: IpAddr,
+    /// The program a sandboxed `process` container starts through (the `trellis`
+    /// binary, whose hidden init mode builds the sandbox and then runs the container's
+    /// program): a threaded runtime cannot prepare a child between fork and exec.
+    /// `None`: only privileged `process` containers can run.
+    pub init_program: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -142,6 +147,7 @@ impl Default for RuntimeConfig {
             cache_dir: None,
             process_handler: false,
             node_ip: IpAddr::from([127, 0, 0, 1]),
+            init_program: None,
         }
     }
 }

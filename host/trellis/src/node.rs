@@ -273,6 +273,7 @@ pub async fn run_runtime(
             root: args.root,
             process_handler: args.process_handler,
             node_ip: node_address(args.node_address),
+            ..Default::default()
         },
         args.cni.config(),
     )
@@ -303,6 +304,7 @@ pub async fn run_local(
                     root,
                     process_handler,
                     node_ip,
+                    ..Default::default()
                 },
                 flags.cni.config(),
             )
