@@ -15,10 +15,13 @@ use wasmtime::{Config, Engine, Strategy};
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
+use super::usage::Registry;
 use super::workload::{Workload, first_line};
 
 /// How often the epoch advances: how long guest code runs before it checks whether
-/// it was stopped (and yields its thread's executor to host work).
+/// it was stopped, charges its CPU time to its limit (and yields its thread's
+/// executor to host work). A CPU limit's period may overrun by up to a tick, paid
+/// back in the next ones; a check costs a read of the thread's CPU clock.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Export names (before the `@version`) that tell a component's kind.
 const RUN_EXPORT: &str = "wasi:cli/run@";
@@ -33,6 +36,8 @@ pub(crate) struct WasmHost {
     cache_dir: PathBuf,
     /// Components ready to instantiate, by image digest.
     prepared: Mutex<HashMap<String, Prepared>>,
+    /// The running containers' usage.
+    usages: Registry,
     ticker: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
@@ -85,6 +90,7 @@ impl WasmHost {
             http_linker,
             cache_dir,
             prepared: Mutex::default(),
+            usages: Registry::default(),
             ticker: Some((stop, ticker)),
         })
     }
@@ -161,6 +167,11 @@ impl WasmHost {
 
     fn lock_prepared(&self) -> std::sync::MutexGuard<'_, HashMap<String, Prepared>> {
         self.prepared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The running containers' usage, by their memory counter.
+    pub(crate) fn usages(&self) -> &Registry {
+        &self.usages
     }
 
     /// The engine every workload's store is made in.

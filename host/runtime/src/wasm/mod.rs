@@ -24,6 +24,8 @@
 //! - `engine`: the engine, its linkers and the compiled-component cache.
 //! - `workload`: what an instance's store holds: the WASI context, the memory limit,
 //!   output into the log; and how a trap reads.
+//! - `usage`: a container's memory and CPU time, and its CPU limit, kept by the
+//!   engine (a component runs on a thread of the runtime's own process).
 //! - `program`: a `wasi:cli/run` component's run on a thread of its own.
 //! - `pod`: how that thread enters its pod's network and DNS settings.
 //! - `proxy`: a `wasi:http/incoming-handler` component's HTTP server.
@@ -32,11 +34,11 @@ mod engine;
 mod pod;
 mod program;
 mod proxy;
+mod usage;
 mod workload;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -93,11 +95,16 @@ impl Handler for Wasmtime {
         // called with the tables locked, so neither can record its end before its start.
         let engine = self.host.engine();
         let live = match *component {
-            Prepared::Program(program) => {
-                program::start(engine, state, record, program, prepared.log)?
-            }
+            Prepared::Program(program) => program::start(
+                engine,
+                self.host.usages(),
+                state,
+                record,
+                program,
+                prepared.log,
+            )?,
             Prepared::Handler(pre) => proxy::start(
-                proxy::Handler::new(engine, record, pre, prepared.log)?,
+                proxy::Handler::new(engine, self.host.usages(), record, pre, prepared.log)?,
                 state,
                 self.node_ip,
                 record
@@ -134,12 +141,20 @@ impl Handler for Wasmtime {
         }
     }
 
+    /// The CPU time of the container's thread as of its last epoch deadline (or
+    /// request), and the bytes its instances' memories and tables hold.
     fn usage(&self, live: &Live) -> (Option<u64>, Option<u64>) {
-        let memory = live
-            .memory
-            .as_ref()
-            .map_or(0, |m| m.load(Ordering::Relaxed));
-        (None, Some(memory))
+        let Some(memory) = live.memory.as_ref() else {
+            return (None, None);
+        };
+        match self.host.usages().get(memory) {
+            Some(usage) => (Some(usage.cpu_ns()), Some(usage.memory_bytes())),
+            // Its thread has ended: the container is ending.
+            None => (
+                None,
+                Some(memory.load(std::sync::atomic::Ordering::Relaxed)),
+            ),
+        }
     }
 
     async fn exec_sync(

@@ -4,7 +4,7 @@
 //! the program may use `wasi:sockets` there.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use tokio::sync::watch;
 use tonic::Status;
@@ -13,15 +13,18 @@ use wasmtime_wasi::I32Exit;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
 use super::pod::PodNetwork;
+use super::usage::{Limit, Registry, Usage};
 use super::workload::{WasiConfig, Workload, memory_limit, new_store, trap_message};
 use crate::log::LogFile;
 use crate::record::ContainerRecord;
 use crate::state::{Cancel, Exit, Live, State, Stopper};
 
-/// Starts `record`'s program on a thread of its own. Called with the tables locked, so
-/// the thread cannot record its end before the start is recorded.
+/// Starts `record`'s program on a thread of its own, its usage in `usages`. Called
+/// with the tables locked, so the thread cannot record its end before the start is
+/// recorded.
 pub(crate) fn start(
     engine: &Engine,
+    usages: &Registry,
     state: &Arc<State>,
     record: &ContainerRecord,
     program: CommandPre<Workload>,
@@ -36,15 +39,12 @@ pub(crate) fn start(
         wasi.grant_sockets();
     }
     let wasi = wasi.context(log.clone())?;
-    let memory = Arc::new(AtomicU64::new(0));
+    let usage = Usage::new(Limit::of(record));
+    usages.add(&usage);
+    let memory = usage.memory.clone();
     let cancel = Arc::new(Cancel::default());
-    let store = new_store(
-        engine,
-        wasi,
-        memory_limit(record),
-        memory.clone(),
-        cancel.clone(),
-    );
+    // The store goes to the thread made below, whose CPU time is the program's.
+    let store = new_store(engine, wasi, memory_limit(record), usage, cancel.clone());
     let (exited, _) = watch::channel(false);
     let id = record.id.clone();
     let state = state.clone();

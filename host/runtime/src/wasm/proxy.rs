@@ -19,7 +19,6 @@
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,6 +37,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use super::pod::PodNetwork;
+use super::usage::{Limit, Registry, Usage};
 use super::workload::{WasiConfig, Workload, memory_limit, new_store, trap_message};
 use crate::log::{Lines, LogFile, Stream};
 use crate::record::ContainerRecord;
@@ -98,17 +98,19 @@ pub(crate) struct Handler {
     wasi: WasiConfig,
     log: Option<Arc<LogFile>>,
     limit: Option<usize>,
-    /// Linear memory of the instances alive, together.
-    memory: Arc<AtomicU64>,
+    /// Memory of the instances alive, together, and the server thread's CPU time.
+    usage: Arc<Usage>,
     /// Set when the stop's grace is over: instances still running are cancelled.
     kill: Arc<Cancel>,
     port: u16,
 }
 
 impl Handler {
-    /// Checks the container's port and WASI context (its mounts open) before the start.
+    /// Checks the container's port and WASI context (its mounts open) before the
+    /// start; its usage is found in `usages`.
     pub(crate) fn new(
         engine: &Engine,
+        usages: &Registry,
         record: &ContainerRecord,
         pre: ProxyPre<Workload>,
         log: Option<Arc<LogFile>>,
@@ -116,6 +118,8 @@ impl Handler {
         let port = container_port(record)?;
         let wasi = WasiConfig::of(record);
         wasi.context(None)?;
+        let usage = Usage::new(Limit::of(record));
+        usages.add(&usage);
         Ok(Self {
             id: record.id.clone(),
             engine: engine.clone(),
@@ -123,7 +127,7 @@ impl Handler {
             wasi,
             log,
             limit: memory_limit(record),
-            memory: Arc::new(AtomicU64::new(0)),
+            usage,
             kill: Arc::new(Cancel::default()),
             port,
         })
@@ -136,6 +140,11 @@ impl Handler {
         request: Request<hyper::body::Incoming>,
     ) -> Response<HyperOutgoingBody> {
         let what = format!("{} {}", request.method(), request.uri().path());
+        // A request is charged to the CPU limit before its instance runs: one shorter
+        // than an epoch tick never reaches a deadline.
+        if let Some(wait) = self.usage.account() {
+            tokio::time::sleep(wait).await;
+        }
         let wasi = match self.wasi.context(self.log.clone()) {
             Ok(wasi) => wasi,
             Err(e) => {
@@ -147,7 +156,7 @@ impl Handler {
             &self.engine,
             wasi,
             self.limit,
-            self.memory.clone(),
+            self.usage.clone(),
             self.kill.clone(),
         );
         let (sender, receiver) = oneshot::channel();
@@ -177,6 +186,8 @@ impl Handler {
                     .await
             }
             .await;
+            // Read now so the stats count the request's work.
+            handler.usage.account();
             if let Err(e) = result {
                 let limits = &store.data().limits;
                 let why = if handler.kill.flag.load(std::sync::atomic::Ordering::Relaxed) {
@@ -257,7 +268,7 @@ pub(crate) fn start(
         stop: Stopper::Wasm(stop.clone()),
         log: handler.log.clone(),
         tasks: Vec::new(),
-        memory: Some(handler.memory.clone()),
+        memory: Some(handler.usage.memory.clone()),
     };
     let id = handler.id.clone();
     let state = state.clone();

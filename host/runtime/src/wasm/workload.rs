@@ -1,11 +1,12 @@
 //! What a workload's store is made of, for programs and HTTP handlers alike: the
-//! container's WASI context, its memory limit, its output into the log, and how a
-//! trap reads in its status.
+//! container's WASI context, its memory limit and CPU account, its output into the
+//! log, and how a trap reads in its status.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::AsyncWrite;
 use tonic::Status;
@@ -16,12 +17,16 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use super::usage::Usage;
 use crate::log::{Lines, LogFile, Stream};
 use crate::record::ContainerRecord;
 use crate::state::Cancel;
 
 /// Frames of a trap's WASM backtrace kept in the container's status message.
 const TRAP_FRAMES: usize = 6;
+/// What a table element costs: a pointer (a function reference or an
+/// `externref`), as the engine lays tables out.
+const TABLE_ELEMENT_BYTES: usize = std::mem::size_of::<usize>();
 
 /// What a container's WASI context is made of: kept so an HTTP handler can make one
 /// per request.
@@ -124,16 +129,19 @@ pub(crate) fn memory_limit(record: &ContainerRecord) -> Option<usize> {
         .and_then(|l| usize::try_from(l).ok())
 }
 
-/// A store for one instance: its memory held to `limit` and counted into `memory`
-/// (the container's, over all of its instances), its guest code stopped once
-/// `cancel`'s flag is set.
+/// A store for one instance: its memory held to `limit` and counted into `usage`
+/// (the container's, over all of its instances) with its CPU time, its guest code
+/// held to the container's CPU limit and stopped once `cancel`'s flag is set.
+///
+/// The store must run on the container's own thread: its CPU time is that thread's.
 pub(crate) fn new_store(
     engine: &Engine,
     wasi: WasiCtx,
     limit: Option<usize>,
-    memory: Arc<AtomicU64>,
+    usage: Arc<Usage>,
     cancel: Arc<Cancel>,
 ) -> Store<Workload> {
+    let memory = usage.memory.clone();
     let mut store = Store::new(
         engine,
         Workload {
@@ -147,17 +155,29 @@ pub(crate) fn new_store(
                 hit: false,
             },
             cancel,
+            usage,
         },
     );
     store.limiter(|w| &mut w.limits);
     store.set_epoch_deadline(1);
+    // At every epoch tick of running guest code: a stop ends it, and its CPU time is
+    // read and charged, an overrun of its quota waited off.
     store.epoch_deadline_callback(|ctx| {
         if ctx.data().cancel.flag.load(Ordering::Relaxed) {
             wasmtime::bail!("stopped");
         }
-        Ok(UpdateDeadline::Yield(1))
+        Ok(match ctx.data().usage.account() {
+            None => UpdateDeadline::Yield(1),
+            Some(wait) => UpdateDeadline::YieldCustom(1, Box::pin(throttle(wait))),
+        })
     });
     store
+}
+
+/// Waits an overrun off. The executor is the container's own (see `usage`): its
+/// other instances wait too, or are held at their own next deadline.
+async fn throttle(wait: Duration) {
+    tokio::time::sleep(wait).await;
 }
 
 /// A trap, briefly: what happened and the innermost frames of the WASM backtrace.
@@ -201,6 +221,7 @@ pub(crate) struct Workload {
     table: ResourceTable,
     pub(crate) limits: MemoryLimits,
     cancel: Arc<Cancel>,
+    usage: Arc<Usage>,
 }
 
 impl WasiView for Workload {
@@ -222,10 +243,10 @@ impl WasiHttpView for Workload {
     }
 }
 
-/// An instance's memory limit over all of its linear memories together.
+/// An instance's memory limit over all of its linear memories and tables together.
 pub(crate) struct MemoryLimits {
     pub(crate) limit: Option<usize>,
-    /// Bytes this store's memories hold.
+    /// Bytes this store's memories and tables hold.
     own: usize,
     /// Bytes the container's stores hold together: what `ContainerStats` reports.
     total: Arc<AtomicU64>,
@@ -240,6 +261,25 @@ impl ResourceLimiter for MemoryLimits {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        self.grow(current, desired)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.grow(
+            current.saturating_mul(TABLE_ELEMENT_BYTES),
+            desired.saturating_mul(TABLE_ELEMENT_BYTES),
+        )
+    }
+}
+
+impl MemoryLimits {
+    /// A memory or table growing from `current` to `desired` bytes.
+    fn grow(&mut self, current: usize, desired: usize) -> wasmtime::Result<bool> {
         let own = self.own.saturating_sub(current).saturating_add(desired);
         if let Some(limit) = self.limit
             && own > limit
@@ -250,15 +290,6 @@ impl ResourceLimiter for MemoryLimits {
         self.total
             .fetch_add(own.saturating_sub(self.own) as u64, Ordering::Relaxed);
         self.own = own;
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        _desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
         Ok(true)
     }
 }
