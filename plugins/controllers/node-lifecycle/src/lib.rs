@@ -8,6 +8,11 @@
 //! - Taints follow `Ready`: `Unknown` gets `node.kubernetes.io/unreachable`, `False`
 //!   gets `node.kubernetes.io/not-ready`, each NoSchedule and NoExecute; `True` has
 //!   neither.
+//! - Taints follow the pressure conditions too (Kubernetes' `TaintNodesByCondition`):
+//!   `MemoryPressure`, `DiskPressure` and `PIDPressure` True get
+//!   `node.kubernetes.io/memory-pressure`, `disk-pressure` and `pid-pressure`
+//!   NoSchedule, removed once the condition is no longer True, so the scheduler sends
+//!   the node no new pods while its agent evicts.
 //! - The pods of a node that is not ready get `Ready` False.
 //! - Taint-based eviction: a pod on a node with a NoExecute taint it does not tolerate
 //!   is deleted; one that tolerates it for `tolerationSeconds` is deleted that long
@@ -29,6 +34,12 @@ use trellis_plugin::controller::{
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
 const LEASES_NAMESPACE: &str = "kube-node-lease";
+/// The NoSchedule taint of each pressure condition, while it is True.
+pub const PRESSURE_TAINTS: [(&str, &str); 3] = [
+    ("MemoryPressure", "node.kubernetes.io/memory-pressure"),
+    ("DiskPressure", "node.kubernetes.io/disk-pressure"),
+    ("PIDPressure", "node.kubernetes.io/pid-pressure"),
+];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -323,19 +334,44 @@ impl NodeLifecycle {
     }
 }
 
-/// Puts the node's taints in line with its readiness; whether it changed them.
+/// The pressure taints a node whose conditions are these should carry.
+pub fn wanted_pressure_taints(node: &Value) -> Vec<&'static str> {
+    PRESSURE_TAINTS
+        .iter()
+        .filter(|(kind, _)| condition(node, kind).is_some_and(|c| c["status"] == "True"))
+        .map(|(_, taint)| *taint)
+        .collect()
+}
+
+/// Puts the node's taints in line with its readiness and pressure conditions;
+/// whether it changed them.
 fn sync_taints(key: &ObjectKey, node: &Value, ready: &str, now: i64) -> Result<bool, String> {
     let current: Vec<Value> = node["spec"]["taints"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     let wanted = wanted_taints(ready);
+    let pressure = wanted_pressure_taints(node);
     let ours = |t: &Value| t["key"] == UNREACHABLE || t["key"] == NOT_READY;
+    let is_pressure = |t: &Value| PRESSURE_TAINTS.iter().any(|(_, k)| t["key"] == *k);
     let mut taints: Vec<Value> = current
         .iter()
         .filter(|t| !ours(t) || Some(t["key"].as_str().unwrap_or_default()) == wanted)
+        .filter(|t| {
+            !is_pressure(t)
+                || (t["effect"] == "NoSchedule" && pressure.iter().any(|k| t["key"] == *k))
+        })
         .cloned()
         .collect();
+    for key_name in &pressure {
+        let present = taints
+            .iter()
+            .any(|t| t["key"] == *key_name && t["effect"] == "NoSchedule");
+        if !present {
+            // As Kubernetes' NoSchedule taints: no timeAdded (it is for NoExecute).
+            taints.push(json!({"key": key_name, "effect": "NoSchedule"}));
+        }
+    }
     if let Some(key_name) = wanted {
         for effect in ["NoSchedule", "NoExecute"] {
             let present = taints
@@ -390,6 +426,20 @@ mod tests {
             Some(None)
         );
         assert_eq!(toleration_for(&Value::Null, UNREACHABLE), None);
+    }
+
+    #[test]
+    fn pressure_conditions_that_are_true_want_their_taints() {
+        let node = json!({"status": {"conditions": [
+            {"type": "MemoryPressure", "status": "True"},
+            {"type": "DiskPressure", "status": "False"},
+            {"type": "PIDPressure", "status": "Unknown"},
+        ]}});
+        assert_eq!(
+            wanted_pressure_taints(&node),
+            ["node.kubernetes.io/memory-pressure"]
+        );
+        assert!(wanted_pressure_taints(&json!({})).is_empty());
     }
 
     #[test]
