@@ -44,6 +44,9 @@ pub enum Subresource {
     /// `certificatesigningrequests/approval`: writes only the Approved and Denied
     /// conditions of `.status` (`kubectl certificate approve|deny`).
     Approval,
+    /// `nodes/proxy`: a request passed on to the node's agent, the path after
+    /// `proxy/` (`/api/v1/nodes/N/proxy/stats/summary`).
+    Proxy,
 }
 
 impl Subresource {
@@ -59,6 +62,7 @@ impl Subresource {
             Subresource::Finalize => "finalize",
             Subresource::Eviction => "eviction",
             Subresource::Approval => "approval",
+            Subresource::Proxy => "proxy",
         }
     }
 
@@ -74,6 +78,7 @@ impl Subresource {
             Subresource::Finalize,
             Subresource::Eviction,
             Subresource::Approval,
+            Subresource::Proxy,
         ]
         .into_iter()
         .find(|r| r.name() == s)
@@ -220,7 +225,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
             &[Finalize, Status],
         ),
-        resource("", "Node", "nodes", false, &["no"], &[], &[Status]),
+        resource("", "Node", "nodes", false, &["no"], &[], &[Status, Proxy]),
         resource(
             "",
             "Pod",

@@ -227,6 +227,13 @@ fn subresource_kind(
         Subresource::Finalize => ("", "", &r.kind, &["update"]),
         Subresource::Eviction => ("policy", "v1", "Eviction", &["create"]),
         Subresource::Approval => ("", "", &r.kind, READ_WRITE),
+        // As Kubernetes lists it; only GET is passed on.
+        Subresource::Proxy => (
+            "",
+            "",
+            "NodeProxyOptions",
+            &["create", "delete", "get", "patch", "update"],
+        ),
     }
 }
 

@@ -377,7 +377,12 @@ async fn handle(
     let ResourcePath {
         namespace, name, ..
     } = path;
-    let query = Query::parse(uri.query())?;
+    // A proxied request's query is the node's, passed on as it is.
+    let query = if subresource == Some(Subresource::Proxy) {
+        Query::default()
+    } else {
+        Query::parse(uri.query())?
+    };
     let verb = request::verb(&method, name.is_some(), query.watch).ok_or_else(|| {
         ApiError::method_not_allowed(
             "the server does not allow this method on the requested resource",
@@ -499,6 +504,7 @@ async fn handle_resource(
             subresources::token_request(&state, &req, body).await
         }
         ("get", Some(Subresource::Log)) => subresources::log(&state, &req).await,
+        ("get", Some(Subresource::Proxy)) => registry::proxy::node(&state, &req, uri).await,
         ("create", Some(Subresource::Exec)) => {
             let upgrade = extensions.remove::<hyper::upgrade::OnUpgrade>();
             return registry::exec::exec(&state, &req, headers, uri.query(), upgrade).await;

@@ -250,7 +250,9 @@ impl RequestInfo {
             ["apis", group, version, rest @ ..] if !rest.is_empty() => (*group, *version, rest),
             other => return Self::NonResource(NonResourcePath::parse(other)),
         };
-        if rest.len() > 5 {
+        // `nodes/{name}/proxy/…` carries the node's own path after `proxy`.
+        let proxied = matches!(rest, [_, _, "proxy", ..]);
+        if rest.len() > 5 && !proxied {
             return Self::Resource(None);
         }
         let (namespace, resource, tail) = match rest {

@@ -22,6 +22,7 @@
 //! - [`exec`]: `pods/exec`, a WebSocket relayed to the pod's node.
 //! - [`portforward`]: `pods/portforward`, SPDY or a WebSocket passed on to the pod's
 //!   node.
+//! - [`proxy`]: `nodes/proxy`, a GET passed on to the node's agent.
 //! - [`eviction`]: `pods/eviction`, a delete that keeps PodDisruptionBudgets.
 //! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
 //! - [`certificates`]: CertificateSigningRequests' requester, approval and validation.
@@ -38,6 +39,7 @@ pub mod exec;
 pub mod get;
 pub mod namespace;
 pub mod portforward;
+pub mod proxy;
 pub mod status;
 pub mod subresources;
 pub mod typed;
