@@ -280,7 +280,7 @@ impl Cgroup {
     }
 
     fn set_v1(&self, r: &Resources) -> io::Result<()> {
-        if let Some(dir) = self.dir("cpu") {
+        if let Some(dir) = self.controller_dir("cpu") {
             if let Some(shares) = r.cpu_shares {
                 write(dir, "cpu.shares", &shares.to_string())?;
             }
@@ -293,7 +293,7 @@ impl Cgroup {
                 write(dir, "cpu.cfs_quota_us", &quota.to_string())?;
             }
         }
-        if let (Some(dir), Some(limit)) = (self.dir("memory"), r.memory_limit) {
+        if let (Some(dir), Some(limit)) = (self.controller_dir("memory"), r.memory_limit) {
             let limit = if limit <= 0 { -1 } else { limit };
             let limit = limit.to_string();
             if dir.join("memory.memsw.limit_in_bytes").exists() {
@@ -309,7 +309,7 @@ impl Cgroup {
                 write(dir, "memory.limit_in_bytes", &limit)?;
             }
         }
-        if let (Some(dir), Some(limit)) = (self.dir("pids"), r.pids_limit) {
+        if let (Some(dir), Some(limit)) = (self.controller_dir("pids"), r.pids_limit) {
             write(dir, "pids.max", &max_or(limit))?;
         }
         Ok(())
@@ -376,7 +376,7 @@ impl Cgroup {
 
     fn stats_v1(&self) -> io::Result<Stats> {
         let mut stats = Stats::default();
-        if let Some(dir) = self.dir("cpuacct") {
+        if let Some(dir) = self.controller_dir("cpuacct") {
             stats.cpu_usage_ns = read_u64(dir, "cpuacct.usage")?;
             if let Ok(text) = fs::read_to_string(dir.join("cpuacct.stat")) {
                 // USER_HZ is 100 on every Linux architecture this runs on.
@@ -385,13 +385,13 @@ impl Cgroup {
                 stats.cpu_system_ns = ticks("system");
             }
         }
-        if let Some(dir) = self.dir("cpu")
+        if let Some(dir) = self.controller_dir("cpu")
             && let Ok(text) = fs::read_to_string(dir.join("cpu.stat"))
         {
             stats.cpu_throttled_periods = keyed(&text, "nr_throttled").unwrap_or(0);
             stats.cpu_throttled_ns = keyed(&text, "throttled_time").unwrap_or(0);
         }
-        if let Some(dir) = self.dir("memory") {
+        if let Some(dir) = self.controller_dir("memory") {
             stats.memory_usage = read_u64(dir, "memory.usage_in_bytes")?;
             let text = fs::read_to_string(dir.join("memory.stat"))?;
             let inactive_file = keyed(&text, "total_inactive_file").unwrap_or(0);
@@ -405,7 +405,7 @@ impl Cgroup {
                 stats.oom_kills = keyed(&text, "oom_kill").unwrap_or(0);
             }
         }
-        if let Some(dir) = self.dir("pids") {
+        if let Some(dir) = self.controller_dir("pids") {
             stats.pids = read_u64(dir, "pids.current").unwrap_or(0);
         }
         Ok(stats)
@@ -538,8 +538,9 @@ impl Cgroup {
         }
     }
 
-    /// The directory of `controller` (v1), or the one directory (v2).
-    fn dir(&self, controller: &str) -> Option<&Path> {
+    /// The directory of `controller` (v1), or the one directory (v2): where to
+    /// read a file this crate does not.
+    pub fn controller_dir(&self, controller: &str) -> Option<&Path> {
         match self.version {
             Version::V2 => self.dirs.first().map(|(_, d, _)| d.as_path()),
             Version::V1 => self

@@ -48,7 +48,7 @@ fn co_mounted_controllers_share_a_directory() {
     let cg = h.cgroup("/x");
     assert_eq!(cg.procs_files().len(), 1);
     assert_eq!(
-        cg.dir("cpuacct"),
+        cg.controller_dir("cpuacct"),
         Some(Path::new("/sys/fs/cgroup/cpu,cpuacct/x"))
     );
 }

@@ -50,6 +50,7 @@
 //!   client sees is a `tonic::Status` made there or in the module that knows why): a
 //!   sandbox's lifecycle in `service::sandbox`, a container's in `service::container`.
 
+mod cgroup;
 mod handler;
 pub mod hollow;
 mod log;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use k8s_cri::v1::{ContainerEventResponse, ContainerEventType, ContainerState};
 use tokio::sync::{Notify, broadcast, watch};
 
+use crate::cgroup;
 use crate::log::LogFile;
 use crate::record::{ContainerRecord, ImageKind, SandboxRecord, now_ns};
 use crate::store::Store;
@@ -118,6 +119,12 @@ pub(crate) struct State {
     /// Set when the runtime is dropped: what its threads still report is not
     /// recorded, so the files stay as a crash would leave them.
     closed: AtomicBool,
+    /// Each sandbox's cgroup parent (`cgroup::sandbox_parent`), by sandbox id: what a
+    /// handler starting a container reads while the tables are locked.
+    cgroup_parents: Mutex<HashMap<String, String>>,
+    /// The last CPU sample of each container and sandbox (time in ns, CPU time in
+    /// ns), from which the stats' `usage_nano_cores` is the rate since.
+    cpu_samples: Mutex<HashMap<String, (i64, u64)>>,
 }
 
 impl State {
@@ -138,13 +145,67 @@ impl State {
 
     /// The state of `tables`, kept by `store`.
     pub(crate) fn with(store: Box<dyn Store>, tables: Tables) -> Arc<Self> {
+        let cgroup_parents = tables
+            .sandboxes
+            .values()
+            .map(|s| (s.id.clone(), cgroup::sandbox_parent(s)))
+            .collect();
         Arc::new(Self {
             store,
             tables: Mutex::new(tables),
             events: Mutex::default(),
             changed: watch::channel(0).0,
             closed: AtomicBool::new(false),
+            cgroup_parents: Mutex::new(cgroup_parents),
+            cpu_samples: Mutex::default(),
         })
+    }
+
+    /// Notes `sandbox`'s cgroup parent, for [`State::cgroup_parent`].
+    pub(crate) fn add_cgroup_parent(&self, sandbox: &SandboxRecord) {
+        self.cgroup_parents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sandbox.id.clone(), cgroup::sandbox_parent(sandbox));
+    }
+
+    pub(crate) fn forget_cgroup_parent(&self, sandbox_id: &str) {
+        self.cgroup_parents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(sandbox_id);
+    }
+
+    /// The cgroup the containers of sandbox `sandbox_id` get their cgroups under
+    /// (`cgroup::for_container`'s parent); callable with the tables locked.
+    pub(crate) fn cgroup_parent(&self, sandbox_id: &str) -> String {
+        self.cgroup_parents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sandbox_id)
+            .cloned()
+            .unwrap_or_else(|| cgroup::default_parent(sandbox_id))
+    }
+
+    /// The CPU rate of `id` (a container or sandbox) in nanocores since its previous
+    /// sample, which `(at, cpu_ns)` replaces; none on its first.
+    pub(crate) fn nano_cores(&self, id: &str, at: i64, cpu_ns: u64) -> Option<u64> {
+        let mut samples = self.cpu_samples.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = samples.insert(id.to_owned(), (at, cpu_ns));
+        let (then, then_ns) = previous?;
+        let elapsed = u64::try_from(at.checked_sub(then)?)
+            .ok()
+            .filter(|e| *e > 0)?;
+        let used = u128::from(cpu_ns.saturating_sub(then_ns));
+        u64::try_from(used * 1_000_000_000 / u128::from(elapsed)).ok()
+    }
+
+    /// Forgets the CPU sample of a removed container or sandbox.
+    pub(crate) fn forget_sample(&self, id: &str) {
+        self.cpu_samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
     }
 
     pub(crate) fn tables(&self) -> MutexGuard<'_, Tables> {
@@ -171,8 +232,10 @@ impl State {
             .collect()
     }
 
-    /// Records that container `id` ended, and tells those waiting for it.
-    pub(crate) fn finish(&self, id: &str, exit: Exit) {
+    /// Records that container `id` ended, and tells those waiting for it. A
+    /// container whose cgroup saw the kernel's OOM killer at its memory limit ended
+    /// `OOMKilled`, as containerd reports it.
+    pub(crate) fn finish(&self, id: &str, mut exit: Exit) {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
@@ -181,6 +244,13 @@ impl State {
             return;
         };
         let record = &mut container.record;
+        if record.kind == ImageKind::Process
+            && let Some(cgroup) =
+                cgroup::container(&self.cgroup_parent(&record.sandbox_id), &record.id)
+            && cgroup.stats().is_ok_and(|s| s.oom_kills > 0)
+        {
+            exit.reason = "OOMKilled";
+        }
         record.state = ContainerState::ContainerExited as i32;
         record.finished_at = now_ns();
         record.exit_code = exit.code;

@@ -10,9 +10,9 @@ use k8s_cri::v1::*;
 use tonic::{Request, Response, Status};
 
 use super::{Reply, new_id, no_container, selects};
-use crate::Runtime;
 use crate::record::{ContainerRecord, ImageKind, now_ns, state_name};
 use crate::state::{Container, Exit};
+use crate::{Runtime, cgroup};
 
 /// `CreateContainer`: a CREATED record in a ready sandbox whose handler runs the image.
 pub(super) async fn create(
@@ -352,6 +352,43 @@ pub(super) async fn list_stats(
     Ok(Response::new(ListContainerStatsResponse { stats }))
 }
 
+/// `UpdateContainerResources`: the container's new resources kept in its record (its
+/// status reports them) and, for a process container, applied to its cgroup.
+pub(super) async fn update_resources(
+    runtime: &Runtime,
+    request: Request<UpdateContainerResourcesRequest>,
+) -> Reply<UpdateContainerResourcesResponse> {
+    let request = request.into_inner();
+    let id = &request.container_id;
+    let Some(resources) = request.linux else {
+        return Ok(Response::new(UpdateContainerResourcesResponse {}));
+    };
+    let mut tables = runtime.state.tables();
+    let container = tables
+        .containers
+        .get_mut(id)
+        .ok_or_else(|| no_container(id))?;
+    let record = &mut container.record;
+    if record.kind == ImageKind::Process
+        && let Some(cgroup) =
+            cgroup::container(&runtime.state.cgroup_parent(&record.sandbox_id), id)
+    {
+        cgroup.set(&cgroup::limits(&resources)).map_err(|e| {
+            Status::internal(format!(
+                "container {id}: cannot update its cgroup {}: {e}",
+                cgroup.path()
+            ))
+        })?;
+    }
+    record
+        .config
+        .linux
+        .get_or_insert_with(Default::default)
+        .resources = Some(resources);
+    runtime.state.store().save_container(record);
+    Ok(Response::new(UpdateContainerResourcesResponse {}))
+}
+
 impl Runtime {
     /// Stops container `id` (see `StopContainer`); `Ok` when it is not running.
     pub(super) async fn stop(&self, id: &str, timeout: Duration) -> Result<(), Status> {
@@ -378,12 +415,21 @@ impl Runtime {
             .collect()
     }
 
+    /// Removes container `id`'s record and its cgroup (killing what its process left
+    /// running there).
     pub(super) fn remove_record(&self, id: &str) {
         let removed = self.state.tables().containers.remove(id);
         if let Some(container) = removed {
+            let record = &container.record;
+            if let Some(cgroup) =
+                cgroup::container(&self.state.cgroup_parent(&record.sandbox_id), id)
+            {
+                cgroup::remove(&cgroup);
+            }
+            self.state.forget_sample(id);
             self.state.store().delete_container(id);
             self.state
-                .event(&container.record, ContainerEventType::ContainerDeletedEvent);
+                .event(record, ContainerEventType::ContainerDeletedEvent);
         }
     }
 
@@ -391,6 +437,20 @@ impl Runtime {
     async fn launch(&self, record: ContainerRecord) -> Result<(), Status> {
         let handler = self.handler_named(record.handler())?;
         let prepared = handler.prepare(&record).await?;
+        let resources = record
+            .config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref());
+        // Made before the process starts, so that it joins it before it runs.
+        let cgroup = match record.kind {
+            ImageKind::Process => cgroup::for_container(
+                &self.state.cgroup_parent(&record.sandbox_id),
+                &record.id,
+                resources,
+            )?,
+            _ => None,
+        };
         let mut tables = self.state.tables();
         let container = tables
             .containers
@@ -403,6 +463,12 @@ impl Runtime {
             )));
         }
         let started = handler.start(&self.state, &record, prepared)?;
+        if let Some(pid) = started.pid {
+            join(cgroup.as_ref(), pid);
+            if let Some(adj) = resources.map(|r| r.oom_score_adj).filter(|a| *a != 0) {
+                cgroup::set_oom_score_adj(pid, adj);
+            }
+        }
         let record = &mut container.record;
         record.state = ContainerState::ContainerRunning as i32;
         record.started_at = now_ns();
@@ -416,8 +482,9 @@ impl Runtime {
         Ok(())
     }
 
-    /// A container's attributes, and what its handler knows of its use.
-    fn stats_of(&self, c: &Container) -> ContainerStats {
+    /// A container's attributes and use: a process container's from its cgroup,
+    /// another's from its handler; its writable layer, its directory.
+    pub(super) fn stats_of(&self, c: &Container) -> ContainerStats {
         let r = &c.record;
         let now = now_ns();
         let mut stats = ContainerStats {
@@ -430,24 +497,137 @@ impl Runtime {
             ..Default::default()
         };
         let Some(live) = &c.live else { return stats };
-        let Ok(handler) = self.handler_named(r.handler()) else {
-            return stats;
+        let measured = match r.kind {
+            ImageKind::Process => {
+                cgroup::container(&self.state.cgroup_parent(&r.sandbox_id), &r.id)
+                    .and_then(|cgroup| cgroup.stats().ok())
+            }
+            _ => None,
         };
-        let (cpu, memory) = handler.usage(live);
-        stats.cpu = cpu.map(|ns| CpuUsage {
-            timestamp: now,
-            usage_core_nano_seconds: Some(UInt64Value { value: ns }),
-            usage_nano_cores: None,
-        });
-        stats.memory = memory.map(|bytes| MemoryUsage {
-            timestamp: now,
-            working_set_bytes: Some(UInt64Value { value: bytes }),
-            usage_bytes: Some(UInt64Value { value: bytes }),
-            rss_bytes: Some(UInt64Value { value: bytes }),
-            ..Default::default()
+        let limit = r
+            .config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .map(|r| r.memory_limit_in_bytes)
+            .and_then(|l| u64::try_from(l).ok())
+            .filter(|l| *l > 0);
+        let (cpu, memory) = match measured {
+            Some(measured) => (
+                Some(measured.cpu_usage_ns),
+                Some(memory_usage(now, &measured, limit)),
+            ),
+            None => {
+                let Ok(handler) = self.handler_named(r.handler()) else {
+                    return stats;
+                };
+                let (cpu, memory) = handler.usage(live);
+                let memory = memory.map(|bytes| MemoryUsage {
+                    timestamp: now,
+                    working_set_bytes: Some(UInt64Value { value: bytes }),
+                    available_bytes: limit.map(|l| UInt64Value {
+                        value: l.saturating_sub(bytes),
+                    }),
+                    usage_bytes: Some(UInt64Value { value: bytes }),
+                    rss_bytes: Some(UInt64Value { value: bytes }),
+                    ..Default::default()
+                });
+                (cpu, memory)
+            }
+        };
+        stats.cpu = cpu.map(|ns| cpu_usage(&self.state, &r.id, now, ns));
+        stats.memory = memory;
+        stats.writable_layer = self.state.store().container_dir(&r.id).map(|dir| {
+            let (bytes, inodes) = dir_usage(&dir);
+            FilesystemUsage {
+                timestamp: now,
+                fs_id: Some(FilesystemIdentifier {
+                    mountpoint: dir.display().to_string(),
+                }),
+                used_bytes: Some(UInt64Value { value: bytes }),
+                inodes_used: Some(UInt64Value { value: inodes }),
+            }
         });
         stats
     }
+}
+
+/// Moves `pid` into `cgroup` unless it is in it already (the sandbox's init joined it
+/// before running the program): a process that did not join from its start is
+/// limited from now on.
+fn join(cgroup: Option<&trellis_cgroups::Cgroup>, pid: i32) {
+    let Some(cgroup) = cgroup else { return };
+    let Ok(pid) = u32::try_from(pid) else { return };
+    if cgroup.pids().is_ok_and(|pids| pids.contains(&pid)) {
+        return;
+    }
+    if let Err(e) = cgroup.add_process(pid) {
+        tracing::warn!(pid, cgroup = %cgroup.path(), "failed to move a container's process into its cgroup: {e}");
+    }
+}
+
+/// CPU use at `now`, with the rate since the previous sample of `id`.
+pub(super) fn cpu_usage(state: &crate::state::State, id: &str, now: i64, ns: u64) -> CpuUsage {
+    CpuUsage {
+        timestamp: now,
+        usage_core_nano_seconds: Some(UInt64Value { value: ns }),
+        usage_nano_cores: state
+            .nano_cores(id, now, ns)
+            .map(|value| UInt64Value { value }),
+    }
+}
+
+/// A cgroup's memory as CRI reports it; available is the limit less the working set,
+/// as cAdvisor has it.
+pub(super) fn memory_usage(
+    now: i64,
+    s: &trellis_cgroups::Stats,
+    limit: Option<u64>,
+) -> MemoryUsage {
+    MemoryUsage {
+        timestamp: now,
+        working_set_bytes: Some(UInt64Value {
+            value: s.memory_working_set,
+        }),
+        available_bytes: limit.map(|l| UInt64Value {
+            value: l.saturating_sub(s.memory_working_set),
+        }),
+        usage_bytes: Some(UInt64Value {
+            value: s.memory_usage,
+        }),
+        rss_bytes: Some(UInt64Value {
+            value: s.memory_rss,
+        }),
+        page_faults: Some(UInt64Value {
+            value: s.page_faults,
+        }),
+        major_page_faults: Some(UInt64Value {
+            value: s.major_page_faults,
+        }),
+    }
+}
+
+/// Bytes and inodes under `dir` (the container's files: its output pipes, its
+/// exec's scratch).
+fn dir_usage(dir: &Path) -> (u64, u64) {
+    let mut bytes = 0;
+    let mut inodes = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            inodes += 1;
+            if meta.is_dir() {
+                todo.push(entry.path());
+            } else {
+                bytes += meta.len();
+            }
+        }
+    }
+    (bytes, inodes)
 }
 
 fn container_name(config: &ContainerConfig) -> &str {

@@ -104,11 +104,9 @@ impl RuntimeService for Runtime {
 
     async fn update_container_resources(
         &self,
-        _: Request<UpdateContainerResourcesRequest>,
+        request: Request<UpdateContainerResourcesRequest>,
     ) -> Reply<UpdateContainerResourcesResponse> {
-        Err(Status::unimplemented(
-            "this runtime cannot change a running container's resources yet",
-        ))
+        container::update_resources(self, request).await
     }
 
     async fn reopen_container_log(
@@ -156,20 +154,16 @@ impl RuntimeService for Runtime {
 
     async fn pod_sandbox_stats(
         &self,
-        _: Request<PodSandboxStatsRequest>,
+        request: Request<PodSandboxStatsRequest>,
     ) -> Reply<PodSandboxStatsResponse> {
-        Err(Status::unimplemented(
-            "sandbox stats are not supported by this runtime yet (ContainerStats is)",
-        ))
+        sandbox::stats(self, request).await
     }
 
     async fn list_pod_sandbox_stats(
         &self,
-        _: Request<ListPodSandboxStatsRequest>,
+        request: Request<ListPodSandboxStatsRequest>,
     ) -> Reply<ListPodSandboxStatsResponse> {
-        Err(Status::unimplemented(
-            "sandbox stats are not supported by this runtime yet (ListContainerStats is)",
-        ))
+        sandbox::list_stats(self, request).await
     }
 
     async fn update_runtime_config(
@@ -270,8 +264,12 @@ impl RuntimeService for Runtime {
         &self,
         _: Request<RuntimeConfigRequest>,
     ) -> Reply<RuntimeConfigResponse> {
-        Err(Status::unimplemented(
-            "this runtime uses no cgroups: there is no cgroup driver to report",
-        ))
+        // Cgroups are made as files under their parents' paths, as containerd's
+        // cgroupfs driver does; the agent names its pod cgroups the same way.
+        Ok(Response::new(RuntimeConfigResponse {
+            linux: Some(LinuxRuntimeConfiguration {
+                cgroup_driver: CgroupDriver::Cgroupfs as i32,
+            }),
+        }))
     }
 }

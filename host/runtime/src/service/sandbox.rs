@@ -13,10 +13,11 @@ use std::time::Duration;
 use k8s_cri::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Reply, new_id, selects};
+use super::{Reply, container, new_id, selects};
 use crate::network::netns;
 use crate::record::{SandboxRecord, now_ns};
-use crate::{Runtime, namespaces, pod_files};
+use crate::state::Tables;
+use crate::{Runtime, cgroup, namespaces, pod_files};
 
 /// `RunPodSandbox`: a ready sandbox with the runtime handler it asks for (or the first).
 pub(super) async fn run(
@@ -59,6 +60,7 @@ pub(super) async fn run(
         files: own.files,
     };
     runtime.state.store().save_sandbox(&record);
+    runtime.state.add_cgroup_parent(&record);
     let id = record.id.clone();
     tracing::info!(sandbox = %id, handler = %record.handler, ips = ?record.ips, "sandbox ready");
     runtime.state.tables().sandboxes.insert(id.clone(), record);
@@ -103,7 +105,16 @@ pub(super) async fn remove(
     }
     runtime.detach(&id).await?;
     runtime.remove_own(&id).await?;
-    if runtime.state.tables().sandboxes.remove(&id).is_some() {
+    let removed = runtime.state.tables().sandboxes.remove(&id);
+    if let Some(sandbox) = removed {
+        // The pod's cgroup is the agent's to remove; the runtime's own is its.
+        if cgroup::owns_parent(&sandbox)
+            && let Some(parent) = cgroup::of_sandbox(&sandbox)
+        {
+            cgroup::remove(&parent);
+        }
+        runtime.state.forget_cgroup_parent(&id);
+        runtime.state.forget_sample(&id);
         runtime.state.store().delete_sandbox(&id);
     }
     Ok(Response::new(RemovePodSandboxResponse {}))
@@ -158,6 +169,41 @@ pub(super) async fn list(
         })
         .collect();
     Ok(Response::new(ListPodSandboxResponse { items }))
+}
+
+/// `PodSandboxStats`.
+pub(super) async fn stats(
+    runtime: &Runtime,
+    request: Request<PodSandboxStatsRequest>,
+) -> Reply<PodSandboxStatsResponse> {
+    let id = request.into_inner().pod_sandbox_id;
+    let tables = runtime.state.tables();
+    let sandbox = tables
+        .sandboxes
+        .get(&id)
+        .ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
+    Ok(Response::new(PodSandboxStatsResponse {
+        stats: Some(runtime.sandbox_stats(&tables, sandbox)),
+    }))
+}
+
+/// `ListPodSandboxStats`: the ready sandboxes its filter selects.
+pub(super) async fn list_stats(
+    runtime: &Runtime,
+    request: Request<ListPodSandboxStatsRequest>,
+) -> Reply<ListPodSandboxStatsResponse> {
+    let filter = request.into_inner().filter.unwrap_or_default();
+    let tables = runtime.state.tables();
+    let ready = PodSandboxState::SandboxReady as i32;
+    let stats = tables
+        .sandboxes
+        .values()
+        .filter(|s| s.state == ready)
+        .filter(|s| filter.id.is_empty() || s.id == filter.id)
+        .filter(|s| selects(&filter.label_selector, &s.config.labels))
+        .map(|s| runtime.sandbox_stats(&tables, s))
+        .collect();
+    Ok(Response::new(ListPodSandboxStatsResponse { stats }))
 }
 
 /// What a sandbox has of its own besides its network.
@@ -269,6 +315,92 @@ impl Runtime {
         }
     }
 
+    /// A sandbox's use: its cgroup's when its containers are processes in one (the
+    /// pod's cgroup, or the runtime's for the sandbox), else the sum of its running
+    /// containers'; its network's from the namespace of one of its processes.
+    fn sandbox_stats(&self, tables: &Tables, sandbox: &SandboxRecord) -> PodSandboxStats {
+        let now = now_ns();
+        let running: Vec<_> = tables
+            .containers
+            .values()
+            .filter(|c| c.record.sandbox_id == sandbox.id && c.live.is_some())
+            .collect();
+        let containers: Vec<ContainerStats> = running.iter().map(|c| self.stats_of(c)).collect();
+        let measured = (sandbox.handler == crate::PROCESS)
+            .then(|| cgroup::of_sandbox(sandbox))
+            .flatten()
+            .and_then(|cgroup| cgroup.stats().ok());
+        let (cpu, memory, process) = match measured {
+            Some(m) => (
+                Some(container::cpu_usage(
+                    &self.state,
+                    &sandbox.id,
+                    now,
+                    m.cpu_usage_ns,
+                )),
+                Some(container::memory_usage(now, &m, None)),
+                Some(ProcessUsage {
+                    timestamp: now,
+                    process_count: Some(UInt64Value { value: m.pids }),
+                }),
+            ),
+            None => {
+                let sum = |f: fn(&ContainerStats) -> Option<u64>| -> Option<u64> {
+                    containers.iter().filter_map(f).reduce(|a, b| a + b)
+                };
+                let cpu = sum(|c| {
+                    c.cpu
+                        .as_ref()?
+                        .usage_core_nano_seconds
+                        .as_ref()
+                        .map(|v| v.value)
+                })
+                .map(|ns| container::cpu_usage(&self.state, &sandbox.id, now, ns));
+                let memory_of = |f: fn(&MemoryUsage) -> Option<&UInt64Value>| {
+                    containers
+                        .iter()
+                        .filter_map(|c| f(c.memory.as_ref()?).map(|v| v.value))
+                        .reduce(|a, b| a + b)
+                        .map(|value| UInt64Value { value })
+                };
+                let memory = containers
+                    .iter()
+                    .any(|c| c.memory.is_some())
+                    .then(|| MemoryUsage {
+                        timestamp: now,
+                        working_set_bytes: memory_of(|m| m.working_set_bytes.as_ref()),
+                        usage_bytes: memory_of(|m| m.usage_bytes.as_ref()),
+                        rss_bytes: memory_of(|m| m.rss_bytes.as_ref()),
+                        page_faults: memory_of(|m| m.page_faults.as_ref()),
+                        major_page_faults: memory_of(|m| m.major_page_faults.as_ref()),
+                        available_bytes: None,
+                    });
+                (cpu, memory, None)
+            }
+        };
+        let network = sandbox
+            .netns
+            .as_ref()
+            .and(running.iter().find_map(|c| c.record.pid))
+            .and_then(|pid| network_usage(pid, now));
+        PodSandboxStats {
+            attributes: Some(PodSandboxAttributes {
+                id: sandbox.id.clone(),
+                metadata: sandbox.config.metadata.clone(),
+                labels: sandbox.config.labels.clone(),
+                annotations: sandbox.config.annotations.clone(),
+            }),
+            linux: Some(LinuxPodSandboxStats {
+                cpu,
+                memory,
+                network,
+                process,
+                containers,
+            }),
+            windows: None,
+        }
+    }
+
     fn sandbox_status(&self, sandbox: &SandboxRecord) -> PodSandboxStatus {
         let node = NamespaceMode::Node as i32;
         let network = if sandbox.netns.is_some() || !sandbox.ips.is_empty() {
@@ -307,5 +439,65 @@ impl Runtime {
             annotations: sandbox.config.annotations.clone(),
             runtime_handler: sandbox.handler.clone(),
         }
+    }
+}
+
+/// The interfaces of the network namespace process `pid` is in, from its
+/// `/proc/<pid>/net/dev`; `eth0`, the pod's CNI interface, is the default.
+fn network_usage(pid: i32, now: i64) -> Option<NetworkUsage> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+    let interfaces: Vec<NetworkInterfaceUsage> = parse_net_dev(&text)
+        .into_iter()
+        .filter(|i| i.name != "lo")
+        .collect();
+    Some(NetworkUsage {
+        timestamp: now,
+        default_interface: interfaces.iter().find(|i| i.name == "eth0").cloned(),
+        interfaces,
+    })
+}
+
+/// `/proc/net/dev`: two header lines, then `name: rx_bytes packets errs … (8 fields)
+/// tx_bytes packets errs …`.
+fn parse_net_dev(text: &str) -> Vec<NetworkInterfaceUsage> {
+    text.lines()
+        .skip(2)
+        .filter_map(|line| {
+            let (name, counters) = line.split_once(':')?;
+            let n: Vec<u64> = counters
+                .split_whitespace()
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            let value = |i: usize| n.get(i).map(|&value| UInt64Value { value });
+            Some(NetworkInterfaceUsage {
+                name: name.trim().to_owned(),
+                rx_bytes: value(0),
+                rx_errors: value(2),
+                tx_bytes: value(8),
+                tx_errors: value(10),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_dev_parses() {
+        let text = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:     100       1    0    0    0     0          0         0      100       1    0    0    0     0       0          0
+  eth0:    5000      40    2    0    0     0          0         0     3000      30    1    0    0     0       0          0
+";
+        let interfaces = parse_net_dev(text);
+        assert_eq!(interfaces.len(), 2);
+        let eth0 = &interfaces[1];
+        assert_eq!(eth0.name, "eth0");
+        assert_eq!(eth0.rx_bytes.as_ref().map(|v| v.value), Some(5000));
+        assert_eq!(eth0.rx_errors.as_ref().map(|v| v.value), Some(2));
+        assert_eq!(eth0.tx_bytes.as_ref().map(|v| v.value), Some(3000));
+        assert_eq!(eth0.tx_errors.as_ref().map(|v| v.value), Some(1));
     }
 }
