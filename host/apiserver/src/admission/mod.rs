@@ -20,6 +20,7 @@
 pub mod chain;
 pub mod limit_ranger;
 pub mod plugins;
+pub mod pod_security;
 pub mod priority;
 pub mod quota;
 mod runtime_class;

@@ -113,6 +113,11 @@ async fn dispatch(
             name: record.name,
             code,
             latency_ms: elapsed.as_secs_f64() * 1e3,
+            annotations: response
+                .extensions()
+                .get::<crate::warnings::AuditAnnotations>()
+                .map(|a| a.0.clone())
+                .unwrap_or_default(),
         });
     }
     response

@@ -24,6 +24,9 @@ pub struct Entry {
     pub name: String,
     pub code: u16,
     pub latency_ms: f64,
+    /// What admission said of the request (`pod-security.kubernetes.io/enforce-policy`,
+    /// `…/audit-violations`), as Kubernetes' audit event `annotations`.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// The name of the object a request wrote, when its URL does not say (a create), as a
@@ -138,6 +141,9 @@ impl Writer {
             if let Some(as_user) = &e.impersonated_user {
                 line["impersonatedUser"] = as_user.clone().into();
             }
+            if !e.annotations.is_empty() {
+                line["annotations"] = json!(e.annotations);
+            }
             serde_json::to_writer(&mut text, &line)?;
             text.push(b'\n');
         }
@@ -171,6 +177,7 @@ mod tests {
             name: format!("p{i}"),
             code: 200,
             latency_ms: 0.5,
+            annotations: Default::default(),
         }
     }
 

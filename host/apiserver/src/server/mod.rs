@@ -50,6 +50,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The admission and initializer chains.
     pub chains: Chains,
+    /// Pod Security admission's defaults and exemptions (`--pod-security-config`); the
+    /// `PodSecurity` step joins the chain unless the chain already has one.
+    pub pod_security: crate::admission::pod_security::Config,
     /// The audit log; `None` turns it off.
     pub audit: Option<AuditConfig>,
     /// Limits, timeouts and intervals.
@@ -86,6 +89,7 @@ impl Config {
             watch_buffer: 1_000,
             shutdown_grace: Duration::from_secs(10),
             chains: crate::admission::builtin(),
+            pod_security: crate::admission::pod_security::Config::default(),
             audit: None,
             settings: crate::state::Settings::default(),
             plugins: true,
@@ -257,6 +261,11 @@ pub async fn start(
         .clone()
         .map(crate::observability::audit::AuditLog::start);
     let mut chains = config.chains.clone();
+    if !chains.admission.iter().any(|s| s.name() == "PodSecurity") {
+        chains.add(Arc::new(crate::admission::pod_security::PodSecurity::new(
+            config.pod_security.clone(),
+        )));
+    }
     let plugins = config.plugins.then(|| {
         let manager = PluginManager::new(
             PluginsConfig {
