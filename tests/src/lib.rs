@@ -93,6 +93,8 @@ pub struct TestCluster {
     admin: Kubectl,
     server: Option<Server>,
     store: ClusterStore,
+    /// Pod Security's settings, kept for [`TestCluster::restart`].
+    pod_security: trellis_apiserver::admission::pod_security::Config,
     /// Dropping it ends the server's `shutdown` future: the stop of a cluster that is
     /// dropped rather than stopped.
     _shutdown: oneshot::Sender<()>,
@@ -131,6 +133,9 @@ pub struct TestClusterBuilder {
     /// When CertificateSigningRequests done with are deleted, instead of Kubernetes'
     /// hours.
     csr_cleaning: Option<trellis_apiserver::certificates::Cleaning>,
+    /// Pod Security's defaults and exemptions; unset: `privileged` everywhere, since
+    /// most tests run host-network, host-path or privileged pods freely.
+    pod_security: Option<trellis_apiserver::admission::pod_security::Config>,
 }
 
 impl TestClusterBuilder {
@@ -198,6 +203,21 @@ impl TestClusterBuilder {
         self
     }
 
+    /// Runs Pod Security with these defaults and exemptions.
+    pub fn with_pod_security(
+        mut self,
+        config: trellis_apiserver::admission::pod_security::Config,
+    ) -> Self {
+        self.pod_security = Some(config);
+        self
+    }
+
+    /// Runs Pod Security as `trellis up` does by default: enforce `baseline`, warn
+    /// and audit `restricted`, `kube-system` exempt.
+    pub fn with_default_pod_security(self) -> Self {
+        self.with_pod_security(Default::default())
+    }
+
     pub async fn start(self) -> anyhow::Result<TestCluster> {
         let dir = tempfile::tempdir().context("create the cluster's directory")?;
         let data_dir = dir.path().join("data");
@@ -247,6 +267,10 @@ impl TestClusterBuilder {
         if let Some(cleaning) = self.csr_cleaning {
             config.csr_cleaning = cleaning;
         }
+        let pod_security = self
+            .pod_security
+            .unwrap_or_else(trellis_apiserver::admission::pod_security::Config::privileged);
+        config.pod_security = pod_security.clone();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, dyn_store, async move {
             // A send or a drop of the sender: either way, stop.
@@ -267,6 +291,7 @@ impl TestClusterBuilder {
             admin,
             server: Some(server),
             store,
+            pod_security,
             _shutdown: shutdown,
             dir,
         })
@@ -468,6 +493,7 @@ impl TestCluster {
         let mut config = trellis_apiserver::Config::new(&self.data_dir);
         config.listen = addr;
         config.shutdown_grace = Duration::from_secs(2);
+        config.pod_security = self.pod_security.clone();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let server = trellis_apiserver::start(config, store, async move {
             let _ = stopped.await;

@@ -51,6 +51,7 @@ pub mod sandbox;
 pub mod server;
 mod spdy;
 pub mod spec;
+pub mod stats;
 pub mod status;
 pub mod worker;
 

@@ -2,17 +2,19 @@
 //! server calls — `GET /containerLogs/{namespace}/{pod}/{container}` for `kubectl logs`
 //! (read by [`crate::logs`]), `/exec/{namespace}/{pod}/{container}` for `kubectl exec`
 //! (see [`crate::exec`]), `/portForward/{namespace}/{pod}` for `kubectl port-forward`
-//! (see [`crate::port_forward`]) and `/healthz` — and who may call them. Start with
-//! [`serve`].
+//! (see [`crate::port_forward`]), `/stats/summary` and `/metrics/resource` (the node's
+//! resource usage, see [`crate::stats`]) and `/healthz` — and who may call them.
+//! Start with [`serve`].
 //!
 //! # Who may call
 //! There is no anonymous access: every connection must present a client certificate
 //! the cluster CA signed, and without a CA [`serve`] refuses to start. Of those
-//! clients, `/containerLogs`, `/exec` and `/portForward` are served to a certificate
-//! whose subject has `O=system:masters` (administrators, and the API server's own
-//! certificate, which carries that group) or `CN=kube-apiserver-kubelet-client` (the
-//! API server's name for its node client). The kubelet asks the API server instead (a
-//! SubjectAccessReview of `nodes/proxy`); a fixed rule saves that round trip on every
+//! clients, `/containerLogs`, `/exec`, `/portForward`, `/stats` and `/metrics` are
+//! served to a certificate whose subject has `O=system:masters` (administrators, and
+//! the API server's own certificate, which carries that group) or
+//! `CN=kube-apiserver-kubelet-client` (the API server's name for its node client). The
+//! kubelet asks the API server instead (a SubjectAccessReview of `nodes/proxy`,
+//! `nodes/stats` or `nodes/metrics`); a fixed rule saves that round trip on every
 //! request, and it refuses nodes' own certificates (`O=system:nodes`), so that one node
 //! cannot read another's logs. `/healthz` answers any client the CA signed.
 //!
@@ -234,7 +236,7 @@ async fn handle(
         };
         return match client {
             None => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
-            Some(client) if !client.may_read_logs() => forbidden(client, verb),
+            Some(client) if !client.may_read_logs() => forbidden(client, verb, "proxy"),
             Some(_) => match kind {
                 Streaming::Exec => crate::exec::handle(ctx, &target, request).await,
                 Streaming::PortForward => crate::port_forward::handle(ctx, &target, request).await,
@@ -248,6 +250,17 @@ async fn handle(
     if path == "/healthz" {
         return text(StatusCode::OK, "ok");
     }
+    // The kubelet's `nodes/stats` and `nodes/metrics`, served to the same clients.
+    if let Some(subresource) = [("/stats/", "stats"), ("/metrics/", "metrics")]
+        .into_iter()
+        .find_map(|(prefix, sub)| path.starts_with(prefix).then_some(sub))
+    {
+        return match client {
+            None => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Some(client) if !client.may_read_logs() => forbidden(client, "get", subresource),
+            Some(_) => stats(&ctx, path, request.uri().query().unwrap_or("")).await,
+        };
+    }
     let Some(target) = path.strip_prefix("/containerLogs/") else {
         return text(StatusCode::NOT_FOUND, "404 page not found");
     };
@@ -255,7 +268,7 @@ async fn handle(
         return text(StatusCode::UNAUTHORIZED, "Unauthorized");
     };
     if !client.may_read_logs() {
-        return forbidden(client, "get");
+        return forbidden(client, "get", "proxy");
     }
     let parts: Vec<&str> = target.split('/').collect();
     let [namespace, pod, container] = parts[..] else {
@@ -330,14 +343,65 @@ enum Streaming {
     PortForward,
 }
 
-fn forbidden(client: &Identity, verb: &str) -> Response<Body> {
+fn forbidden(client: &Identity, verb: &str, subresource: &str) -> Response<Body> {
     text(
         StatusCode::FORBIDDEN,
         format!(
-            "Forbidden (user={}, verb={verb}, resource=nodes, subresource(s)=[proxy])",
+            "Forbidden (user={}, verb={verb}, resource=nodes, subresource(s)=[{subresource}])",
             client.name
         ),
     )
+}
+
+/// `/stats/summary` (JSON; `only_cpu_and_memory=true` keeps CPU and memory alone) and
+/// `/metrics/resource` (Prometheus text), read from the runtime and the node now.
+async fn stats(ctx: &Context, path: &str, query: &str) -> Response<Body> {
+    match path.trim_end_matches('/') {
+        "/stats/summary" => {
+            let only_cpu_and_memory = form_urlencoded::parse(query.as_bytes())
+                .any(|(k, v)| k == "only_cpu_and_memory" && v == "true");
+            match crate::stats::summary(ctx).await {
+                Ok(summary) => {
+                    let summary = if only_cpu_and_memory {
+                        summary.only_cpu_and_memory()
+                    } else {
+                        summary
+                    };
+                    match serde_json::to_vec(&summary) {
+                        Ok(body) => with_type(body, "application/json"),
+                        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %format!("{e:#}"), "read the node's stats failed");
+                    text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("failed to get node info: {e:#}"),
+                    )
+                }
+            }
+        }
+        "/metrics/resource" => {
+            // A failed reading is a scrape error in the metrics, not a failed scrape.
+            let summary = crate::stats::summary(ctx)
+                .await
+                .inspect_err(|e| warn!(error = %format!("{e:#}"), "read the node's stats failed"))
+                .ok();
+            with_type(
+                crate::stats::resource_metrics(summary.as_ref()).into_bytes(),
+                crate::stats::METRICS_CONTENT_TYPE,
+            )
+        }
+        _ => text(StatusCode::NOT_FOUND, "404 page not found"),
+    }
+}
+
+fn with_type(body: Vec<u8>, content_type: &'static str) -> Response<Body> {
+    let mut response = Response::new(http_body_util::Full::new(Bytes::from(body)).boxed_unsync());
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }
 
 /// A response body fed chunk by chunk from the task reading the log: it ends when that
