@@ -16,6 +16,8 @@
 //! - [`status`]: the pod status Kubernetes reports, from the runtime's containers.
 //! - [`spec`]: what a container gets: its environment, mounts and volumes.
 //! - [`probes`]: startup, liveness and readiness probes.
+//! - [`pressure`], [`eviction`]: the node's pressure signals and conditions, and the
+//!   eviction manager that evicts pods while a threshold is met.
 //! - [`routes`]: with the pod network, the routes to the other nodes' pods (host-gw
 //!   or VXLAN), IP forwarding and the masquerade of pod traffic leaving the cluster.
 //! - [`server`]: the HTTPS server the API server calls: container logs (read by
@@ -31,6 +33,7 @@
 pub mod bootstrap;
 pub mod container;
 pub mod dns;
+pub mod eviction;
 pub mod exec;
 pub mod gc;
 pub mod hollow;
@@ -129,6 +132,21 @@ pub struct AgentConfig {
     pub eviction_hard: Option<pressure::Thresholds>,
     /// How often the pressure signals are read; a change is written at once.
     pub pressure_check: Duration,
+    /// Thresholds that evict pods only once they held for their grace period
+    /// (`--eviction-soft`); none by default.
+    pub eviction_soft: pressure::Thresholds,
+    /// The grace period of each soft threshold (`--eviction-soft-grace-period`); a
+    /// signal not named has none.
+    pub eviction_soft_grace_period: pressure::GracePeriods,
+    /// How long a pressure condition holds after its thresholds stop being met, so
+    /// that a node does not flap (`--eviction-pressure-transition-period`, 5 min).
+    pub eviction_pressure_transition_period: Duration,
+    /// The longest grace period of a pod evicted for a soft threshold, in seconds;
+    /// negative: the pod's own (`--eviction-max-pod-grace-period`).
+    pub eviction_max_pod_grace_period: i64,
+    /// How far above its threshold a met signal must come back before it is no
+    /// longer met (`--eviction-minimum-reclaim`).
+    pub eviction_minimum_reclaim: pressure::MinimumReclaim,
     /// The cluster's DNS servers, the only nameservers of `ClusterFirst` pods (the
     /// kubelet's `--cluster-dns`); empty: those pods get the node's resolvers, with a
     /// `MissingClusterDNS` warning.
@@ -166,6 +184,11 @@ impl AgentConfig {
             client_ca_pem: None,
             eviction_hard: Some(pressure::Thresholds::default()),
             pressure_check: Duration::from_secs(10),
+            eviction_soft: pressure::Thresholds::none(),
+            eviction_soft_grace_period: Default::default(),
+            eviction_pressure_transition_period: Duration::from_secs(300),
+            eviction_max_pod_grace_period: 0,
+            eviction_minimum_reclaim: Default::default(),
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
             resolv_conf: Some(PathBuf::from("/etc/resolv.conf")),
@@ -187,6 +210,8 @@ pub struct Context {
     /// Whether the runtime can give pods a network of their own, as its `Status`
     /// last said (with `pod_network`): until then pods that need one wait.
     pub network_ready: tokio::sync::watch::Sender<bool>,
+    /// The evictions asked of the pods' workers, and the pressure conditions.
+    pub eviction: eviction::Evictions,
 }
 
 impl std::fmt::Debug for Context {
@@ -277,6 +302,7 @@ pub async fn run_with(
         runtime_name,
         port: Default::default(),
         network_ready: tokio::sync::watch::Sender::new(false),
+        eviction: Default::default(),
     });
     std::fs::create_dir_all(ctx.config.root.join("pods"))
         .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
@@ -307,8 +333,17 @@ pub async fn run_with(
     // Hollow nodes (a shared pod feed) have no network of their own to route.
     let routes = (ctx.config.pod_network && options.pods.is_none())
         .then(|| tokio::spawn(routes::run(ctx.clone(), stopped.clone())));
+    // Hollow nodes (no thresholds) evict nothing: their machine is not theirs.
+    let eviction = ctx
+        .config
+        .eviction_hard
+        .is_some()
+        .then(|| tokio::spawn(eviction::run(ctx.clone(), stopped.clone())));
     let pods = tokio::spawn(pods::run(ctx.clone(), options.pods, stopped.clone()));
     stopped.wait().await;
+    if let Some(eviction) = eviction {
+        eviction.abort();
+    }
     let _ = pods.await;
     heartbeat.abort();
     if let Some(pod_network) = pod_network {

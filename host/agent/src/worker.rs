@@ -79,6 +79,9 @@ pub async fn run(
         network: None,
     };
     let mut last: Option<Arc<Pod>> = None;
+    // The eviction manager asks through the context; every request wakes the
+    // workers, each looks whether it is for its pod.
+    let mut evictions = worker.ctx.eviction.subscribe();
     loop {
         let current = pod.borrow_and_update().clone();
         let step = match &current {
@@ -111,6 +114,7 @@ pub async fn run(
         tokio::select! {
             changed = pod.changed() => if changed.is_err() { return },
             _ = poke.notified() => {}
+            Ok(()) = evictions.changed() => {}
             _ = sleep => {}
         }
     }
@@ -169,6 +173,15 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.phase.as_deref())
             .unwrap_or("");
+        if let Some(eviction) = self.ctx.eviction.requested(&self.uid) {
+            let written = if self.finished.is_none() && !matches!(phase, "Succeeded" | "Failed") {
+                self.evict(pod, &eviction).await
+            } else {
+                true
+            };
+            self.ctx.eviction.done(&self.uid);
+            return Step::Wait((!written).then(status_retry));
+        }
         if matches!(phase, "Succeeded" | "Failed") {
             // Nothing of a finished pod runs again; its sandbox is released.
             sandbox::kill_pod(&self.ctx, &self.uid, Some(pod), 0, false).await;
@@ -245,6 +258,18 @@ impl Worker {
             self.event(pod, EventType::Warning, "FailedCreatePodSandBox", &message);
             let written = self
                 .write_failed(pod, "UnsupportedRuntimeHandler", &message)
+                .await;
+            return Ok((!written).then(status_retry));
+        }
+        if self.start_time.is_none()
+            && pod.status.as_ref().is_none_or(|s| s.start_time.is_none())
+            && let Err(message) = self.ctx.eviction.admit(pod)
+        {
+            // The kubelet's eviction admit handler: a new pod the node under
+            // pressure cannot take fails here, before anything of it runs.
+            self.event(pod, EventType::Warning, crate::eviction::REASON, &message);
+            let written = self
+                .write_failed(pod, crate::eviction::REASON, &message)
                 .await;
             return Ok((!written).then(status_retry));
         }
@@ -669,6 +694,82 @@ impl Worker {
         slot.current = Some(container::observed(id, attempt, status));
         None
     }
+    /// Evicts the pod as the eviction manager asked: its containers stopped with the
+    /// eviction's grace period, then `Failed` with reason `Evicted`, the
+    /// `DisruptionTarget` condition and the containers' final states, for good (the
+    /// kubelet's `killPodNow` with the eviction's status). `false` when the status
+    /// write failed (it is written again at the next sync).
+    async fn evict(&mut self, pod: &Pod, eviction: &crate::eviction::Eviction) -> bool {
+        sandbox::kill_pod(&self.ctx, &self.uid, Some(pod), eviction.grace, false).await;
+        let spec = pod.spec.clone().unwrap_or_default();
+        let mut observed = match self.last_sandbox().await {
+            Some(id) => container::observe(&self.ctx, &id).await.unwrap_or_default(),
+            None => HashMap::new(),
+        };
+        let init: Vec<Slot> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| slot(c, &mut observed))
+            .collect();
+        let main: Vec<Slot> = spec
+            .containers
+            .iter()
+            .map(|c| slot(c, &mut observed))
+            .collect();
+        let old_conditions = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let initialized = old_conditions
+            .iter()
+            .any(|c| c.type_ == "Initialized" && c.status == "True");
+        let mut conditions = status::conditions(&old_conditions, initialized, false, true);
+        conditions.retain(|c| c.type_ != "DisruptionTarget");
+        conditions.push(k8s_openapi::api::core::v1::PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("TerminationByKubelet".into()),
+            message: Some(eviction.message.clone()),
+            last_transition_time: Some(Time(jiff::Timestamp::now())),
+            ..Default::default()
+        });
+        let status = json!({
+            "phase": "Failed",
+            "reason": crate::eviction::REASON,
+            "message": eviction.message,
+            "conditions": conditions,
+            "hostIP": self.ctx.config.node_ip.to_string(),
+            "startTime": self.start_time.clone().or_else(|| pod.status.as_ref().and_then(|s| s.start_time.clone())),
+            "qosClass": status::qos_class(pod),
+            "initContainerStatuses": (!init.is_empty()).then(|| status::container_statuses(&init, &self.ctx.runtime_name)),
+            "containerStatuses": status::container_statuses(&main, &self.ctx.runtime_name),
+        });
+        self.finished = Some(status.clone());
+        self.write_status(pod, status).await
+    }
+
+    /// The ID of the pod's newest sandbox, ready or not.
+    async fn last_sandbox(&self) -> Option<String> {
+        let mut runtime = self.ctx.cri.runtime.clone();
+        let listed = runtime
+            .list_pod_sandbox(cri::ListPodSandboxRequest {
+                filter: Some(cri::PodSandboxFilter {
+                    label_selector: [(crate::labels::POD_UID.to_owned(), self.uid.clone())].into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .ok()?
+            .into_inner();
+        listed
+            .items
+            .into_iter()
+            .max_by_key(|s| s.created_at)
+            .map(|s| s.id)
+    }
+
     async fn terminate(&mut self, pod: Option<&Pod>, grace: i64) {
         sandbox::kill_pod(&self.ctx, &self.uid, pod, grace.max(0), false).await;
     }

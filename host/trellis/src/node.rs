@@ -144,6 +144,31 @@ pub struct NodeFlags {
     )]
     pub eviction_hard: trellis_agent::pressure::Thresholds,
 
+    /// Thresholds that evict pods only once met for their grace period (the kubelet's
+    /// `--eviction-soft`), in `--eviction-hard`'s form, also for imagefs.available;
+    /// none by default. The pressure conditions hold while any threshold is met.
+    #[arg(long, default_value = "", value_name = "THRESHOLDS", value_parser = trellis_agent::pressure::Thresholds::parse_soft)]
+    pub eviction_soft: trellis_agent::pressure::Thresholds,
+
+    /// The grace period of each soft threshold: `SIGNAL=DURATION`, comma separated
+    /// (`memory.available=1m30s`).
+    #[arg(long, default_value = "", value_name = "GRACE_PERIODS")]
+    pub eviction_soft_grace_period: trellis_agent::pressure::GracePeriods,
+
+    /// How long a pressure condition holds after its thresholds stop being met.
+    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = trellis_agent::pressure::parse_duration)]
+    pub eviction_pressure_transition_period: Duration,
+
+    /// The longest grace period, in seconds, of a pod evicted for a soft threshold;
+    /// negative: the pod's own.
+    #[arg(long, default_value_t = 0, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub eviction_max_pod_grace_period: i64,
+
+    /// How far above its threshold a met signal must come back before it is no longer
+    /// met: `SIGNAL=QUANTITY` or `SIGNAL=PERCENT%`, comma separated.
+    #[arg(long, default_value = "", value_name = "RECLAIM")]
+    pub eviction_minimum_reclaim: trellis_agent::pressure::MinimumReclaim,
+
     /// How often the runtime's containers are listed to notice exits.
     #[arg(long, default_value = "1", value_name = "SECONDS", value_parser = seconds)]
     pub relist_period: Duration,
@@ -339,6 +364,11 @@ pub async fn run_local(
     config.lease_renew = flags.node_lease_renew;
     config.status_report = flags.node_status_report;
     config.eviction_hard = Some(flags.eviction_hard.clone());
+    config.eviction_soft = flags.eviction_soft.clone();
+    config.eviction_soft_grace_period = flags.eviction_soft_grace_period.clone();
+    config.eviction_pressure_transition_period = flags.eviction_pressure_transition_period;
+    config.eviction_max_pod_grace_period = flags.eviction_max_pod_grace_period;
+    config.eviction_minimum_reclaim = flags.eviction_minimum_reclaim.clone();
     config.relist_period = flags.relist_period;
     config.backoff_base = flags.restart_backoff;
     config.backoff_max = flags.restart_backoff_max;
