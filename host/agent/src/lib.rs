@@ -31,6 +31,7 @@
 //! `wasmtime` and `process` handlers) or containerd's.
 
 pub mod bootstrap;
+pub mod cgroups;
 pub mod container;
 pub mod dns;
 pub mod eviction;
@@ -156,6 +157,19 @@ pub struct AgentConfig {
     /// The node's resolver configuration, which `Default` pods get (`--resolv-conf`);
     /// `None`: lookups go to the node itself.
     pub resolv_conf: Option<PathBuf>,
+    /// Whether pods get a cgroup each, in a tree per QoS class under `cgroup_root`
+    /// (the kubelet's `--cgroups-per-qos`; the `trellis` binary's default). Off here:
+    /// a library user (a test) gives each node a root of its own.
+    pub cgroups_per_qos: bool,
+    /// The cgroup `kubepods` is made under (`--cgroup-root`).
+    pub cgroup_root: String,
+    /// What the node keeps for Kubernetes' own daemons and for the system, out of
+    /// what pods may have (`--kube-reserved`, `--system-reserved`).
+    pub kube_reserved: node::Reserved,
+    pub system_reserved: node::Reserved,
+    /// Containers whose pod names no seccomp profile get the runtime's default one
+    /// (the kubelet's `--seccomp-default`).
+    pub seccomp_default: bool,
 }
 
 impl AgentConfig {
@@ -192,6 +206,11 @@ impl AgentConfig {
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
             resolv_conf: Some(PathBuf::from("/etc/resolv.conf")),
+            cgroups_per_qos: false,
+            cgroup_root: "/".into(),
+            kube_reserved: node::Reserved::default(),
+            system_reserved: node::Reserved::default(),
+            seccomp_default: true,
         }
     }
 }
@@ -210,6 +229,8 @@ pub struct Context {
     /// Whether the runtime can give pods a network of their own, as its `Status`
     /// last said (with `pod_network`): until then pods that need one wait.
     pub network_ready: tokio::sync::watch::Sender<bool>,
+    /// The pods' cgroups per QoS class (disabled without `cgroups_per_qos`).
+    pub cgroups: cgroups::PodCgroups,
     /// The evictions asked of the pods' workers, and the pressure conditions.
     pub eviction: eviction::Evictions,
 }
@@ -293,6 +314,11 @@ pub async fn run_with(
         .map(|v| v.into_inner().runtime_name)
         .unwrap_or_else(|_| "cri".into());
     let events = EventRecorder::new(client.clone(), "kubelet", &config.node_name);
+    let cgroups = if config.cgroups_per_qos {
+        cgroups::PodCgroups::start(&config.cgroup_root, node::pods_allocatable(&config))
+    } else {
+        cgroups::PodCgroups::disabled()
+    };
     let ctx = Arc::new(Context {
         config,
         client,
@@ -302,6 +328,7 @@ pub async fn run_with(
         runtime_name,
         port: Default::default(),
         network_ready: tokio::sync::watch::Sender::new(false),
+        cgroups,
         eviction: Default::default(),
     });
     std::fs::create_dir_all(ctx.config.root.join("pods"))

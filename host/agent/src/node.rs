@@ -314,14 +314,24 @@ fn pressure(ctx: &Context) -> crate::pressure::Pressure {
 
 async fn status(ctx: &Context) -> NodeStatus {
     let (cpus, memory) = ctx.config.capacity.unwrap_or_else(machine_capacity);
-    let capacity = BTreeMap::from([
+    let storage = storage_capacity(&ctx.config);
+    let mut capacity = BTreeMap::from([
         ("cpu".to_owned(), Quantity(cpus.to_string())),
-        (
-            "memory".to_owned(),
-            Quantity(format!("{}Ki", memory / 1024)),
-        ),
+        ("memory".to_owned(), bytes(memory as i64)),
         ("pods".to_owned(), Quantity(MAX_PODS.to_string())),
     ]);
+    if let Some(storage) = storage {
+        capacity.insert("ephemeral-storage".into(), bytes(storage as i64));
+    }
+    let allocatable = allocatable(&ctx.config, (cpus, memory), storage);
+    let mut allocatable_list = BTreeMap::from([
+        ("cpu".to_owned(), milli_cpu(allocatable.cpu_milli)),
+        ("memory".to_owned(), bytes(allocatable.memory)),
+        ("pods".to_owned(), Quantity(MAX_PODS.to_string())),
+    ]);
+    if let Some(storage) = allocatable.ephemeral_storage {
+        allocatable_list.insert("ephemeral-storage".into(), bytes(storage));
+    }
     let pressure = pressure(ctx);
     let now = Time(jiff::Timestamp::now());
     let condition = |kind: &str, status: &str, reason: &str, message: &str| NodeCondition {
@@ -342,7 +352,7 @@ async fn status(ctx: &Context) -> NodeStatus {
         })
         .unwrap_or_else(|_| "unknown://".into());
     NodeStatus {
-        allocatable: Some(capacity.clone()),
+        allocatable: Some(allocatable_list),
         capacity: Some(capacity),
         addresses: Some(vec![
             NodeAddress {
@@ -439,6 +449,135 @@ async fn status(ctx: &Context) -> NodeStatus {
     }
 }
 
+/// Resources kept from pods (`--kube-reserved`, `--system-reserved`), in the
+/// kubelet's form `cpu=100m,memory=256Mi,pid=1000,ephemeral-storage=1Gi`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reserved {
+    pub cpu_milli: i64,
+    /// Bytes.
+    pub memory: i64,
+    pub pid: i64,
+    /// Bytes.
+    pub ephemeral_storage: i64,
+}
+
+impl std::str::FromStr for Reserved {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut reserved = Reserved::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?}: expected RESOURCE=QUANTITY"))?;
+            let q = trellis_quantity::Quantity::parse(value.trim())
+                .map_err(|e| format!("{item:?}: quantity: {e}"))?;
+            if q.milli_value() < 0 {
+                return Err(format!("{item:?}: a reservation is not negative"));
+            }
+            match name.trim() {
+                "cpu" => reserved.cpu_milli = q.milli_value(),
+                "memory" => reserved.memory = q.value(),
+                "pid" => reserved.pid = q.value(),
+                "ephemeral-storage" => reserved.ephemeral_storage = q.value(),
+                other => {
+                    return Err(format!(
+                        "unknown resource {other:?} (cpu, memory, pid, ephemeral-storage)"
+                    ));
+                }
+            }
+        }
+        Ok(reserved)
+    }
+}
+
+/// What of the node pods may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocatable {
+    pub cpu_milli: i64,
+    pub memory: i64,
+    pub ephemeral_storage: Option<i64>,
+}
+
+/// The node's allocatable, as the kubelet's: its capacity less `--kube-reserved`,
+/// `--system-reserved` and the hard eviction threshold (memory and the node's
+/// filesystem: pods that went past it would be evicted), never below zero.
+pub fn allocatable(
+    config: &crate::AgentConfig,
+    (cpus, memory): (u64, u64),
+    storage: Option<u64>,
+) -> Allocatable {
+    let (kube, system) = (&config.kube_reserved, &config.system_reserved);
+    let threshold = |t: Option<crate::pressure::Threshold>, capacity: u64| match t {
+        Some(crate::pressure::Threshold::Amount(n)) => n as i64,
+        Some(crate::pressure::Threshold::Share(share)) => (share * capacity as f64) as i64,
+        None => 0,
+    };
+    let hard = config.eviction_hard.as_ref();
+    let memory_threshold = threshold(hard.and_then(|t| t.memory_available), memory);
+    Allocatable {
+        cpu_milli: (cpus as i64 * 1000 - kube.cpu_milli - system.cpu_milli).max(0),
+        memory: (memory as i64 - kube.memory - system.memory - memory_threshold).max(0),
+        ephemeral_storage: storage.map(|total| {
+            let t = threshold(hard.and_then(|t| t.nodefs_available), total);
+            (total as i64 - kube.ephemeral_storage - system.ephemeral_storage - t).max(0)
+        }),
+    }
+}
+
+/// The limits of the cgroup all pods share: capacity less the reservations (the
+/// kubelet's `--enforce-node-allocatable=pods`, which leaves the eviction threshold
+/// in, so that pods reach it and are evicted before the kernel kills them).
+pub fn pods_allocatable(config: &crate::AgentConfig) -> crate::cgroups::Allocatable {
+    let (cpus, memory) = config.capacity.unwrap_or_else(machine_capacity);
+    let (kube, system) = (&config.kube_reserved, &config.system_reserved);
+    crate::cgroups::Allocatable {
+        cpu_milli: (cpus as i64 * 1000 - kube.cpu_milli - system.cpu_milli).max(0),
+        memory: (memory as i64 - kube.memory - system.memory).max(0),
+    }
+}
+
+/// The node's memory in bytes (its capacity), which a Burstable container's OOM
+/// score is weighed against.
+pub fn memory_capacity(ctx: &Context) -> u64 {
+    match ctx.config.capacity {
+        Some((_, memory)) => memory,
+        None => {
+            static MACHINE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+            MACHINE.get_or_init(machine_capacity).1
+        }
+    }
+}
+
+/// The size of the node's filesystem (the agent's root), its `ephemeral-storage`;
+/// `None` when it cannot be read, or for a node whose capacity is given (hollow
+/// nodes, whose machine is not theirs).
+fn storage_capacity(config: &crate::AgentConfig) -> Option<u64> {
+    if config.capacity.is_some() {
+        return None;
+    }
+    let stat = rustix::fs::statvfs(&config.root).ok()?;
+    Some(stat.f_blocks.saturating_mul(stat.f_frsize))
+}
+
+/// Bytes as the kubelet writes them: in Ki when that is exact.
+fn bytes(n: i64) -> Quantity {
+    if n % 1024 == 0 {
+        Quantity(format!("{}Ki", n / 1024))
+    } else {
+        Quantity(n.to_string())
+    }
+}
+
+/// CPUs, whole when they are, else in millicores.
+fn milli_cpu(milli: i64) -> Quantity {
+    if milli % 1000 == 0 {
+        Quantity((milli / 1000).to_string())
+    } else {
+        Quantity(format!("{milli}m"))
+    }
+}
+
 /// CPUs and bytes of memory of this machine.
 fn machine_capacity() -> (u64, u64) {
     let cpus = std::thread::available_parallelism()
@@ -471,4 +610,45 @@ fn os_image() -> String {
                 .map(|v| v.trim_matches('"').to_owned())
         })
         .unwrap_or_else(|| "Linux".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_parse_as_the_kubelets_flags() {
+        let r: Reserved = "cpu=100m,memory=256Mi,pid=1000,ephemeral-storage=1Gi"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            r,
+            Reserved {
+                cpu_milli: 100,
+                memory: 256 << 20,
+                pid: 1000,
+                ephemeral_storage: 1 << 30,
+            }
+        );
+        assert!("gpu=1".parse::<Reserved>().is_err());
+        assert!("cpu".parse::<Reserved>().is_err());
+    }
+
+    #[test]
+    fn allocatable_is_capacity_less_reservations_and_the_hard_threshold() {
+        let mut config = crate::AgentConfig::new("n", [127, 0, 0, 1].into(), "/r".into());
+        config.kube_reserved = "cpu=100m,memory=256Mi".parse().unwrap();
+        config.system_reserved = "cpu=400m,memory=256Mi,ephemeral-storage=1Gi"
+            .parse()
+            .unwrap();
+        let a = allocatable(&config, (4, 8 << 30), Some(100 << 30));
+        assert_eq!(a.cpu_milli, 3500);
+        // 8Gi - 512Mi - 100Mi (memory.available<100Mi).
+        assert_eq!(a.memory, (8 << 30) - (512 << 20) - (100 << 20));
+        // 100Gi - 1Gi - 10% (nodefs.available<10%).
+        assert_eq!(a.ephemeral_storage, Some((99 << 30) - (10 << 30)));
+        assert_eq!(milli_cpu(a.cpu_milli).0, "3500m");
+        assert_eq!(milli_cpu(4000).0, "4");
+        assert_eq!(bytes(a.memory).0, format!("{}Ki", a.memory / 1024));
+    }
 }

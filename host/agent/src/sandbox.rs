@@ -12,7 +12,7 @@ use trellis_client::events::EventType;
 use crate::labels::{self, POD_UID};
 use crate::paths::pod_logs_dir;
 use crate::spec;
-use crate::{Context, dns, hosts};
+use crate::{Context, cgroups, dns, hosts};
 
 /// The sandbox of pod `uid` with the node's default DNS settings (no cluster DNS,
 /// `cluster.local`, the node's `/etc/resolv.conf`): see [`pod_sandbox_config`].
@@ -46,7 +46,13 @@ pub fn sandbox_config_of(
         resolv_conf: config.resolv_conf.as_deref(),
         node_ip: config.node_ip,
     };
-    pod_sandbox_config(&config.root, &settings, pod, uid, own_network)
+    let mut sandbox = pod_sandbox_config(&config.root, &settings, pod, uid, own_network);
+    if let Some(parent) = ctx.cgroups.pod_cgroup(pod, uid)
+        && let Some(linux) = sandbox.linux.as_mut()
+    {
+        linux.cgroup_parent = parent;
+    }
+    sandbox
 }
 
 /// Tells what is wrong with the DNS configuration pod `pod`'s new sandbox gets, as
@@ -78,9 +84,6 @@ pub fn pod_sandbox_config(
     uid: &str,
     own_network: bool,
 ) -> cri::PodSandboxConfig {
-    let spec = pod.spec.as_ref();
-    let host_ipc = spec.and_then(|s| s.host_ipc).unwrap_or(false);
-    let host_pid = spec.and_then(|s| s.host_pid).unwrap_or(false);
     let hostname = if own_network {
         // A FQDN too long for the kernel: the short name, which always fits.
         hosts::kernel_hostname(pod, settings.cluster_domain)
@@ -111,27 +114,9 @@ pub fn pod_sandbox_config(
             .into_iter()
             .collect(),
         linux: Some(cri::LinuxPodSandboxConfig {
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    network: if own_network {
-                        cri::NamespaceMode::Pod
-                    } else {
-                        cri::NamespaceMode::Node
-                    } as i32,
-                    pid: if host_pid {
-                        cri::NamespaceMode::Node
-                    } else {
-                        cri::NamespaceMode::Container
-                    } as i32,
-                    ipc: if host_ipc {
-                        cri::NamespaceMode::Node
-                    } else {
-                        cri::NamespaceMode::Pod
-                    } as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            security_context: Some(sandbox_security_context(pod, own_network)),
+            // The pod's limits as a whole, which its cgroup is made with.
+            resources: Some(cgroups::pod_resources(pod)),
             ..Default::default()
         }),
         port_mappings: if own_network {
@@ -139,6 +124,76 @@ pub fn pod_sandbox_config(
         } else {
             Vec::new()
         },
+        ..Default::default()
+    }
+}
+
+/// The sandbox's security context (the kubelet's `generatePodSandboxLinuxConfig`): the
+/// pod's user, group and supplemental groups (with its `fsGroup`), its namespaces, and
+/// privileged when any container is (a runtime refuses a privileged container in a
+/// sandbox that is not).
+fn sandbox_security_context(pod: &Pod, own_network: bool) -> cri::LinuxSandboxSecurityContext {
+    let spec = pod.spec.as_ref();
+    let pod_sc = spec.and_then(|s| s.security_context.as_ref());
+    let privileged = spec.is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| {
+                c.security_context
+                    .as_ref()
+                    .and_then(|sc| sc.privileged)
+                    .unwrap_or(false)
+            })
+    });
+    let mut supplemental_groups = Vec::new();
+    if let Some(p) = pod_sc {
+        supplemental_groups.extend(p.fs_group);
+        supplemental_groups.extend(p.supplemental_groups.iter().flatten());
+    }
+    cri::LinuxSandboxSecurityContext {
+        namespace_options: Some(namespace_options(pod, own_network)),
+        run_as_user: pod_sc
+            .and_then(|p| p.run_as_user)
+            .map(|value| cri::Int64Value { value }),
+        run_as_group: pod_sc
+            .and_then(|p| p.run_as_group)
+            .map(|value| cri::Int64Value { value }),
+        supplemental_groups,
+        privileged,
+        ..Default::default()
+    }
+}
+
+/// The namespaces of the pod's containers (the kubelet's `NamespacesForPod`): the
+/// pod's network on its own network, else the node's; the node's PID namespace with
+/// `hostPID`, one for the pod with `shareProcessNamespace`, else one per container;
+/// the node's IPC namespace with `hostIPC`, else the pod's.
+pub fn namespace_options(pod: &Pod, own_network: bool) -> cri::NamespaceOption {
+    let spec = pod.spec.as_ref();
+    let host_ipc = spec.and_then(|s| s.host_ipc).unwrap_or(false);
+    let host_pid = spec.and_then(|s| s.host_pid).unwrap_or(false);
+    let share_pid = spec
+        .and_then(|s| s.share_process_namespace)
+        .unwrap_or(false);
+    cri::NamespaceOption {
+        network: if own_network {
+            cri::NamespaceMode::Pod
+        } else {
+            cri::NamespaceMode::Node
+        } as i32,
+        pid: if host_pid {
+            cri::NamespaceMode::Node
+        } else if share_pid {
+            cri::NamespaceMode::Pod
+        } else {
+            cri::NamespaceMode::Container
+        } as i32,
+        ipc: if host_ipc {
+            cri::NamespaceMode::Node
+        } else {
+            cri::NamespaceMode::Pod
+        } as i32,
         ..Default::default()
     }
 }
@@ -207,13 +262,26 @@ pub async fn ready_sandbox(ctx: &Context, uid: &str) -> Result<Option<String>, S
         .map(|s| s.id.clone()))
 }
 
-/// Makes a sandbox of `config` with `handler`, and returns its ID; `Err` is the
+/// Makes the pod's cgroup (its `cgroup_parent`) when pods get one, then a sandbox of
+/// `config` with `handler`, and returns its ID; `Err` is the
 /// runtime's message.
 pub async fn run_sandbox(
     ctx: &Context,
     config: &cri::PodSandboxConfig,
     handler: &str,
 ) -> Result<String, String> {
+    // The pod's cgroup first: the runtime makes the sandbox's and containers' below it.
+    if let Some(linux) = config
+        .linux
+        .as_ref()
+        .filter(|l| !l.cgroup_parent.is_empty())
+        && ctx.cgroups.enabled()
+    {
+        let resources = linux.resources.clone().unwrap_or_default();
+        ctx.cgroups
+            .create(&linux.cgroup_parent, &resources)
+            .map_err(|e| format!("make the pod's cgroup {}: {e}", linux.cgroup_parent))?;
+    }
     let mut runtime = ctx.cri.runtime.clone();
     Ok(runtime
         .run_pod_sandbox(cri::RunPodSandboxRequest {
@@ -227,7 +295,7 @@ pub async fn run_sandbox(
 }
 
 /// Stops pod `uid`'s containers (SIGTERM, `grace` seconds, then SIGKILL) and its
-/// sandboxes (the kubelet's `killPod`), telling each stop as a `Killing` event of `pod`; with `remove`, removes them and the pod's files too.
+/// sandboxes (the kubelet's `killPod`), telling each stop as a `Killing` event of `pod`; with `remove`, removes them, the pod's cgroup and the pod's files too.
 pub async fn kill_pod(ctx: &Context, uid: &str, pod: Option<&Pod>, grace: i64, remove: bool) {
     let mut runtime = ctx.cri.runtime.clone();
     let Ok(listed) = runtime
@@ -296,6 +364,8 @@ pub async fn kill_pod(ctx: &Context, uid: &str, pod: Option<&Pod>, grace: i64, r
         }
     }
     if remove {
+        // Once its sandboxes are gone nothing in the pod's cgroup is the pod's.
+        ctx.cgroups.remove(uid).await;
         let dir = spec::pod_dir(ctx, uid);
         if let Err(e) = std::fs::remove_dir_all(&dir)
             && e.kind() != std::io::ErrorKind::NotFound

@@ -275,39 +275,89 @@ pub fn conditions(
     out
 }
 
-/// Kubernetes' QoS class of a pod.
+/// Kubernetes' QoS class of a pod (`GetPodQOS`), from the CPU and memory of its
+/// containers and init containers: none asked (or all zero) is BestEffort; a limit of
+/// both in every container, the pod's requests (a missing one is its limit) summed
+/// equal to its limits summed, is Guaranteed; anything else Burstable. The class a
+/// status already reports stays (it cannot change for a pod).
 pub fn qos_class(pod: &Pod) -> &'static str {
+    match pod.status.as_ref().and_then(|s| s.qos_class.as_deref()) {
+        Some("Guaranteed") => return "Guaranteed",
+        Some("Burstable") => return "Burstable",
+        Some("BestEffort") => return "BestEffort",
+        _ => {}
+    }
     let Some(spec) = &pod.spec else {
         return "BestEffort";
     };
-    let all = spec
+    let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        q.0.parse::<trellis_quantity::Quantity>()
+            .ok()
+            .filter(|q| !q.is_zero())
+    };
+    let mut requests: BTreeMap<&str, trellis_quantity::Quantity> = BTreeMap::new();
+    let mut limits: BTreeMap<&str, trellis_quantity::Quantity> = BTreeMap::new();
+    let mut guaranteed = true;
+    for c in spec
         .containers
         .iter()
-        .chain(spec.init_containers.iter().flatten());
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in all {
+        .chain(spec.init_containers.iter().flatten())
+    {
         let r = c.resources.as_ref();
-        let requests: BTreeMap<_, _> = r.and_then(|r| r.requests.clone()).unwrap_or_default();
-        let limits: BTreeMap<_, _> = r.and_then(|r| r.limits.clone()).unwrap_or_default();
-        for res in ["cpu", "memory"] {
-            let (req, lim) = (requests.get(res), limits.get(res));
-            if req.is_some() || lim.is_some() {
-                any = true;
+        for (list, into) in [
+            (r.and_then(|r| r.requests.as_ref()), &mut requests),
+            (r.and_then(|r| r.limits.as_ref()), &mut limits),
+        ] {
+            for res in ["cpu", "memory"] {
+                if let Some(q) = list.and_then(|l| l.get(res)).and_then(parse) {
+                    let sum = into
+                        .entry(res)
+                        .or_insert_with(|| trellis_quantity::Quantity::from_units(0));
+                    *sum = sum.saturating_add(q);
+                }
             }
-            // A request defaults to its limit.
-            let req = req.or(lim);
-            match (req, lim) {
-                (Some(a), Some(b)) if a.0 == b.0 => {}
-                _ => guaranteed = false,
+        }
+        let limited = |res: &str| {
+            r.and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get(res))
+                .and_then(parse)
+                .is_some()
+        };
+        if !limited("cpu") || !limited("memory") {
+            guaranteed = false;
+        }
+        // A request left out is its limit (the API server's default).
+        for res in ["cpu", "memory"] {
+            let requested = r
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|l| l.get(res))
+                .is_some();
+            if !requested
+                && let Some(q) = r
+                    .and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get(res))
+                    .and_then(parse)
+            {
+                let sum = requests
+                    .entry(res)
+                    .or_insert_with(|| trellis_quantity::Quantity::from_units(0));
+                *sum = sum.saturating_add(q);
             }
         }
     }
-    match (any, guaranteed) {
-        (false, _) => "BestEffort",
-        (true, true) => "Guaranteed",
-        (true, false) => "Burstable",
+    if requests.is_empty() && limits.is_empty() {
+        return "BestEffort";
     }
+    if guaranteed
+        && requests.iter().all(|(res, req)| {
+            limits
+                .get(res)
+                .is_some_and(|lim| lim.milli_value() == req.milli_value())
+        })
+    {
+        return "Guaranteed";
+    }
+    "Burstable"
 }
 
 /// A duration as Go prints one (`10s`, `1m20s`, `250ms`).
@@ -401,6 +451,23 @@ mod tests {
         assert_eq!(
             qos_class(&pod(serde_json::json!({"requests": {"cpu": "1"}}))),
             "Burstable"
+        );
+        // Quantities, not strings: 1 CPU is 1000m.
+        assert_eq!(
+            qos_class(&pod(serde_json::json!({
+                "requests": {"cpu": "1000m", "memory": "1024Mi"},
+                "limits": {"cpu": "1", "memory": "1Gi"}}))),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&pod(serde_json::json!({
+                "requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}))),
+            "Burstable"
+        );
+        // Zero asks nothing.
+        assert_eq!(
+            qos_class(&pod(serde_json::json!({"requests": {"cpu": "0"}}))),
+            "BestEffort"
         );
     }
 }

@@ -219,6 +219,31 @@ pub struct NodeFlags {
     #[arg(long, default_value = "/etc/resolv.conf", value_name = "FILE")]
     pub resolv_conf: PathBuf,
 
+    /// Gives every pod a cgroup of its own, in a tree per QoS class
+    /// (`kubepods/{burstable,besteffort}/pod<UID>`) under `--cgroup-root`, limited to
+    /// the pod's resources, all pods together to the node's allocatable. Where cgroups
+    /// cannot be written pods get none (the log says why).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub cgroups_per_qos: bool,
+
+    /// The cgroup the pods' `kubepods` cgroup is made under.
+    #[arg(long, default_value = "/", value_name = "CGROUP")]
+    pub cgroup_root: String,
+
+    /// What the node keeps for Trellis' own daemons, out of what pods may have:
+    /// `cpu=100m,memory=256Mi,pid=1000,ephemeral-storage=1Gi` (any of them).
+    #[arg(long, default_value = "", value_name = "RESOURCES")]
+    pub kube_reserved: trellis_agent::node::Reserved,
+
+    /// What the node keeps for the system, as `--kube-reserved`.
+    #[arg(long, default_value = "", value_name = "RESOURCES")]
+    pub system_reserved: trellis_agent::node::Reserved,
+
+    /// Containers whose pod names no seccomp profile get the runtime's default
+    /// (`RuntimeDefault`) rather than none (`Unconfined`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub seccomp_default: bool,
+
     #[command(flatten)]
     pub cni: CniFlags,
 }
@@ -382,6 +407,11 @@ pub async fn run_local(
     config.cluster_domain = flags.cluster_domain.clone();
     config.resolv_conf =
         (!flags.resolv_conf.as_os_str().is_empty()).then(|| flags.resolv_conf.clone());
+    config.cgroups_per_qos = flags.cgroups_per_qos;
+    config.cgroup_root = flags.cgroup_root.clone();
+    config.kube_reserved = flags.kube_reserved;
+    config.system_reserved = flags.system_reserved;
+    config.seccomp_default = flags.seccomp_default;
     info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
     let result = trellis_agent::run(config, client, cri, informers, stopped).await;
     if let Some(server) = server {

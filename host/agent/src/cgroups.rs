@@ -1,0 +1,351 @@
+//! The pods' cgroups, one tree per QoS class as the kubelet makes them with
+//! `--cgroups-per-qos`:
+//!
+//! ```text
+//! <cgroup-root>/kubepods                 the pods' share of the node (its allocatable)
+//! <cgroup-root>/kubepods/pod<uid>        a Guaranteed pod
+//! <cgroup-root>/kubepods/burstable/pod<uid>
+//! <cgroup-root>/kubepods/besteffort/pod<uid>   (the smallest CPU weight)
+//! ```
+//!
+//! A pod's cgroup is made, with the pod's limits (the kubelet's
+//! `ResourceConfigForPod`), before its sandbox, which is given its path as
+//! `cgroup_parent`: the runtime makes the containers' cgroups below it. It is removed
+//! once the pod's sandboxes are gone, after anything left in it is killed.
+//!
+//! Where cgroups cannot be used (none mounted, no permission to write them) pods get
+//! no cgroup of their own: a warning says so and pods run as before.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tracing::{info, warn};
+use trellis_cgroups::{Cgroup, Hierarchy, Resources};
+use trellis_quantity::Quantity;
+
+use crate::status;
+
+/// The cgroup below the cgroup root that holds every pod.
+pub const KUBEPODS: &str = "kubepods";
+/// The kubelet's CFS period (µs).
+const CPU_PERIOD: u64 = 100_000;
+/// How long the processes a removed pod left behind may take to exit once killed.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// The node's pod cgroups: where they are, or that there are none.
+#[derive(Debug)]
+pub struct PodCgroups {
+    /// `None`: pods get no cgroup of their own.
+    hierarchy: Option<Hierarchy>,
+    /// `<cgroup-root>/kubepods`, from the hierarchy's root, with a leading `/`.
+    kubepods: String,
+}
+
+/// What of the node the pods may have: the limits of `kubepods`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Allocatable {
+    pub cpu_milli: i64,
+    pub memory: i64,
+}
+
+impl PodCgroups {
+    /// Pods get no cgroup of their own.
+    pub fn disabled() -> Self {
+        Self {
+            hierarchy: None,
+            kubepods: String::new(),
+        }
+    }
+
+    /// Makes `kubepods` under `cgroup_root` limited to `allocatable`, and its
+    /// `burstable` and `besteffort` cgroups; disabled, with a warning, where that
+    /// cannot be done.
+    pub fn start(cgroup_root: &str, allocatable: Allocatable) -> Self {
+        let hierarchy = match Hierarchy::detect() {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(error = %e, "no cgroups on this node: pods get no cgroup of their own");
+                return Self::disabled();
+            }
+        };
+        let root = cgroup_root.trim_matches('/');
+        let kubepods = if root.is_empty() {
+            format!("/{KUBEPODS}")
+        } else {
+            format!("/{root}/{KUBEPODS}")
+        };
+        let made = Self {
+            hierarchy: Some(hierarchy),
+            kubepods,
+        };
+        if let Err(e) = made.make_qos_cgroups(allocatable) {
+            warn!(cgroup = %made.kubepods, error = %e,
+                "cannot make the pods' cgroups: pods get no cgroup of their own");
+            return Self::disabled();
+        }
+        info!(cgroup = %made.kubepods, version = ?made.hierarchy.as_ref().map(Hierarchy::version),
+            "pods' cgroups per QoS class");
+        made
+    }
+
+    fn make_qos_cgroups(&self, allocatable: Allocatable) -> io::Result<()> {
+        let kubepods = self.cgroup(&self.kubepods)?;
+        kubepods.create()?;
+        // The kubelet's `--enforce-node-allocatable=pods`: all pods together get no
+        // more than the node's allocatable (reserved resources and the eviction
+        // threshold aside, which the kubelet keeps out of the memory limit).
+        kubepods.set(&Resources {
+            cpu_shares: Some(trellis_cgroups::milli_cpu_to_shares(allocatable.cpu_milli)),
+            memory_limit: (allocatable.memory > 0).then_some(allocatable.memory),
+            ..Default::default()
+        })?;
+        let burstable = kubepods.child("burstable");
+        burstable.create()?;
+        let best_effort = kubepods.child("besteffort");
+        best_effort.create()?;
+        // BestEffort pods get CPU only when nobody else wants it.
+        best_effort.set(&Resources {
+            cpu_shares: Some(trellis_cgroups::milli_cpu_to_shares(0)),
+            ..Default::default()
+        })
+    }
+
+    fn cgroup(&self, path: &str) -> io::Result<Cgroup> {
+        match &self.hierarchy {
+            Some(h) => Ok(h.cgroup(path)),
+            None => Err(io::Error::other("pods have no cgroups on this node")),
+        }
+    }
+
+    /// Whether pods get a cgroup of their own.
+    pub fn enabled(&self) -> bool {
+        self.hierarchy.is_some()
+    }
+
+    /// The cgroup of pod `uid` by its QoS class: `kubepods/pod<uid>` (Guaranteed),
+    /// `kubepods/burstable/pod<uid>`, `kubepods/besteffort/pod<uid>`; `None` when
+    /// pods get none.
+    pub fn pod_cgroup(&self, pod: &Pod, uid: &str) -> Option<String> {
+        self.enabled()
+            .then(|| pod_cgroup_path(&self.kubepods, status::qos_class(pod), uid))
+    }
+
+    /// Makes the pod cgroup `path` with `resources` ([`pod_resources`]).
+    pub fn create(&self, path: &str, resources: &cri::LinuxContainerResources) -> io::Result<()> {
+        let cgroup = self.cgroup(path)?;
+        cgroup.create()?;
+        cgroup.set(&Resources {
+            cpu_shares: u64::try_from(resources.cpu_shares).ok().filter(|s| *s > 0),
+            cpu_quota: (resources.cpu_quota > 0).then_some(resources.cpu_quota),
+            cpu_period: (resources.cpu_quota > 0)
+                .then(|| u64::try_from(resources.cpu_period).ok())
+                .flatten(),
+            memory_limit: (resources.memory_limit_in_bytes > 0)
+                .then_some(resources.memory_limit_in_bytes),
+            ..Default::default()
+        })
+    }
+
+    /// Removes pod `uid`'s cgroup, wherever its QoS class put it, killing what is
+    /// left in it first (its sandboxes are gone: nothing there is the pod's any more).
+    pub async fn remove(&self, uid: &str) {
+        if !self.enabled() {
+            return;
+        }
+        for qos in ["Guaranteed", "Burstable", "BestEffort"] {
+            let path = pod_cgroup_path(&self.kubepods, qos, uid);
+            let Ok(cgroup) = self.cgroup(&path) else {
+                return;
+            };
+            if !cgroup.exists() {
+                continue;
+            }
+            if let Err(e) = remove_cgroup(&cgroup).await {
+                warn!(cgroup = %path, error = %e, "remove the pod's cgroup");
+            }
+        }
+    }
+}
+
+/// Kills what is in `cgroup` and removes it, waiting (a bounded while) for the
+/// killed processes to exit.
+async fn remove_cgroup(cgroup: &Cgroup) -> io::Result<()> {
+    let deadline = tokio::time::Instant::now() + KILL_WAIT;
+    loop {
+        match cgroup.remove() {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => {
+                cgroup.kill_all()?;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+fn pod_cgroup_path(kubepods: &str, qos: &str, uid: &str) -> String {
+    match qos {
+        "Guaranteed" => format!("{kubepods}/pod{uid}"),
+        "Burstable" => format!("{kubepods}/burstable/pod{uid}"),
+        _ => format!("{kubepods}/besteffort/pod{uid}"),
+    }
+}
+
+type ResourceList = BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>;
+
+fn quantity(list: Option<&ResourceList>, resource: &str) -> Option<Quantity> {
+    list?.get(resource)?.0.parse().ok()
+}
+
+/// A container's request of `resource`: its request, else its limit (the API
+/// server's default).
+fn request(c: &Container, resource: &str) -> Option<Quantity> {
+    let r = c.resources.as_ref();
+    quantity(r.and_then(|r| r.requests.as_ref()), resource)
+        .or_else(|| quantity(r.and_then(|r| r.limits.as_ref()), resource))
+}
+
+fn limit(c: &Container, resource: &str) -> Option<Quantity> {
+    let r = c.resources.as_ref();
+    quantity(r.and_then(|r| r.limits.as_ref()), resource).filter(|q| !q.is_zero())
+}
+
+/// What the pod as a whole asks of `resource` by `of` (the kubelet's `PodRequests`
+/// and `PodLimits`): the sum over its containers, or the largest init container's if
+/// that is more (they run one at a time, before the others); plus its overhead.
+fn pod_total(pod: &Pod, resource: &str, of: fn(&Container, &str) -> Option<Quantity>) -> i64 {
+    let Some(spec) = &pod.spec else { return 0 };
+    let value = |q: Quantity| {
+        if resource == "cpu" {
+            q.milli_value()
+        } else {
+            q.value()
+        }
+    };
+    let sum: i64 = spec
+        .containers
+        .iter()
+        .filter_map(|c| of(c, resource))
+        .map(value)
+        .sum();
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter_map(|c| of(c, resource))
+        .map(value)
+        .max()
+        .unwrap_or(0);
+    let overhead = quantity(spec.overhead.as_ref(), resource)
+        .map(value)
+        .unwrap_or(0);
+    sum.max(init) + overhead
+}
+
+/// The pod cgroup's limits, as the kubelet's `ResourceConfigForPod`: a Guaranteed
+/// pod's CPU weight, quota and memory limit from the sum of its containers'; a
+/// Burstable one's weight from its requests, and a quota or memory limit only when
+/// every container has that limit; a BestEffort one the smallest weight. Carried to
+/// the runtime as the sandbox's `linux.resources`.
+pub fn pod_resources(pod: &Pod) -> cri::LinuxContainerResources {
+    let qos = status::qos_class(pod);
+    if qos == "BestEffort" {
+        return cri::LinuxContainerResources {
+            cpu_shares: trellis_cgroups::milli_cpu_to_shares(0) as i64,
+            ..Default::default()
+        };
+    }
+    let containers: Vec<&Container> = pod
+        .spec
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .collect();
+    let all_limit = |resource: &str| containers.iter().all(|c| limit(c, resource).is_some());
+    let cpu_quota = trellis_cgroups::milli_cpu_to_quota(pod_total(pod, "cpu", limit), CPU_PERIOD);
+    let with_quota = qos == "Guaranteed" || all_limit("cpu");
+    let with_memory = qos == "Guaranteed" || all_limit("memory");
+    cri::LinuxContainerResources {
+        cpu_shares: trellis_cgroups::milli_cpu_to_shares(pod_total(pod, "cpu", request)) as i64,
+        cpu_quota: if with_quota { cpu_quota } else { 0 },
+        cpu_period: if with_quota { CPU_PERIOD as i64 } else { 0 },
+        memory_limit_in_bytes: if with_memory {
+            pod_total(pod, "memory", limit)
+        } else {
+            0
+        },
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(containers: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+            "spec": {"containers": containers},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn each_qos_class_has_its_place_in_the_tree() {
+        let kubepods = "/trellis-test-x/kubepods";
+        assert_eq!(
+            pod_cgroup_path(kubepods, "Guaranteed", "u"),
+            "/trellis-test-x/kubepods/podu"
+        );
+        assert_eq!(
+            pod_cgroup_path(kubepods, "Burstable", "u"),
+            "/trellis-test-x/kubepods/burstable/podu"
+        );
+        assert_eq!(
+            pod_cgroup_path(kubepods, "BestEffort", "u"),
+            "/trellis-test-x/kubepods/besteffort/podu"
+        );
+    }
+
+    #[test]
+    fn a_guaranteed_pod_is_limited_to_the_sum_of_its_containers_limits() {
+        let p = pod(serde_json::json!([
+            {"name": "a", "resources": {"limits": {"cpu": "200m", "memory": "64Mi"}}},
+            {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}},
+        ]));
+        let r = pod_resources(&p);
+        assert_eq!(r.cpu_shares, 1228);
+        assert_eq!((r.cpu_quota, r.cpu_period), (120_000, 100_000));
+        assert_eq!(r.memory_limit_in_bytes, (64 << 20) + (1 << 30));
+    }
+
+    #[test]
+    fn a_burstable_pod_gets_a_limit_only_when_every_container_has_one() {
+        let p = pod(serde_json::json!([
+            {"name": "a", "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m", "memory": "64Mi"}}},
+            {"name": "b", "resources": {"requests": {"memory": "10Mi"}}},
+        ]));
+        let r = pod_resources(&p);
+        assert_eq!(r.cpu_shares, 102);
+        assert_eq!((r.cpu_quota, r.memory_limit_in_bytes), (0, 0));
+        let p = pod(serde_json::json!([
+            {"name": "a", "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}},
+        ]));
+        let r = pod_resources(&p);
+        assert_eq!((r.cpu_quota, r.cpu_period), (20_000, 100_000));
+        assert_eq!(r.memory_limit_in_bytes, 0);
+    }
+
+    #[test]
+    fn a_best_effort_pod_gets_the_smallest_weight() {
+        let r = pod_resources(&pod(serde_json::json!([{"name": "a"}])));
+        assert_eq!(r.cpu_shares, 2);
+        assert_eq!((r.cpu_quota, r.memory_limit_in_bytes), (0, 0));
+    }
+}
