@@ -92,6 +92,18 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     bookmark_interval: u64,
 
+    /// Pod Security admission's cluster defaults and exemptions: a Kubernetes
+    /// `PodSecurityConfiguration` file (`pod-security.admission.config.k8s.io/v1`).
+    /// Without it: enforce `baseline`, warn and audit `restricted`, `kube-system`
+    /// exempt.
+    #[arg(long, value_name = "FILE")]
+    pod_security_config: Option<PathBuf>,
+
+    /// kube-apiserver's `AdmissionConfiguration` file; its `PodSecurity` plugin entry
+    /// (inline or by `path`) configures Pod Security as `--pod-security-config` does.
+    #[arg(long, value_name = "FILE", conflicts_with = "pod_security_config")]
+    admission_control_config_file: Option<PathBuf>,
+
     /// The longest certificate signed for a CertificateSigningRequest, and what one
     /// that names no duration gets, in seconds (kube-controller-manager's
     /// `--cluster-signing-duration`; one year).
@@ -250,6 +262,15 @@ pub async fn run(
         bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
         ..server_config.settings
     };
+    if let Some(path) = args
+        .pod_security_config
+        .as_ref()
+        .or(args.admission_control_config_file.as_ref())
+    {
+        server_config.pod_security = trellis_apiserver::admission::pod_security::Config::load(path)
+            .map_err(anyhow::Error::msg)
+            .context("read the Pod Security configuration")?;
+    }
     let plugin_dir = args
         .plugin_dir
         .clone()
