@@ -29,6 +29,9 @@
 //!   conflist through the CNI plugins.
 //! - `port_forward`: `kubectl port-forward` (current and 1.20) through the API server
 //!   and the node into pods' own network namespaces.
+//! - `resources`: `process` pods held to their limits (OOMKilled with back-off, a CPU
+//!   hog throttled, measured from its cgroup), their cgroups per QoS class, the user
+//!   and groups they ask for, `runAsNonRoot`, the Node's allocatable.
 //! - `runtime`: `trellis-runtime` over real gRPC, as a kubelet drives a CRI runtime:
 //!   WASM programs and `wasi:http` servers, native processes, images from files and
 //!   from an OCI registry, stops, limits, a runtime restart.
@@ -52,6 +55,7 @@ mod plugins;
 mod pod_files;
 mod pod_network;
 mod port_forward;
+mod resources;
 mod runtime;
 mod scheduler;
 mod store;

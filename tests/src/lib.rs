@@ -15,6 +15,7 @@ use trellis_apiserver::Server;
 use trellis_store::local_etcd::LocalEtcd;
 use trellis_store::{EtcdStore, RedbConfig, RedbStore, Store};
 
+pub mod cgroups;
 pub mod hosts;
 pub mod pod_network;
 pub mod registry;

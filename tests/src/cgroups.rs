@@ -1,0 +1,72 @@
+//! A cgroup root of a test's own (`/trellis-test-<random>`), under which its node
+//! makes `kubepods` and the pods' cgroups: tests do not share the machine's
+//! `/kubepods`, and what a test leaves is removed, also when it fails.
+
+use trellis_agent::AgentConfig;
+use trellis_cgroups::{Cgroup, Hierarchy};
+
+/// A cgroup made for one test, removed (with anything still in it killed) when
+/// dropped.
+#[derive(Debug)]
+pub struct TestCgroupRoot {
+    hierarchy: Hierarchy,
+    path: String,
+}
+
+impl TestCgroupRoot {
+    /// A new cgroup `/trellis-test-<random>`; `Err` says why there can be none here
+    /// (no cgroups mounted, not root), for a test to skip with.
+    pub fn new() -> Result<Self, String> {
+        if !rustix::process::geteuid().is_root() {
+            return Err("making cgroups needs root".into());
+        }
+        let hierarchy = Hierarchy::detect().map_err(|e| format!("no cgroups here: {e}"))?;
+        let path = format!("/trellis-test-{:016x}", rand::random::<u64>());
+        hierarchy
+            .cgroup(&path)
+            .create()
+            .map_err(|e| format!("cannot make cgroup {path}: {e}"))?;
+        Ok(Self { hierarchy, path })
+    }
+
+    /// Its path from the hierarchy's root, as `--cgroup-root` takes it.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The cgroup at `relative` below it (`kubepods/burstable/pod<uid>`).
+    pub fn cgroup(&self, relative: &str) -> Cgroup {
+        self.hierarchy.cgroup(&format!(
+            "{}/{}",
+            self.path,
+            relative.trim_start_matches('/')
+        ))
+    }
+
+    pub fn hierarchy(&self) -> &Hierarchy {
+        &self.hierarchy
+    }
+
+    /// Gives `config`'s node pod cgroups per QoS class under this root.
+    pub fn configure(&self, config: &mut AgentConfig) {
+        config.cgroups_per_qos = true;
+        config.cgroup_root = self.path.clone();
+    }
+}
+
+impl Drop for TestCgroupRoot {
+    fn drop(&mut self) {
+        let root = self.hierarchy.cgroup(&self.path);
+        // Killed processes leave their cgroups a moment later: a bounded retry.
+        for _ in 0..200 {
+            let _ = root.kill_all();
+            if root.remove().is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if let Err(e) = root.remove() {
+            eprintln!("cannot remove the test's cgroup {}: {e}", self.path);
+        }
+    }
+}
