@@ -9,5 +9,6 @@ mod kubectl_1_20;
 mod node_authz;
 mod on_etcd;
 mod openapi;
+mod pod_security;
 mod quota;
 mod service_accounts;
