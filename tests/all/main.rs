@@ -13,6 +13,8 @@
 //!   long-running container is probed, then stopped gracefully when its pod is deleted.
 //! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
 //!   key mapping, batched writes under the controller's identity, events.
+//! - `eviction`: a node under memory pressure evicts its BestEffort pod first, is
+//!   tainted and admits no new BestEffort pod; soft thresholds wait their grace period.
 //! - `hollow`: hollow nodes (the agent on fake runtimes) running a Deployment.
 //! - `join`: bootstrap tokens and CertificateSigningRequests: authentication,
 //!   requester, auto-approval, manual approval, signing, validation.
@@ -46,6 +48,7 @@ mod churn;
 mod client;
 mod containerd;
 mod controllers;
+mod eviction;
 mod hollow;
 mod join;
 mod layout;
