@@ -63,3 +63,4 @@ mod runtime;
 mod scheduler;
 mod store;
 mod wasi_sockets;
+mod wasm_limits;
