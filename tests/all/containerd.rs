@@ -32,6 +32,7 @@ use trellis_api::UserInfo;
 use trellis_client::identity;
 use trellis_client::informer::SharedInformers;
 use trellis_tests::TestCluster;
+use trellis_tests::cgroups::TestCgroupRoot;
 
 use super::node::{container, phase, wait_pod};
 
@@ -465,8 +466,14 @@ async fn run_pods(containerd: &Containerd, tarball: &Path) -> Result<()> {
     // containerd's own default runtime (runc); 1.6 lists no handlers in its Status.
     config.default_handler = String::new();
     config.relist_period = Duration::from_millis(50);
+    config.backoff_base = Duration::from_millis(200);
+    config.backoff_max = Duration::from_millis(800);
     config.port = 0;
     config.client_ca_pem = Some(cluster.ca_pem.clone());
+    // Pods' cgroups under a root of the test's own; containerd (runc, cgroupfs driver)
+    // makes its containers' below them.
+    let cgroups = TestCgroupRoot::new().map_err(anyhow::Error::msg)?;
+    cgroups.configure(&mut config);
     let agent = tokio::spawn(trellis_agent::run(
         config,
         cluster.in_process().client(identity::node(NODE)),
@@ -576,6 +583,66 @@ async fn run_pods(containerd: &Containerd, tarball: &Path) -> Result<()> {
         .into_inner()
         .items;
     ensure!(left.is_empty(), "sandboxes left: {left:?}");
+
+    // Limits as containerd applies them in the pod's cgroup: a memory hog is
+    // OOMKilled and restarted with back-off, a CPU hog held to 200m.
+    create(
+        json!({"metadata": {"name": "memory-hog"}, "spec": {"terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "main", "image": BUSYBOX, "imagePullPolicy": "Never",
+            "command": ["/bin/busybox", "tail", "/dev/zero"],
+            "resources": {"limits": {"memory": "64Mi"}}}]}}),
+    )
+    .await?;
+    create(
+        json!({"metadata": {"name": "cpu-hog"}, "spec": {"terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "main", "image": BUSYBOX, "imagePullPolicy": "Never",
+            "command": ["/bin/busybox", "sh", "-c", "while :; do :; done"],
+            "resources": {"limits": {"cpu": "200m"}}}]}}),
+    )
+    .await?;
+    wait_pod(&pods, "memory-hog", Duration::from_secs(30), |p| {
+        container(p).is_some_and(|c| {
+            c.restart_count >= 2
+                && c.last_state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .is_some_and(|t| t.reason.as_deref() == Some("OOMKilled") && t.exit_code == 137)
+        })
+    })
+    .await
+    .with_context(|| containerd.log_tail())?;
+    let hog = wait_pod(&pods, "cpu-hog", Duration::from_secs(10), |p| {
+        phase(p) == "Running"
+    })
+    .await?;
+    let pod_cgroup = cgroups.cgroup(&format!(
+        "kubepods/burstable/pod{}",
+        hog.metadata.uid.as_deref().unwrap_or_default()
+    ));
+    let before = pod_cgroup.stats()?.cpu_usage_ns;
+    let measured = Instant::now();
+    // A measurement over a window, not a wait for something to happen.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let used =
+        (pod_cgroup.stats()?.cpu_usage_ns - before) as f64 / measured.elapsed().as_nanos() as f64;
+    ensure!(
+        (0.15..=0.25).contains(&used),
+        "the CPU hog limited to 200m used {used:.3} core"
+    );
+    for name in ["memory-hog", "cpu-hog"] {
+        api.delete(name, &DeleteParams::default()).await?;
+    }
+    let gone = async {
+        let mut changes = pods.subscribe();
+        while pods.get("default/memory-hog").is_some() || pods.get("default/cpu-hog").is_some() {
+            changes.recv().await.context("pod informer ended")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .context("the hogs were not removed")??;
+    ensure!(!pod_cgroup.exists(), "{} is left", pod_cgroup.path());
 
     stop.stop();
     agent.await??;
