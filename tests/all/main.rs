@@ -44,6 +44,7 @@
 //!   network.
 
 mod apiserver;
+mod cgroups;
 mod churn;
 mod client;
 mod containerd;

@@ -421,8 +421,9 @@ impl Runtime {
         let removed = self.state.tables().containers.remove(id);
         if let Some(container) = removed {
             let record = &container.record;
-            if let Some(cgroup) =
-                cgroup::container(&self.state.cgroup_parent(&record.sandbox_id), id)
+            if record.kind == ImageKind::Process
+                && let Some(cgroup) =
+                    cgroup::container(&self.state.cgroup_parent(&record.sandbox_id), id)
             {
                 cgroup::remove(&cgroup);
             }

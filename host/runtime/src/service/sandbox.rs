@@ -108,7 +108,8 @@ pub(super) async fn remove(
     let removed = runtime.state.tables().sandboxes.remove(&id);
     if let Some(sandbox) = removed {
         // The pod's cgroup is the agent's to remove; the runtime's own is its.
-        if cgroup::owns_parent(&sandbox)
+        if sandbox.handler == crate::PROCESS
+            && cgroup::owns_parent(&sandbox)
             && let Some(parent) = cgroup::of_sandbox(&sandbox)
         {
             cgroup::remove(&parent);
