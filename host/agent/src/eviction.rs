@@ -109,6 +109,12 @@ impl Evictions {
         *self.conditions.borrow()
     }
 
+    /// Changes when the pressure conditions do (for the Node's status to be written
+    /// at once).
+    pub fn watch_conditions(&self) -> watch::Receiver<Pressure> {
+        self.conditions.subscribe()
+    }
+
     /// The kubelet's eviction admit handler: `Err` with the message a pod is refused
     /// with (reason [`REASON`]) while the node is under pressure.
     pub fn admit(&self, pod: &Pod) -> Result<(), String> {

@@ -132,11 +132,12 @@ pub struct NodeFlags {
     #[arg(long, default_value = "300", value_name = "SECONDS", value_parser = seconds)]
     pub node_status_report: Duration,
 
-    /// The thresholds of the node's MemoryPressure, DiskPressure and PIDPressure
-    /// conditions, as the kubelet's: `SIGNAL<QUANTITY` or `SIGNAL<PERCENT%`, comma
-    /// separated, for memory.available, nodefs.available (the data directory's
-    /// filesystem), nodefs.inodesFree and pid.available; signals not named keep these
-    /// defaults.
+    /// The hard eviction thresholds, as the kubelet's: while one is met the node
+    /// evicts pods at once, one at a time, and reports MemoryPressure, DiskPressure
+    /// or PIDPressure. `SIGNAL<QUANTITY` or `SIGNAL<PERCENT%`, comma separated, for
+    /// memory.available, nodefs.available (the data directory's filesystem),
+    /// nodefs.inodesFree, imagefs.available (the runtime's image filesystem) and
+    /// pid.available; signals not named keep these defaults.
     #[arg(
         long,
         default_value = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%",
