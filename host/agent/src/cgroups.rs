@@ -11,7 +11,9 @@
 //! A pod's cgroup is made, with the pod's limits (the kubelet's
 //! `ResourceConfigForPod`), before its sandbox, which is given its path as
 //! `cgroup_parent`: the runtime makes the containers' cgroups below it. It is removed
-//! once the pod's sandboxes are gone, after anything left in it is killed.
+//! once the pod's sandboxes are gone, after anything left in it is killed; the
+//! cgroups of pods deleted while the agent was down go once their sandboxes are
+//! collected ([`PodCgroups::collect`], at each relist).
 //!
 //! Where cgroups cannot be used (none mounted, no permission to write them) pods get
 //! no cgroup of their own: a warning says so and pods run as before.
@@ -167,6 +169,64 @@ impl PodCgroups {
                 warn!(cgroup = %path, error = %e, "remove the pod's cgroup");
             }
         }
+    }
+}
+
+impl PodCgroups {
+    /// Removes the cgroups of pods this node no longer has (`live` says which it has)
+    /// and that have no sandbox in `sandboxes` (the runtime's, as a relist saw them):
+    /// those of pods deleted while the agent was down, once their sandboxes are
+    /// collected. Returns how many it removed.
+    pub async fn collect(&self, live: crate::gc::Live<'_>, sandboxes: &[cri::PodSandbox]) -> usize {
+        if !self.enabled() {
+            return 0;
+        }
+        let mut removed = 0;
+        for parent in [
+            self.kubepods.clone(),
+            format!("{}/burstable", self.kubepods),
+            format!("{}/besteffort", self.kubepods),
+        ] {
+            let Ok(cgroup) = self.cgroup(&parent) else {
+                return removed;
+            };
+            // One controller's directory lists them all.
+            let Some(dir) = cgroup
+                .procs_files()
+                .first()
+                .and_then(|f| f.parent().map(|d| d.to_owned()))
+            else {
+                continue;
+            };
+            let uids: Vec<String> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()?
+                        .strip_prefix("pod")
+                        .map(str::to_owned)
+                })
+                .collect();
+            for uid in uids {
+                let has_sandbox = sandboxes
+                    .iter()
+                    .any(|s| s.labels.get(crate::labels::POD_UID) == Some(&uid));
+                if live(&uid) || has_sandbox {
+                    continue;
+                }
+                let path = format!("{parent}/pod{uid}");
+                info!(cgroup = %path, pod_uid = %uid, "removing the cgroup of a pod that is gone");
+                match remove_cgroup(&cgroup.child(&format!("pod{uid}"))).await {
+                    Ok(()) => removed += 1,
+                    Err(e) => {
+                        warn!(cgroup = %path, error = %e, "remove the cgroup of a pod that is gone")
+                    }
+                }
+            }
+        }
+        removed
     }
 }
 

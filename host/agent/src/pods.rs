@@ -149,6 +149,7 @@ pub async fn run(ctx: Arc<Context>, feed: Option<NodePods>, stopped: Shutdown) {
                         pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
                     let live = |uid: &str| known.contains(uid) || workers.contains_key(uid);
                     gc::collect(&ctx, &live, &listed.sandboxes, &listed.containers).await;
+                    ctx.cgroups.collect(&live, &listed.sandboxes).await;
                 }
             }
             Ok(()) = network.changed() => {
