@@ -249,3 +249,28 @@ fn real_hierarchy_limits_measures_and_removes() {
     assert!(!cg.exists());
     assert!(!root.0.exists());
 }
+
+#[test]
+fn real_hierarchy_counts_oom_kills_at_the_memory_limit() {
+    let Some((_h, root)) = real_root("oom") else {
+        return;
+    };
+    let cg = root.0.child("hog");
+    cg.create().expect("create");
+    cg.set(&Resources {
+        memory_limit: Some(16 << 20),
+        ..Default::default()
+    })
+    .expect("set");
+    // It waits until it is in the cgroup, then `tail` keeps 64 MiB with no newline.
+    let mut child = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg("until grep -q trellis-test-oom /proc/$$/cgroup; do :; done; head -c 67108864 /dev/zero | tail")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn sh");
+    cg.add_process(child.id()).expect("add");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(137), "{status:?}");
+    assert_eq!(cg.stats().expect("stats").oom_kills, 1);
+}
