@@ -51,6 +51,8 @@ pub struct PodCgroups {
 pub struct Allocatable {
     pub cpu_milli: i64,
     pub memory: i64,
+    /// Process IDs, when some are reserved (`pid=` of the reservations).
+    pub pids: Option<i64>,
 }
 
 impl PodCgroups {
@@ -102,6 +104,7 @@ impl PodCgroups {
         kubepods.set(&Resources {
             cpu_shares: Some(trellis_cgroups::milli_cpu_to_shares(allocatable.cpu_milli)),
             memory_limit: (allocatable.memory > 0).then_some(allocatable.memory),
+            pids_limit: allocatable.pids.filter(|p| *p > 0),
             ..Default::default()
         })?;
         let burstable = kubepods.child("burstable");

@@ -527,13 +527,25 @@ pub fn allocatable(
 
 /// The limits of the cgroup all pods share: capacity less the reservations (the
 /// kubelet's `--enforce-node-allocatable=pods`, which leaves the eviction threshold
-/// in, so that pods reach it and are evicted before the kernel kills them).
+/// in, so that pods reach it and are evicted before the kernel kills them); PIDs
+/// only when some are reserved.
 pub fn pods_allocatable(config: &crate::AgentConfig) -> crate::cgroups::Allocatable {
     let (cpus, memory) = config.capacity.unwrap_or_else(machine_capacity);
     let (kube, system) = (&config.kube_reserved, &config.system_reserved);
+    let reserved_pids = kube.pid + system.pid;
+    // The node's PIDs are the kernel's largest one.
+    let pid_max = || {
+        std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+    };
     crate::cgroups::Allocatable {
         cpu_milli: (cpus as i64 * 1000 - kube.cpu_milli - system.cpu_milli).max(0),
         memory: (memory as i64 - kube.memory - system.memory).max(0),
+        pids: (reserved_pids > 0)
+            .then(pid_max)
+            .flatten()
+            .map(|max| (max - reserved_pids).max(0)),
     }
 }
 
