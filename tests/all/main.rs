@@ -61,6 +61,7 @@ mod pod_network;
 mod port_forward;
 mod resources;
 mod runtime;
+mod sandbox;
 mod scheduler;
 mod store;
 mod wasi_sockets;

@@ -156,14 +156,14 @@ impl Running {
         let started = runtime.spawn(async move {
             let root = on_host;
             let cri_runtime = Runtime::with_cni(
-                RuntimeConfig {
+                trellis_tests::sandboxed(RuntimeConfig {
                     root: root.join("runtime"),
                     // Shared with the other tests: the components compile once.
                     cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
                     process_handler: true,
                     node_ip: ip,
                     ..Default::default()
-                },
+                }),
                 trellis_runtime::CniConfig {
                     conf_dir: Some(conf_dir),
                     bin_dirs: Vec::new(),

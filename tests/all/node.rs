@@ -45,13 +45,13 @@ struct TestNode {
 impl TestNode {
     async fn start(cluster: &TestCluster, root: &std::path::Path) -> Result<TestNode> {
         let (stop, stopped) = Shutdown::new();
-        let runtime = Runtime::new(RuntimeConfig {
+        let runtime = Runtime::new(trellis_tests::sandboxed(RuntimeConfig {
             root: root.join("runtime"),
             cache_dir: Some(root.join("compiled")),
             process_handler: true,
             node_ip: "127.0.0.1".parse()?,
             ..Default::default()
-        })?;
+        }))?;
         let socket = root.join("cri.sock");
         let listener = trellis_runtime::listen(&socket)?;
         let server_stop = stopped.clone();

@@ -65,13 +65,13 @@ impl Node {
     async fn start(dir: &Path, pod_cidr: &str, conf_dir: &Path) -> Node {
         let root = dir.join("root");
         let runtime = Runtime::with_cni(
-            RuntimeConfig {
+            trellis_tests::sandboxed(RuntimeConfig {
                 root: root.clone(),
                 cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
                 process_handler: true,
                 node_ip: "127.0.0.1".parse().unwrap(),
                 ..Default::default()
-            },
+            }),
             CniConfig {
                 conf_dir: Some(conf_dir.to_path_buf()),
                 bin_dirs: Vec::new(),

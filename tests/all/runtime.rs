@@ -58,14 +58,14 @@ impl Node {
 
     /// A node whose IP is `node_ip`: where its `wasi:http` containers listen.
     async fn start_on(dir: &Path, node_ip: IpAddr) -> Node {
-        let runtime = Runtime::new(RuntimeConfig {
+        let runtime = Runtime::new(trellis_tests::sandboxed(RuntimeConfig {
             root: dir.join("root"),
             // Shared by the tests: the component is compiled once.
             cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
             process_handler: true,
             node_ip,
             ..Default::default()
-        })
+        }))
         .unwrap();
         let weak = Arc::downgrade(&runtime);
         let socket = dir.join("cri.sock");

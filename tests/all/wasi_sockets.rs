@@ -173,13 +173,13 @@ async fn a_wasi_program_dials_and_looks_up_inside_its_pods_network() {
     )
     .unwrap();
 
-    let runtime = Runtime::new(RuntimeConfig {
+    let runtime = Runtime::new(trellis_tests::sandboxed(RuntimeConfig {
         root: root.clone(),
         cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
         process_handler: false,
         node_ip: "127.0.0.1".parse().unwrap(),
         ..Default::default()
-    })
+    }))
     .unwrap();
     let socket = dir.path().join("cri.sock");
     let listener = trellis_runtime::listen(&socket).unwrap();

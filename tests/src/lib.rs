@@ -953,6 +953,28 @@ impl Drop for TestDir {
     }
 }
 
+/// The init program of sandboxed `process` containers (`src/bin/trellis_init.rs`)
+/// for runtimes started in a test's process: built by `cargo test` with the test
+/// binaries, beside them.
+pub fn init_program() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let dir = if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    dir.join("trellis_init")
+}
+
+/// `config` with [`init_program`] as the init of sandboxed `process` containers.
+pub fn sandboxed(config: trellis_runtime::RuntimeConfig) -> trellis_runtime::RuntimeConfig {
+    trellis_runtime::RuntimeConfig {
+        init_program: Some(init_program()),
+        ..config
+    }
+}
+
 /// A new [`TestDir`].
 pub fn test_dir() -> std::io::Result<TestDir> {
     tempfile::tempdir().map(TestDir)

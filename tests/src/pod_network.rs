@@ -172,13 +172,13 @@ impl NetworkedNode {
 
         let (stop_runtime, runtime_stopped) = Shutdown::new();
         let runtime = Runtime::with_cni(
-            RuntimeConfig {
+            crate::sandboxed(RuntimeConfig {
                 root: root.join("runtime"),
                 cache_dir: Some(root.join("compiled")),
                 process_handler: true,
                 node_ip: "127.0.0.1".parse()?,
                 ..Default::default()
-            },
+            }),
             trellis_runtime::CniConfig {
                 conf_dir: Some(conf_dir),
                 bin_dirs: Vec::new(),

@@ -500,19 +500,29 @@ async fn run(
             Stdio::null()
         }
     };
-    let mut command = tokio::process::Command::new(program);
+    // In the container's namespaces, as its user: what the command sees and may do
+    // is what the container sees and may do.
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    let dir = if dir.is_empty() { "/" } else { dir.as_str() };
+    let mut command = match trellis_runtime::namespaces::container_command(
+        pid,
+        start,
+        program.as_ref(),
+        &args,
+        dir.as_ref(),
+    ) {
+        Ok(command) => command,
+        Err(e) => return Outcome::Error(format!("cannot run {program:?}: {e}")),
+    };
     command
-        .args(args)
         .env_clear()
         .envs(env.into_iter().map(|(k, v)| (k, OsString::from_vec(v))))
-        .current_dir(if dir.is_empty() { "/" } else { dir.as_str() })
         .stdin(piped(options.stdin))
         .stdout(piped(options.stdout || options.tty))
         .stderr(piped(options.stderr || options.tty))
         .process_group(0)
         .kill_on_drop(true);
-    // In the container's namespaces: what the command sees is what the container sees.
-    let spawned = trellis_runtime::namespaces::spawn_in_container(command, pid, start);
+    let spawned = command.spawn();
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => return Outcome::Error(format!("cannot run {program:?}: {e}")),

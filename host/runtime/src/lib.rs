@@ -61,6 +61,7 @@ pub mod pod_files;
 mod process;
 mod record;
 mod recover;
+pub mod sandbox;
 mod service;
 mod state;
 mod store;
@@ -204,7 +205,8 @@ impl Runtime {
         let mut handlers: Vec<(String, Arc<dyn handler::Handler>)> =
             vec![(WASMTIME.to_string(), Arc::new(wasm))];
         if config.process_handler {
-            handlers.push((PROCESS.to_string(), Arc::new(process::Process)));
+            let process = process::Process::new(config.init_program.clone());
+            handlers.push((PROCESS.to_string(), Arc::new(process)));
         }
         let network = network::PodNetwork::cni(&config.root, cni);
         let state = state::State::open(Box::new(store::Files { root: config.root }))?;

@@ -3,17 +3,23 @@
 //! enter its namespaces.
 //!
 //! A container's process is spawned from a thread of its own that entered its pod's
-//! network, UTS and IPC namespaces and made a mount namespace of its own: a copy of
-//! the node's whose mounts are made slaves first, so that nothing mounted in it reaches
-//! the node, where the container's mounts and the pod's `/etc/hosts`, `/etc/hostname`
-//! and `/etc/resolv.conf` are bind-mounted. The process inherits all of them; the
-//! mount namespace lives as long as it does. The node's root stays the root.
+//! network, UTS and IPC namespaces. For a sandboxed container the thread makes a new
+//! PID namespace for its children, and the container's init (`sandbox`) makes the
+//! rest. For a privileged one it makes a mount namespace: a copy of the node's whose
+//! mounts are made slaves first, so that nothing mounted in it reaches the node, where
+//! the container's mounts and the pod's `/etc/hosts`, `/etc/hostname` and
+//! `/etc/resolv.conf` are bind-mounted. The process inherits all of them; the mount
+//! namespace lives as long as it does. The node's root stays the root.
 //!
-//! An exec enters the namespaces of the container's process through a pidfd: one
-//! `setns` for all of them, and no other process that was given the same pid.
+//! An exec ([`container_command`]) into a sandboxed container goes through its init,
+//! which takes on what the container has; into a privileged one it enters the
+//! namespaces of the container's process through a pidfd: one `setns` for all of
+//! them, and no other process that was given the same pid.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::os::fd::AsFd as _;
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use rustix::mount::{MountFlags, MountPropagationFlags};
@@ -93,13 +99,16 @@ pub(crate) struct Bind {
 }
 
 /// What a container's process starts in: the pinned namespaces of its pod it joins
-/// (none: the node's), and the bind mounts of its own mount namespace, parents first.
+/// (none: the node's), and either a new PID namespace (`new_pid`: the process makes
+/// its own mount namespace) or the bind mounts of a mount namespace made for it,
+/// parents first.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Enter {
     pub netns: Option<PathBuf>,
     pub uts: Option<PathBuf>,
     pub ipc: Option<PathBuf>,
     pub binds: Vec<Bind>,
+    pub new_pid: bool,
 }
 
 /// Spawns `command` in the pod's namespaces `enter` names and a mount namespace of its
@@ -124,6 +133,13 @@ pub(crate) fn spawn_in_pod(
             rustix::thread::move_into_link_name_space(pin.as_fd(), None)?;
         }
         drop(pins);
+        if enter.new_pid {
+            // This thread's children only: the process spawned next is PID 1 of it.
+            #[allow(deprecated)]
+            rustix::thread::unshare(UnshareFlags::NEWPID)?;
+            let _entered = tokio.enter();
+            return command.spawn();
+        }
         new_mount_namespace()?;
         for bind in &enter.binds {
             mount(bind).map_err(|e| {
@@ -174,14 +190,19 @@ fn mount(bind: &Bind) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Spawns `command` in the namespaces of process `pid` (whose /proc start time is
-/// `start`, when known): its mount, UTS, IPC and network namespaces, so that it sees
-/// what the process sees. Fails when that process has ended.
-pub fn spawn_in_container(
-    mut command: tokio::process::Command,
+/// A command to run in a running container whose process is `pid` (whose /proc start
+/// time is `start`, when known), in directory `dir`, seeing what the container sees:
+/// through the container's init for a sandboxed one (which takes on its user,
+/// capabilities and seccomp profile), in the namespaces of the process for a
+/// privileged one. Give it its environment (cleared first) and its standard streams,
+/// then [`ContainerCommand::spawn`] it. Fails when that process has ended.
+pub fn container_command(
     pid: i32,
     start: Option<u64>,
-) -> std::io::Result<tokio::process::Child> {
+    program: &OsStr,
+    args: &[OsString],
+    dir: &OsStr,
+) -> std::io::Result<ContainerCommand> {
     let gone = || {
         std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -195,21 +216,67 @@ pub fn spawn_in_container(
     if alive.is_none() || (start.is_some() && alive != start) {
         return Err(gone());
     }
-    let tokio = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
-    netns::on_thread(move || {
-        #[allow(deprecated)]
-        rustix::thread::unshare(UnshareFlags::FS)?;
-        rustix::thread::move_into_thread_name_spaces(
-            pidfd.as_fd(),
-            ThreadNameSpaceType::MOUNT
-                | ThreadNameSpaceType::HOST_NAME_AND_NIS_DOMAIN_NAME
-                | ThreadNameSpaceType::INTER_PROCESS_COMMUNICATION
-                | ThreadNameSpaceType::NETWORK,
-        )?;
-        drop(pidfd);
-        let _entered = tokio.enter();
-        command.spawn()
+    let namespace = |path: String| std::fs::metadata(path).map(|m| (m.dev(), m.ino()));
+    if namespace(format!("/proc/{pid}/ns/pid"))? != namespace("/proc/self/ns/pid".into())? {
+        return Ok(ContainerCommand {
+            command: crate::sandbox::exec_command(pid, alive, dir, program, args),
+            enter: None,
+        });
+    }
+    let mut command = tokio::process::Command::new(program);
+    command.args(args).current_dir(dir);
+    Ok(ContainerCommand {
+        command,
+        enter: Some(pidfd),
     })
+}
+
+/// A command to run in a container ([`container_command`]): a
+/// `tokio::process::Command` to give its environment and streams to.
+#[derive(Debug)]
+pub struct ContainerCommand {
+    command: tokio::process::Command,
+    /// The pidfd of a privileged container's process, whose namespaces the command
+    /// is spawned in; none when the command is the container's init.
+    enter: Option<OwnedFd>,
+}
+
+impl std::ops::Deref for ContainerCommand {
+    type Target = tokio::process::Command;
+
+    fn deref(&self) -> &Self::Target {
+        &self.command
+    }
+}
+
+impl std::ops::DerefMut for ContainerCommand {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.command
+    }
+}
+
+impl ContainerCommand {
+    pub fn spawn(self) -> std::io::Result<tokio::process::Child> {
+        let Self { mut command, enter } = self;
+        let Some(pidfd) = enter else {
+            return command.spawn();
+        };
+        let tokio = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+        netns::on_thread(move || {
+            #[allow(deprecated)]
+            rustix::thread::unshare(UnshareFlags::FS)?;
+            rustix::thread::move_into_thread_name_spaces(
+                pidfd.as_fd(),
+                ThreadNameSpaceType::MOUNT
+                    | ThreadNameSpaceType::HOST_NAME_AND_NIS_DOMAIN_NAME
+                    | ThreadNameSpaceType::INTER_PROCESS_COMMUNICATION
+                    | ThreadNameSpaceType::NETWORK,
+            )?;
+            drop(pidfd);
+            let _entered = tokio.enter();
+            command.spawn()
+        })
+    }
 }
 
 #[cfg(test)]
@@ -284,21 +351,26 @@ mod tests {
             node_hosts,
             "the node's file is unchanged"
         );
-        let mut exec = tokio::process::Command::new("/bin/sh");
-        exec.args(["-c", "cat /proc/sys/kernel/hostname; echo x >> /etc/hosts"])
-            .stdout(std::process::Stdio::piped())
+        let mut exec = container_command(
+            pid,
+            crate::pid::start_time(pid),
+            "/bin/sh".as_ref(),
+            &[
+                "-c".into(),
+                "cat /proc/sys/kernel/hostname; echo x >> /etc/hosts".into(),
+            ],
+            "/".as_ref(),
+        )
+        .unwrap();
+        exec.stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null());
-        let output = spawn_in_container(exec, pid, crate::pid::start_time(pid))
-            .unwrap()
-            .wait_with_output()
-            .await
-            .unwrap();
+        let output = exec.spawn().unwrap().wait_with_output().await.unwrap();
         assert_eq!(String::from_utf8_lossy(&output.stdout), "pod-a\n");
         assert!(
             !output.status.success(),
             "the mount is read-only in the exec too"
         );
-        assert!(spawn_in_container(tokio::process::Command::new("true"), pid, Some(1)).is_err());
+        assert!(container_command(pid, Some(1), "true".as_ref(), &[], "/".as_ref()).is_err());
         child.kill().await.unwrap();
         netns::remove(&uts).unwrap();
         netns::remove(&ipc).unwrap();

@@ -6,14 +6,14 @@
 //! pod's code (a WebAssembly program's name lookups) reads the pod's `resolv.conf`
 //! at [`resolv_conf`].
 //!
-//! Also the bind mounts of a container's mount namespace ([`binds`]), checked when the
-//! container is created: a `process` container keeps the node's root, so a mount's
-//! `container_path` must exist there, or lie in a mount of the same container made
-//! before it (where the runtime makes it, as runc makes mount points in a container's
-//! root); making it on the node's own file system would change the node for every
-//! process on it, and a tmpfs over its nearest parent would hide the node's files the
-//! process needs. Such a path is refused with the reason until containers get a root
-//! of their own.
+//! Also the bind mounts of a container's mount namespace ([`binds_in`]). A sandboxed
+//! container has a root of its own where its init makes any mount point (as runc
+//! makes them in a container's root). A privileged `process` container keeps the
+//! node's root, so a mount's `container_path` must exist there, or lie in a mount of
+//! the same container made before it (where the runtime makes it); making it on the
+//! node's own file system would change the node for every process on it, and a tmpfs
+//! over its nearest parent would hide the node's files the process needs. Such a
+//! path is refused with the reason when it starts.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -101,10 +101,29 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&partial, path)
 }
 
-/// The bind mounts of a container with `mounts` in a sandbox whose files are in
-/// `files` (none: the node's /etc files stay), parents before children; the error
-/// names a `container_path` that cannot be mounted, and why.
+/// Which root a container's mounts are made in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Root {
+    /// The node's (a privileged container's): a mount point must be there already.
+    Node,
+    /// Its own (a sandboxed container's), where any mount point is made.
+    Own,
+}
+
+/// The bind mounts of a container with `mounts`, checked when it is created: those
+/// of a sandboxed container, whose root is its own ([`binds_in`]).
 pub(crate) fn binds(mounts: &[Mount], files: Option<&Path>) -> Result<Vec<Bind>, String> {
+    binds_in(mounts, files, Root::Own)
+}
+
+/// The bind mounts of a container with `mounts` in a sandbox whose files are in
+/// `files` (none: the node's /etc files stay), made in `root`, parents before
+/// children; the error names a `container_path` that cannot be mounted, and why.
+pub(crate) fn binds_in(
+    mounts: &[Mount],
+    files: Option<&Path>,
+    root: Root,
+) -> Result<Vec<Bind>, String> {
     let mut wanted: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
     for mount in mounts {
         let target = Path::new(&mount.container_path);
@@ -127,9 +146,10 @@ pub(crate) fn binds(mounts: &[Mount], files: Option<&Path>) -> Result<Vec<Bind>,
             ("resolv.conf", "/etc/resolv.conf"),
         ] {
             let at = PathBuf::from(at);
-            // Where the node has no such file, a process finds none either (it
-            // cannot be made on the node); a container's own mount there wins.
-            if !wanted.iter().any(|(_, t, _)| *t == at) && at.exists() {
+            // Where the node has no such file, a privileged process finds none
+            // either (it cannot be made on the node); a container's own mount there
+            // wins.
+            if !wanted.iter().any(|(_, t, _)| *t == at) && (root == Root::Own || at.exists()) {
                 wanted.push((files.join(name), at, false));
             }
         }
@@ -146,6 +166,7 @@ pub(crate) fn binds(mounts: &[Mount], files: Option<&Path>) -> Result<Vec<Bind>,
             )
         })?;
         let make_target = match std::fs::metadata(&target) {
+            _ if root == Root::Own => true,
             Ok(meta) => {
                 if meta.is_dir() != source_meta.is_dir() {
                     return Err(format!(
@@ -260,13 +281,14 @@ mod tests {
         let at = node_dir.display().to_string();
         let files = dir.path().join("sandbox");
         write(&files, &PodSandboxConfig::default(), false).unwrap();
-        let binds = binds(
+        let binds = binds_in(
             &[
                 mount(&volume, &format!("{at}/inner/deeper"), true),
                 mount(&volume, &at, false),
                 mount(&file, "/etc/hosts", true),
             ],
             Some(&files),
+            Root::Node,
         )
         .unwrap();
         let targets: Vec<_> = binds
@@ -282,17 +304,21 @@ mod tests {
         if Path::new("/etc/resolv.conf").exists() {
             assert!(binds.iter().any(|b| b.source == files.join("resolv.conf")));
         }
-        let error = super::binds(
-            &[mount(&volume, "/no-such-dir-on-the-node/data", false)],
-            None,
-        )
-        .unwrap_err();
+        let missing = [mount(&volume, "/no-such-dir-on-the-node/data", false)];
+        let error = binds_in(&missing, None, Root::Node).unwrap_err();
         assert!(
             error.contains("/no-such-dir-on-the-node/data does not exist"),
             "{error}"
         );
-        let error = super::binds(&[mount(&volume, "/etc/hosts", false)], None).unwrap_err();
+        let error = binds_in(&[mount(&volume, "/etc/hosts", false)], None, Root::Node).unwrap_err();
         assert!(error.contains("the node has a file there"), "{error}");
+        // A sandboxed container's root is its own: any path can be made there.
+        let own = super::binds(&missing, Some(&files)).unwrap();
+        assert!(
+            own.iter()
+                .any(|b| b.target == Path::new("/no-such-dir-on-the-node/data"))
+        );
+        assert!(own.iter().any(|b| b.target == Path::new("/etc/hostname")));
         let error = super::binds(&[mount(&volume, "data", false)], None).unwrap_err();
         assert!(error.contains("absolute"), "{error}");
     }

@@ -1,9 +1,11 @@
 //! The `process` handler: a container is a host process in a process group of its
 //! own, with only the container's environment, in its pod's network, UTS and IPC
-//! namespaces and a mount namespace of its own where its mounts and the pod's /etc
-//! files appear (`namespaces`, `pod_files`); an exec enters the same namespaces. The
-//! node's root stays its root, its pid namespace and users are the node's, and the
-//! memory limit is not enforced.
+//! namespaces. Unless it is privileged, it starts through the init (`sandbox`) in a
+//! PID namespace and a root file system of its own, as the user the pod asks for
+//! (nobody by default) with the container runtime's default capabilities; an exec
+//! goes through the same init and takes on what the container has. A privileged
+//! container is the node's process, in a mount namespace of its own where its mounts
+//! and the pod's /etc files appear over the node's root (`namespaces`, `pod_files`).
 //!
 //! Its stdout and stderr are named pipes (FIFOs) in the container's directory that
 //! the process holds open for reading and writing: output never fails for want of a
@@ -30,6 +32,7 @@ use crate::log::{Lines, LogFile, Stream};
 use crate::namespaces::{self, Enter};
 use crate::pod_files;
 use crate::record::{ContainerRecord, ImageKind, state_name};
+use crate::sandbox;
 use crate::state::{Exit, Live, State, Stopper};
 
 /// How often an adopted process (not our child: no exit notification) is checked.
@@ -72,6 +75,7 @@ pub(crate) fn start(
     state: &Arc<State>,
     record: &ContainerRecord,
     log: Option<Arc<LogFile>>,
+    init: Option<&Path>,
 ) -> Result<Started, Status> {
     let dir = state.store().container_dir(&record.id).ok_or_else(|| {
         Status::failed_precondition("this runtime keeps no files: it cannot run a process")
@@ -106,39 +110,96 @@ pub(crate) fn start(
                 .map_err(|e| internal("open its output pipe", e))?,
         );
     }
-    let mut argv = record
-        .config
-        .command
-        .iter()
-        .chain(&record.config.args)
-        .cloned();
-    let arg0 = if record.config.command.is_empty() {
-        record.program.display().to_string()
-    } else {
-        argv.next().unwrap_or_default()
-    };
-    let mut command = tokio::process::Command::new(&record.program);
-    command
-        .arg0(arg0)
-        .args(argv)
-        .env_clear()
-        .envs(environment(&record.config)?)
-        .current_dir(working_dir(record))
-        .stdin(Stdio::null())
-        .process_group(0);
-    let mut writers = writers.into_iter();
-    if let (Some(out), Some(err)) = (writers.next(), writers.next()) {
-        command.stdout(out).stderr(err);
-    }
     let root = state.store().root().ok_or_else(|| {
         Status::failed_precondition("this runtime keeps no files: it cannot run a process")
     })?;
-    let enter = enter(root, record).map_err(|message| {
+    let precondition = |message: String| {
         Status::failed_precondition(format!("container {}: {message}", record.id))
-    })?;
+    };
+    let privileged = record
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|s| s.privileged);
+    let mut writers = writers.into_iter();
+    let (Some(out), Some(err)) = (writers.next(), writers.next()) else {
+        return Err(Status::internal("no output pipes"));
+    };
+    let mut report = None;
+    let mut command = match init {
+        Some(init) => {
+            // Made by the container runtime before the start: the init joins it
+            // before the program runs.
+            let cgroup_procs =
+                crate::cgroup::container(&state.cgroup_parent(&record.sandbox_id), &record.id)
+                    .map(|cgroup| cgroup.procs_files())
+                    .unwrap_or_default();
+            let mounts = if privileged {
+                Vec::new()
+            } else {
+                let files = pod_files::sandbox_dir(root, &record.sandbox_id);
+                let files = files.exists().then_some(files);
+                pod_files::binds_in(
+                    &record.config.mounts,
+                    files.as_deref(),
+                    pod_files::Root::Own,
+                )
+                .map_err(precondition)?
+                .into_iter()
+                .map(|b| sandbox::Mount {
+                    source: b.source,
+                    target: b.target,
+                    readonly: b.readonly,
+                })
+                .collect()
+            };
+            let spec =
+                sandbox::Spec::new(record, &dir, mounts, cgroup_procs).map_err(precondition)?;
+            let path = dir.join("init.json");
+            spec.write(&path)
+                .map_err(|e| internal("write its sandbox spec", e))?;
+            let (read, write) = sandbox::report_pipe().map_err(|e| internal("make a pipe", e))?;
+            report =
+                Some(pipe::Receiver::from_owned_fd(read).map_err(|e| internal("make a pipe", e))?);
+            let mut command = sandbox::run_command(init, &path);
+            command.stdin(Stdio::from(write));
+            command
+        }
+        None if privileged => {
+            let mut argv = record
+                .config
+                .command
+                .iter()
+                .chain(&record.config.args)
+                .cloned();
+            let arg0 = if record.config.command.is_empty() {
+                record.program.display().to_string()
+            } else {
+                argv.next().unwrap_or_default()
+            };
+            let mut command = tokio::process::Command::new(&record.program);
+            command
+                .arg0(arg0)
+                .args(argv)
+                .env_clear()
+                .envs(environment(&record.config)?)
+                .current_dir(working_dir(record))
+                .stdin(Stdio::null());
+            command
+        }
+        None => {
+            return Err(precondition(
+                "this node has no init program to build a sandbox with: only a privileged container (securityContext.privileged) can run here".into(),
+            ));
+        }
+    };
+    command.stdout(out).stderr(err).process_group(0);
+    let enter = enter(root, record, !privileged).map_err(precondition)?;
     // Moved into the spawn, so the runtime keeps no write end: the readers see the
     // end of the output when the process's last copy closes.
     let spawned = namespaces::spawn_in_pod(command, enter);
+    drop(writers);
     let mut child = spawned.map_err(|e| {
         Status::failed_precondition(format!(
             "container {}: cannot run {}: {e}",
@@ -159,7 +220,19 @@ pub(crate) fn start(
         let state = state.clone();
         let id = record.id.clone();
         tokio::spawn(async move {
+            // The init's word on a start that failed before the program ran.
+            let mut failed = String::new();
+            if let Some(mut report) = report {
+                let mut bytes = Vec::new();
+                let _ = report.read_to_end(&mut bytes).await;
+                failed = String::from_utf8_lossy(&bytes).into_owned();
+            }
             let exit = match child.wait().await {
+                _ if !failed.is_empty() => Exit {
+                    code: 128,
+                    reason: "StartError",
+                    message: failed,
+                },
                 Ok(status) => match (status.code(), status.signal()) {
                     (Some(code), _) => Exit::code(code),
                     (None, Some(signal)) => Exit {
@@ -292,8 +365,10 @@ fn signal(pid: i32, signal: Signal) {
 }
 
 /// The namespaces container `record` starts in: its pod's pinned ones under the
-/// runtime's `root`, and its mounts with the pod's /etc files.
-fn enter(root: &Path, record: &ContainerRecord) -> Result<Enter, String> {
+/// runtime's `root`; a sandboxed one (`sandboxed`) a new PID namespace, where its
+/// init makes its mounts; a privileged one its mounts with the pod's /etc files over
+/// the node's root.
+fn enter(root: &Path, record: &ContainerRecord, sandboxed: bool) -> Result<Enter, String> {
     let pinned = |pin: PathBuf| pin.exists().then_some(pin);
     let files = pod_files::sandbox_dir(root, &record.sandbox_id);
     let files = files.exists().then_some(files);
@@ -301,7 +376,16 @@ fn enter(root: &Path, record: &ContainerRecord) -> Result<Enter, String> {
         netns: record.netns.clone(),
         uts: pinned(namespaces::uts_pin(root, &record.sandbox_id)),
         ipc: pinned(namespaces::ipc_pin(root, &record.sandbox_id)),
-        binds: pod_files::binds(&record.config.mounts, files.as_deref())?,
+        binds: if sandboxed {
+            Vec::new()
+        } else {
+            pod_files::binds_in(
+                &record.config.mounts,
+                files.as_deref(),
+                pod_files::Root::Node,
+            )?
+        },
+        new_pid: sandboxed,
     })
 }
 
@@ -315,21 +399,28 @@ pub(crate) async fn exec_sync(
     let Some((program, args)) = cmd.split_first() else {
         return Err(Status::invalid_argument("exec needs a command"));
     };
-    let mut command = tokio::process::Command::new(program);
+    let pid = record.pid.ok_or_else(|| {
+        Status::failed_precondition(format!("container {} has no process", record.id))
+    })?;
+    let args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    let mut command = namespaces::container_command(
+        pid,
+        record.pid_start,
+        program.as_ref(),
+        &args,
+        working_dir(record).as_os_str(),
+    )
+    .map_err(|e| Status::failed_precondition(format!("cannot run {program:?}: {e}")))?;
     command
-        .args(args)
         .env_clear()
         .envs(environment(&record.config)?)
-        .current_dir(working_dir(record))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let pid = record.pid.ok_or_else(|| {
-        Status::failed_precondition(format!("container {} has no process", record.id))
-    })?;
-    let child = namespaces::spawn_in_container(command, pid, record.pid_start)
+    let child = command
+        .spawn()
         .map_err(|e| Status::failed_precondition(format!("cannot run {program:?}: {e}")))?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok());
     let output = child.wait_with_output();
@@ -399,7 +490,16 @@ async fn drain(copies: Vec<JoinHandle<()>>) {
 }
 
 /// The `process` handler.
-pub(crate) struct Process;
+pub(crate) struct Process {
+    /// The program sandboxed containers start through (`RuntimeConfig::init_program`).
+    init: Option<PathBuf>,
+}
+
+impl Process {
+    pub(crate) fn new(init: Option<PathBuf>) -> Self {
+        Self { init }
+    }
+}
 
 #[tonic::async_trait]
 impl Handler for Process {
@@ -420,7 +520,7 @@ impl Handler for Process {
         record: &ContainerRecord,
         prepared: Prepared,
     ) -> Result<handler::Started, Status> {
-        let started = start(state, record, prepared.log)?;
+        let started = start(state, record, prepared.log, self.init.as_deref())?;
         Ok(handler::Started {
             live: started.live,
             pid: Some(started.pid),

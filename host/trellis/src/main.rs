@@ -93,6 +93,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `trellis __init …`: the init of a sandboxed container, which must be a
+    // single-threaded process (nothing started yet: no tracing, no runtime).
+    if let Some(code) = trellis_runtime::sandbox::dispatch() {
+        std::process::exit(code);
+    }
     init_tracing();
     let cli = Cli::parse();
     match run(cli) {

@@ -319,13 +319,13 @@ pub async fn run_runtime(
 ) -> anyhow::Result<()> {
     let socket = socket_path(&args.listen)?;
     let runtime = Runtime::with_cni(
-        RuntimeConfig {
+        with_init(RuntimeConfig {
             cache_dir: Some(args.root.join("compiled")),
             root: args.root,
             process_handler: args.process_handler,
             node_ip: node_address(args.node_address),
             ..Default::default()
-        },
+        }),
         args.cni.config(),
     )
     .context("start the runtime")?;
@@ -350,13 +350,13 @@ pub async fn run_local(
         None => {
             let root = data_dir.join("runtime");
             let runtime = Runtime::with_cni(
-                RuntimeConfig {
+                with_init(RuntimeConfig {
                     cache_dir: Some(root.join("compiled")),
                     root,
                     process_handler,
                     node_ip,
                     ..Default::default()
-                },
+                }),
                 flags.cni.config(),
             )
             .context("start the runtime")?;
@@ -543,5 +543,21 @@ pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> any
             (&mut node).await.context("join the node agent")?
         }
         result = &mut node => result.context("join the node agent")?,
+    }
+}
+
+/// `config` with this binary as the init of sandboxed `process` containers
+/// (`trellis __init`).
+fn with_init(config: RuntimeConfig) -> RuntimeConfig {
+    let init_program = match std::env::current_exe() {
+        Ok(exe) => Some(exe),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot find this binary: only privileged process containers can run");
+            None
+        }
+    };
+    RuntimeConfig {
+        init_program,
+        ..config
     }
 }

@@ -77,7 +77,12 @@ fn to_image(image: &ImageRecord) -> Image {
         repo_tags: image.tags.clone(),
         repo_digests: image.digests.clone(),
         size: image.size,
-        uid: None,
+        // A program on the node has no image to name a user: its container runs as
+        // nobody unless the pod names one (`sandbox`), which a `runAsNonRoot` check
+        // can tell.
+        uid: (image.kind == crate::record::ImageKind::Process).then_some(Int64Value {
+            value: i64::from(crate::sandbox::NOBODY),
+        }),
         username: String::new(),
         spec: Some(ImageSpec {
             image: image.id.clone(),
