@@ -120,15 +120,37 @@ pub(crate) fn of_sandbox(sandbox: &SandboxRecord) -> Option<Cgroup> {
 /// Kills what is left in `cgroup` (processes the container's own left behind) and
 /// removes it; a failure is logged: a leftover cgroup harms nothing but its name.
 pub(crate) fn remove(cgroup: &Cgroup) {
-    if let Ok(n) = cgroup.kill_all()
-        && n > 0
-    {
-        tracing::info!(cgroup = %cgroup.path(), killed = n, "killed processes left in a cgroup");
+    let killed = cgroup.kill_all().unwrap_or(0);
+    if killed > 0 {
+        tracing::info!(cgroup = %cgroup.path(), killed, "killed processes left in a cgroup");
     }
-    if let Err(e) = cgroup.remove() {
-        tracing::warn!(cgroup = %cgroup.path(), "failed to remove a cgroup: {e}");
+    match cgroup.remove() {
+        Ok(()) => {}
+        // The killed are still exiting: the cgroup is theirs until they are gone.
+        Err(_) if killed > 0 && tokio::runtime::Handle::try_current().is_ok() => {
+            let cgroup = cgroup.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut last = None;
+                for _ in 0..REMOVE_TRIES {
+                    match cgroup.remove() {
+                        Ok(()) => return,
+                        Err(e) => last = Some(e),
+                    }
+                    std::thread::sleep(REMOVE_RETRY);
+                }
+                if let Some(e) = last {
+                    tracing::warn!(cgroup = %cgroup.path(), "failed to remove a cgroup: {e}");
+                }
+            });
+        }
+        Err(e) => tracing::warn!(cgroup = %cgroup.path(), "failed to remove a cgroup: {e}"),
     }
 }
+
+/// How often, and how many times, a cgroup whose processes were just killed is
+/// removed again: a killed process leaves its cgroup within milliseconds.
+const REMOVE_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+const REMOVE_TRIES: u32 = 200;
 
 /// CRI's resources as the cgroup's limits: CRI's 0 is "not set", kept as it is.
 pub(crate) fn limits(r: &LinuxContainerResources) -> Resources {
