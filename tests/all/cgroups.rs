@@ -104,8 +104,9 @@ async fn wait_exit(client: &mut Client, id: &str) -> ContainerStatus {
     }
 }
 
-/// A privileged (host) `process` container running `script` with `resources`; the
-/// script waits until it is in its cgroup, so that nothing it starts escapes it.
+/// A sandboxed `process` container running `script` with `resources`; the script
+/// waits until it is in its cgroup, so that nothing it starts escapes it (the init
+/// joins it before the program runs; a runtime without one moves it after the start).
 fn shell(name: &str, script: &str, resources: LinuxContainerResources) -> ContainerConfig {
     ContainerConfig {
         metadata: Some(ContainerMetadata {
@@ -125,10 +126,7 @@ fn shell(name: &str, script: &str, resources: LinuxContainerResources) -> Contai
         log_path: format!("{name}.log"),
         linux: Some(LinuxContainerConfig {
             resources: Some(resources),
-            security_context: Some(LinuxContainerSecurityContext {
-                privileged: true,
-                ..Default::default()
-            }),
+            security_context: None,
         }),
         ..Default::default()
     }
@@ -167,11 +165,11 @@ async fn process_limits_are_enforced_and_measured_from_cgroups() {
     let pod_cgroup = format!("{root_path}/pod1");
 
     let dir = trellis_tests::test_dir().unwrap();
-    let runtime = Runtime::new(RuntimeConfig {
+    let runtime = Runtime::new(trellis_tests::sandboxed(RuntimeConfig {
         root: dir.path().join("root"),
         process_handler: true,
         ..Default::default()
-    })
+    }))
     .unwrap();
     let socket = dir.path().join("cri.sock");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -325,7 +323,7 @@ async fn process_limits_are_enforced_and_measured_from_cgroups() {
     let pod_cpu = u64_of(&linux.cpu.as_ref().unwrap().usage_core_nano_seconds);
     // The pod's cgroup holds both containers' use, the hog's included.
     assert!(pod_cpu >= spin_cpu, "pod {pod_cpu} < container {spin_cpu}");
-    assert_eq!(u64_of(&linux.process.unwrap().process_count), 1);
+    assert!(u64_of(&linux.process.unwrap().process_count) >= 1);
     let listed_pods = client
         .runtime
         .list_pod_sandbox_stats(ListPodSandboxStatsRequest {
