@@ -4,7 +4,7 @@
 //! ```text
 //! <cgroup-root>/kubepods                 the pods' share of the node (its allocatable)
 //! <cgroup-root>/kubepods/pod<uid>        a Guaranteed pod
-//! <cgroup-root>/kubepods/burstable/pod<uid>
+//! <cgroup-root>/kubepods/burstable/pod<uid>   (weighs as its pods' requests together)
 //! <cgroup-root>/kubepods/besteffort/pod<uid>   (the smallest CPU weight)
 //! ```
 //!
@@ -44,6 +44,9 @@ pub struct PodCgroups {
     hierarchy: Option<Hierarchy>,
     /// `<cgroup-root>/kubepods`, from the hierarchy's root, with a leading `/`.
     kubepods: String,
+    /// The CPU shares of each Burstable pod made by this agent, by UID: `burstable`
+    /// weighs as much as they do together, as the kubelet's QoS manager sets it.
+    burstable_shares: std::sync::Mutex<BTreeMap<String, u64>>,
 }
 
 /// What of the node the pods may have: the limits of `kubepods`.
@@ -61,6 +64,7 @@ impl PodCgroups {
         Self {
             hierarchy: None,
             kubepods: String::new(),
+            burstable_shares: Default::default(),
         }
     }
 
@@ -84,6 +88,7 @@ impl PodCgroups {
         let made = Self {
             hierarchy: Some(hierarchy),
             kubepods,
+            burstable_shares: Default::default(),
         };
         if let Err(e) = made.make_qos_cgroups(allocatable) {
             warn!(cgroup = %made.kubepods, error = %e,
@@ -142,6 +147,14 @@ impl PodCgroups {
     pub fn create(&self, path: &str, resources: &cri::LinuxContainerResources) -> io::Result<()> {
         let cgroup = self.cgroup(path)?;
         cgroup.create()?;
+        if let Some(uid) = path
+            .strip_prefix(&format!("{}/burstable/pod", self.kubepods))
+            .filter(|_| resources.cpu_shares > 0)
+        {
+            self.set_burstable_shares(|pods| {
+                pods.insert(uid.to_owned(), resources.cpu_shares as u64);
+            })?;
+        }
         cgroup.set(&Resources {
             cpu_shares: u64::try_from(resources.cpu_shares).ok().filter(|s| *s > 0),
             cpu_quota: (resources.cpu_quota > 0).then_some(resources.cpu_quota),
@@ -152,6 +165,27 @@ impl PodCgroups {
                 .then_some(resources.memory_limit_in_bytes),
             ..Default::default()
         })
+    }
+
+    /// Changes the Burstable pods' shares with `change` and gives `burstable` their sum
+    /// (at least the smallest weight).
+    fn set_burstable_shares(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<String, u64>),
+    ) -> io::Result<()> {
+        let total = {
+            let mut pods = self
+                .burstable_shares
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            change(&mut pods);
+            pods.values().sum::<u64>()
+        };
+        self.cgroup(&format!("{}/burstable", self.kubepods))?
+            .set(&Resources {
+                cpu_shares: Some(total.max(trellis_cgroups::milli_cpu_to_shares(0))),
+                ..Default::default()
+            })
     }
 
     /// Removes pod `uid`'s cgroup, wherever its QoS class put it, killing what is
@@ -171,6 +205,18 @@ impl PodCgroups {
             if let Err(e) = remove_cgroup(&cgroup).await {
                 warn!(cgroup = %path, error = %e, "remove the pod's cgroup");
             }
+        }
+        let known = self
+            .burstable_shares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains_key(uid);
+        if known
+            && let Err(e) = self.set_burstable_shares(|pods| {
+                pods.remove(uid);
+            })
+        {
+            warn!(error = %e, "set the Burstable pods' CPU weight");
         }
     }
 }
