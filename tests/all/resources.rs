@@ -79,6 +79,7 @@ async fn limits_qos_cgroups_and_users_hold_for_process_pods() -> Result<()> {
         root: root.join("runtime"),
         process_handler: true,
         node_ip: "127.0.0.1".parse()?,
+        init_program: Some(trellis_tests::init_program()),
         ..Default::default()
     })?;
     let socket = root.join("cri.sock");
@@ -226,6 +227,7 @@ async fn limits_qos_cgroups_and_users_hold_for_process_pods() -> Result<()> {
         (0.15..=0.25).contains(&used),
         "the CPU hog limited to 200m used {used:.3} core"
     );
+    println!("the CPU hog limited to 200m used {used:.3} core");
 
     // Each QoS class in its place.
     for (name, p, path) in [
