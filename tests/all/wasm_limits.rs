@@ -4,7 +4,7 @@
 //! allocated memory shows that memory and no CPU. (The memory limit's OOM kill is
 //! `runtime::wasm_memory_limit_is_an_oom_kill_and_a_trap_is_reported`.)
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::time::Duration;
