@@ -309,3 +309,23 @@ impl State {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nano_cores_is_the_rate_since_the_previous_sample() {
+        let state = State::with(Box::new(crate::store::Memory), Tables::default());
+        assert_eq!(state.nano_cores("c", 1_000_000_000, 500), None);
+        // 0.2 s of CPU over 1 s: 200m.
+        assert_eq!(
+            state.nano_cores("c", 2_000_000_000, 200_000_500),
+            Some(200_000_000)
+        );
+        // No time passed: no rate, and the sample is kept.
+        assert_eq!(state.nano_cores("c", 2_000_000_000, 200_000_500), None);
+        state.forget_sample("c");
+        assert_eq!(state.nano_cores("c", 3_000_000_000, 300_000_000), None);
+    }
+}
