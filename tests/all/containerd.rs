@@ -9,6 +9,10 @@
 //! released when the sandbox is removed. Its own bridge (`trellis-nt85`) and range
 //! (10.244.85.0/24), with no gateway, so nothing can leave the machine.
 //!
+//! Pods' cgroups are made by the agent under a cgroup root of the test's own, and
+//! containerd's runc (cgroupfs driver) makes the containers' below them: a memory hog
+//! is OOMKilled at its limit and restarted, a CPU hog is held to its 200m.
+//!
 //! Each test starts a containerd of its own, everything under a temporary directory
 //! (FACTS.md, "containerd through CRI v1"), imports the image with `ctr`, and stops
 //! it at the end. They are skipped only where the script says containerd cannot run
