@@ -63,6 +63,7 @@ mod resources;
 mod runtime;
 mod sandbox;
 mod scheduler;
+mod stats;
 mod store;
 mod wasi_sockets;
 mod wasm_limits;
