@@ -30,6 +30,7 @@ use trellis_controllers::Manager;
 use trellis_plugin_host::{Compilers, HostConfig, PluginHost};
 use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
+use trellis_tests::cgroups::TestCgroupRoot;
 use trellis_tests::pod_network::delete_pods;
 
 const NODE: &str = "pressed";
@@ -44,10 +45,16 @@ struct PressedNode {
     runtime_stop: Stop,
     server: JoinHandle<Result<()>>,
     agent: Option<(Stop, JoinHandle<Result<()>>)>,
+    /// Where the pods' cgroups go, whose stats rank them; none: ranked without.
+    cgroup_root: Option<String>,
 }
 
 impl PressedNode {
-    async fn start(cluster: &TestCluster, root: &Path) -> Result<Self> {
+    async fn start(
+        cluster: &TestCluster,
+        root: &Path,
+        cgroup_root: Option<String>,
+    ) -> Result<Self> {
         let (runtime_stop, stopped) = Shutdown::new();
         let runtime = Runtime::new(RuntimeConfig {
             root: root.join("runtime"),
@@ -65,6 +72,7 @@ impl PressedNode {
             runtime_stop,
             server,
             agent: None,
+            cgroup_root,
         })
     }
 
@@ -79,6 +87,10 @@ impl PressedNode {
         config.pressure_check = Duration::from_millis(200);
         config.eviction_pressure_transition_period = Duration::ZERO;
         config.eviction_hard = Some(ROOMY.parse().map_err(anyhow::Error::msg)?);
+        if let Some(cgroup_root) = &self.cgroup_root {
+            config.cgroups_per_qos = true;
+            config.cgroup_root = cgroup_root.clone();
+        }
         thresholds(&mut config);
         let (stop, stopped) = Shutdown::new();
         let agent = tokio::spawn(trellis_agent::run(
@@ -145,6 +157,16 @@ fn phase(pod: &Pod) -> &str {
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("")
+}
+
+/// Running with its container up (not between restarts).
+fn ready(pod: &Pod) -> bool {
+    phase(pod) == "Running"
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn evicted(pod: &Pod) -> bool {
@@ -249,7 +271,16 @@ async fn a_node_under_memory_pressure_evicts_best_effort_first_is_tainted_and_ad
     let events = watching.informer::<Event>(Api::all(admin.clone()), watcher::Config::default());
     let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
 
-    let mut node = PressedNode::start(&cluster, dir.path()).await?;
+    // Pod cgroups give the runtime the containers' memory to rank by.
+    let cgroups = TestCgroupRoot::new()
+        .map_err(|why| eprintln!("pods without cgroups ({why}): ranked without their usage"))
+        .ok();
+    let mut node = PressedNode::start(
+        &cluster,
+        dir.path(),
+        cgroups.as_ref().map(|c| c.path().to_owned()),
+    )
+    .await?;
     let result = async {
         // Without pressure, a BestEffort and a Burstable pod run.
         node.start_agent(|_| {}).await?;
@@ -266,7 +297,7 @@ async fn a_node_under_memory_pressure_evicts_best_effort_first_is_tainted_and_ad
                 &pods,
                 &format!("default/{name}"),
                 Duration::from_secs(20),
-                |p| phase(p) == "Running",
+                ready,
             )
             .await?;
         }
@@ -311,6 +342,15 @@ async fn a_node_under_memory_pressure_evicts_best_effort_first_is_tainted_and_ad
             best_effort.status
         );
         eprintln!("best-effort evicted: {}", message(&best_effort));
+        if cgroups.is_some() {
+            ensure!(
+                message(&best_effort).contains("Container main was using ")
+                    && message(&best_effort)
+                        .ends_with(", request is 0, has larger consumption of memory. "),
+                "{}",
+                message(&best_effort)
+            );
+        }
         let status = best_effort.status.clone().unwrap_or_default();
         ensure!(
             status
@@ -439,7 +479,7 @@ async fn a_node_under_memory_pressure_evicts_best_effort_first_is_tainted_and_ad
         )
         .await?;
         wait_for(&pods, "default/soft", Duration::from_secs(20), |p| {
-            phase(p) == "Running" || evicted(p)
+            ready(p) || evicted(p)
         })
         .await?;
         let soft = wait_for(&pods, "default/soft", Duration::from_secs(20), evicted).await?;
@@ -462,6 +502,7 @@ async fn a_node_under_memory_pressure_evicts_best_effort_first_is_tainted_and_ad
     )
     .await;
     node.stop().await?;
+    drop(cgroups);
     stop.stop();
     let _ = scheduler.await;
     result
