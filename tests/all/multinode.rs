@@ -323,6 +323,11 @@ async fn start(setup: &Setup) -> Result<Cluster> {
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let script = tempfile::tempdir()?;
     std::fs::write(script.path().join("netexec.py"), NETEXEC)?;
+    // Readable by the pods' user (nobody), which gets it as a read-only volume.
+    std::fs::set_permissions(
+        script.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
     let mut hosts = Vec::new();
     for (i, name) in setup.hosts.iter().enumerate() {
         let host = lan.host(name, 2 + i as u8)?;
@@ -372,13 +377,16 @@ impl Cluster {
     /// A netexec pod on `node`: `port` for HTTP (and UDP_PORT for UDP), Ready once it
     /// answers.
     async fn netexec(&self, name: &str, node: &str, host_network: bool, port: u16) -> Result<()> {
+        let dir = self.script.path().display().to_string();
         let script = self.script.path().join("netexec.py");
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {"nodeName": node, "runtimeClassName": "process",
                 "hostNetwork": host_network,
                 "terminationGracePeriodSeconds": 1,
+                "volumes": [{"name": "script", "hostPath": {"path": dir}}],
                 "containers": [{"name": "netexec", "image": "file:///bin/sh",
+                    "volumeMounts": [{"name": "script", "mountPath": dir, "readOnly": true}],
                     "command": ["/bin/sh", "-c",
                         format!("exec /usr/bin/python3 {} {port} {UDP_PORT}", script.display())],
                     "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],

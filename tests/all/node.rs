@@ -947,6 +947,10 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let names = ["web-a", "web-b", "on-host"];
+    // Where the sandboxed pods (as nobody) tell the test their IP.
+    let shared = root.join("shared");
+    std::fs::create_dir_all(&shared)?;
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     let work = async {
         // The pods come before the pod CIDR: they wait for it.
         for name in ["web-a", "web-b"] {
@@ -954,11 +958,13 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
                 "metadata": {"name": name},
                 "spec": {"nodeName": NET_NODE, "runtimeClassName": "process",
                     "terminationGracePeriodSeconds": 1,
+                    "volumes": [{"name": "shared", "hostPath": {"path": shared.display().to_string()}}],
                     "containers": [{"name": "web", "image": "file:///bin/sh",
                         "command": ["/bin/sh", "-c", "echo \"$POD_IP\" > ip-$NAME; exec /usr/bin/python3 -m http.server 8080"],
                         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                             {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-                        "workingDir": root.display().to_string(),
+                        "workingDir": shared.display().to_string(),
+                        "volumeMounts": [{"name": "shared", "mountPath": shared.display().to_string()}],
                         "ports": [{"containerPort": 8080}],
                         "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}
             }))?;
@@ -1017,7 +1023,7 @@ async fn pods_on_their_own_network_get_ips_from_the_node_pod_cidr() -> Result<()
                 status.host_ip
             );
             // The downward API gives the container the same IP.
-            let told = std::fs::read_to_string(root.join(format!("ip-{name}")))?;
+            let told = std::fs::read_to_string(shared.join(format!("ip-{name}")))?;
             ensure!(told.trim() == ip, "{name} was told {told:?}, not {ip}");
             ips.push(ip);
         }

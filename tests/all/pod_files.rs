@@ -3,7 +3,8 @@
 //! its FQDN, its `hostAliases`), its `resolv.conf` from `dnsPolicy: None` and
 //! `dnsConfig`, a hostPath volume at its `mountPath` with an emptyDir inside it;
 //! `kubectl exec` sees the same; the node's own files are unchanged; a `mountPath`
-//! the node lacks fails the container with the reason; nothing of the pods'
+//! the node lacks is made in a sandboxed container's own root, and fails a
+//! privileged container (on the node's root) with the reason; nothing of the pods'
 //! namespaces or files is left once they are deleted.
 //!
 //! Needs root and the CNI plugins; the node has a CNI network of its own on
@@ -83,7 +84,7 @@ async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_do
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
     let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let names = ["files", "nowhere"];
+    let names = ["files", "nowhere", "somewhere"];
     let work = async {
         node.set_pod_cidr().await?;
         let script = format!(
@@ -109,15 +110,18 @@ async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_do
                         {"name": "scratch", "mountPath": format!("{MOUNT_AT}/scratch")}]}]}
         }))?;
         api.create(&PostParams::default(), &pod).await?;
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "nowhere"},
-            "spec": {"nodeName": NODE, "runtimeClassName": "process",
-                "terminationGracePeriodSeconds": 1,
-                "volumes": [{"name": "scratch", "emptyDir": {}}],
-                "containers": [{"name": "main", "image": "file:///bin/sleep", "args": ["600"],
-                    "volumeMounts": [{"name": "scratch", "mountPath": "/no-such-dir-on-the-node"}]}]}
-        }))?;
-        api.create(&PostParams::default(), &pod).await?;
+        for (name, privileged) in [("nowhere", true), ("somewhere", false)] {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"nodeName": NODE, "runtimeClassName": "process",
+                    "terminationGracePeriodSeconds": 1,
+                    "volumes": [{"name": "scratch", "emptyDir": {}}],
+                    "containers": [{"name": "main", "image": "file:///bin/sleep", "args": ["600"],
+                        "securityContext": {"privileged": privileged},
+                        "volumeMounts": [{"name": "scratch", "mountPath": "/no-such-dir-on-the-node"}]}]}
+            }))?;
+            api.create(&PostParams::default(), &pod).await?;
+        }
 
         let running = wait_pod(&pods, "files", Duration::from_secs(60), |p| {
             super::node::phase(p) == "Running"
@@ -167,23 +171,18 @@ async fn a_process_pod_sees_its_hostname_hosts_resolv_conf_and_volumes_and_so_do
             .await?;
         ensure!(addresses.contains(&ip), "the exec is in the pod's network: {addresses}");
 
-        // A mountPath the node lacks: the container is not created, and says why.
-        let refused = wait_pod(&pods, "nowhere", Duration::from_secs(30), |p| {
-            super::node::container(p)
-                .and_then(|c| c.state.as_ref())
-                .and_then(|s| s.waiting.as_ref())
-                .is_some_and(|w| w.reason.as_deref() == Some("CreateContainerError"))
+        // A mountPath the node lacks: made in a sandboxed container's own root; a
+        // privileged container, on the node's root, does not start, and says why.
+        wait_pod(&pods, "somewhere", Duration::from_secs(30), |p| {
+            super::node::phase(p) == "Running"
         })
         .await?;
-        let message = super::node::container(&refused)
-            .and_then(|c| c.state.as_ref())
-            .and_then(|s| s.waiting.as_ref())
-            .and_then(|w| w.message.clone())
-            .unwrap_or_default();
-        ensure!(
-            message.contains("/no-such-dir-on-the-node does not exist on this node"),
-            "{message}"
-        );
+        let says = |p: &Pod| {
+            super::node::container(p)
+                .and_then(|c| c.last_state.as_ref()?.terminated.as_ref()?.message.clone())
+                .filter(|m| m.contains("/no-such-dir-on-the-node does not exist on this node"))
+        };
+        wait_pod(&pods, "nowhere", Duration::from_secs(30), |p| says(p).is_some()).await?;
         Ok::<_, anyhow::Error>(())
     }
     .await;

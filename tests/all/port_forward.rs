@@ -50,7 +50,6 @@ async fn port_forward_reaches_each_pods_own_port() -> Result<()> {
         },
     )
     .await?;
-    let root = node.root();
     let admin = node.admin.clone();
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
@@ -66,7 +65,8 @@ async fn port_forward_reaches_each_pods_own_port() -> Result<()> {
                     "containers": [{"name": "web", "image": "file:///bin/sh",
                         "command": ["/bin/sh", "-c", "mkdir -p $NAME && echo \"I am $NAME\" > $NAME/index.html && cd $NAME && exec /usr/bin/python3 -m http.server 8080"],
                         "env": [{"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-                        "workingDir": root.display().to_string(),
+                        // Its own /tmp, in its sandbox.
+                        "workingDir": "/tmp",
                         "ports": [{"containerPort": 8080}],
                         "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}
             }))?;

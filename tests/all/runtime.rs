@@ -297,6 +297,21 @@ fn rec(stream: &str, tag: &str, content: &str) -> (String, String, String) {
     (stream.into(), tag.into(), content.into())
 }
 
+/// Lets a sandboxed container see the test's directory `dir` at its own path, as
+/// root: where the test and the container meet through files.
+fn sees_host_dir(config: &mut ContainerConfig, dir: &Path) {
+    config.mounts.push(k8s_cri::v1::Mount {
+        container_path: dir.display().to_string(),
+        host_path: dir.display().to_string(),
+        ..Default::default()
+    });
+    let linux = config.linux.get_or_insert_with(Default::default);
+    linux
+        .security_context
+        .get_or_insert_with(Default::default)
+        .run_as_user = Some(k8s_cri::v1::Int64Value { value: 0 });
+}
+
 fn env(key: &str, value: &str) -> KeyValue {
     KeyValue {
         key: key.into(),
@@ -613,6 +628,7 @@ async fn exec_sync_runs_beside_a_process_and_is_refused_for_wasm_and_logs_reopen
             ];
             c.envs = vec![env("FOO", "bar")];
             c.working_dir = dir.path().display().to_string();
+            sees_host_dir(c, dir.path());
         })
         .await
         .unwrap();
@@ -984,6 +1000,7 @@ async fn a_restarted_runtime_adopts_a_live_process_and_reports_a_lost_wasm_progr
                     go.display()
                 ),
             ];
+            sees_host_dir(c, dir.path());
         })
         .await
         .unwrap();

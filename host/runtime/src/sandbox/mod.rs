@@ -353,6 +353,15 @@ fn start(spec: &Spec) -> Result<u32, String> {
         }
     }
     root::enter(spec).map_err(|e| format!("cannot build the container's root: {e}"))?;
+    // Made when missing, as runc makes it (where the root is writable).
+    if !spec.cwd.is_dir() {
+        std::fs::create_dir_all(&spec.cwd).map_err(|e| {
+            format!(
+                "cannot make the working directory {}: {e}",
+                spec.cwd.display()
+            )
+        })?;
+    }
     null_stdin()?;
     creds::apply(&spec.creds).map_err(|e| format!("cannot take on the container's user: {e}"))?;
     if spec.no_new_privs {
