@@ -9,7 +9,9 @@
 //! apart (`first_start_ms`); the percentiles cover the others.
 //!
 //! Handlers: `wasmtime` runs `plugins/target/dist/workload.wasm` (a WASI program that
-//! sleeps); `process` runs `/bin/sleep`. `node_rss_mb` is the node process's resident
+//! sleeps); `process` runs `/bin/sleep` in its sandbox (its init builds a root, a PID
+//! namespace and credentials of its own), or with `--privileged` as the node's own
+//! process (the namespace `default` then at Pod Security's `privileged` level). `node_rss_mb` is the node process's resident
 //! memory with every pod running (for `process`, the agent and the runtime alone: the
 //! pods are processes of their own).
 //!
@@ -85,6 +87,10 @@ pub struct PodStartArgs {
     /// host-local, portmap) instead of the runtime's in-process bridge.
     #[arg(long)]
     cni_plugins: bool,
+
+    /// `process` pods with `securityContext.privileged`: no sandbox, the cost without it.
+    #[arg(long)]
+    privileged: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -100,6 +106,8 @@ struct Report {
     node_rss_mb: f64,
     /// Whether pods had a network of their own, and through what.
     pod_network: Option<&'static str>,
+    /// Whether `process` pods ran in their sandbox (not privileged).
+    sandboxed: bool,
     /// From a pod's delete to its sandbox gone from the runtime, each pod alone.
     teardown_p50_ms: f64,
     teardown_p99_ms: f64,
@@ -160,8 +168,9 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     stopped?;
     super::print_report(args.json, &report, || {
         format!(
-            "pod start ({:?}, {}): {} pods, bound → Running p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; the first (compiled) {:.1} ms; the node process {:.1} MB with every pod running; delete → sandbox gone p50 {:.1} ms, p99 {:.1} ms",
+            "pod start ({:?}{}, {}): {} pods, bound → Running p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; the first (compiled) {:.1} ms; the node process {:.1} MB with every pod running; delete → sandbox gone p50 {:.1} ms, p99 {:.1} ms",
             report.handler,
+            if report.sandboxed { ", sandboxed" } else { "" },
             report.pod_network.unwrap_or("node network"),
             report.pods,
             report.p50_ms,
@@ -253,6 +262,18 @@ async fn measure(
     tokio::time::timeout(Duration::from_secs(30), ready)
         .await
         .context("the node did not become Ready (see its node.log)")??;
+    if args.privileged {
+        // Pod Security's default (baseline) refuses a privileged process pod.
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .patch(
+                "default",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels":
+                    {"pod-security.kubernetes.io/enforce": "privileged"}}})),
+            )
+            .await
+            .context("open the namespace default to privileged pods")?;
+    }
     if args.pod_network {
         // The node IPAM controller's part.
         let cidr = &args.pod_cidr;
@@ -278,7 +299,10 @@ async fn measure(
         let name = format!("start-{i}");
         let (class, command) = match args.handler {
             Handler::Wasmtime => ("wasmtime", json!({"args": ["sleep", "3600000"]})),
-            Handler::Process => ("process", json!({"args": ["3600"]})),
+            Handler::Process => (
+                "process",
+                json!({"args": ["3600"], "securityContext": {"privileged": args.privileged}}),
+            ),
         };
         let mut container = json!({"name": "main", "image": image});
         container
@@ -335,6 +359,7 @@ async fn measure(
         } else {
             "in-process bridge"
         }),
+        sandboxed: args.handler == Handler::Process && !args.privileged,
         teardown_p50_ms: t.p50_ms,
         teardown_p99_ms: t.p99_ms,
         teardown_max_ms: t.max_ms,
