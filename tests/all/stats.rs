@@ -183,8 +183,12 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: kate}]
         }
     })
     .await;
+    // The agent removes a gone pod's sandbox (its processes, the busy loop) right after;
+    // stopped before that, they would outlive the test.
+    let removed = node.sandboxes_removed(Duration::from_secs(20)).await;
     node.stop().await?;
     work?;
+    removed?;
     cluster.stop().await?;
     eprintln!("stats test took {:?}", started.elapsed());
     Ok(())
@@ -358,6 +362,7 @@ fn parse_prometheus_text(text: &str) -> Result<HashMap<String, f64>> {
 /// agent serving its routes with the cluster CA, on 127.0.0.1.
 struct StatsNode {
     stop: Stop,
+    cri: trellis_runtime::Client,
     agent: tokio::task::JoinHandle<Result<()>>,
     server: tokio::task::JoinHandle<Result<()>>,
 }
@@ -395,15 +400,36 @@ impl StatsNode {
         let agent = tokio::spawn(trellis_agent::run(
             config,
             client,
-            cri,
+            cri.clone(),
             SharedInformers::new(),
             stopped,
         ));
         Ok(StatsNode {
             stop,
+            cri,
             agent,
             server,
         })
+    }
+
+    /// Waits until the runtime has no sandbox left, retrying its list up to `limit`.
+    async fn sandboxes_removed(&self, limit: Duration) -> Result<()> {
+        let mut runtime = self.cri.runtime.clone();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let left = runtime
+                .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest::default())
+                .await?
+                .into_inner()
+                .items;
+            if left.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("sandboxes left after {limit:?}: {left:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn stop(self) -> Result<()> {
