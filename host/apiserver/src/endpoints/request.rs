@@ -636,6 +636,12 @@ mod tests {
             fits("/api/v1/nodes/a/status", &nodes),
             Some(Some(Subresource::Status))
         );
+        // A node proxy's path goes on past the subresource, however long.
+        assert_eq!(
+            fits("/api/v1/nodes/a/proxy/containerLogs/x/p/c", &nodes),
+            Some(Some(Subresource::Proxy))
+        );
+        assert_eq!(fits("/api/v1/namespaces/x/pods/a/proxy", &pods), None);
         let mut in_namespace = path(info("/api/v1/nodes/a"));
         in_namespace.namespace = Some("x".to_owned());
         assert_eq!(in_namespace.subresource_of(&nodes), None);
