@@ -568,8 +568,41 @@ impl Handler for Process {
     }
 }
 
-/// CPU time (ns) and resident bytes of process `pid` (its own, not its children's).
+/// CPU time (ns) and resident bytes of process `pid` and those it started that are
+/// still running (a sandboxed container's process is its init; the program is its
+/// child).
 fn usage(pid: i32) -> Option<(u64, u64)> {
+    let mut total = own_usage(pid)?;
+    let mut pending = children(pid);
+    // Bounded: a fork bomb does not make a stats call walk for ever.
+    let mut seen = 0;
+    while let Some(child) = pending.pop()
+        && seen < 4096
+    {
+        seen += 1;
+        if let Some((cpu, rss)) = own_usage(child) {
+            total.0 += cpu;
+            total.1 += rss;
+        }
+        pending.extend(children(child));
+    }
+    Some(total)
+}
+
+/// The children of process `pid` (of its main thread: a container's processes do
+/// not start others from other threads, and an approximation is enough here).
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// CPU time (ns) and resident bytes of process `pid` (its own, not its children's).
+fn own_usage(pid: i32) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat
         .get(stat.rfind(')')? + 1..)?
