@@ -3,7 +3,8 @@
 //! throttled to its limit (measured from its pod's cgroup), a pod runs as the user,
 //! group and groups it asks for and writes its emptyDir as its fsGroup, each pod's
 //! cgroup is where its QoS class puts it (and goes with the pod), a root container of
-//! a `runAsNonRoot` pod is refused, and the Node's allocatable leaves out what is
+//! a `runAsNonRoot` pod is refused, the cgroup of a pod deleted while the agent was
+//! down goes once the agent is back, and the Node's allocatable leaves out what is
 //! reserved. One server and one node for the module, the node's cgroups under a root
 //! of the test's own; skipped where cgroups cannot be made (not root).
 
@@ -107,13 +108,19 @@ async fn limits_qos_cgroups_and_users_hold_for_process_pods() -> Result<()> {
             .parse()
             .map_err(anyhow::Error::msg)?,
     );
-    let agent = tokio::spawn(trellis_agent::run(
-        config,
-        cluster.in_process().client(identity::node(NODE)),
-        cri,
-        SharedInformers::new(),
-        stopped,
-    ));
+    // The agent stops on its own (the runtime goes on), to be started again.
+    let start_agent = |config: AgentConfig| {
+        let (stop, stopped) = Shutdown::new();
+        let agent = tokio::spawn(trellis_agent::run(
+            config,
+            cluster.in_process().client(identity::node(NODE)),
+            cri.clone(),
+            SharedInformers::new(),
+            stopped,
+        ));
+        (stop, agent)
+    };
+    let (agent_stop, agent) = start_agent(config.clone());
     let admin = cluster
         .in_process()
         .client(UserInfo::new("admin", ["system:masters"]));
@@ -294,9 +301,44 @@ async fn limits_qos_cgroups_and_users_hold_for_process_pods() -> Result<()> {
     wait_gone(&pods, &["cpu-hog"]).await?;
     ensure!(!pod_cgroup.exists(), "{} is left", pod_cgroup.path());
 
-    delete_all(&api, &pods).await?;
-    stop.stop();
+    // A pod deleted while the agent was down: its cgroup goes once the agent is back
+    // and has collected its sandbox.
+    let best_effort_cgroup =
+        cgroups.cgroup(&format!("kubepods/besteffort/pod{}", uid(&best_effort)));
+    agent_stop.stop();
     agent.await??;
+    api.delete("best-effort", &DeleteParams::default().grace_period(0))
+        .await?;
+    wait_gone(&pods, &["best-effort"]).await?;
+    ensure!(
+        best_effort_cgroup.exists(),
+        "removed while the agent was down?"
+    );
+    let (agent_stop, agent) = start_agent(config);
+    let parent = cgroups.cgroup("kubepods/besteffort");
+    let dirs: Vec<std::path::PathBuf> = parent
+        .procs_files()
+        .iter()
+        .filter_map(|f| f.parent().map(|d| d.to_owned()))
+        .collect();
+    let dirs: Vec<&std::path::Path> = dirs.iter().map(|d| d.as_path()).collect();
+    trellis_tests::wait_removed_in(
+        &dirs,
+        || {
+            if best_effort_cgroup.exists() {
+                vec![best_effort_cgroup.path().to_owned()]
+            } else {
+                Vec::new()
+            }
+        },
+        Duration::from_secs(30),
+    )
+    .await?;
+
+    delete_all(&api, &pods).await?;
+    agent_stop.stop();
+    agent.await??;
+    stop.stop();
     server.await??;
     Ok(())
 }
@@ -304,13 +346,7 @@ async fn limits_qos_cgroups_and_users_hold_for_process_pods() -> Result<()> {
 /// Deletes the test's pods at once and waits until they are gone: the agent removes
 /// a pod once it stopped its containers and removed its cgroup.
 async fn delete_all(api: &Api<Pod>, pods: &Arc<Informer<Pod>>) -> Result<()> {
-    let names = [
-        "memory-hog",
-        "guaranteed",
-        "best-effort",
-        "as-user",
-        "non-root",
-    ];
+    let names = ["memory-hog", "guaranteed", "as-user", "non-root"];
     for name in names {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }

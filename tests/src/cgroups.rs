@@ -58,15 +58,50 @@ impl Drop for TestCgroupRoot {
     fn drop(&mut self) {
         let root = self.hierarchy.cgroup(&self.path);
         // Killed processes leave their cgroups a moment later: a bounded retry.
+        let mut removed = false;
         for _ in 0..200 {
             let _ = root.kill_all();
             if root.remove().is_ok() {
-                return;
+                removed = true;
+                break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        if let Err(e) = root.remove() {
+        if !removed && let Err(e) = root.remove() {
             eprintln!("cannot remove the test's cgroup {}: {e}", self.path);
         }
+        // runc (containerd's) also makes its containers' cgroups in the hierarchies
+        // that have no controller (`name=systemd`, a v2 mount beside v1): removed too,
+        // deepest first.
+        for mount in cgroup_mounts() {
+            let dir = mount.join(self.path.trim_start_matches('/'));
+            if dir.is_dir() {
+                remove_tree(&dir);
+            }
+        }
+    }
+}
+
+/// Where cgroup hierarchies (v1 and v2) are mounted.
+fn cgroup_mounts() -> Vec<std::path::PathBuf> {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split(' ');
+            let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+            matches!(kind, "cgroup" | "cgroup2").then(|| point.into())
+        })
+        .collect()
+}
+
+fn remove_tree(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path());
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        eprintln!("cannot remove cgroup {}: {e}", dir.display());
     }
 }
