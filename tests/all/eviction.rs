@@ -60,6 +60,7 @@ impl PressedNode {
             root: root.join("runtime"),
             process_handler: true,
             node_ip: "127.0.0.1".parse()?,
+            init_program: Some(trellis_tests::init_program()),
             ..Default::default()
         })?;
         let listener = trellis_runtime::listen(&root.join("cri.sock"))?;
