@@ -647,6 +647,18 @@ async fn run_pods(containerd: &Containerd, tarball: &Path) -> Result<()> {
         .await
         .context("the hogs were not removed")??;
     ensure!(!pod_cgroup.exists(), "{} is left", pod_cgroup.path());
+    // Nor in the hierarchies without a controller, where runc makes its cgroups too.
+    let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+    let left: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            matches!(fields.get(2), Some(&"cgroup" | &"cgroup2"))
+                .then(|| Path::new(fields[1]).join(pod_cgroup.path().trim_start_matches('/')))
+        })
+        .filter(|dir| dir.exists())
+        .collect();
+    ensure!(left.is_empty(), "left: {left:?}");
 
     stop.stop();
     agent.await??;

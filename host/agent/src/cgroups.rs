@@ -285,13 +285,47 @@ async fn remove_cgroup(cgroup: &Cgroup) -> io::Result<()> {
     let deadline = tokio::time::Instant::now() + KILL_WAIT;
     loop {
         match cgroup.remove() {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                remove_elsewhere(cgroup.path());
+                return Ok(());
+            }
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
             Err(_) => {
                 cgroup.kill_all()?;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+    }
+}
+
+/// Removes the cgroup at `path` from the hierarchies without a controller
+/// (`name=systemd`, a v2 mount beside v1 controllers), where runc (containerd's) also
+/// makes its containers' cgroups, and so their parents: empty directories, deepest
+/// first.
+fn remove_elsewhere(path: &str) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for mount in mounts.lines().filter_map(|l| {
+        let mut fields = l.split(' ');
+        let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+        matches!(kind, "cgroup" | "cgroup2").then_some(point)
+    }) {
+        let dir = std::path::Path::new(mount).join(path.trim_start_matches('/'));
+        if dir.is_dir() {
+            remove_tree(&dir);
+        }
+    }
+}
+
+fn remove_tree(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path());
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        warn!(cgroup = %dir.display(), error = %e, "remove the pod's cgroup");
     }
 }
 
