@@ -346,10 +346,6 @@ fn start(spec: &Spec) -> Result<u32, String> {
         null_stdin()?;
         return Err(running(command.exec()));
     }
-    // Its cgroup is the root of what it sees in /proc/self/cgroup, not the node's tree.
-    #[allow(deprecated)]
-    rustix::thread::unshare(rustix::thread::UnshareFlags::NEWCGROUP)
-        .map_err(|e| format!("cannot make a cgroup namespace: {e}"))?;
     if spec.pod_network {
         for (name, value) in POD_NETWORK_SYSCTLS {
             std::fs::write(Path::new("/proc/sys").join(name), value)
@@ -493,7 +489,6 @@ fn exec(args: &[OsString]) -> i32 {
         rustix::thread::move_into_thread_name_spaces(
             pidfd.as_fd(),
             Ns::MOUNT
-                | Ns::CONTROL_GROUP
                 | Ns::HOST_NAME_AND_NIS_DOMAIN_NAME
                 | Ns::INTER_PROCESS_COMMUNICATION
                 | Ns::NETWORK
