@@ -483,6 +483,31 @@ mod tests {
     }
 
     #[test]
+    fn the_sandbox_carries_the_pods_user_groups_privilege_and_limits() {
+        let p = pod(serde_json::json!({
+            "securityContext": {"runAsUser": 1234, "runAsGroup": 2345, "fsGroup": 4567,
+                "supplementalGroups": [3456]},
+            "containers": [
+                {"name": "a", "resources": {"limits": {"cpu": "200m", "memory": "64Mi"}}},
+                {"name": "b", "securityContext": {"privileged": true},
+                    "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}}}]}));
+        let linux = sandbox_config(Path::new("/r"), &p, "u", true)
+            .linux
+            .unwrap();
+        let sc = linux.security_context.unwrap();
+        assert_eq!(sc.run_as_user.map(|u| u.value), Some(1234));
+        assert_eq!(sc.run_as_group.map(|g| g.value), Some(2345));
+        assert_eq!(sc.supplemental_groups, [4567, 3456]);
+        assert!(sc.privileged);
+        // Guaranteed: the pod's cgroup is limited to its containers' sum.
+        let r = linux.resources.unwrap();
+        assert_eq!((r.cpu_quota, r.cpu_period), (30_000, 100_000));
+        assert_eq!(r.memory_limit_in_bytes, 96 << 20);
+        // Made by the agent only when pods get cgroups: not here.
+        assert_eq!(linux.cgroup_parent, "");
+    }
+
+    #[test]
     fn a_host_network_pod_stays_on_the_node_network() {
         let host = pod(serde_json::json!({"hostNetwork": true, "containers": [{"name": "a"}]}));
         assert!(!crate::spec::own_network(true, &host));
