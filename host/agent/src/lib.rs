@@ -13,6 +13,9 @@
 //!   configuration, its containers' configurations and what the runtime says of them,
 //!   image pulls with the pod's pull secrets; [`labels`]: the labels and annotations
 //!   they carry.
+//! - [`cgroups`]: the pods' cgroups, a tree per QoS class (`kubepods/burstable/pod<uid>`)
+//!   limited as the kubelet limits them; [`container`] also gives each container the
+//!   kubelet's resources and security context.
 //! - [`status`]: the pod status Kubernetes reports, from the runtime's containers.
 //! - [`spec`]: what a container gets: its environment, mounts and volumes.
 //! - [`probes`]: startup, liveness and readiness probes.
