@@ -102,7 +102,8 @@ pub struct Node<'a> {
 }
 
 /// The user an image runs as, as its runtime reports it: a UID, or a name that is not
-/// one. Neither when the runtime says nothing (or cannot be asked).
+/// one. Neither when the runtime says nothing (or cannot be asked), which
+/// `runAsNonRoot` takes as root, as the kubelet does; a `process` image is nobody's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImageUser {
     pub uid: Option<i64>,
@@ -306,14 +307,18 @@ fn verify_run_as_non_root(
         return Ok(());
     }
     match image_user {
-        ImageUser { uid: Some(0), .. } => Err(spec::ConfigError(format!(
-            "container has runAsNonRoot and image will run as root {who}"
-        ))),
         ImageUser {
             uid: None,
             username,
         } if !username.is_empty() => Err(spec::ConfigError(format!(
             "container has runAsNonRoot and image has non-numeric user ({username}), cannot verify user is non-root {who}"
+        ))),
+        // An image that names no user runs as root (the kubelet's `getImageUser`).
+        ImageUser {
+            uid: Some(0) | None,
+            ..
+        } => Err(spec::ConfigError(format!(
+            "container has runAsNonRoot and image will run as root {who}"
         ))),
         _ => Ok(()),
     }
@@ -811,6 +816,15 @@ mod tests {
         ));
         let e = config(&non_root(serde_json::json!({"runAsUser": 0})), root.clone()).unwrap_err();
         assert!(e.0.starts_with("container's runAsUser breaks non-root policy"));
+        // An image that names no user (a WASM component's) runs as root.
+        let e = config(&non_root(serde_json::json!({})), ImageUser::default()).unwrap_err();
+        assert!(e.0.starts_with("container has runAsNonRoot and image will run as root"));
+        // A process image runs as nobody (its runtime says so): it passes.
+        let nobody = ImageUser {
+            uid: Some(65534),
+            username: String::new(),
+        };
+        assert!(config(&non_root(serde_json::json!({})), nobody).is_ok());
         // A non-root user given: the image's root is not used.
         let sc = config(&non_root(serde_json::json!({"runAsUser": 1000})), root)
             .unwrap()
