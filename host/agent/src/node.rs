@@ -69,12 +69,13 @@ pub async fn heartbeat(ctx: Arc<Context>, stopped: Shutdown) {
     );
     let mut report = tokio::time::interval(ctx.config.status_report);
     report.tick().await;
-    let mut pressure_check = tokio::time::interval(ctx.config.pressure_check);
-    pressure_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The eviction manager reads the signals and holds the conditions (soft
+    // thresholds, grace and transition periods): a change is written at once.
+    let mut conditions = ctx.eviction.watch_conditions();
     let mut reported = pressure(&ctx);
     loop {
         tokio::select! {
-            _ = pressure_check.tick(), if ctx.config.eviction_hard.is_some() => {
+            Ok(()) = conditions.changed() => {
                 let now = pressure(&ctx);
                 if now != reported {
                     info!(node = %ctx.config.node_name, pressure = ?now, "the node's pressure changed");
@@ -303,13 +304,10 @@ async fn renew_lease(ctx: &Context) -> anyhow::Result<()> {
 }
 
 /// The pressure conditions that hold now.
+/// The pressure conditions as the eviction manager holds them (none when it does not
+/// run: `eviction_hard` is `None`).
 fn pressure(ctx: &Context) -> crate::pressure::Pressure {
-    match &ctx.config.eviction_hard {
-        Some(thresholds) => {
-            crate::pressure::Signals::observe(&ctx.config.root).pressure(thresholds)
-        }
-        None => crate::pressure::Pressure::default(),
-    }
+    ctx.eviction.conditions()
 }
 
 async fn status(ctx: &Context) -> NodeStatus {
