@@ -534,3 +534,127 @@ fn exec(args: &[OsString]) -> i32 {
 pub(crate) fn report_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_cri::v1::{
+        Capability, ContainerConfig, Int64Value, LinuxContainerConfig,
+        LinuxContainerSecurityContext, SecurityProfile,
+    };
+
+    fn record(security: LinuxContainerSecurityContext) -> ContainerRecord {
+        ContainerRecord {
+            id: "c".into(),
+            sandbox_id: "s".into(),
+            config: ContainerConfig {
+                args: vec!["600".into()],
+                linux: Some(LinuxContainerConfig {
+                    security_context: Some(security),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            image_id: String::new(),
+            kind: crate::record::ImageKind::Process,
+            handler: String::new(),
+            program: "/bin/sleep".into(),
+            log_path: None,
+            state: 0,
+            created_at: 0,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            pid: None,
+            pid_start: None,
+            netns: Some("/run/netns/x".into()),
+        }
+    }
+
+    fn spec(security: LinuxContainerSecurityContext) -> Result<Spec, String> {
+        Spec::new(&record(security), Path::new("/c"), Vec::new(), Vec::new())
+    }
+
+    #[test]
+    fn a_container_runs_as_nobody_unless_the_pod_names_a_user() {
+        let default = spec(Default::default()).unwrap();
+        assert_eq!(
+            (
+                default.creds.uid,
+                default.creds.gid,
+                default.creds.groups.len()
+            ),
+            (NOBODY, NOBODY, 0)
+        );
+        assert_eq!(default.argv, [OsString::from("/bin/sleep"), "600".into()]);
+        assert_eq!(default.root, Path::new("/c/rootfs"));
+        assert!(default.pod_network && !default.privileged && !default.seccomp);
+        assert_eq!(
+            default.creds.capabilities,
+            creds::DEFAULT_CAPABILITIES.bits()
+        );
+
+        let root = spec(LinuxContainerSecurityContext {
+            run_as_user: Some(Int64Value { value: 0 }),
+            supplemental_groups: vec![5, 6],
+            capabilities: Some(Capability {
+                drop_capabilities: vec!["ALL".into()],
+                ..Default::default()
+            }),
+            seccomp: Some(SecurityProfile {
+                profile_type: ProfileType::RuntimeDefault as i32,
+                ..Default::default()
+            }),
+            readonly_rootfs: true,
+            ..Default::default()
+        })
+        .unwrap();
+        // Root's primary group, from the node's /etc/passwd.
+        assert_eq!(
+            (root.creds.uid, root.creds.gid, root.creds.groups),
+            (0, 0, vec![5, 6])
+        );
+        assert_eq!(root.creds.capabilities, 0);
+        assert!(root.seccomp && root.readonly_rootfs);
+
+        let with_group = spec(LinuxContainerSecurityContext {
+            run_as_user: Some(Int64Value { value: 1234 }),
+            run_as_group: Some(Int64Value { value: 4321 }),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!((with_group.creds.uid, with_group.creds.gid), (1234, 4321));
+
+        let privileged = spec(LinuxContainerSecurityContext {
+            privileged: true,
+            run_as_user: Some(Int64Value { value: 1234 }),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(privileged.privileged && privileged.creds == creds::Creds::default());
+    }
+
+    #[test]
+    fn what_the_sandbox_cannot_honour_is_refused() {
+        let localhost = spec(LinuxContainerSecurityContext {
+            seccomp: Some(SecurityProfile {
+                profile_type: ProfileType::Localhost as i32,
+                localhost_ref: "profiles/x.json".into(),
+            }),
+            ..Default::default()
+        });
+        assert!(localhost.is_err_and(|e| e.contains("profiles/x.json")));
+        let unknown = spec(LinuxContainerSecurityContext {
+            run_as_username: "no-such-user-here".into(),
+            ..Default::default()
+        });
+        assert!(unknown.is_err_and(|e| e.contains("no-such-user-here")));
+        let negative = spec(LinuxContainerSecurityContext {
+            run_as_user: Some(Int64Value { value: -1 }),
+            ..Default::default()
+        });
+        assert!(negative.is_err());
+    }
+}
