@@ -474,6 +474,8 @@ async fn run_pods(containerd: &Containerd, tarball: &Path) -> Result<()> {
     config.backoff_max = Duration::from_millis(800);
     config.port = 0;
     config.client_ca_pem = Some(cluster.ca_pem.clone());
+    // No pressure whatever the machine's disk holds: eviction is `eviction`'s test.
+    config.eviction_hard = None;
     // Pods' cgroups under a root of the test's own; containerd (runc, cgroupfs driver)
     // makes its containers' below them.
     let cgroups = TestCgroupRoot::new().map_err(anyhow::Error::msg)?;

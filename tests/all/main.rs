@@ -3,7 +3,9 @@
 //! # Layout
 //! - `apiserver`: the API server end to end, driven by the real kubectl (tables,
 //!   apply, selectors, conflicts, validation, finalizers, namespaces, watch, paging,
-//!   the status subresource, authentication and authorization).
+//!   the status subresource, authentication and authorization, Pod Security).
+//! - `cgroups`: a process container's memory and CPU limits through the runtime's
+//!   cgroups, measured by its CRI stats.
 //! - `churn`: pods on the pod network come and go through a node and leave nothing of
 //!   their network; the agent collects what gone pods left.
 //! - `client`: `trellis-client` (kube-rs) against the server, remote and in-process:
@@ -37,11 +39,16 @@
 //! - `runtime`: `trellis-runtime` over real gRPC, as a kubelet drives a CRI runtime:
 //!   WASM programs and `wasi:http` servers, native processes, images from files and
 //!   from an OCI registry, stops, limits, a runtime restart.
+//! - `sandbox`: what a sandboxed `process` container can reach (not the node's data,
+//!   credentials, other pods' volumes or processes) and who it runs as.
 //! - `scheduler`: the scheduler with the bundled default plugins against a server.
+//! - `stats`: the node's Summary API and resource metrics through the API server's
+//!   node proxy; `nodes/proxy` needed.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
 //! - `wasi_sockets`: a `wasi:cli` program's sockets and name lookups in its pod's
 //!   network.
+//! - `wasm_limits`: WASM containers' CPU limit and usage through the CRI.
 
 mod apiserver;
 mod cgroups;

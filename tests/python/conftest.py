@@ -188,6 +188,56 @@ def network_leftovers():
         _network_object(thing, "delete")
 
 
+CGROUP_MOUNTS = Path("/sys/fs/cgroup")
+
+
+def _remove_cgroup_tree(top: Path) -> None:
+    """Kills what is left in cgroup `top` (one hierarchy's directory) and removes it,
+    children first."""
+    for dirpath, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
+        procs = Path(dirpath) / "cgroup.procs"
+        for _ in range(100):
+            try:
+                pids = procs.read_text().split()
+            except OSError:
+                pids = []
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+            try:
+                os.rmdir(dirpath)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def node_settings():
+    """Every node the session starts (`trellis up`, `trellis node`) makes its pods'
+    cgroups under a root of the session's own, removed at the end, and has eviction
+    thresholds no machine meets: a test machine's full disk must not evict the tests'
+    pods."""
+    name = f"trellis-test-py-{uuid.uuid4().hex[:8]}"
+    saved = {key: os.environ.get(key) for key in ("TRELLIS_CGROUP_ROOT", "TRELLIS_EVICTION_HARD")}
+    os.environ["TRELLIS_CGROUP_ROOT"] = f"/{name}"
+    os.environ["TRELLIS_EVICTION_HARD"] = (
+        "memory.available<0,nodefs.available<0%,nodefs.inodesFree<0%,imagefs.available<0%,pid.available<0")
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if CGROUP_MOUNTS.is_dir():
+        for hierarchy in CGROUP_MOUNTS.iterdir():
+            if (hierarchy / name).is_dir():
+                _remove_cgroup_tree(hierarchy / name)
+        if (CGROUP_MOUNTS / name).is_dir():
+            _remove_cgroup_tree(CGROUP_MOUNTS / name)
+
+
 def remove_data_dir(data_dir: Path) -> None:
     release_namespaces(data_dir)
     if os.environ.get("TRELLIS_KEEP_DATA"):

@@ -140,6 +140,7 @@ pub struct NodeFlags {
     /// pid.available; signals not named keep these defaults.
     #[arg(
         long,
+        env = "TRELLIS_EVICTION_HARD",
         default_value = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%",
         value_name = "THRESHOLDS"
     )]
@@ -162,7 +163,12 @@ pub struct NodeFlags {
 
     /// The longest grace period, in seconds, of a pod evicted for a soft threshold;
     /// negative: the pod's own.
-    #[arg(long, default_value_t = 0, value_name = "SECONDS", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
     pub eviction_max_pod_grace_period: i64,
 
     /// How far above its threshold a met signal must come back before it is no longer
@@ -228,7 +234,12 @@ pub struct NodeFlags {
     pub cgroups_per_qos: bool,
 
     /// The cgroup the pods' `kubepods` cgroup is made under.
-    #[arg(long, default_value = "/", value_name = "CGROUP")]
+    #[arg(
+        long,
+        env = "TRELLIS_CGROUP_ROOT",
+        default_value = "/",
+        value_name = "CGROUP"
+    )]
     pub cgroup_root: String,
 
     /// What the node keeps for Trellis' own daemons, out of what pods may have:
