@@ -262,10 +262,17 @@ fn real_hierarchy_counts_oom_kills_at_the_memory_limit() {
         ..Default::default()
     })
     .expect("set");
-    // It waits until it is in the cgroup, then `tail` keeps 64 MiB with no newline.
+    // It waits until its memory controller is the cgroup's (on v1 the controllers are
+    // joined one after the other: another may show the path first), then `tail`
+    // keeps 64 MiB with no newline.
     let mut child = std::process::Command::new("/bin/sh")
         .arg("-c")
-        .arg("until grep -q trellis-test-oom /proc/$$/cgroup; do :; done; head -c 67108864 /dev/zero | tail")
+        .arg(
+            "until grep -q ':memory:.*trellis-test-oom' /proc/$$/cgroup \
+               || { ! grep -q ':memory:' /proc/$$/cgroup \
+                    && grep -q '^0::.*trellis-test-oom' /proc/$$/cgroup; }; do :; done; \
+             head -c 67108864 /dev/zero | tail",
+        )
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("spawn sh");
