@@ -122,6 +122,26 @@ fn env_bytes(
         .collect()
 }
 
+/// A `process` container's environment, with the values [`ENV_BYTES`] holds as bytes.
+fn environment(
+    config: &k8s_cri::v1::ContainerConfig,
+) -> Result<Vec<(std::ffi::OsString, std::ffi::OsString)>, tonic::Status> {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt as _;
+    let raw = env_bytes(config)?;
+    Ok(config
+        .envs
+        .iter()
+        .map(|kv| {
+            let value = match raw.iter().find(|(k, _)| *k == kv.key) {
+                Some((_, bytes)) => OsString::from_vec(bytes.clone()),
+                None => OsString::from(&kv.value),
+            };
+            (OsString::from(&kv.key), value)
+        })
+        .collect())
+}
+
 /// What a [`Runtime`] is given.
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {

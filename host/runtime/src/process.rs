@@ -12,8 +12,6 @@
 //! reader while the runtime restarts (up to a pipe's buffer; then the process waits),
 //! and the next run reopens them to carry on copying into the log.
 
-use std::ffi::OsString;
-use std::os::unix::ffi::OsStringExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -42,24 +40,6 @@ const ADOPTED_POLL: Duration = Duration::from_millis(150);
 const DRAIN: Duration = Duration::from_millis(500);
 /// How long a SIGKILLed process may take to be gone before a stop gives up.
 const KILL_WAIT: Duration = Duration::from_secs(10);
-
-/// The container's environment, with the values [`crate::ENV_BYTES`] holds as bytes.
-pub(crate) fn environment(
-    config: &k8s_cri::v1::ContainerConfig,
-) -> Result<Vec<(OsString, OsString)>, Status> {
-    let raw = crate::env_bytes(config)?;
-    Ok(config
-        .envs
-        .iter()
-        .map(|kv| {
-            let value = match raw.iter().find(|(k, _)| *k == kv.key) {
-                Some((_, bytes)) => OsString::from_vec(bytes.clone()),
-                None => OsString::from(&kv.value),
-            };
-            (OsString::from(&kv.key), value)
-        })
-        .collect())
-}
 
 /// A started process: its pid and /proc start time, and its live part.
 #[derive(Debug)]
@@ -183,7 +163,7 @@ pub(crate) fn start(
                 .arg0(arg0)
                 .args(argv)
                 .env_clear()
-                .envs(environment(&record.config)?)
+                .envs(crate::environment(&record.config)?)
                 .current_dir(working_dir(record))
                 .stdin(Stdio::null());
             command
@@ -413,7 +393,7 @@ pub(crate) async fn exec_sync(
     .map_err(|e| Status::failed_precondition(format!("cannot run {program:?}: {e}")))?;
     command
         .env_clear()
-        .envs(environment(&record.config)?)
+        .envs(crate::environment(&record.config)?)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

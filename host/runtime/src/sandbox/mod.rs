@@ -114,7 +114,7 @@ impl Spec {
         if config.command.is_empty() {
             argv.insert(0, record.program.clone().into_os_string());
         }
-        let env = crate::process::environment(config).map_err(|s| s.message().to_string())?;
+        let env = crate::environment(config).map_err(|s| s.message().to_string())?;
         let cwd = match config.working_dir.as_str() {
             "" => PathBuf::from("/"),
             dir => PathBuf::from(dir),
