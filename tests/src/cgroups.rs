@@ -105,3 +105,80 @@ fn remove_tree(dir: &std::path::Path) {
         eprintln!("cannot remove cgroup {}: {e}", dir.display());
     }
 }
+
+/// Removes the cgroups a runtime whose records lie under `dir` made for its sandboxes
+/// without a `cgroup_parent` (`/trellis/<sandbox id>`, what CRI clients other than
+/// the agent get), killing what is left in them: a test that drops its runtime with
+/// sandboxes still there, as a crash would, leaves them otherwise.
+pub fn remove_runtime_cgroups(dir: &std::path::Path) {
+    let mut ids = Vec::new();
+    sandbox_ids(dir, 4, &mut ids);
+    if ids.is_empty() {
+        return;
+    }
+    let mounts = cgroup_mounts();
+    for id in &ids {
+        for mount in &mounts {
+            let top = mount.join("trellis").join(id);
+            if !top.is_dir() {
+                continue;
+            }
+            // Killed processes leave their cgroups a moment later: a bounded retry.
+            for _ in 0..100 {
+                kill_under(&top);
+                remove_tree_quietly(&top);
+                if !top.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if top.exists() {
+                eprintln!("cannot remove cgroup {}", top.display());
+            }
+        }
+    }
+}
+
+/// The ids of the sandbox records (`sandboxes/<id>.json`) at most `depth` levels
+/// below `dir`.
+fn sandbox_ids(dir: &std::path::Path, depth: usize, ids: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_name() == "sandboxes" {
+            for record in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                let name = record.file_name();
+                if let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) {
+                    ids.push(id.to_owned());
+                }
+            }
+        } else if depth > 0 {
+            sandbox_ids(&path, depth - 1, ids);
+        }
+    }
+}
+
+fn kill_under(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            kill_under(&entry.path());
+        }
+    }
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+fn remove_tree_quietly(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree_quietly(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}

@@ -950,6 +950,7 @@ impl TestDir {
 impl Drop for TestDir {
     fn drop(&mut self) {
         unmount_under(self.0.path());
+        cgroups::remove_runtime_cgroups(self.0.path());
     }
 }
 
