@@ -26,15 +26,9 @@ struct CgroupRoot(Cgroup);
 
 impl Drop for CgroupRoot {
     fn drop(&mut self) {
-        let _ = self.0.kill_all();
-        // Killed processes leave their cgroups as they exit: a few tries.
-        for _ in 0..50 {
-            if self.0.remove().is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if let Err(e) = self.0.kill_and_remove(Duration::from_secs(2)) {
+            eprintln!("left the cgroup {} behind: {e}", self.0.path());
         }
-        eprintln!("left the cgroup {} behind", self.0.path());
     }
 }
 

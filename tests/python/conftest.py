@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import ssl
@@ -192,25 +193,29 @@ CGROUP_MOUNTS = Path("/sys/fs/cgroup")
 
 
 def _remove_cgroup_tree(top: Path) -> None:
-    """Kills what is left in cgroup `top` (one hierarchy's directory) and removes it,
-    children first."""
-    for dirpath, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
-        procs = Path(dirpath) / "cgroup.procs"
-        for _ in range(100):
-            try:
-                pids = procs.read_text().split()
-            except OSError:
-                pids = []
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(int(pid), signal.SIGKILL)
-            try:
-                os.rmdir(dirpath)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.02)
+    """Kills what is left in cgroup `top` (one hierarchy's directory), waits for it to
+    exit (a pidfd each: woken by the exits), and removes the tree, children first."""
+    dirs = sorted((d for d, _, _ in os.walk(top)), key=lambda d: -len(d))
+    for _ in range(10):
+        pidfds = []
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                for pid in (Path(d) / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        pidfds.append(os.pidfd_open(int(pid)))
+        for fd in pidfds:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        for fd in pidfds:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(2000)
+            os.close(fd)
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        if not top.exists() or not pidfds:
+            return
 
 
 @pytest.fixture(scope="session", autouse=True)

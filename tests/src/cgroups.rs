@@ -57,17 +57,7 @@ impl TestCgroupRoot {
 impl Drop for TestCgroupRoot {
     fn drop(&mut self) {
         let root = self.hierarchy.cgroup(&self.path);
-        // Killed processes leave their cgroups a moment later: a bounded retry.
-        let mut removed = false;
-        for _ in 0..200 {
-            let _ = root.kill_all();
-            if root.remove().is_ok() {
-                removed = true;
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        if !removed && let Err(e) = root.remove() {
+        if let Err(e) = root.kill_and_remove(std::time::Duration::from_secs(2)) {
             eprintln!("cannot remove the test's cgroup {}: {e}", self.path);
         }
         // runc (containerd's) also makes its containers' cgroups in the hierarchies
@@ -116,25 +106,15 @@ pub fn remove_runtime_cgroups(dir: &std::path::Path) {
     if ids.is_empty() {
         return;
     }
-    let mounts = cgroup_mounts();
+    let Ok(hierarchy) = Hierarchy::detect() else {
+        return;
+    };
     for id in &ids {
-        for mount in &mounts {
-            let top = mount.join("trellis").join(id);
-            if !top.is_dir() {
-                continue;
-            }
-            // Killed processes leave their cgroups a moment later: a bounded retry.
-            for _ in 0..100 {
-                kill_under(&top);
-                remove_tree_quietly(&top);
-                if !top.exists() {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            if top.exists() {
-                eprintln!("cannot remove cgroup {}", top.display());
-            }
+        let cgroup = hierarchy.cgroup(&format!("/trellis/{id}"));
+        if cgroup.exists()
+            && let Err(e) = cgroup.kill_and_remove(std::time::Duration::from_secs(2))
+        {
+            eprintln!("cannot remove cgroup {}: {e}", cgroup.path());
         }
     }
 }
@@ -158,27 +138,4 @@ fn sandbox_ids(dir: &std::path::Path, depth: usize, ids: &mut Vec<String>) {
             sandbox_ids(&path, depth - 1, ids);
         }
     }
-}
-
-fn kill_under(dir: &std::path::Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            kill_under(&entry.path());
-        }
-    }
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-    for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
-}
-
-fn remove_tree_quietly(dir: &std::path::Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_tree_quietly(&entry.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }

@@ -282,20 +282,12 @@ impl PodCgroups {
 /// Kills what is in `cgroup` and removes it, waiting (a bounded while) for the
 /// killed processes to exit.
 async fn remove_cgroup(cgroup: &Cgroup) -> io::Result<()> {
-    let deadline = tokio::time::Instant::now() + KILL_WAIT;
-    loop {
-        match cgroup.remove() {
-            Ok(()) => {
-                remove_elsewhere(cgroup.path());
-                return Ok(());
-            }
-            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-            Err(_) => {
-                cgroup.kill_all()?;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+    let removing = cgroup.clone();
+    tokio::task::spawn_blocking(move || removing.kill_and_remove(KILL_WAIT))
+        .await
+        .map_err(io::Error::other)??;
+    remove_elsewhere(cgroup.path());
+    Ok(())
 }
 
 /// Removes the cgroup at `path` from the hierarchies without a controller

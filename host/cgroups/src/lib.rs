@@ -455,10 +455,9 @@ impl Cgroup {
         Ok(pids)
     }
 
-    /// Sends SIGKILL to every process in it and in its descendants. Returns how many
-    /// were signalled; a process that exits meanwhile is not an error.
-    pub fn kill_all(&self) -> io::Result<usize> {
-        // On v1 a process is in every controller's tree: signal each once.
+    /// The processes in it and in its descendants.
+    fn processes_below(&self) -> io::Result<Vec<i32>> {
+        // On v1 a process is in every controller's tree: listed once.
         let mut pids = Vec::new();
         for (_, dir, _) in &self.dirs {
             for tree_dir in subtree(dir)? {
@@ -474,8 +473,14 @@ impl Cgroup {
                 }
             }
         }
+        Ok(pids)
+    }
+
+    /// Sends SIGKILL to every process in it and in its descendants. Returns how many
+    /// were signalled; a process that exits meanwhile is not an error.
+    pub fn kill_all(&self) -> io::Result<usize> {
         let mut killed = 0;
-        for pid in pids {
+        for pid in self.processes_below()? {
             if let Some(pid) = rustix::process::Pid::from_raw(pid)
                 && rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
             {
@@ -483,6 +488,39 @@ impl Cgroup {
             }
         }
         Ok(killed)
+    }
+
+    /// Kills every process in it and below, waits for them to have exited (through a
+    /// pidfd each: woken by their exits, not by a clock) and removes it and what is
+    /// below it; processes that joined meanwhile are killed in turn. Blocks, up to
+    /// `timeout`. The way to remove a cgroup that may still hold processes.
+    pub fn kill_and_remove(&self, timeout: std::time::Duration) -> io::Result<()> {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let pidfds: Vec<_> = self
+                .processes_below()?
+                .into_iter()
+                .filter_map(|pid| pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok())
+                .collect();
+            for pidfd in &pidfds {
+                let _ = pidfd_send_signal(pidfd, Signal::KILL);
+            }
+            for pidfd in &pidfds {
+                // A pidfd is readable once its process has exited (and left its cgroup).
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let left = Timespec::try_from(left).map_err(io::Error::other)?;
+                poll(&mut [PollFd::new(pidfd, PollFlags::IN)], Some(&left))?;
+            }
+            match self.remove() {
+                Ok(()) => return Ok(()),
+                Err(e) if pidfds.is_empty() || std::time::Instant::now() >= deadline => {
+                    return Err(e);
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// Removes it and the cgroups below it, bottom-up. Kills nothing: a cgroup with

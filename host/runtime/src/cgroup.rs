@@ -124,33 +124,25 @@ pub(crate) fn remove(cgroup: &Cgroup) {
     if killed > 0 {
         tracing::info!(cgroup = %cgroup.path(), killed, "killed processes left in a cgroup");
     }
-    match cgroup.remove() {
-        Ok(()) => {}
-        // The killed are still exiting: the cgroup is theirs until they are gone.
-        Err(_) if killed > 0 && tokio::runtime::Handle::try_current().is_ok() => {
-            let cgroup = cgroup.clone();
-            tokio::task::spawn_blocking(move || {
-                let mut last = None;
-                for _ in 0..REMOVE_TRIES {
-                    match cgroup.remove() {
-                        Ok(()) => return,
-                        Err(e) => last = Some(e),
-                    }
-                    std::thread::sleep(REMOVE_RETRY);
-                }
-                if let Some(e) = last {
-                    tracing::warn!(cgroup = %cgroup.path(), "failed to remove a cgroup: {e}");
-                }
-            });
+    if killed == 0 && cgroup.remove().is_ok() {
+        return;
+    }
+    // The killed are still exiting: the cgroup is theirs until they are gone.
+    let cgroup = cgroup.clone();
+    let remove = move || {
+        if let Err(e) = cgroup.kill_and_remove(REMOVE_WAIT) {
+            tracing::warn!(cgroup = %cgroup.path(), "failed to remove a cgroup: {e}");
         }
-        Err(e) => tracing::warn!(cgroup = %cgroup.path(), "failed to remove a cgroup: {e}"),
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(tokio) => drop(tokio.spawn_blocking(remove)),
+        Err(_) => remove(),
     }
 }
 
-/// How often, and how many times, a cgroup whose processes were just killed is
-/// removed again: a killed process leaves its cgroup within milliseconds.
-const REMOVE_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
-const REMOVE_TRIES: u32 = 200;
+/// How long a cgroup whose processes were just killed may take to be removable: a
+/// killed process leaves its cgroup within milliseconds.
+const REMOVE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// CRI's resources as the cgroup's limits: CRI's 0 is "not set", kept as it is.
 pub(crate) fn limits(r: &LinuxContainerResources) -> Resources {
