@@ -362,7 +362,8 @@ fn parse_prometheus_text(text: &str) -> Result<HashMap<String, f64>> {
 /// agent serving its routes with the cluster CA, on 127.0.0.1.
 struct StatsNode {
     stop: Stop,
-    cri: trellis_runtime::Client,
+    /// Where the runtime keeps its sandbox records (`sandboxes/ID.json`).
+    runtime_root: std::path::PathBuf,
     agent: tokio::task::JoinHandle<Result<()>>,
     server: tokio::task::JoinHandle<Result<()>>,
 }
@@ -400,36 +401,31 @@ impl StatsNode {
         let agent = tokio::spawn(trellis_agent::run(
             config,
             client,
-            cri.clone(),
+            cri,
             SharedInformers::new(),
             stopped,
         ));
         Ok(StatsNode {
             stop,
-            cri,
+            runtime_root: root.join("runtime"),
             agent,
             server,
         })
     }
 
-    /// Waits until the runtime has no sandbox left, retrying its list up to `limit`.
+    /// Waits until the runtime has no sandbox left, up to `limit`: woken as their
+    /// records are removed.
     async fn sandboxes_removed(&self, limit: Duration) -> Result<()> {
-        let mut runtime = self.cri.runtime.clone();
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let left = runtime
-                .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest::default())
-                .await?
-                .into_inner()
-                .items;
-            if left.is_empty() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("sandboxes left after {limit:?}: {left:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let records = self.runtime_root.join("sandboxes");
+        let left = || {
+            std::fs::read_dir(&records)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        trellis_tests::wait_removed(&records, left, limit).await
     }
 
     async fn stop(self) -> Result<()> {

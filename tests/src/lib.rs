@@ -1018,39 +1018,74 @@ pub async fn wait_removed_in(
     left: impl Fn() -> Vec<String>,
     limit: Duration,
 ) -> anyhow::Result<()> {
+    let done = wait_on_files(
+        dirs,
+        rustix::fs::inotify::WatchFlags::DELETE,
+        || left().is_empty().then_some(()),
+        limit,
+    )
+    .await?;
+    if done.is_none() {
+        let named = dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        anyhow::bail!("left in {named} after {limit:?}: {:?}", left());
+    }
+    Ok(())
+}
+
+/// Waits until `found` finds what a file in `dir` should come to hold (a line a
+/// background writer appends), up to `limit`: looked at again at each write to a file
+/// of `dir`, not by a clock. `None` when it never came.
+pub async fn wait_written<T>(
+    dir: &std::path::Path,
+    found: impl FnMut() -> Option<T>,
+    limit: Duration,
+) -> anyhow::Result<Option<T>> {
+    use rustix::fs::inotify::WatchFlags;
+    wait_on_files(
+        &[dir],
+        WatchFlags::MODIFY | WatchFlags::CREATE | WatchFlags::MOVED_TO,
+        found,
+        limit,
+    )
+    .await
+}
+
+/// Calls `check` until it gives a value, up to `limit`: again at each inotify event
+/// of `events` in any of `dirs` (those that exist). `None` when the time ran out.
+async fn wait_on_files<T>(
+    dirs: &[&std::path::Path],
+    events: rustix::fs::inotify::WatchFlags,
+    mut check: impl FnMut() -> Option<T>,
+    limit: Duration,
+) -> anyhow::Result<Option<T>> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::fs::inotify;
-    let removals = std::sync::Arc::new(inotify::init(
+    let watch = std::sync::Arc::new(inotify::init(
         inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK,
     )?);
     for dir in dirs.iter().filter(|d| d.exists()) {
-        inotify::add_watch(&*removals, *dir, inotify::WatchFlags::DELETE)?;
+        inotify::add_watch(&*watch, *dir, events)?;
     }
-    let named = dirs
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        // Looked at after the watch is set, so no removal goes unseen.
-        let left = left();
+        // Looked at after the watch is set, so no change goes unseen.
+        if let Some(value) = check() {
+            return Ok(Some(value));
+        }
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_empty() {
-            return Ok(());
-        }
         if remaining.is_zero() {
-            anyhow::bail!("left in {named} after {limit:?}: {left:?}");
+            return Ok(None);
         }
-        let removals = removals.clone();
+        let watch = watch.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let timeout = Timespec::try_from(remaining)?;
-            poll(
-                &mut [PollFd::new(&*removals, PollFlags::IN)],
-                Some(&timeout),
-            )?;
+            poll(&mut [PollFd::new(&*watch, PollFlags::IN)], Some(&timeout))?;
             let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-            let mut events = inotify::Reader::new(&*removals, &mut buf);
+            let mut events = inotify::Reader::new(&*watch, &mut buf);
             while events.next().is_ok() {}
             Ok(())
         })

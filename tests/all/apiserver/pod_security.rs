@@ -231,17 +231,13 @@ async fn pod_security_refuses_privileged_pods_and_warns_as_kubernetes_does() -> 
             })
             .map(|l| l["annotations"].clone())
     };
-    // The log is written by a background task: a bounded wait for its lines.
-    let mut seen = None;
-    for _ in 0..100 {
-        if let (Some(escape), Some(system)) =
-            (annotations("team", 403), annotations("kube-system", 201))
-        {
-            seen = Some((escape, system));
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // The log is written by a background task: woken by its writes.
+    let seen = trellis_tests::wait_written(
+        &cluster.data_dir,
+        || Some((annotations("team", 403)?, annotations("kube-system", 201)?)),
+        std::time::Duration::from_secs(2),
+    )
+    .await?;
     let (escape, system) = seen.context("the audit log has no lines for the pods")?;
     ensure!(
         escape["pod-security.kubernetes.io/enforce-policy"] == "baseline:latest"
