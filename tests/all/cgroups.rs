@@ -253,6 +253,9 @@ async fn process_limits_are_enforced_and_measured_from_cgroups() {
     let spin_cgroup = hierarchy.cgroup(&format!("{pod_cgroup}/{spin}"));
     assert!(spin_cgroup.exists(), "{} was not made", spin_cgroup.path());
     let (measured, reported) = cores_over_window(&mut client, &spin).await;
+    println!(
+        "a busy loop limited to 200m used {measured:.3} cores by its cgroup, {reported:.3} by the runtime's rate"
+    );
     assert!(
         (0.15..=0.25).contains(&measured),
         "a busy loop limited to 200m used {measured:.3} cores"
