@@ -288,6 +288,24 @@ fn containers_phrase(names: &[String]) -> String {
     )
 }
 
+/// Who sets what `sets` finds in a security context: `pod` (its own), then
+/// `containers "a", "b"` (theirs), as Kubernetes' messages name them.
+fn setters_of(pod: &Pod, sets: impl Fn(Option<&Value>) -> bool) -> Vec<String> {
+    let mut setters = Vec::new();
+    if sets(pod.security_context()) {
+        setters.push("pod".to_owned());
+    }
+    let bad: Vec<String> = pod
+        .containers()
+        .filter(|c| sets(c.get("securityContext")))
+        .map(name)
+        .collect();
+    if !bad.is_empty() {
+        setters.push(containers_phrase(&bad));
+    }
+    setters
+}
+
 fn forbidden(reason: impl Into<String>, detail: impl Into<String>) -> Option<Forbidden> {
     Some(Forbidden {
         reason: reason.into(),
@@ -621,18 +639,7 @@ fn windows_host_process(pod: &Pod, _minor: u32) -> Option<Forbidden> {
             .and_then(Value::as_bool)
             == Some(true)
     };
-    let mut setters = Vec::new();
-    if host_process(pod.security_context()) {
-        setters.push("pod".to_owned());
-    }
-    let bad: Vec<String> = pod
-        .containers()
-        .filter(|c| host_process(c.get("securityContext")))
-        .map(name)
-        .collect();
-    if !bad.is_empty() {
-        setters.push(containers_phrase(&bad));
-    }
+    let setters = setters_of(pod, host_process);
     if setters.is_empty() {
         return None;
     }
@@ -999,18 +1006,7 @@ fn run_as_user(pod: &Pod, minor: u32) -> Option<Forbidden> {
     }
     let root =
         |sc: Option<&Value>| sc.and_then(|s| s.get("runAsUser")).and_then(Value::as_i64) == Some(0);
-    let mut setters = Vec::new();
-    if root(pod.security_context()) {
-        setters.push("pod".to_owned());
-    }
-    let bad: Vec<String> = pod
-        .containers()
-        .filter(|c| root(c.get("securityContext")))
-        .map(name)
-        .collect();
-    if !bad.is_empty() {
-        setters.push(containers_phrase(&bad));
-    }
+    let setters = setters_of(pod, root);
     if setters.is_empty() {
         return None;
     }
