@@ -70,17 +70,25 @@ pub async fn heartbeat(ctx: Arc<Context>, stopped: Shutdown) {
     let mut report = tokio::time::interval(ctx.config.status_report);
     report.tick().await;
     // The eviction manager reads the signals and holds the conditions (soft
-    // thresholds, grace and transition periods): a change is written at once.
+    // thresholds, grace and transition periods): a change is written at once. What the
+    // Node shows is not known here (the manager may have changed the conditions since
+    // the status was first written): the first look writes them. A node without
+    // thresholds (a hollow one) has none to write.
     let mut conditions = ctx.eviction.watch_conditions();
-    let mut reported = pressure(&ctx);
+    let mut reported = None;
+    if ctx.config.eviction_hard.is_some() {
+        conditions.mark_changed();
+    } else {
+        reported = Some(pressure(&ctx));
+    }
     loop {
         tokio::select! {
             Ok(()) = conditions.changed() => {
                 let now = pressure(&ctx);
-                if now != reported {
+                if Some(now) != reported {
                     info!(node = %ctx.config.node_name, pressure = ?now, "the node's pressure changed");
                     match write_status(&ctx).await {
-                        Ok(()) => reported = now,
+                        Ok(()) => reported = Some(now),
                         Err(e) => warn!(error = %e, "write the node status"),
                     }
                 }
