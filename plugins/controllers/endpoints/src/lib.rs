@@ -1,14 +1,24 @@
-//! The Endpoints controller, as Kubernetes' behaves: each Service with a selector has
-//! an Endpoints object of the same name listing the pods it selects that have an
-//! address: the ready ones in `addresses`, the others in `notReadyAddresses` (all in
-//! `addresses` with `publishNotReadyAddresses`), grouped by the ports they resolve
-//! the Service's ports to (a named `targetPort` is looked up in each pod's
-//! containers). Pods being deleted or finished are left out. A Service without a
-//! selector keeps the Endpoints its owner writes.
+//! The Endpoints and EndpointSlice controllers, as Kubernetes 1.30's behave: each
+//! Service with a selector (and not of type ExternalName) lists the pods it selects
+//! that have an IPv4 address.
 //!
-//! Configured `{"write": "endpointslices"}`, the same component is the EndpointSlice
-//! controller: the same addresses as `discovery.k8s.io/v1` EndpointSlices labelled
-//! `kubernetes.io/service-name`, one per set of resolved ports, owned by the Service.
+//! Configured `{}` (or `{"write": "endpoints"}`), the component is the Endpoints
+//! controller: one v1 Endpoints named after the Service ([`endpoints`]). Configured
+//! `{"write": "endpointslices"}`, it is the EndpointSlice controller: the same pods
+//! as `discovery.k8s.io/v1` EndpointSlices ([`slices`]), with each endpoint's
+//! conditions, node, zone (from the Node's `topology.kubernetes.io/zone`, when the
+//! controller watches nodes) and hostname ([`pods`]). Either writes only what
+//! changed, compared with its cache.
+//!
+//! # Layout
+//! - [`pods`]: what one pod contributes: ports resolved per pod, conditions, hostname.
+//! - [`endpoints`]: the v1 Endpoints' subsets.
+//! - [`slices`]: the EndpointSlice reconciler: port groups, slices of at most
+//!   `maxEndpointsPerSlice` endpoints, the fewest writes.
+
+pub mod endpoints;
+pub mod pods;
+pub mod slices;
 
 use std::collections::BTreeMap;
 
@@ -17,12 +27,22 @@ use serde_json::{Value, json};
 use trellis_plugin::GroupVersionResource;
 use trellis_plugin::controller::{Action, ObjectKey, Reconcile, Write, cache, client, owned};
 
+pub use slices::{CONTROLLER_NAME, MANAGED_BY, SERVICE_NAME};
+
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Endpoints {
     /// What it writes: `endpoints` (the default) or `endpointslices`.
     #[serde(default)]
     write: Target,
+    /// The most endpoints one slice holds (kube-controller-manager's
+    /// `--max-endpoints-per-slice`, 100 by default).
+    #[serde(default = "default_max_endpoints")]
+    max_endpoints_per_slice: usize,
+}
+
+fn default_max_endpoints() -> usize {
+    100
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -33,10 +53,7 @@ pub enum Target {
     EndpointSlices,
 }
 
-pub const SERVICE_NAME: &str = "kubernetes.io/service-name";
-const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
-
-fn slices() -> GroupVersionResource {
+fn slices_resource() -> GroupVersionResource {
     GroupVersionResource {
         group: "discovery.k8s.io".into(),
         version: "v1".into(),
@@ -44,102 +61,7 @@ fn slices() -> GroupVersionResource {
     }
 }
 
-/// The EndpointSlices a Service's subsets make, by name: one per set of ports (a
-/// Service with no address gets one with no endpoints, as Kubernetes keeps).
-pub fn slices_of(service: &Value, subsets: &[Value]) -> BTreeMap<String, Value> {
-    use std::hash::{Hash, Hasher};
-    let name = service["metadata"]["name"].as_str().unwrap_or_default();
-    let endpoint = |address: &Value, ready: bool| {
-        let mut e = json!({
-            "addresses": [address["ip"]],
-            "conditions": {"ready": ready, "serving": ready, "terminating": false},
-            "targetRef": address["targetRef"],
-        });
-        if let Some(node) = address["nodeName"].as_str() {
-            e["nodeName"] = json!(node);
-        }
-        e
-    };
-    let mut out = BTreeMap::new();
-    let groups: Vec<Value> = if subsets.is_empty() {
-        vec![json!({})]
-    } else {
-        subsets.to_vec()
-    };
-    for subset in groups {
-        let ports = subset["ports"].clone();
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        ports.to_string().hash(&mut hasher);
-        let slice_name = format!("{name}-{:08x}", hasher.finish() as u32);
-        let mut endpoints: Vec<Value> = Vec::new();
-        for a in subset["addresses"].as_array().into_iter().flatten() {
-            endpoints.push(endpoint(a, true));
-        }
-        for a in subset["notReadyAddresses"].as_array().into_iter().flatten() {
-            endpoints.push(endpoint(a, false));
-        }
-        let mut slice = json!({
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": slice_name,
-                "labels": {SERVICE_NAME: name, MANAGED_BY: "endpointslice-controller.k8s.io"},
-                "ownerReferences": [owned::controller_reference("v1", "Service", service)],
-            },
-            "addressType": "IPv4",
-            "endpoints": endpoints,
-        });
-        if ports.is_array() {
-            slice["ports"] = ports;
-        }
-        out.insert(slice_name, slice);
-    }
-    out
-}
-
-/// Writes the slices `wanted` against those that exist; the writes it takes.
-fn slice_writes(key: &ObjectKey, wanted: BTreeMap<String, Value>) -> Result<Vec<Write>, String> {
-    let selector = format!("{SERVICE_NAME}={}", key.name);
-    let existing: Vec<Value> = cache::list_as(&slices(), key.namespace.as_deref(), &selector)?;
-    let mut writes = Vec::new();
-    for current in &existing {
-        let name = current["metadata"]["name"].as_str().unwrap_or_default();
-        if !wanted.contains_key(name) {
-            writes.push(Write::Delete {
-                resource: slices(),
-                namespace: key.namespace.clone(),
-                name: name.to_owned(),
-                propagation: None,
-                uid: current["metadata"]["uid"].as_str().map(str::to_owned),
-            });
-        }
-    }
-    for (name, mut slice) in wanted {
-        let current = existing
-            .iter()
-            .find(|c| c["metadata"]["name"] == name.as_str());
-        match current {
-            Some(c) if c["endpoints"] == slice["endpoints"] && c["ports"] == slice["ports"] => {}
-            Some(c) => {
-                slice["metadata"]["resourceVersion"] = c["metadata"]["resourceVersion"].clone();
-                writes.push(Write::Update {
-                    resource: slices(),
-                    namespace: key.namespace.clone(),
-                    object: slice,
-                    status: false,
-                });
-            }
-            None => writes.push(Write::Create {
-                resource: slices(),
-                namespace: key.namespace.clone(),
-                object: slice,
-            }),
-        }
-    }
-    Ok(writes)
-}
-
-fn gvr(resource: &str) -> GroupVersionResource {
+fn core(resource: &str) -> GroupVersionResource {
     GroupVersionResource {
         group: String::new(),
         version: "v1".into(),
@@ -147,142 +69,145 @@ fn gvr(resource: &str) -> GroupVersionResource {
     }
 }
 
-/// The port a Service port reaches on `pod`, or `None` when a named port is missing.
-pub fn resolve_port(service_port: &Value, pod: &Value) -> Option<Value> {
-    let target = &service_port["targetPort"];
-    let number = match target {
-        Value::Number(n) => n.as_i64()?,
-        Value::String(name) => pod["spec"]["containers"]
-            .as_array()?
-            .iter()
-            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
-            .find(|p| p["name"] == name.as_str())?["containerPort"]
-            .as_i64()?,
-        _ => service_port["port"].as_i64()?,
-    };
-    let mut port = json!({
-        "port": number,
-        "protocol": service_port["protocol"].as_str().unwrap_or("TCP"),
-    });
-    if let Some(name) = service_port["name"].as_str().filter(|n| !n.is_empty()) {
-        port["name"] = json!(name);
-    }
-    Some(port)
+/// The latest change the endpoints show: the Service's creation or a pod's readiness
+/// turning (the `endpoints.kubernetes.io/last-change-trigger-time` annotation).
+fn trigger_time<'a>(service: &'a Value, pods: &'a [Value]) -> Option<&'a str> {
+    pods.iter()
+        .filter_map(pods::trigger_time)
+        .chain(service["metadata"]["creationTimestamp"].as_str())
+        .filter_map(|t| Some((trellis_plugin::controller::time::parse(t)?, t)))
+        .max()
+        .map(|(_, t)| t)
 }
 
-fn is_ready(pod: &Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
-}
-
-/// One subset being gathered: its ports, its ready and not ready addresses.
-type Subset = (Vec<Value>, Vec<Value>, Vec<Value>);
-
-/// The subsets a Service's selected pods make.
-pub fn subsets(service: &Value, pods: &[Value]) -> Vec<Value> {
-    let publish_all = service["spec"]["publishNotReadyAddresses"] == true;
-    let service_ports: Vec<Value> = service["spec"]["ports"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    // Pods by the ports they resolve to: the ports, ready and not ready addresses.
-    let mut groups: BTreeMap<String, Subset> = BTreeMap::new();
-    for pod in pods {
-        let Some(ip) = pod["status"]["podIP"].as_str().filter(|ip| !ip.is_empty()) else {
-            continue;
-        };
-        if !pod["metadata"]["deletionTimestamp"].is_null()
-            || matches!(
-                pod["status"]["phase"].as_str(),
-                Some("Succeeded" | "Failed")
-            )
-        {
-            continue;
-        }
-        let ports: Vec<Value> = service_ports
-            .iter()
-            .filter_map(|p| resolve_port(p, pod))
-            .collect();
-        let mut address = json!({
-            "ip": ip,
-            "targetRef": {
-                "kind": "Pod",
-                "namespace": pod["metadata"]["namespace"],
-                "name": pod["metadata"]["name"],
-                "uid": pod["metadata"]["uid"],
-            },
-        });
-        if let Some(node) = pod["spec"]["nodeName"].as_str() {
-            address["nodeName"] = json!(node);
-        }
-        let group = groups
-            .entry(Value::Array(ports.clone()).to_string())
-            .or_insert_with(|| (ports, Vec::new(), Vec::new()));
-        if publish_all || is_ready(pod) {
-            group.1.push(address);
-        } else {
-            group.2.push(address);
-        }
-    }
-    groups
-        .into_values()
-        .map(|(ports, mut ready, mut not_ready)| {
-            let by_ip = |a: &Value, b: &Value| a["ip"].as_str().cmp(&b["ip"].as_str());
-            ready.sort_by(by_ip);
-            not_ready.sort_by(by_ip);
-            let mut subset = json!({});
-            if !ready.is_empty() {
-                subset["addresses"] = Value::Array(ready);
-            }
-            if !not_ready.is_empty() {
-                subset["notReadyAddresses"] = Value::Array(not_ready);
-            }
-            if !ports.is_empty() {
-                subset["ports"] = Value::Array(ports);
-            }
-            subset
-        })
-        .collect()
-}
-
-impl Reconcile for Endpoints {
-    fn reconcile(&self, key: &ObjectKey) -> Result<Action, String> {
+impl Endpoints {
+    /// Writes the Service's EndpointSlices; pods on a Node the cache does not hold are
+    /// left out and the Service tried again, as Kubernetes does (unless
+    /// `publishNotReadyAddresses`).
+    fn reconcile_slices(
+        &self,
+        key: &ObjectKey,
+        service: &Value,
+        pods: &[Value],
+    ) -> Result<Action, String> {
         let ns = key.namespace.as_deref();
-        let Some(service) = cache::get(&key.resource, ns, &key.name)? else {
-            // Deleted: its Endpoints go with it (the garbage collector, by owner).
-            return Ok(Action::Done);
-        };
-        let Some(selector) = service["spec"]["selector"]
-            .as_object()
-            .filter(|s| !s.is_empty())
-        else {
-            return Ok(Action::Done);
-        };
-        let selector = owned::selector_string(&json!({"matchLabels": selector}))?;
-        let pods: Vec<Value> = cache::list_as(&gvr("pods"), ns, &selector)?;
-        let subsets = subsets(&service, &pods);
-        if self.write == Target::EndpointSlices {
-            let writes = slice_writes(key, slices_of(&service, &subsets))?;
+        let publish_all = service["spec"]["publishNotReadyAddresses"] == true;
+        // Nodes by name, looked up once; `None` when nodes are not watched.
+        let mut nodes: BTreeMap<&str, Option<Value>> = BTreeMap::new();
+        let mut nodes_known = true;
+        let mut missing = Vec::new();
+        let mut wanted: BTreeMap<String, (Value, slices::Wanted)> = BTreeMap::new();
+        for pod in pods {
+            if !pods::listed(pod, true) {
+                continue;
+            }
+            let node_name = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+            let node = match nodes.get(node_name) {
+                Some(n) => n.clone(),
+                None if node_name.is_empty() || !nodes_known => None,
+                None => {
+                    let n = match cache::get(&core("nodes"), None, node_name) {
+                        Ok(n) => n,
+                        // A controller declared without nodes lists no zones.
+                        Err(_) => {
+                            nodes_known = false;
+                            None
+                        }
+                    };
+                    nodes.insert(node_name, n.clone());
+                    n
+                }
+            };
+            if nodes_known && !node_name.is_empty() && node.is_none() && !publish_all {
+                missing.push(format!(
+                    "{}: Node {node_name} Not Found",
+                    pod["metadata"]["name"].as_str().unwrap_or_default()
+                ));
+                continue;
+            }
+            let Some(endpoint) = pods::slice_endpoint(pod, service, node.as_ref()) else {
+                continue;
+            };
+            let ports = Value::Array(pods::slice_ports(service, pod));
+            wanted
+                .entry(slices::ports_key(&ports))
+                .or_insert_with(|| (ports, BTreeMap::new()))
+                .1
+                .insert(slices::identity(&endpoint), endpoint);
+        }
+        let selector = format!("{SERVICE_NAME}={},{MANAGED_BY}={CONTROLLER_NAME}", key.name);
+        let existing: Vec<Value> = cache::list_as(&slices_resource(), ns, &selector)?;
+        let plan = slices::reconcile(
+            service,
+            wanted,
+            &existing,
+            self.max_endpoints_per_slice,
+            trigger_time(service, pods),
+        );
+        let mut writes = Vec::new();
+        for slice in plan.delete {
+            writes.push(Write::Delete {
+                resource: slices_resource(),
+                namespace: key.namespace.clone(),
+                name: slice["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                propagation: None,
+                uid: slice["metadata"]["uid"].as_str().map(str::to_owned),
+            });
+        }
+        for object in plan.update {
+            writes.push(Write::Update {
+                resource: slices_resource(),
+                namespace: key.namespace.clone(),
+                object,
+                status: false,
+            });
+        }
+        for object in plan.create {
+            writes.push(Write::Create {
+                resource: slices_resource(),
+                namespace: key.namespace.clone(),
+                object,
+            });
+        }
+        if !writes.is_empty() {
             for result in client::batch(writes)? {
                 match result {
                     Ok(_) => {}
-                    Err(e) if e.is_not_found() || e.is_already_exists() => {}
-                    Err(e) if e.is_namespace_terminating() => {}
+                    Err(e) if e.is_not_found() || e.is_namespace_terminating() => {}
                     Err(e) => return Err(format!("write EndpointSlices of {}: {e}", key.name)),
                 }
             }
-            return Ok(Action::Done);
         }
-        let existing = cache::get(&gvr("endpoints"), ns, &key.name)?;
+        if !missing.is_empty() {
+            return Err(format!(
+                "skipping pods of Service {}: {}",
+                key.name,
+                missing.join(", ")
+            ));
+        }
+        Ok(Action::Done)
+    }
+
+    fn reconcile_endpoints(
+        &self,
+        key: &ObjectKey,
+        service: &Value,
+        pods: &[Value],
+    ) -> Result<Action, String> {
+        let ns = key.namespace.as_deref();
+        let subsets = endpoints::subsets(service, pods);
+        let labels = endpoints::labels(service);
+        let existing = cache::get(&core("endpoints"), ns, &key.name)?;
         let mut wanted = json!({
             "apiVersion": "v1",
             "kind": "Endpoints",
             "metadata": {
                 "name": key.name,
-                "labels": service["metadata"]["labels"],
-                "ownerReferences": [owned::controller_reference("v1", "Service", &service)],
+                "labels": labels,
+                "ownerReferences": [owned::controller_reference("v1", "Service", service)],
             },
         });
         // No address: no subsets at all, as Kubernetes writes it.
@@ -291,27 +216,44 @@ impl Reconcile for Endpoints {
         }
         let write = match existing {
             Some(current)
-                if current["subsets"] == wanted["subsets"]
-                    || (current["subsets"].as_array().is_none_or(Vec::is_empty)
-                        && subsets.is_empty()) =>
+                if endpoints::same_subsets(&current["subsets"], &subsets)
+                    && current["metadata"]["labels"]
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default()
+                        == labels.as_object().cloned().unwrap_or_default() =>
             {
                 return Ok(Action::Done);
             }
             Some(current) => {
                 wanted["metadata"]["resourceVersion"] =
                     current["metadata"]["resourceVersion"].clone();
+                let mut annotations = current["metadata"]["annotations"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                match trigger_time(service, pods) {
+                    Some(t) => annotations.insert(slices::TRIGGER_TIME.into(), json!(t)),
+                    None => annotations.remove(slices::TRIGGER_TIME),
+                };
+                wanted["metadata"]["annotations"] = Value::Object(annotations);
                 Write::Update {
-                    resource: gvr("endpoints"),
+                    resource: core("endpoints"),
                     namespace: key.namespace.clone(),
                     object: wanted,
                     status: false,
                 }
             }
-            None => Write::Create {
-                resource: gvr("endpoints"),
-                namespace: key.namespace.clone(),
-                object: wanted,
-            },
+            None => {
+                if let Some(t) = trigger_time(service, pods) {
+                    wanted["metadata"]["annotations"] = json!({slices::TRIGGER_TIME: t});
+                }
+                Write::Create {
+                    resource: core("endpoints"),
+                    namespace: key.namespace.clone(),
+                    object: wanted,
+                }
+            }
         };
         match client::write(write) {
             Ok(_) => Ok(Action::Done),
@@ -321,72 +263,31 @@ impl Reconcile for Endpoints {
     }
 }
 
-trellis_plugin::controller!(Endpoints);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(name: &str, ip: &str, ready: bool) -> Value {
-        json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}")},
-               "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
-               "status": {"podIP": ip, "phase": "Running",
-                          "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
-    }
-
-    #[test]
-    fn ready_and_not_ready_pods_are_listed_apart_with_named_ports_resolved() {
-        let service =
-            json!({"spec": {"ports": [{"name": "web", "port": 80, "targetPort": "http"}]}});
-        let pods = [
-            pod("b", "10.0.0.2", true),
-            pod("a", "10.0.0.1", true),
-            pod("c", "10.0.0.3", false),
-            pod("d", "", true),
-        ];
-        let s = subsets(&service, &pods);
-        assert_eq!(s.len(), 1);
-        assert_eq!(
-            s[0]["ports"],
-            json!([{"name": "web", "port": 8080, "protocol": "TCP"}])
-        );
-        let ips: Vec<&str> = s[0]["addresses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a["ip"].as_str().unwrap())
-            .collect();
-        assert_eq!(ips, ["10.0.0.1", "10.0.0.2"]);
-        assert_eq!(s[0]["notReadyAddresses"][0]["targetRef"]["name"], "c");
-    }
-
-    #[test]
-    fn slices_carry_the_same_addresses_with_their_conditions() {
-        let service = json!({"metadata": {"name": "web", "uid": "s"},
-                             "spec": {"ports": [{"name": "web", "port": 80, "targetPort": "http"}]}});
-        let pods = [pod("a", "10.0.0.1", true), pod("c", "10.0.0.3", false)];
-        let slices = slices_of(&service, &subsets(&service, &pods));
-        assert_eq!(slices.len(), 1);
-        let slice = slices.values().next().unwrap();
-        assert_eq!(slice["metadata"]["labels"][SERVICE_NAME], "web");
-        assert_eq!(slice["ports"][0]["port"], 8080);
-        let ready: Vec<bool> = slice["endpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["conditions"]["ready"].as_bool().unwrap())
-            .collect();
-        assert_eq!(ready, [true, false]);
-        // No address: one slice with no endpoints.
-        let empty = slices_of(&service, &[]);
-        assert_eq!(empty.values().next().unwrap()["endpoints"], json!([]));
-    }
-
-    #[test]
-    fn publish_not_ready_addresses_lists_every_pod_as_an_address() {
-        let service = json!({"spec": {"publishNotReadyAddresses": true, "ports": [{"port": 80, "targetPort": 9090}]}});
-        let s = subsets(&service, &[pod("c", "10.0.0.3", false)]);
-        assert_eq!(s[0]["addresses"][0]["ip"], "10.0.0.3");
-        assert_eq!(s[0]["ports"][0]["port"], 9090);
+impl Reconcile for Endpoints {
+    fn reconcile(&self, key: &ObjectKey) -> Result<Action, String> {
+        let ns = key.namespace.as_deref();
+        let Some(service) = cache::get(&key.resource, ns, &key.name)? else {
+            // Deleted: what it had goes with it (the garbage collector, by owner).
+            return Ok(Action::Done);
+        };
+        // ExternalName Services have no endpoints; Services without a selector keep
+        // what their owner writes (the API server's `kubernetes`, a user's).
+        if service["spec"]["type"] == "ExternalName" {
+            return Ok(Action::Done);
+        }
+        let Some(selector) = service["spec"]["selector"]
+            .as_object()
+            .filter(|s| !s.is_empty())
+        else {
+            return Ok(Action::Done);
+        };
+        let selector = owned::selector_string(&json!({"matchLabels": selector}))?;
+        let pods: Vec<Value> = cache::list_as(&core("pods"), ns, &selector)?;
+        match self.write {
+            Target::EndpointSlices => self.reconcile_slices(key, &service, &pods),
+            Target::Endpoints => self.reconcile_endpoints(key, &service, &pods),
+        }
     }
 }
+
+trellis_plugin::controller!(Endpoints);
