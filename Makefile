@@ -20,6 +20,7 @@ deps:
 	[ -x /usr/lib/cni/bridge ] || missing="$$missing containernetworking-plugins"; \
 	command -v iptables >/dev/null || missing="$$missing iptables"; \
 	command -v nft >/dev/null || missing="$$missing nftables"; \
+	command -v conntrack >/dev/null || missing="$$missing conntrack"; \
 	command -v ip >/dev/null && command -v bridge >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
