@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp as TxnOp_,
+    TxnOpResponse, TxnResponse, WatchOptions,
 };
 use futures::stream;
 use tokio::sync::mpsc;
@@ -20,7 +20,7 @@ use tracing::debug;
 
 use crate::{
     DEFAULT_MAX_VALUE_SIZE, Deleted, Error, Event, EventKind, KeyValue, ListRequest, ListResponse,
-    Result, Revision, Store, WatchStream, prefix_end,
+    Result, Revision, Store, TxnOp, TxnResult, WatchStream, prefix_end,
 };
 
 /// Settings of an [`EtcdStore`].
@@ -285,7 +285,7 @@ impl Store for EtcdStore {
         let full = self.full_key(key);
         let txn = Txn::new()
             .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(full, value.to_vec(), None)]);
+            .and_then([TxnOp_::put(full, value.to_vec(), None)]);
         let resp = self.txn("create key", txn).await?;
         if !resp.succeeded() {
             return Err(Error::AlreadyExists {
@@ -312,12 +312,12 @@ impl Store for EtcdStore {
         let full = self.full_key(key);
         let txn = Txn::new()
             .when([self.guard(key, expected)])
-            .and_then([TxnOp::put(
+            .and_then([TxnOp_::put(
                 full.clone(),
                 value.to_vec(),
                 Some(etcd_client::PutOptions::new().with_prev_key()),
             )])
-            .or_else([TxnOp::get(full, None)]);
+            .or_else([TxnOp_::get(full, None)]);
         let resp = self.txn("update key", txn).await?;
         if !resp.succeeded() {
             return Err(self.guard_failed(key, expected, &resp));
@@ -339,11 +339,11 @@ impl Store for EtcdStore {
         let full = self.full_key(key);
         let txn = Txn::new()
             .when([self.guard(key, expected)])
-            .and_then([TxnOp::delete(
+            .and_then([TxnOp_::delete(
                 full.clone(),
                 Some(etcd_client::DeleteOptions::new().with_prev_key()),
             )])
-            .or_else([TxnOp::get(full, None)]);
+            .or_else([TxnOp_::get(full, None)]);
         let resp = self.txn("delete key", txn).await?;
         if !resp.succeeded() {
             return Err(self.guard_failed(key, expected, &resp));
@@ -353,6 +353,133 @@ impl Store for EtcdStore {
             .prev_of(&resp)?
             .ok_or_else(|| Error::backend("delete key", "etcd returned no previous value"))?;
         Ok(Deleted { revision, prev })
+    }
+
+    async fn txn(&self, ops: Vec<TxnOp>) -> Result<Vec<TxnResult>> {
+        crate::check_txn(&ops, self.config.max_value_size)?;
+        let mut compares = Vec::new();
+        let mut writes = Vec::with_capacity(ops.len());
+        for op in &ops {
+            let full = self.full_key(op.key());
+            match op {
+                TxnOp::Create { value, .. } => {
+                    compares.push(Compare::create_revision(full.clone(), CompareOp::Equal, 0));
+                    writes.push(TxnOp_::put(full, value.to_vec(), None));
+                }
+                TxnOp::Update {
+                    key,
+                    value,
+                    expected,
+                } => {
+                    compares.push(self.guard(key, *expected));
+                    writes.push(TxnOp_::put(
+                        full,
+                        value.to_vec(),
+                        Some(etcd_client::PutOptions::new().with_prev_key()),
+                    ));
+                }
+                TxnOp::Delete { key, expected } => {
+                    if expected.is_some() {
+                        compares.push(self.guard(key, *expected));
+                    }
+                    writes.push(TxnOp_::delete(
+                        full,
+                        Some(etcd_client::DeleteOptions::new().with_prev_key()),
+                    ));
+                }
+            }
+        }
+        // On failure, every key read back, to name the condition that failed.
+        let reads: Vec<TxnOp_> = ops
+            .iter()
+            .map(|op| TxnOp_::get(self.full_key(op.key()), None))
+            .collect();
+        let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
+        let resp = self.txn("apply transaction", txn).await?;
+        let responses = resp.op_responses();
+        if !resp.succeeded() {
+            for (op, read) in ops.iter().zip(responses) {
+                let TxnOpResponse::Get(get) = read else {
+                    continue;
+                };
+                let current = get
+                    .kvs()
+                    .first()
+                    .map(|kv| self.convert_kv(kv))
+                    .transpose()?;
+                let key = op.key().to_owned();
+                let failed = match (op, current) {
+                    (TxnOp::Create { .. }, Some(_)) => Some(Error::AlreadyExists { key }),
+                    (TxnOp::Create { .. }, None) => None,
+                    (TxnOp::Delete { expected: None, .. }, _) => None,
+                    (TxnOp::Update { .. } | TxnOp::Delete { .. }, None) => {
+                        Some(Error::NotFound { key })
+                    }
+                    (
+                        TxnOp::Update { expected, .. } | TxnOp::Delete { expected, .. },
+                        Some(current),
+                    ) => match expected {
+                        Some(e) if *e != current.mod_revision => Some(Error::Conflict {
+                            key,
+                            expected: *e,
+                            current: Box::new(current),
+                        }),
+                        _ => None,
+                    },
+                };
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+            }
+            // Raced between the compare and the reads: a conflict on the first key.
+            return Err(Error::backend(
+                "apply transaction",
+                "a condition failed and then held again; retry",
+            ));
+        }
+        let revision = Self::header_revision(&resp)?;
+        let mut results = Vec::with_capacity(ops.len());
+        for (op, written) in ops.into_iter().zip(responses) {
+            results.push(match (op, written) {
+                (TxnOp::Create { key, value }, _) => TxnResult::Put(KeyValue {
+                    key,
+                    value,
+                    create_revision: revision,
+                    mod_revision: revision,
+                    version: 1,
+                }),
+                (TxnOp::Update { key, value, .. }, TxnOpResponse::Put(put)) => {
+                    let prev = put
+                        .prev_key()
+                        .map(|kv| self.convert_kv(kv))
+                        .transpose()?
+                        .ok_or_else(|| {
+                            Error::backend("apply transaction", "etcd returned no previous value")
+                        })?;
+                    TxnResult::Put(KeyValue {
+                        key,
+                        value,
+                        create_revision: prev.create_revision,
+                        mod_revision: revision,
+                        version: prev.version + 1,
+                    })
+                }
+                (TxnOp::Delete { .. }, TxnOpResponse::Delete(del)) => TxnResult::Deleted(
+                    del.prev_kvs()
+                        .first()
+                        .map(|kv| self.convert_kv(kv))
+                        .transpose()?
+                        .map(|prev| Deleted { revision, prev }),
+                ),
+                _ => {
+                    return Err(Error::backend(
+                        "apply transaction",
+                        "etcd's responses do not match the operations",
+                    ));
+                }
+            });
+        }
+        Ok(results)
     }
 
     async fn watch(&self, prefix: &str, start: Revision) -> Result<WatchStream> {

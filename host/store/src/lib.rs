@@ -11,7 +11,9 @@
 //!   history, with `limit` and continuation;
 //! - `watch` delivers every change under a prefix from a start revision, in revision
 //!   order, exactly once; a start revision below the compacted one is [`Error::Compacted`];
-//! - `compact` drops history below a revision.
+//! - `compact` drops history below a revision;
+//! - `txn` applies several conditional writes to distinct keys all together or not at
+//!   all (etcd's `Txn`), for an object stored with keys that record what it holds.
 //!
 //! Newcomers should start with [`Store`], then [`RedbStore`] (the embedded default)
 //! and [`EtcdStore`] (for several control-plane processes on one shared store).
@@ -129,6 +131,82 @@ pub struct ListResponse {
     pub more: bool,
 }
 
+/// One write of a [`Store::txn`]. Every operation of a transaction names a key of its
+/// own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOp {
+    /// Writes `key` if it does not exist; the transaction fails with
+    /// [`Error::AlreadyExists`] otherwise.
+    Create { key: String, value: Bytes },
+    /// Replaces an existing key, at `expected` if given; the transaction fails with
+    /// [`Error::NotFound`] or [`Error::Conflict`] otherwise.
+    Update {
+        key: String,
+        value: Bytes,
+        expected: Option<Revision>,
+    },
+    /// With `expected`, deletes the key at that modification revision (the transaction
+    /// fails with [`Error::NotFound`] or [`Error::Conflict`] otherwise). Without it,
+    /// deletes the key if it exists, and does nothing if it does not.
+    Delete {
+        key: String,
+        expected: Option<Revision>,
+    },
+}
+
+impl TxnOp {
+    pub fn key(&self) -> &str {
+        match self {
+            TxnOp::Create { key, .. } | TxnOp::Update { key, .. } | TxnOp::Delete { key, .. } => {
+                key
+            }
+        }
+    }
+}
+
+/// What one [`TxnOp`] of a committed transaction did, in the order of the operations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnResult {
+    /// A create or update: the key as written.
+    Put(KeyValue),
+    /// A delete: what it removed, or `None` for an unconditional delete of a missing key.
+    Deleted(Option<Deleted>),
+}
+
+/// Checks what every backend refuses before writing: no operations, a key twice, an
+/// empty key or a value over `max_value_size`.
+pub(crate) fn check_txn(ops: &[TxnOp], max_value_size: usize) -> Result<()> {
+    if ops.is_empty() {
+        return Err(Error::backend(
+            "check transaction",
+            "a transaction needs an operation",
+        ));
+    }
+    let mut keys = std::collections::BTreeSet::new();
+    for op in ops {
+        let key = op.key();
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if !keys.insert(key) {
+            return Err(Error::backend(
+                "check transaction",
+                format!("key {key:?} is written twice in one transaction"),
+            ));
+        }
+        if let TxnOp::Create { value, .. } | TxnOp::Update { value, .. } = op
+            && value.len() > max_value_size
+        {
+            return Err(Error::ValueTooLarge {
+                key: key.to_owned(),
+                size: value.len(),
+                limit: max_value_size,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A stream of committed changes in revision order. Each item holds the events of one
 /// or more revisions. The stream ends with an error item if the watcher fell behind
 /// ([`Error::WatcherLagged`]) or its history was compacted away; it ends without one
@@ -156,6 +234,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes an existing key, optionally only at the expected modification
     /// revision ([`Error::Conflict`] otherwise).
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Deleted>;
+
+    /// Applies `ops` atomically: every condition holds and every write commits, or the
+    /// first failed condition is the error and nothing is written. On etcd the writes
+    /// share one revision; the embedded store gives each its own consecutive revision,
+    /// in the order of `ops`, committed and published together.
+    /// Backends that cannot apply several writes atomically refuse it (the default).
+    async fn txn(&self, ops: Vec<TxnOp>) -> Result<Vec<TxnResult>> {
+        let _ = ops;
+        Err(Error::backend(
+            "apply transaction",
+            "this store does not support transactions",
+        ))
+    }
 
     /// Every change under `prefix` with revision >= `start` (0: changes after now).
     async fn watch(&self, prefix: &str, start: Revision) -> Result<WatchStream>;

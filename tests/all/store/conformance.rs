@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use futures::StreamExt;
-use trellis_store::{Error, Event, EventKind, ListRequest, Revision, Store, WatchStream};
+use trellis_store::{
+    Error, Event, EventKind, ListRequest, Revision, Store, TxnOp, TxnResult, WatchStream,
+};
 use trellis_tests::StoreSettings;
 
 fn val(s: impl Into<String>) -> Bytes {
@@ -497,6 +499,100 @@ async fn oversized_values_are_refused(s: &dyn Store) -> Result<()> {
     Ok(())
 }
 
+/// A transaction writes all of its keys or none: a failed condition anywhere leaves
+/// every key as it was and is reported as the failing key's own error; a committed one
+/// reaches a watcher whole, and an unconditional delete of a missing key is no failure.
+async fn txn_writes_all_or_nothing(s: &dyn Store) -> Result<()> {
+    let held = s.create("/txn/held", val("someone")).await?;
+    let mut watch = s.watch("/txn/", held.mod_revision + 1).await?;
+    let create = |k: &str| TxnOp::Create {
+        key: k.into(),
+        value: val(k),
+    };
+    // The last condition fails: nothing of the first two writes shows.
+    match s
+        .txn(vec![
+            create("/txn/a"),
+            create("/txn/b"),
+            create("/txn/held"),
+        ])
+        .await
+    {
+        Err(Error::AlreadyExists { key }) => ensure!(key == "/txn/held"),
+        other => bail!("a transaction over a taken key: {other:?}"),
+    }
+    ensure!(s.get("/txn/a").await?.is_none() && s.get("/txn/b").await?.is_none());
+    match s
+        .txn(vec![
+            create("/txn/a"),
+            TxnOp::Update {
+                key: "/txn/held".into(),
+                value: val("x"),
+                expected: Some(held.mod_revision + 100),
+            },
+        ])
+        .await
+    {
+        Err(Error::Conflict { key, current, .. }) => {
+            ensure!(key == "/txn/held" && current.mod_revision == held.mod_revision)
+        }
+        other => bail!("a transaction at a stale revision: {other:?}"),
+    }
+    ensure!(s.get("/txn/a").await?.is_none());
+
+    let results = s
+        .txn(vec![
+            create("/txn/a"),
+            TxnOp::Delete {
+                key: "/txn/missing".into(),
+                expected: None,
+            },
+            TxnOp::Update {
+                key: "/txn/held".into(),
+                value: val("updated"),
+                expected: Some(held.mod_revision),
+            },
+        ])
+        .await?;
+    let [
+        TxnResult::Put(a),
+        TxnResult::Deleted(None),
+        TxnResult::Put(updated),
+    ] = results.as_slice()
+    else {
+        bail!("results: {results:?}");
+    };
+    ensure!(a.version == 1 && updated.version == 2 && updated.mod_revision >= a.mod_revision);
+    ensure!(s.get("/txn/held").await?.map(|kv| kv.value) == Some(val("updated")));
+    let events = next_events(&mut watch, 2).await?;
+    ensure!(events[0].kv.key == "/txn/a" && events[1].kv.key == "/txn/held");
+    ensure!(s.current_revision().await? == updated.mod_revision);
+
+    let results = s
+        .txn(vec![
+            TxnOp::Delete {
+                key: "/txn/a".into(),
+                expected: Some(a.mod_revision),
+            },
+            TxnOp::Delete {
+                key: "/txn/held".into(),
+                expected: None,
+            },
+        ])
+        .await?;
+    ensure!(
+        matches!(results.as_slice(), [TxnResult::Deleted(Some(x)), TxnResult::Deleted(Some(y))]
+            if x.prev.key == "/txn/a" && y.prev.value == val("updated")),
+        "{results:?}"
+    );
+    ensure!(s.list(ListRequest::prefix("/txn/")).await?.kvs.is_empty());
+    match s.txn(vec![create("/txn/a"), create("/txn/a")]).await {
+        Err(Error::Backend { .. }) => {}
+        other => bail!("a key twice in one transaction: {other:?}"),
+    }
+    Ok(())
+}
+
 /// Runs each check on a fresh embedded store and on a fresh etcd.
 macro_rules! conformance {
     ($($name:ident($settings:expr, $arg:ident)),* $(,)?) => {
@@ -541,6 +637,7 @@ fn small_values() -> StoreSettings {
 
 conformance! {
     crud_follows_etcd_semantics(StoreSettings::default(), dyn_ref),
+    txn_writes_all_or_nothing(StoreSettings::default(), dyn_ref),
     revisions_advance_by_one_per_committed_write(StoreSettings::default(), dyn_ref),
     list_pages_show_one_snapshot(StoreSettings::default(), dyn_ref),
     watch_replays_history_then_follows_live(StoreSettings::default(), dyn_ref),

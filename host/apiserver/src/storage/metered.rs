@@ -7,7 +7,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 use bytes::Bytes;
 use trellis_store::{
-    Deleted, KeyValue, ListRequest, ListResponse, Result, Revision, Store, WatchStream,
+    Deleted, KeyValue, ListRequest, ListResponse, Result, Revision, Store, TxnOp, TxnResult,
+    WatchStream,
 };
 
 use crate::observability::metrics::StoreLatency;
@@ -64,6 +65,13 @@ impl Store for MeteredStore {
         let start = Instant::now();
         let result = self.inner.delete(key, expected).await;
         self.latency.observe("delete", start);
+        result
+    }
+
+    async fn txn(&self, ops: Vec<TxnOp>) -> Result<Vec<TxnResult>> {
+        let start = Instant::now();
+        let result = self.inner.txn(ops).await;
+        self.latency.observe("txn", start);
         result
     }
 

@@ -21,7 +21,7 @@ use super::codec::{self, Entry, KeyMeta};
 use super::{
     History, KV, LOG, META, META_COMPACTED, META_PURGED_TO, META_REVISION, RedbConfig, Shared,
 };
-use crate::{Deleted, Error, Event, EventKind, KeyValue, Result, Revision};
+use crate::{Deleted, Error, Event, EventKind, KeyValue, Result, Revision, TxnOp, TxnResult};
 
 pub(super) enum Op {
     Create {
@@ -37,6 +37,10 @@ pub(super) enum Op {
         key: String,
         expected: Option<Revision>,
     },
+    /// Several writes to distinct keys, all or none.
+    Txn {
+        ops: Vec<TxnOp>,
+    },
     Compact {
         revision: Revision,
     },
@@ -47,6 +51,7 @@ pub(super) enum Op {
 pub(super) enum Reply {
     Kv(KeyValue),
     Deleted(Deleted),
+    Txn(Vec<TxnResult>),
     Done,
 }
 
@@ -351,6 +356,79 @@ impl Committer {
                 };
                 self.write(kv, log, p, entry, Some(cur))?;
                 Ok(Ok(Reply::Deleted(deleted)))
+            }
+            Op::Txn { ops } => {
+                // Every condition first: the keys are distinct, so no write of this
+                // transaction changes what a later condition reads.
+                let mut currents = Vec::with_capacity(ops.len());
+                for op in &ops {
+                    let cur = current(kv, log, op.key())?;
+                    let failed = match (op, &cur) {
+                        (TxnOp::Create { key, .. }, Some(_)) => {
+                            Some(Error::AlreadyExists { key: key.clone() })
+                        }
+                        (TxnOp::Create { .. }, None) => None,
+                        (
+                            TxnOp::Update { key, .. }
+                            | TxnOp::Delete {
+                                key,
+                                expected: Some(_),
+                            },
+                            None,
+                        ) => Some(Error::NotFound { key: key.clone() }),
+                        (TxnOp::Update { key, expected, .. }, Some(cur))
+                        | (TxnOp::Delete { key, expected }, Some(cur)) => {
+                            conflict(key, *expected, cur)
+                        }
+                        (TxnOp::Delete { expected: None, .. }, None) => None,
+                    };
+                    if let Some(e) = failed {
+                        return Ok(Err(e));
+                    }
+                    currents.push(cur);
+                }
+                let mut results = Vec::with_capacity(ops.len());
+                for (op, cur) in ops.into_iter().zip(currents) {
+                    let result = match op {
+                        TxnOp::Create { key, value } | TxnOp::Update { key, value, .. } => {
+                            p.revision += 1;
+                            let entry = Entry {
+                                kind: EventKind::Put,
+                                key,
+                                create_revision: cur
+                                    .as_ref()
+                                    .map_or(p.revision, |c| c.create_revision),
+                                version: cur.as_ref().map_or(1, |c| c.version + 1),
+                                prev_mod: cur.as_ref().map_or(0, |c| c.mod_revision),
+                                value,
+                            };
+                            let event = self.write(kv, log, p, entry, cur)?;
+                            TxnResult::Put(event.kv.clone())
+                        }
+                        TxnOp::Delete { key, .. } => match cur {
+                            None => TxnResult::Deleted(None),
+                            Some(cur) => {
+                                p.revision += 1;
+                                let entry = Entry {
+                                    kind: EventKind::Delete,
+                                    key,
+                                    create_revision: 0,
+                                    version: 0,
+                                    prev_mod: cur.mod_revision,
+                                    value: Bytes::new(),
+                                };
+                                let deleted = Deleted {
+                                    revision: p.revision,
+                                    prev: cur.clone(),
+                                };
+                                self.write(kv, log, p, entry, Some(cur))?;
+                                TxnResult::Deleted(Some(deleted))
+                            }
+                        },
+                    };
+                    results.push(result);
+                }
+                Ok(Ok(Reply::Txn(results)))
             }
             Op::Compact { revision } => {
                 if revision <= p.compacted {

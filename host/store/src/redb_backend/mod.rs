@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     DEFAULT_MAX_VALUE_SIZE, Deleted, Error, Event, KeyValue, ListRequest, ListResponse, Result,
-    Revision, Store, WatchStream,
+    Revision, Store, TxnOp, TxnResult, WatchStream,
 };
 use codec::{Entry, decode_entry, decode_meta};
 use committer::{Committer, Op, Reply, Request};
@@ -686,6 +686,14 @@ impl Store for RedbStore {
             .await?
         {
             Reply::Deleted(d) => Ok(d),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    async fn txn(&self, ops: Vec<TxnOp>) -> Result<Vec<TxnResult>> {
+        crate::check_txn(&ops, self.max_value_size)?;
+        match self.submit(Op::Txn { ops }).await? {
+            Reply::Txn(results) => Ok(results),
             other => Err(other.unexpected()),
         }
     }
