@@ -225,6 +225,38 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
                 "The approval state of the request",
             ),
         ],
+        ("", "endpoints") => vec![
+            NAME,
+            col(
+                "Endpoints",
+                "string",
+                "",
+                "The set of all endpoints is the union of all subsets.",
+            ),
+            AGE,
+        ],
+        ("discovery.k8s.io", "endpointslices") => vec![
+            NAME,
+            col(
+                "AddressType",
+                "string",
+                "",
+                "addressType specifies the type of address carried by this EndpointSlice.",
+            ),
+            col(
+                "Ports",
+                "string",
+                "",
+                "ports specifies the list of network ports exposed by each endpoint in this slice.",
+            ),
+            col(
+                "Endpoints",
+                "string",
+                "",
+                "endpoints is a list of unique endpoints in this slice.",
+            ),
+            AGE,
+        ],
         ("coordination.k8s.io", "leases") => {
             vec![
                 NAME,
@@ -631,6 +663,95 @@ fn quota_cells(obj: &Object) -> (String, String) {
     (request.join(", "), limit.join(", "))
 }
 
+/// kubectl's ENDPOINTS of an Endpoints (`formatEndpoints`): the first three ready
+/// `ip:port`s (or bare IPs for a subset without ports), then `+ N more...`;
+/// `<none>` without subsets.
+fn endpoints_text(obj: &Object) -> String {
+    let Some(subsets) = obj
+        .get("subsets")
+        .and_then(Value::as_array)
+        .filter(|s| !s.is_empty())
+    else {
+        return "<none>".into();
+    };
+    const MAX: usize = 3;
+    let (mut list, mut count, mut more) = (Vec::new(), 0, false);
+    for subset in subsets {
+        let addresses: Vec<&str> = subset["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["ip"].as_str())
+            .collect();
+        let ports: Vec<Option<i64>> = match subset["ports"].as_array() {
+            Some(p) if !p.is_empty() => p.iter().map(|p| p["port"].as_i64()).collect(),
+            _ => vec![None],
+        };
+        for port in ports {
+            count += addresses.len();
+            for ip in &addresses {
+                if list.len() == MAX {
+                    more = true;
+                    break;
+                }
+                list.push(match port {
+                    Some(port) if ip.contains(':') => format!("[{ip}]:{port}"),
+                    Some(port) => format!("{ip}:{port}"),
+                    None => (*ip).to_owned(),
+                });
+            }
+        }
+    }
+    let text = list.join(",");
+    if more {
+        format!("{text} + {} more...", count - MAX)
+    } else {
+        text
+    }
+}
+
+/// kubectl's `listWithMoreString`: three items, then `+ N more...`; `<unset>` for none.
+fn list_with_more(items: impl Iterator<Item = String>) -> String {
+    const MAX: usize = 3;
+    let items: Vec<String> = items.collect();
+    let text = items[..items.len().min(MAX)].join(",");
+    if items.len() > MAX {
+        format!("{text} + {} more...", items.len() - MAX)
+    } else if text.is_empty() {
+        "<unset>".into()
+    } else {
+        text
+    }
+}
+
+/// kubectl's PORTS of an EndpointSlice: each port's number (its name without one,
+/// `*` with neither).
+fn slice_ports_text(obj: &Object) -> String {
+    list_with_more(
+        obj.get("ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|p| match (p["port"].as_i64(), p["name"].as_str()) {
+                (Some(port), _) => port.to_string(),
+                (None, Some(name)) => name.to_owned(),
+                (None, None) => "*".to_owned(),
+            }),
+    )
+}
+
+/// kubectl's ENDPOINTS of an EndpointSlice: every endpoint's addresses.
+fn slice_endpoints_text(obj: &Object) -> String {
+    list_with_more(
+        obj.get("endpoints")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .flat_map(|e| e["addresses"].as_array().into_iter().flatten())
+            .filter_map(|a| a.as_str().map(str::to_owned)),
+    )
+}
+
 fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
     let name = json!(meta_str(obj, "name").unwrap_or_default());
     let age = json!(age(obj));
@@ -790,6 +911,14 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
                 json!(csr_condition(obj)),
             ]
         }
+        ("", "endpoints") => vec![name, json!(endpoints_text(obj)), age],
+        ("discovery.k8s.io", "endpointslices") => vec![
+            name,
+            json!(str_at(obj, &["addressType"]).unwrap_or_default()),
+            json!(slice_ports_text(obj)),
+            json!(slice_endpoints_text(obj)),
+            age,
+        ],
         ("coordination.k8s.io", "leases") => {
             vec![
                 name,
@@ -884,6 +1013,35 @@ mod tests {
         assert_eq!(human_duration(30 * 3600), "30h");
         assert_eq!(human_duration(3 * 86400 + 3600), "3d1h");
         assert_eq!(human_duration(400 * 86400), "400d");
+    }
+
+    #[test]
+    fn endpoints_and_slices_read_as_kubectl_prints_them() {
+        let object = |v: Value| -> Object { serde_json::from_value(v).unwrap() };
+        let endpoints = object(json!({"subsets": [
+            {"addresses": [{"ip": "10.244.1.5"}, {"ip": "10.244.2.7"}],
+             "notReadyAddresses": [{"ip": "10.244.3.1"}],
+             "ports": [{"port": 8080}, {"port": 9090}]}]}));
+        assert_eq!(
+            endpoints_text(&endpoints),
+            "10.244.1.5:8080,10.244.2.7:8080,10.244.1.5:9090 + 1 more..."
+        );
+        assert_eq!(endpoints_text(&object(json!({}))), "<none>");
+        assert_eq!(
+            endpoints_text(&object(json!({"subsets": [{"addresses": [{"ip": "10.0.0.1"}]}]}))),
+            "10.0.0.1"
+        );
+        let slice = object(json!({
+            "ports": [{"name": "http", "port": 80}, {"name": "https", "port": 443}],
+            "endpoints": [{"addresses": ["10.244.1.5"]}, {"addresses": ["10.244.2.7"]},
+                          {"addresses": ["10.244.3.1"]}, {"addresses": ["10.244.4.1"]}]}));
+        assert_eq!(slice_ports_text(&slice), "80,443");
+        assert_eq!(
+            slice_endpoints_text(&slice),
+            "10.244.1.5,10.244.2.7,10.244.3.1 + 1 more..."
+        );
+        assert_eq!(slice_ports_text(&object(json!({}))), "<unset>");
+        assert_eq!(slice_endpoints_text(&object(json!({"endpoints": []}))), "<unset>");
     }
 
     fn pods() -> trellis_api::registry::ResourceInfo {
