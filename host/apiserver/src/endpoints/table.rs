@@ -1028,7 +1028,9 @@ mod tests {
         );
         assert_eq!(endpoints_text(&object(json!({}))), "<none>");
         assert_eq!(
-            endpoints_text(&object(json!({"subsets": [{"addresses": [{"ip": "10.0.0.1"}]}]}))),
+            endpoints_text(&object(
+                json!({"subsets": [{"addresses": [{"ip": "10.0.0.1"}]}]})
+            )),
             "10.0.0.1"
         );
         let slice = object(json!({
@@ -1041,7 +1043,10 @@ mod tests {
             "10.244.1.5,10.244.2.7,10.244.3.1 + 1 more..."
         );
         assert_eq!(slice_ports_text(&object(json!({}))), "<unset>");
-        assert_eq!(slice_endpoints_text(&object(json!({"endpoints": []}))), "<unset>");
+        assert_eq!(
+            slice_endpoints_text(&object(json!({"endpoints": []}))),
+            "<unset>"
+        );
     }
 
     fn pods() -> trellis_api::registry::ResourceInfo {
