@@ -31,7 +31,8 @@
 //! - [`certificates`]: the CertificateSigningRequest approver and signer (TLS bootstrap).
 //! - [`state`]: what every stage shares (the store, the registry, the caches).
 //! - [`inflight`]: the limits on requests in flight; [`bootstrap`]: the objects every
-//!   cluster starts with.
+//!   cluster starts with; [`service_reconciler`]: the `kubernetes` and `kube-dns`
+//!   Services and the API servers' endpoints.
 //! - [`object`]: object metadata helpers; [`warnings`]: `Warning` headers.
 
 pub mod admission;
@@ -48,6 +49,7 @@ pub mod object;
 pub mod observability;
 pub mod registry;
 pub mod server;
+pub mod service_reconciler;
 pub mod state;
 pub mod storage;
 pub mod warnings;

@@ -42,6 +42,23 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Extra names or addresses for the serving certificate.
     pub tls_sans: Vec<String>,
+    /// Where pods and other API servers reach this one: the address listed in the
+    /// `kubernetes` Service's endpoints (`--advertise-address`). `None`: the listening
+    /// address unless it is loopback or unspecified, else the default route's source
+    /// address ([`crate::service_reconciler::default_advertise_address`]).
+    pub advertise_address: Option<std::net::IpAddr>,
+    /// Addresses served besides `listen`, with the same port when theirs is 0
+    /// (`trellis up` serves its node's address too, so that its pods reach the API).
+    pub also_listen: Vec<SocketAddr>,
+    /// The `kube-dns` Service's ClusterIP (`--cluster-dns-service-ip`); `None`: the
+    /// server keeps no `kube-dns` Service.
+    pub cluster_dns_service_ip: Option<std::net::IpAddr>,
+    /// The cluster's DNS domain: the serving certificate names
+    /// `kubernetes.default.svc.<domain>`.
+    pub cluster_domain: String,
+    /// How often the built-in Services and the `kubernetes` endpoints are reconciled,
+    /// and how long a server's lease counts.
+    pub endpoint_reconciler: crate::service_reconciler::Timing,
     /// Events the watch cache keeps for watches that resume.
     pub watch_cache_events: usize,
     /// Events a client watch may fall behind before it is ended.
@@ -85,6 +102,11 @@ impl Config {
             data_dir: data_dir.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 6443)),
             tls_sans: Vec::new(),
+            advertise_address: None,
+            also_listen: Vec::new(),
+            cluster_dns_service_ip: Some(crate::service_reconciler::DEFAULT_CLUSTER_DNS_SERVICE_IP),
+            cluster_domain: "cluster.local".to_owned(),
+            endpoint_reconciler: crate::service_reconciler::Timing::default(),
             watch_cache_events: Self::DEFAULT_WATCH_CACHE_EVENTS,
             watch_buffer: 1_000,
             shutdown_grace: Duration::from_secs(10),
@@ -177,15 +199,47 @@ pub async fn start(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Server> {
     private_data_dir(&config.data_dir)?;
-    let pki = pki::Pki::load_or_create(&config.data_dir, &config.tls_sans)
-        .context("prepare the cluster CA and certificates")?;
-    let tls_config = tls::server_config(&pki).context("build the TLS configuration")?;
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listen on {}", config.listen))?;
     let addr = listener
         .local_addr()
         .context("read the listening address")?;
+    let mut listeners = vec![listener];
+    for also in &config.also_listen {
+        let also = if also.port() == 0 {
+            SocketAddr::new(also.ip(), addr.port())
+        } else {
+            *also
+        };
+        listeners.push(
+            TcpListener::bind(also)
+                .await
+                .with_context(|| format!("listen on {also}"))?,
+        );
+    }
+    let advertise = config
+        .advertise_address
+        .unwrap_or_else(|| crate::service_reconciler::default_advertise_address(addr.ip()));
+    let kubernetes_service_ip = crate::service_reconciler::DEFAULT_KUBERNETES_SERVICE_IP;
+    // What kube-apiserver's serving certificate names: the Service's names and
+    // ClusterIP, which in-cluster clients dial, and the advertised address.
+    let mut sans = config.tls_sans.clone();
+    sans.extend(
+        [
+            "kubernetes".to_owned(),
+            "kubernetes.default".to_owned(),
+            "kubernetes.default.svc".to_owned(),
+            format!("kubernetes.default.svc.{}", config.cluster_domain),
+            kubernetes_service_ip.to_string(),
+            advertise.to_string(),
+        ]
+        .into_iter()
+        .filter(|name| !name.ends_with('.')),
+    );
+    let pki = pki::Pki::load_or_create(&config.data_dir, &sans)
+        .context("prepare the cluster CA and certificates")?;
+    let tls_config = tls::server_config(&pki).context("build the TLS configuration")?;
     let host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_owned()
     } else {
@@ -323,6 +377,17 @@ pub async fn start(
     if config.namespace_controller {
         crate::registry::namespace::start_controller(state.clone(), stop.subscribe());
     }
+    let reconciler = crate::service_reconciler::start(
+        state.clone(),
+        crate::service_reconciler::Config {
+            advertise_address: advertise,
+            port: addr.port(),
+            kubernetes_service_ip,
+            cluster_dns_service_ip: config.cluster_dns_service_ip,
+            timing: config.endpoint_reconciler.clone(),
+        },
+        stop.subscribe(),
+    );
     let ca_pem = pki.ca_pem().to_owned();
     crate::certificates::start(
         state.clone(),
@@ -346,25 +411,39 @@ pub async fn start(
             max_connections: None,
         };
         let handler = stopped.clone();
-        let connections =
-            trellis_pki::serve::serve(listener, acceptor, accept, stopped, move |tls, remote| {
-                let peer = peer_certificate(&tls)
-                    .map(|cert| tls::peer_from_cert(cert))
-                    .unwrap_or_default();
-                let (app, settings, stop, stalled) = (
-                    app.clone(),
-                    settings.clone(),
-                    handler.clone(),
-                    stalled.clone(),
-                );
-                async move {
-                    connection::serve(tls, app, peer, &settings, stop, remote, stalled).await;
-                }
-            })
-            .await;
+        let serve = move |tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+                          remote: SocketAddr| {
+            let peer = peer_certificate(&tls)
+                .map(|cert| tls::peer_from_cert(cert))
+                .unwrap_or_default();
+            let (app, settings, stop, stalled) = (
+                app.clone(),
+                settings.clone(),
+                handler.clone(),
+                stalled.clone(),
+            );
+            async move {
+                connection::serve(tls, app, peer, &settings, stop, remote, stalled).await;
+            }
+        };
+        let connections = futures::future::join_all(listeners.into_iter().map(|listener| {
+            trellis_pki::serve::serve(
+                listener,
+                acceptor.clone(),
+                accept.clone(),
+                stopped.clone(),
+                serve.clone(),
+            )
+        }))
+        .await;
+        let closed = futures::future::join_all(connections.into_iter().map(|c| c.closed()));
         tokio::select! {
-            () = connections.closed() => {}
+            _ = closed => {}
             () = tokio::time::sleep(grace) => warn!("stopping with requests still in flight"),
+        }
+        // This server leaves the `kubernetes` endpoints before the store closes.
+        if let Err(e) = reconciler.await {
+            warn!(error = %e, "the built-in Services' reconciler failed");
         }
         info!("API server stopped");
         anyhow::Ok(())
