@@ -36,6 +36,19 @@ pub struct UpArgs {
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
 
+    /// Where pods and other API servers reach this one: the address the `kubernetes`
+    /// Service's endpoints list. Default: the listen address, unless it is loopback or
+    /// unspecified; then the node's address (`--node-address`, else the default route's
+    /// source address). `trellis up` with a local node also serves the API there when
+    /// it listens on loopback, so that its pods reach it through the Service.
+    #[arg(long, value_name = "IP")]
+    advertise_address: Option<std::net::IpAddr>,
+
+    /// The `kube-dns` Service's ClusterIP, kept by the API server in `kube-system`;
+    /// empty: no `kube-dns` Service (a cluster that brings its own DNS).
+    #[arg(long, default_value = "10.43.0.10", value_name = "IP")]
+    cluster_dns_service_ip: String,
+
     /// `redb` (embedded, in the data directory) or `etcd://HOST:PORT[,HOST:PORT]`.
     #[arg(long, default_value = "redb")]
     store: String,
@@ -91,6 +104,15 @@ pub struct UpArgs {
     /// How often a watch that allows bookmarks gets one, in seconds.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     bookmark_interval: u64,
+
+    /// The range Services' ClusterIPs are allocated from (IPv4). Its first addresses
+    /// (up to 256) are taken only when asked for or once the rest is full.
+    #[arg(long, default_value = "10.43.0.0/16", value_name = "CIDR")]
+    service_cluster_ip_range: trellis_apiserver::registry::service::ServiceCidr,
+
+    /// The range NodePorts are allocated from, inclusive.
+    #[arg(long, default_value = "30000-32767", value_name = "FIRST-LAST")]
+    service_node_port_range: trellis_apiserver::registry::service::PortRange,
 
     /// Pod Security admission's cluster defaults and exemptions: a Kubernetes
     /// `PodSecurityConfiguration` file (`pod-security.admission.config.k8s.io/v1`).
@@ -249,6 +271,34 @@ pub async fn run(
         min_duration: Duration::from_secs(args.csr_min_duration.min(args.csr_signing_duration)),
     };
     server_config.tls_sans = args.tls_sans.clone();
+    server_config.cluster_dns_service_ip = match args.cluster_dns_service_ip.trim() {
+        "" => None,
+        ip => Some(ip.parse().with_context(|| {
+            format!("parse --cluster-dns-service-ip {ip:?}: not an IP address")
+        })?),
+    };
+    server_config.cluster_domain = args.node.cluster_domain.clone();
+    let advertise = args.advertise_address.unwrap_or_else(|| {
+        let listen = args.listen.ip();
+        match args.node.node_address {
+            Some(node) if listen.is_loopback() || listen.is_unspecified() => node,
+            _ => trellis_apiserver::service_reconciler::default_advertise_address(listen),
+        }
+    });
+    server_config.advertise_address = Some(advertise);
+    // Pods on a network of their own cannot reach the node's loopback (nor can a
+    // Service's DNAT send them there): the local node's address is served too. The
+    // pod bridge's gateway address would do as well, but the bridge only exists once
+    // the first pod has started, and hostNetwork pods and other nodes reach the node's
+    // address alike.
+    if components
+        && args.local_node
+        && args.listen.ip().is_loopback()
+        && !advertise.is_loopback()
+        && !advertise.is_unspecified()
+    {
+        server_config.also_listen = vec![std::net::SocketAddr::new(advertise, 0)];
+    }
     server_config.watch_cache_events = args.watch_cache_events;
     server_config.settings = trellis_apiserver::state::Settings {
         max_requests_inflight: args.max_requests_inflight,
@@ -260,6 +310,8 @@ pub async fn run(
             .service_account_max_token_expiration
             .map(Duration::from_secs),
         bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
+        service_cluster_ip_range: args.service_cluster_ip_range,
+        service_node_port_range: args.service_node_port_range,
         ..server_config.settings
     };
     if let Some(path) = args
