@@ -74,6 +74,12 @@ pub async fn authorize(store: &dyn Store, req: &ApiRequest) -> Option<Result<(),
             used_by_bound_pod(store, req, node, Reference::ServiceAccount).await
         }
         ("node.k8s.io", "runtimeclasses", None) => matches!(req.verb, "get" | "list" | "watch"),
+        // Every Service, for pods' service environment variables (the kubelet's
+        // `system:node` role), and their EndpointSlices for the node's service proxy
+        // and DNS (kube-proxy's `system:node-proxier`).
+        ("", "services", None) | ("discovery.k8s.io", "endpointslices", None) => {
+            matches!(req.verb, "get" | "list" | "watch")
+        }
         ("", "events", None) => matches!(req.verb, "create" | "patch" | "update"),
         // A node renews its own certificate; the approver checks whose it is.
         ("certificates.k8s.io", "certificatesigningrequests", None) => {
