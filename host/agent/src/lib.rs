@@ -23,6 +23,9 @@
 //!   eviction manager that evicts pods while a threshold is met.
 //! - [`routes`]: with the pod network, the routes to the other nodes' pods (host-gw
 //!   or VXLAN), IP forwarding and the masquerade of pod traffic leaving the cluster.
+//! - [`services`]: the service proxy (`trellis-proxy`) and the node-local cluster DNS
+//!   server (`trellis-dns`) on the dummy link `trellis-dns`, which pods'
+//!   `resolv.conf` names.
 //! - [`server`]: the HTTPS server the API server calls: container logs (read by
 //!   [`logs`] from the files under [`paths`]), and [`exec`] (`kubectl exec` over a
 //!   WebSocket).
@@ -56,6 +59,8 @@ pub mod probes;
 pub mod routes;
 pub mod sandbox;
 pub mod server;
+pub mod service_env;
+pub mod services;
 mod spdy;
 pub mod spec;
 pub mod stats;
@@ -173,6 +178,22 @@ pub struct AgentConfig {
     /// Containers whose pod names no seccomp profile get the runtime's default one
     /// (the kubelet's `--seccomp-default`).
     pub seccomp_default: bool,
+    /// Whether the node runs the service proxy (kube-proxy's part: ClusterIPs and
+    /// NodePorts in the nftables table `trellis-proxy`). Off here, as `cgroups_per_qos`:
+    /// a library user asks for it; the `trellis` binary's default when it can (root,
+    /// `nft`). Hollow nodes never run it.
+    pub service_proxy: bool,
+    /// The proxy's full resync period (kube-proxy's `--iptables-sync-period`, 30 s)...
+    pub proxy_sync_period: Duration,
+    /// ... and the shortest time between two syncs, which batches changes
+    /// (`--iptables-min-sync-period`, 1 s).
+    pub proxy_min_sync_interval: Duration,
+    /// The addresses the node's own cluster DNS server answers on, on the dummy link
+    /// [`services::LINK`] (NodeLocal DNSCache's `-localip`): the node-local address,
+    /// then the `kube-dns` ClusterIP, which the proxy then leaves to this node. The
+    /// first is `ClusterFirst` pods' nameserver when `cluster_dns` names none. Empty
+    /// (here, as `service_proxy`): no server, and a link an earlier agent made goes.
+    pub node_local_dns: Vec<IpAddr>,
 }
 
 impl AgentConfig {
@@ -214,6 +235,10 @@ impl AgentConfig {
             kube_reserved: node::Reserved::default(),
             system_reserved: node::Reserved::default(),
             seccomp_default: true,
+            service_proxy: false,
+            proxy_sync_period: Duration::from_secs(30),
+            proxy_min_sync_interval: Duration::from_secs(1),
+            node_local_dns: Vec::new(),
         }
     }
 }
@@ -236,6 +261,9 @@ pub struct Context {
     pub cgroups: cgroups::PodCgroups,
     /// The evictions asked of the pods' workers, and the pressure conditions.
     pub eviction: eviction::Evictions,
+    /// The node's cluster DNS server once it serves (its metrics are served at
+    /// `/metrics/dns`).
+    pub dns: std::sync::OnceLock<trellis_dns::DnsServer>,
 }
 
 impl std::fmt::Debug for Context {
@@ -311,6 +339,18 @@ pub async fn run_with(
         // least their default.
         config.handlers.push(config.default_handler.clone());
     }
+    // Hollow nodes (a shared pod feed) serve neither Services nor DNS: their machine
+    // is not theirs, and their pods have no network to reach them from.
+    if options.pods.is_some() {
+        config.service_proxy = false;
+        config.node_local_dns.clear();
+    }
+    // The node serves DNS: its pods ask it, unless told to ask another server.
+    if config.cluster_dns.is_empty()
+        && let Some(local) = config.node_local_dns.first()
+    {
+        config.cluster_dns = vec![*local];
+    }
     let runtime_name = runtime
         .version(k8s_cri::v1::VersionRequest::default())
         .await
@@ -333,6 +373,7 @@ pub async fn run_with(
         network_ready: tokio::sync::watch::Sender::new(false),
         cgroups,
         eviction: Default::default(),
+        dns: Default::default(),
     });
     std::fs::create_dir_all(ctx.config.root.join("pods"))
         .map_err(|e| anyhow::anyhow!("create {}: {e}", ctx.config.root.display()))?;
@@ -351,6 +392,12 @@ pub async fn run_with(
         // Hollow nodes (a shared pod feed) serve none by design.
         tracing::warn!("no cluster CA given: the node serves no logs");
     }
+    // Before the pods: they find their DNS server serving when they start.
+    let services = if options.pods.is_none() {
+        services::start(&ctx, stopped.clone()).await?
+    } else {
+        services::Services::default()
+    };
     node::register(&ctx).await?;
     if let Some(registered) = options.registered {
         let _ = registered.send(());
@@ -382,6 +429,7 @@ pub async fn run_with(
     if let Some(routes) = routes {
         routes.abort();
     }
+    services.stopped().await;
     ctx.events.flush().await;
     Ok(())
 }

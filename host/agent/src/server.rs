@@ -3,7 +3,8 @@
 //! (read by [`crate::logs`]), `/exec/{namespace}/{pod}/{container}` for `kubectl exec`
 //! (see [`crate::exec`]), `/portForward/{namespace}/{pod}` for `kubectl port-forward`
 //! (see [`crate::port_forward`]), `/stats/summary` and `/metrics/resource` (the node's
-//! resource usage, see [`crate::stats`]) and `/healthz` — and who may call them.
+//! resource usage, see [`crate::stats`]), `/metrics/dns` (the node's cluster DNS server, see
+//! [`crate::services`]) and `/healthz` — and who may call them.
 //! Start with [`serve`].
 //!
 //! # Who may call
@@ -392,6 +393,14 @@ async fn stats(ctx: &Context, path: &str, query: &str) -> Response<Body> {
                 crate::stats::METRICS_CONTENT_TYPE,
             )
         }
+        // The node's cluster DNS server: queries by type and rcode, latency, cache.
+        "/metrics/dns" => match ctx.dns.get() {
+            Some(dns) => with_type(
+                dns.metrics_text().into_bytes(),
+                crate::stats::METRICS_CONTENT_TYPE,
+            ),
+            None => text(StatusCode::NOT_FOUND, "this node serves no cluster DNS"),
+        },
         _ => text(StatusCode::NOT_FOUND, "404 page not found"),
     }
 }
