@@ -73,7 +73,9 @@ impl Sources {
 pub type Environment = Vec<(String, Vec<u8>)>;
 
 /// The container's environment, in order, as Kubernetes builds it: `envFrom` first,
-/// then `env`, each value's `$(VAR)` references expanded from what comes before.
+/// then `env`, each value's `$(VAR)` references expanded from what comes before (and
+/// the service variables), then the service variables the container does not set
+/// ([`crate::service_env`]).
 pub async fn environment(
     ctx: &Context,
     pod: &Pod,
@@ -81,6 +83,7 @@ pub async fn environment(
     sources: &mut Sources,
 ) -> Result<Environment, ConfigError> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let services = crate::service_env::for_pod(ctx, pod).await?;
     let mut env: Environment = Vec::new();
     let set = |env: &mut Environment, name: String, value: Vec<u8>| match env
         .iter_mut()
@@ -116,7 +119,13 @@ pub async fn environment(
     }
     for var in container.env.iter().flatten() {
         let value = if let Some(value) = &var.value {
-            expand(value, &env)
+            expand_with(value, |name| {
+                env.iter()
+                    .rev()
+                    .chain(services.iter())
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_slice())
+            })
         } else if let Some(from) = &var.value_from {
             if let Some(field) = &from.field_ref {
                 field_value(ctx, pod, field)?.into_bytes()
@@ -160,12 +169,27 @@ pub async fn environment(
         };
         set(&mut env, var.name.clone(), value);
     }
+    for (name, value) in services {
+        if !env.iter().any(|(n, _)| *n == name) {
+            env.push((name, value));
+        }
+    }
     Ok(env)
 }
 
 /// Kubernetes' `$(VAR)` expansion: a defined variable's value, `$$` an escaped `$`,
 /// anything else left as written.
 pub fn expand(input: &str, env: &[(String, Vec<u8>)]) -> Vec<u8> {
+    expand_with(input, |name| {
+        env.iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    })
+}
+
+/// [`expand`] with the variables `lookup` finds.
+fn expand_with<'a>(input: &str, lookup: impl Fn(&str) -> Option<&'a [u8]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(input.len());
     let mut rest = input;
     while let Some(at) = rest.find('$') {
@@ -178,8 +202,8 @@ pub fn expand(input: &str, env: &[(String, Vec<u8>)]) -> Vec<u8> {
             && let Some(end) = body.find(')')
         {
             let name = &body[..end];
-            match env.iter().rev().find(|(n, _)| n == name) {
-                Some((_, v)) => out.extend_from_slice(v),
+            match lookup(name) {
+                Some(v) => out.extend_from_slice(v),
                 None => {
                     out.extend_from_slice(b"$(");
                     out.extend_from_slice(name.as_bytes());
