@@ -32,14 +32,19 @@ use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
 use trellis_tests::hosts::{Host, Lan, http_get, unpin_all};
 
-use super::node::{phase, wait_pod};
+use super::node::phase;
 
 /// agnhost netexec's endpoints that the conformance checks use: `/hostname` (the pod's
 /// name), `/clientip` (the caller's address as the server sees it) and `/dial` (asks
-/// another server, over HTTP or UDP, `tries` times, and returns its answers), on an
-/// HTTP port; on a UDP port, `hostname` and `clientip` as datagrams.
-const NETEXEC: &str = r#"
-import json, os, socket, sys, threading, urllib.parse, urllib.request
+/// another server, over HTTP or UDP, `tries` times, each within `timeout` seconds, from
+/// UDP source port `sport` if given, and returns its answers, its errors and how long
+/// each failure took), on an HTTP port; on a UDP port, `hostname` and `clientip` as
+/// datagrams. For the DNS checks, which run `dig` and `getent hosts` in a pod: `/dig`
+/// (`name`, `type`, `tcp`) asks the pod's nameserver as `dig +search` does, with the
+/// search list and `ndots` of the pod's resolv.conf (the first name of the list that
+/// has answers), and `/getent` resolves a name as the C library does for `getent hosts`.
+pub(super) const NETEXEC: &str = r#"
+import json, os, random, socket, struct, sys, threading, time, urllib.parse, urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 NAME = os.environ["POD_NAME"]
 HTTP, UDP = int(sys.argv[1]), int(sys.argv[2])
@@ -54,26 +59,119 @@ def udp():
         s.sendto(answer(data.decode().strip(), peer).encode(), peer)
 def dial(q):
     request, protocol, host, port = q["request"][0], q["protocol"][0], q["host"][0], int(q["port"][0])
-    responses, errors = [], []
+    timeout = float(q.get("timeout", ["3"])[0])
+    sport = int(q.get("sport", ["0"])[0])
+    responses, errors, failed_ms = [], [], []
     for _ in range(int(q.get("tries", ["1"])[0])):
+        start = time.monotonic()
         try:
             if protocol == "http":
-                with OPENER.open("http://%s:%d/%s" % (host, port, request), timeout=3) as r:
+                with OPENER.open("http://%s:%d/%s" % (host, port, request), timeout=timeout) as r:
                     responses.append(r.read().decode())
             else:
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                s.settimeout(3)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("", sport))
+                s.settimeout(timeout)
                 s.sendto((request + "\n").encode(), (host, port))
                 responses.append(s.recvfrom(1024)[0].decode().strip())
                 s.close()
         except Exception as e:
             errors.append(str(e))
-    return {"responses": responses, "errors": errors}
+            failed_ms.append(int((time.monotonic() - start) * 1000))
+    return {"responses": responses, "errors": errors, "failed_ms": failed_ms}
+TYPES = {"A": 1, "CNAME": 5, "PTR": 12, "AAAA": 28, "SRV": 33}
+def resolv_conf():
+    servers, search, ndots = [], [], 1
+    for line in open("/etc/resolv.conf"):
+        f = line.split()
+        if f and f[0] == "nameserver":
+            servers.append(f[1])
+        elif f and f[0] == "search":
+            search = f[1:]
+        elif f and f[0] == "options":
+            ndots = next((int(o[6:]) for o in f[1:] if o.startswith("ndots:")), ndots)
+    return servers, search, ndots
+def name_at(data, off):
+    labels, end = [], None
+    while data[off]:
+        if data[off] & 0xC0 == 0xC0:
+            end = off + 2 if end is None else end
+            off = ((data[off] & 0x3F) << 8) | data[off + 1]
+            continue
+        labels.append(data[off + 1:off + 1 + data[off]].decode())
+        off += 1 + data[off]
+    return ".".join(labels) + ".", off + 1 if end is None else end
+def query(server, name, qtype, tcp):
+    message = struct.pack(">HHHHHH", random.randrange(65536), 0x0100, 1, 0, 0, 0)
+    for label in name.rstrip(".").split("."):
+        message += bytes([len(label)]) + label.encode()
+    message += b"\0" + struct.pack(">HH", TYPES[qtype], 1)
+    if tcp:
+        with socket.create_connection((server, 53), timeout=3) as s:
+            s.sendall(struct.pack(">H", len(message)) + message)
+            data = b""
+            while len(data) < 2 or len(data) < 2 + struct.unpack(">H", data[:2])[0]:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            data = data[2:]
+    else:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(3)
+            s.sendto(message, (server, 53))
+            data = s.recv(65536)
+    flags, count, answers = struct.unpack(">H", data[2:4])[0], struct.unpack(">H", data[6:8])[0], []
+    off = 12
+    for _ in range(struct.unpack(">H", data[4:6])[0]):
+        off = name_at(data, off)[1] + 4
+    for _ in range(count):
+        owner, off = name_at(data, off)
+        rtype, _, ttl, length = struct.unpack(">HHIH", data[off:off + 10])
+        off += 10
+        rdata = data[off:off + length]
+        if rtype == 1:
+            value = socket.inet_ntop(socket.AF_INET, rdata)
+        elif rtype == 28:
+            value = socket.inet_ntop(socket.AF_INET6, rdata)
+        elif rtype in (5, 12):
+            value = name_at(data, off)[0]
+        elif rtype == 33:
+            value = "%d %d %d %s" % (struct.unpack(">HHH", rdata[:6]) + (name_at(data, off + 6)[0],))
+        else:
+            value = rdata.hex()
+        answers.append({"name": owner, "type": rtype, "ttl": ttl, "value": value})
+        off += length
+    return {"name": name, "rcode": flags & 0xF, "answers": answers}
+def dig(q):
+    name, qtype, tcp = q["name"][0], q.get("type", ["A"])[0], q.get("tcp", ["0"])[0] == "1"
+    servers, search, ndots = resolv_conf()
+    names = [name]
+    if not name.endswith("."):
+        expanded = [name + "." + s for s in search]
+        names = expanded + [name] if name.count(".") < ndots else [name] + expanded
+    result = None
+    for candidate in names:
+        result = query(servers[0], candidate, qtype, tcp)
+        if result["answers"]:
+            break
+    return dict(result, nameserver=servers[0])
+def getent(q):
+    try:
+        return {"addresses": sorted({a[4][0] for a in socket.getaddrinfo(q["name"][0], None, socket.AF_INET)})}
+    except Exception as e:
+        return {"addresses": [], "error": str(e)}
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urllib.parse.urlparse(self.path)
+        query = urllib.parse.parse_qs(url.query)
         if url.path == "/dial":
-            body = json.dumps(dial(urllib.parse.parse_qs(url.query)))
+            body = json.dumps(dial(query))
+        elif url.path == "/dig":
+            body = json.dumps(dig(query))
+        elif url.path == "/getent":
+            body = json.dumps(getent(query))
         elif url.path in ("/hostname", "/clientip"):
             body = answer(url.path[1:], self.client_address)
         else:
@@ -92,19 +190,30 @@ ThreadingHTTPServer(("", HTTP), Handler).serve_forever()
 
 /// netexec's ports in the conformance checks: the endpoints' HTTP and UDP, and the
 /// test container's HTTP (on the host network in the node-pod checks).
-const HTTP_PORT: u16 = 8083;
-const UDP_PORT: u16 = 8081;
-const TEST_PORT: u16 = 9080;
+pub(super) const HTTP_PORT: u16 = 8083;
+pub(super) const UDP_PORT: u16 = 8081;
+pub(super) const TEST_PORT: u16 = 9080;
 /// The `wasi:http` component's port.
 const WEB_PORT: u16 = 8090;
 
-/// One host's runtime and agent, on the host's own Tokio runtime.
-struct Running {
-    host: Host,
+/// What a test's agents run besides the pod network (the Service proxy and cluster
+/// DNS for the tests of Services); the cluster's settings in `config` are set first.
+pub(super) type Configure = fn(&mut AgentConfig);
+
+/// One host's runtime and agent, on the host's own Tokio runtime. The agent can be
+/// stopped and started again while the runtime (and so the pods) keeps running, as a
+/// kubelet restarts on a node.
+pub(super) struct Running {
+    pub(super) host: Host,
     runtime: Option<tokio::runtime::Runtime>,
-    stop: Option<Stop>,
-    agent: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// Stops the CRI server.
+    server_stop: Option<Stop>,
     server: Option<tokio::task::JoinHandle<Result<()>>>,
+    agent_stop: Option<Stop>,
+    agent: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// The agent's settings, kept for its restart.
+    config: AgentConfig,
+    in_process: trellis_client::InProcess,
     dir: tempfile::TempDir,
 }
 
@@ -113,8 +222,7 @@ impl Running {
     async fn start(
         cluster: &TestCluster,
         host: Host,
-        backend: Backend,
-        cluster_cidr: &str,
+        setup: &Setup,
         pod_cidr: &str,
     ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
@@ -147,67 +255,96 @@ impl Running {
             }))?,
         )?;
         let runtime = host.runtime()?;
-        let (stop, stopped) = Shutdown::new();
-        let name = host.name.clone();
+        let (server_stop, stopped) = Shutdown::new();
         let ip = host.ip;
-        let client = cluster.in_process().client(identity::node(&name));
-        let cidr = cluster_cidr.to_owned();
         let on_host = root.clone();
-        let started = runtime.spawn(async move {
-            let root = on_host;
-            let cri_runtime = Runtime::with_cni(
-                trellis_tests::sandboxed(RuntimeConfig {
-                    root: root.join("runtime"),
-                    // Shared with the other tests: the components compile once.
-                    cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache")),
-                    process_handler: true,
-                    node_ip: ip,
-                    ..Default::default()
-                }),
-                trellis_runtime::CniConfig {
-                    conf_dir: Some(conf_dir),
-                    bin_dirs: Vec::new(),
-                },
-            )?;
-            let socket = root.join("cri.sock");
-            let listener = trellis_runtime::listen(&socket)?;
-            let server_stop = stopped.clone();
-            let server = tokio::spawn(async move {
-                trellis_runtime::serve_on(cri_runtime, listener, async move {
-                    server_stop.wait().await;
-                })
-                .await
-            });
-            let cri = trellis_runtime::connect(&socket).await?;
-            let mut config = AgentConfig::new(&name, ip, root.join("agent"));
-            config.pod_network = true;
-            config.pod_network_backend = backend;
-            config.cluster_cidrs = vec![cidr];
-            config.relist_period = Duration::from_millis(50);
-            config.port = 0;
-            config.eviction_hard = None;
-            let agent = tokio::spawn(trellis_agent::run(
-                config,
-                client,
-                cri,
-                SharedInformers::new(),
-                stopped,
-            ));
-            anyhow::Ok((agent, server))
-        });
-        let (agent, server) = started.await??;
-        Ok(Self {
+        let server = runtime
+            .spawn(async move {
+                let root = on_host;
+                let cri_runtime = Runtime::with_cni(
+                    trellis_tests::sandboxed(RuntimeConfig {
+                        root: root.join("runtime"),
+                        // Shared with the other tests: the components compile once.
+                        cache_dir: Some(
+                            Path::new(env!("CARGO_TARGET_TMPDIR")).join("runtime-cache"),
+                        ),
+                        process_handler: true,
+                        node_ip: ip,
+                        ..Default::default()
+                    }),
+                    trellis_runtime::CniConfig {
+                        conf_dir: Some(conf_dir),
+                        bin_dirs: Vec::new(),
+                    },
+                )?;
+                let listener = trellis_runtime::listen(&root.join("cri.sock"))?;
+                anyhow::Ok(tokio::spawn(async move {
+                    trellis_runtime::serve_on(cri_runtime, listener, async move {
+                        stopped.wait().await;
+                    })
+                    .await
+                }))
+            })
+            .await??;
+        let mut config = AgentConfig::new(&host.name, ip, root.join("agent"));
+        config.pod_network = true;
+        config.pod_network_backend = setup.backend;
+        config.cluster_cidrs = vec![setup.cluster_cidr.to_owned()];
+        config.relist_period = Duration::from_millis(50);
+        config.port = 0;
+        config.eviction_hard = None;
+        (setup.configure)(&mut config);
+        let mut running = Self {
             host,
             runtime: Some(runtime),
-            stop: Some(stop),
-            agent: Some(agent),
+            server_stop: Some(server_stop),
             server: Some(server),
+            agent_stop: None,
+            agent: None,
+            config,
+            in_process: cluster.in_process(),
             dir,
-        })
+        };
+        running.start_agent().await?;
+        Ok(running)
+    }
+
+    /// Starts the agent (again), on the runtime's socket.
+    pub(super) async fn start_agent(&mut self) -> Result<()> {
+        let (stop, stopped) = Shutdown::new();
+        let client = self.in_process.client(identity::node(&self.host.name));
+        let config = self.config.clone();
+        let socket = self.dir.path().join("cri.sock");
+        let agent = self
+            .on_host(async move {
+                let cri = trellis_runtime::connect(&socket).await?;
+                anyhow::Ok(tokio::spawn(trellis_agent::run(
+                    config,
+                    client,
+                    cri,
+                    SharedInformers::new(),
+                    stopped,
+                )))
+            })
+            .await??;
+        self.agent_stop = Some(stop);
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    /// Stops the agent and waits for it; the runtime and the pods keep running.
+    pub(super) async fn stop_agent(&mut self) -> Result<()> {
+        if let Some(stop) = self.agent_stop.take() {
+            stop.stop();
+        }
+        if let Some(agent) = self.agent.take() {
+            agent.await??;
+        }
+        Ok(())
     }
 
     /// Runs `f` on the host (in its network namespace).
-    async fn on_host<T: Send + 'static>(
+    pub(super) async fn on_host<T: Send + 'static>(
         &self,
         f: impl Future<Output = T> + Send + 'static,
     ) -> Result<T> {
@@ -215,7 +352,7 @@ impl Running {
     }
 
     /// Starts `f` on the host (in its network namespace).
-    fn spawn<T: Send + 'static>(
+    pub(super) fn spawn<T: Send + 'static>(
         &self,
         f: impl Future<Output = T> + Send + 'static,
     ) -> Result<tokio::task::JoinHandle<T>> {
@@ -225,13 +362,14 @@ impl Running {
 
     /// The log of `pod`'s container `container` (its first attempt), as the agent
     /// keeps it.
-    fn log(&self, pod: &Pod, container: &str) -> Result<String> {
+    pub(super) fn log(&self, pod: &Pod, container: &str) -> Result<String> {
         let path = self
             .dir
             .path()
             .join("agent/logs")
             .join(format!(
-                "default_{}_{}",
+                "{}_{}_{}",
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
                 pod.metadata.name.as_deref().unwrap_or_default(),
                 pod.metadata.uid.as_deref().unwrap_or_default()
             ))
@@ -242,22 +380,23 @@ impl Running {
 
     /// Stops the agent and the runtime, and waits for them.
     async fn stop(&mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
+        let agent = self.stop_agent().await;
+        if let Some(stop) = self.server_stop.take() {
             stop.stop();
-        }
-        if let Some(agent) = self.agent.take() {
-            agent.await??;
         }
         if let Some(server) = self.server.take() {
             server.await??;
         }
-        Ok(())
+        agent
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
+        for stop in [self.agent_stop.take(), self.server_stop.take()]
+            .into_iter()
+            .flatten()
+        {
             stop.stop();
         }
         if let Some(runtime) = self.runtime.take() {
@@ -270,31 +409,33 @@ impl Drop for Running {
 }
 
 /// The test's parts, dropped in this order: hosts, then their LAN.
-struct Cluster {
-    hosts: Vec<Running>,
+pub(super) struct Cluster {
+    pub(super) hosts: Vec<Running>,
     _lan: Lan,
-    admin: kube::Client,
-    pods: Arc<Informer<Pod>>,
-    _watching: SharedInformers,
+    pub(super) admin: kube::Client,
+    pub(super) pods: Arc<Informer<Pod>>,
+    pub(super) watching: SharedInformers,
     script: tempfile::TempDir,
     // Last: the API server outlives the agents.
-    api: TestCluster,
+    pub(super) api: TestCluster,
 }
 
 /// What differs between the tests.
-struct Setup {
-    bridge: &'static str,
+pub(super) struct Setup {
+    pub(super) bridge: &'static str,
     /// The LAN's /24, as its first three octets.
-    lan: &'static str,
+    pub(super) lan: &'static str,
     /// The hosts' namespaces.
-    hosts: [&'static str; 2],
+    pub(super) hosts: &'static [&'static str],
     /// The cluster CIDR and each host's podCIDR in it.
-    cluster_cidr: &'static str,
-    pod_cidrs: [&'static str; 2],
-    backend: Backend,
+    pub(super) cluster_cidr: &'static str,
+    pub(super) pod_cidrs: &'static [&'static str],
+    pub(super) backend: Backend,
+    pub(super) configure: Configure,
 }
 
-fn skip() -> bool {
+/// Whether this machine can run test hosts with the pod network; says why not.
+pub(super) fn skip() -> bool {
     let missing = if !rustix::process::geteuid().is_root() {
         Some("root")
     } else {
@@ -314,7 +455,11 @@ fn skip() -> bool {
 }
 
 async fn start(setup: &Setup) -> Result<Cluster> {
-    let api = TestCluster::start().await?;
+    start_on(TestCluster::start().await?, setup).await
+}
+
+/// Starts the hosts of `setup` against `api`.
+pub(super) async fn start_on(api: TestCluster, setup: &Setup) -> Result<Cluster> {
     let mut lan = Lan::new(setup.bridge, setup.lan)?;
     let admin = api
         .in_process()
@@ -331,16 +476,7 @@ async fn start(setup: &Setup) -> Result<Cluster> {
     let mut hosts = Vec::new();
     for (i, name) in setup.hosts.iter().enumerate() {
         let host = lan.host(name, 2 + i as u8)?;
-        hosts.push(
-            Running::start(
-                &api,
-                host,
-                setup.backend,
-                setup.cluster_cidr,
-                setup.pod_cidrs[i],
-            )
-            .await?,
-        );
+        hosts.push(Running::start(&api, host, setup, setup.pod_cidrs[i]).await?);
     }
     // The node IPAM controller's part (tested on its own), done by hand so that each
     // test keeps to its range.
@@ -367,22 +503,29 @@ async fn start(setup: &Setup) -> Result<Cluster> {
         _lan: lan,
         admin,
         pods,
-        _watching: watching,
+        watching,
         script,
         api,
     })
 }
 
 impl Cluster {
-    /// A netexec pod on `node`: `port` for HTTP (and UDP_PORT for UDP), Ready once it
-    /// answers.
+    /// A netexec pod in `default` on `node`: `port` for HTTP (and UDP_PORT for UDP),
+    /// Ready once it answers.
     async fn netexec(&self, name: &str, node: &str, host_network: bool, port: u16) -> Result<()> {
+        let mut pod = self.netexec_pod(name, node, port);
+        pod["spec"]["hostNetwork"] = json!(host_network);
+        self.create_in("default", pod).await
+    }
+
+    /// A netexec pod's manifest: on `node`, `port` for HTTP (and UDP_PORT for UDP),
+    /// Ready once it answers; callers add labels, ports, a hostname.
+    pub(super) fn netexec_pod(&self, name: &str, node: &str, port: u16) -> serde_json::Value {
         let dir = self.script.path().display().to_string();
         let script = self.script.path().join("netexec.py");
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name},
+        json!({
+            "metadata": {"name": name, "labels": {}},
             "spec": {"nodeName": node, "runtimeClassName": "process",
-                "hostNetwork": host_network,
                 "terminationGracePeriodSeconds": 1,
                 "volumes": [{"name": "script", "hostPath": {"path": dir}}],
                 "containers": [{"name": "netexec", "image": "file:///bin/sh",
@@ -392,62 +535,100 @@ impl Cluster {
                     "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
                     "ports": [{"containerPort": port}],
                     "readinessProbe": {"httpGet": {"path": "/hostname", "port": port}, "periodSeconds": 1}}]}
-        }))?;
-        Api::<Pod>::namespaced(self.admin.clone(), "default")
-            .create(&PostParams::default(), &pod)
-            .await?;
-        Ok(())
+        })
     }
 
     /// Creates `pod` in `default`.
     async fn create(&self, pod: serde_json::Value) -> Result<()> {
+        self.create_in("default", pod).await
+    }
+
+    /// Creates `pod` in namespace `ns`.
+    pub(super) async fn create_in(&self, ns: &str, pod: serde_json::Value) -> Result<()> {
         let pod: Pod = serde_json::from_value(pod)?;
-        Api::<Pod>::namespaced(self.admin.clone(), "default")
+        Api::<Pod>::namespaced(self.admin.clone(), ns)
             .create(&PostParams::default(), &pod)
             .await?;
         Ok(())
     }
 
-    /// Waits until pod `name` is Ready; its IP.
+    /// Waits until pod `name` in `default` is Ready; its IP.
     async fn ready(&self, name: &str) -> Result<IpAddr> {
-        let pod = wait_pod(&self.pods, name, Duration::from_secs(60), |p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-                .is_some_and(|c| c.status == "True")
-        })
-        .await?;
+        self.ready_in("default", name).await
+    }
+
+    /// Waits until pod `ns/name` is Ready; its IP.
+    pub(super) async fn ready_in(&self, ns: &str, name: &str) -> Result<IpAddr> {
+        let pod = self
+            .wait_pod(ns, name, Duration::from_secs(60), |p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .is_some_and(|c| c.status == "True")
+            })
+            .await?;
         let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
         ip.context("no podIP")?.parse().context("podIP")
     }
 
-    /// What `/dial` on the test container at `from` ([`TEST_PORT`], asked from the
-    /// first host as the conformance checks ask from a host-network pod) got from
-    /// `target` (at most five tries, as the checks' retries).
-    async fn dial(
+    /// Waits, woken by the pod informer, until pod `ns/name` is there and `done`.
+    pub(super) async fn wait_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        limit: Duration,
+        done: impl Fn(&Pod) -> bool,
+    ) -> Result<Arc<Pod>> {
+        let mut changes = self.pods.subscribe();
+        let key = format!("{ns}/{name}");
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(pod) = self.pods.get(&key)
+                && done(&pod)
+            {
+                return Ok(pod);
+            }
+            tokio::select! {
+                change = changes.recv() => if change.is_none() { anyhow::bail!("the pod informer ended") },
+                _ = tokio::time::sleep_until(deadline) => {
+                    anyhow::bail!("pod {key} did not get there in {limit:?}; it is {:?}",
+                        self.pods.get(&key).map(|p| p.status.clone()))
+                }
+            }
+        }
+    }
+
+    /// What netexec's `/dial` on the test container at `from` ([`TEST_PORT`], asked
+    /// from the first host as the conformance checks ask from a host-network pod)
+    /// answered for `query` (`request=…&protocol=…&host=…&port=…&tries=…`): its
+    /// `responses` and `errors`.
+    pub(super) async fn dial_raw(&self, from: IpAddr, query: &str) -> Result<serde_json::Value> {
+        let path = format!("/dial?{query}");
+        let body = self.hosts[0]
+            .on_host(async move { http_get(from, TEST_PORT, &path, Duration::from_secs(30)).await })
+            .await??;
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    /// What `/dial` on the test container at `from` got from `target` (at most five
+    /// tries, as the checks' retries).
+    pub(super) async fn dial(
         &self,
         from: IpAddr,
         request: &str,
         protocol: &str,
-        target: IpAddr,
+        target: impl std::fmt::Display,
         target_port: u16,
     ) -> Result<Vec<String>> {
-        let path = format!(
-            "/dial?request={request}&protocol={protocol}&host={target}&port={target_port}&tries=1"
+        let query = format!(
+            "request={request}&protocol={protocol}&host={target}&port={target_port}&tries=1"
         );
         let mut last = None;
         for _ in 0..5 {
-            let path = path.clone();
-            let answer = self.hosts[0]
-                .on_host(
-                    async move { http_get(from, TEST_PORT, &path, Duration::from_secs(10)).await },
-                )
-                .await?;
-            match answer.and_then(|body| {
-                let json: serde_json::Value = serde_json::from_str(&body)?;
+            match self.dial_raw(from, &query).await.and_then(|json| {
                 let responses: Vec<String> = serde_json::from_value(json["responses"].clone())?;
-                ensure!(!responses.is_empty(), "{body}");
+                ensure!(!responses.is_empty(), "{json}");
                 Ok(responses)
             }) {
                 Ok(responses) => return Ok(responses),
@@ -458,19 +639,26 @@ impl Cluster {
             .with_context(|| format!("{request} over {protocol} from {from} to {target}"))
     }
 
-    /// Deletes the pods, waits until the agents removed them, then stops the hosts.
-    async fn stop(mut self, names: &[&str]) -> Result<()> {
-        let api: Api<Pod> = Api::namespaced(self.admin.clone(), "default");
+    /// Deletes the pods in `default`, waits until the agents removed them, then stops
+    /// the hosts.
+    async fn stop(self, names: &[&str]) -> Result<()> {
+        let names: Vec<String> = names.iter().map(|n| format!("default/{n}")).collect();
+        self.stop_with(&names).await
+    }
+
+    /// Deletes the pods `namespace/name`, waits until the agents removed them, then
+    /// stops the hosts.
+    pub(super) async fn stop_with(mut self, keys: &[String]) -> Result<()> {
         let forced = DeleteParams::default().grace_period(0);
-        for name in names {
-            let _ = api.delete(name, &forced).await;
+        for key in keys {
+            if let Some((ns, name)) = key.split_once('/') {
+                let api: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
+                let _ = api.delete(name, &forced).await;
+            }
         }
         let gone = async {
             let mut changes = self.pods.subscribe();
-            while names
-                .iter()
-                .any(|n| self.pods.get(&format!("default/{n}")).is_some())
-            {
+            while keys.iter().any(|k| self.pods.get(k).is_some()) {
                 changes.recv().await.context("pod informer ended")?;
             }
             anyhow::Ok(())
@@ -536,13 +724,14 @@ async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication(
     let setup = Setup {
         bridge: "trellis-mn80",
         lan: "10.244.80",
-        hosts: ["mn80-a", "mn80-b"],
+        hosts: &["mn80-a", "mn80-b"],
         cluster_cidr: "10.244.87.0/24",
-        pod_cidrs: ["10.244.87.0/26", "10.244.87.64/26"],
+        pod_cidrs: &["10.244.87.0/26", "10.244.87.64/26"],
         backend: Backend::Auto,
+        configure: |_| {},
     };
     let cluster = start(&setup).await?;
-    let [a, b] = setup.hosts;
+    let [a, b] = [setup.hosts[0], setup.hosts[1]];
     let names = [
         "netserver-0",
         "netserver-1",
@@ -648,10 +837,11 @@ async fn granular_checks_pods_function_for_intra_pod_and_node_pod_communication(
         );
 
         // The program on the second node got the component's answer from the first.
-        let dialer = wait_pod(&cluster.pods, "dialer", Duration::from_secs(30), |p| {
-            matches!(phase(p), "Succeeded" | "Failed")
-        })
-        .await?;
+        let dialer = cluster
+            .wait_pod("default", "dialer", Duration::from_secs(30), |p| {
+                matches!(phase(p), "Succeeded" | "Failed")
+            })
+            .await?;
         let status = dialer.status.as_ref().context("dialer status")?;
         let dialer_ip: IpAddr = status.pod_ip.as_deref().context("dialer podIP")?.parse()?;
         ensure!(
@@ -711,13 +901,14 @@ async fn pods_reach_pods_on_other_nodes_over_vxlan_without_nat() -> Result<()> {
     let setup = Setup {
         bridge: "trellis-mn88",
         lan: "10.244.88",
-        hosts: ["mn88-a", "mn88-b"],
+        hosts: &["mn88-a", "mn88-b"],
         cluster_cidr: "10.244.89.0/24",
-        pod_cidrs: ["10.244.89.0/26", "10.244.89.64/26"],
+        pod_cidrs: &["10.244.89.0/26", "10.244.89.64/26"],
         backend: Backend::Vxlan,
+        configure: |_| {},
     };
     let cluster = start(&setup).await?;
-    let [a, b] = setup.hosts;
+    let [a, b] = [setup.hosts[0], setup.hosts[1]];
     let names = ["client", "server"];
     let work = async {
         cluster.netexec("client", a, false, TEST_PORT).await?;
