@@ -53,6 +53,13 @@ pub struct Settings {
     /// watch cache once its buffer fills (the client relists); this frees the
     /// connection behind it.
     pub stalled_write_timeout: std::time::Duration,
+    /// Where Services' ClusterIPs come from (`--service-cluster-ip-range`).
+    pub service_cluster_ip_range: crate::registry::service::ServiceCidr,
+    /// Where NodePorts come from (`--service-node-port-range`).
+    pub service_node_port_range: crate::registry::service::PortRange,
+    /// How often the Service allocations are repaired from the stored Services after
+    /// the pass at start (kube-apiserver: 3 minutes).
+    pub service_repair_interval: std::time::Duration,
 }
 
 impl Default for Settings {
@@ -68,6 +75,9 @@ impl Default for Settings {
             bookmark_interval: Duration::from_secs(30),
             namespace_resync: Duration::from_secs(5),
             stalled_write_timeout: Duration::from_secs(60),
+            service_cluster_ip_range: Default::default(),
+            service_node_port_range: Default::default(),
+            service_repair_interval: Duration::from_secs(180),
         }
     }
 }
@@ -126,6 +136,8 @@ pub struct AppState {
     pub namespace_deletions: tokio::sync::Notify,
     /// HTTPS to nodes' agents, for `pods/log`.
     pub kubelet: crate::kubelet::KubeletClient,
+    /// What this server believes taken in the Service ranges.
+    pub services: crate::registry::service::Allocators,
 }
 
 /// What the server's state is made from, as [`crate::server::start`] prepares it.
@@ -171,6 +183,10 @@ impl AppState {
         service_accounts.init(&store, &cache);
         let secrets = crate::storage::lister::Lister::new("", "secrets");
         secrets.init(&store, &cache);
+        let services = crate::registry::service::Allocators::new(
+            settings.service_cluster_ip_range,
+            settings.service_node_port_range,
+        );
         Arc::new(Self {
             store,
             cache,
@@ -198,6 +214,7 @@ impl AppState {
             plugins: std::sync::OnceLock::new(),
             namespace_deletions: tokio::sync::Notify::new(),
             kubelet,
+            services,
         })
     }
 

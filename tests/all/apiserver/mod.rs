@@ -12,3 +12,4 @@ mod openapi;
 mod pod_security;
 mod quota;
 mod service_accounts;
+mod services;

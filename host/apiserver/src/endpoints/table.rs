@@ -159,6 +159,15 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
             col("Data", "string", "", "Number of data entries"),
             AGE,
         ],
+        ("", "services") => vec![
+            NAME,
+            col("Type", "string", "", "The type of the service: ClusterIP, NodePort, LoadBalancer or ExternalName."),
+            col("Cluster-IP", "string", "", "The IP address of the service, allocated from the service range."),
+            col("External-IP", "string", "", "The addresses the service is reachable at from outside the cluster."),
+            col("Port(s)", "string", "", "The list of ports that are exposed by this service."),
+            AGE,
+            wide("Selector", "Route service traffic to pods with label keys and values matching this selector."),
+        ],
         ("", "resourcequotas") => vec![
             NAME,
             AGE,
@@ -844,6 +853,11 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
                 json!((count(obj, "data") + count(obj, "binaryData")).to_string()),
                 age,
             ]
+        }
+        ("", "services") => {
+            let [ty, cluster_ip, external_ip, ports, selector] =
+                crate::registry::service::table::cells(obj);
+            vec![name, ty, cluster_ip, external_ip, ports, age, selector]
         }
         ("", "resourcequotas") => {
             let (request, limit) = quota_cells(obj);

@@ -204,8 +204,12 @@ pub async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) 
         // (five random characters collide within a few thousand objects).
         let mut attempts = 0;
         loop {
-            let stored = object::encode(&obj)?;
-            match state.store.create(&key, stored).await {
+            let written = if super::service::handles(&req.resource) {
+                super::service::create(state, &key, &mut obj).await?
+            } else {
+                state.store.create(&key, object::encode(&obj)?).await
+            };
+            match written {
                 Err(trellis_store::Error::AlreadyExists { .. })
                     if generated && attempts < GENERATE_NAME_RETRIES =>
                 {

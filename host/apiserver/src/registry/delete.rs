@@ -312,11 +312,13 @@ pub async fn delete_one(
         if req.dry_run {
             return Ok(Deletion::Removed(obj));
         }
-        match state
-            .store
-            .delete(&res.key(req.namespace.as_deref(), name), Some(rev))
-            .await
-        {
+        let key = res.key(req.namespace.as_deref(), name);
+        let deleted = if super::service::handles(res) {
+            super::service::delete(state, &key, &obj, rev).await
+        } else {
+            state.store.delete(&key, Some(rev)).await
+        };
+        match deleted {
             Ok(d) => {
                 set_meta(&mut obj, "resourceVersion", d.revision.to_string());
                 return Ok(Deletion::Removed(obj));

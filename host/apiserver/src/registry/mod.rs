@@ -25,6 +25,8 @@
 //! - [`proxy`]: `nodes/proxy`, a GET passed on to the node's agent.
 //! - [`eviction`]: `pods/eviction`, a delete that keeps PodDisruptionBudgets.
 //! - [`namespace`]: namespace deletion, and what `namespaces/finalize` may write.
+//! - [`service`]: Services' ClusterIP and NodePort allocation, its repair, their
+//!   defaults, validation and table columns.
 //! - [`certificates`]: CertificateSigningRequests' requester, approval and validation.
 //! - [`status`]: the status writes the server makes itself (quota usage, Plugin
 //!   conditions).
@@ -40,6 +42,7 @@ pub mod get;
 pub mod namespace;
 pub mod portforward;
 pub mod proxy;
+pub mod service;
 pub mod status;
 pub mod subresources;
 pub mod typed;

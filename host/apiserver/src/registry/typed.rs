@@ -186,7 +186,7 @@ pub fn default_and_validate_with(
         }
         *obj = decoded;
     }
-    apply_defaults(res, obj, old.is_none());
+    apply_defaults(res, obj, old);
     validate(res, obj, old)
 }
 
@@ -274,7 +274,8 @@ fn default_template(obj: &mut Object) {
     }
 }
 
-fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
+fn apply_defaults(res: &ResourceInfo, obj: &mut Object, old: Option<&Object>) {
+    let create = old.is_none();
     match (res.group.as_str(), res.plural.as_str()) {
         ("", "pods") => {
             default_pod_spec(object_at(obj, "spec"));
@@ -295,11 +296,7 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, create: bool) {
         }
         ("", "secrets") => set_default(obj, "type", json!("Opaque")),
         ("", "limitranges") => crate::admission::limit_ranger::default_limit_range(obj),
-        ("", "services") => {
-            let spec = object_at(obj, "spec");
-            set_default(spec, "type", json!("ClusterIP"));
-            set_default(spec, "sessionAffinity", json!("None"));
-        }
+        ("", "services") => crate::registry::service::validation::default(obj, old),
         ("apps", "deployments") => {
             let spec = object_at(obj, "spec");
             set_default(spec, "replicas", json!(1));
@@ -391,6 +388,7 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
             }
         }
         ("", "pods") => validate_pod_spec(str_field(obj, &["spec"]), "spec", &mut causes),
+        ("", "services") => crate::registry::service::validation::validate(obj, old, &mut causes),
         ("apps", kind @ ("deployments" | "replicasets")) => {
             validate_apps(kind == "deployments", obj, old, &mut causes)
         }

@@ -204,8 +204,12 @@ pub async fn write_update(
         set_meta(&mut new, "resourceVersion", expected.to_string());
         return Ok(new);
     }
-    let (revision, _) =
-        super::store_or_remove(state, res, req.namespace.as_deref(), name, &new, expected).await?;
+    let namespace = req.namespace.as_deref();
+    let (revision, _) = if super::service::handles(res) {
+        super::service::store_or_remove(state, res, namespace, name, &mut new, expected).await?
+    } else {
+        super::store_or_remove(state, res, namespace, name, &new, expected).await?
+    };
     set_meta(&mut new, "resourceVersion", revision.to_string());
     Ok(new)
 }

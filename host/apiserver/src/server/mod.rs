@@ -360,6 +360,11 @@ pub async fn start(
         .bootstrap()
         .await
         .context("create the initial namespaces")?;
+    // Before serving: a Service whose allocation key went missing gets it back before
+    // a create could hand its ClusterIP or NodePort out again.
+    crate::registry::service::start_repair(state.clone(), stop.subscribe())
+        .await
+        .context("repair the Service allocations")?;
     let cluster: Arc<dyn crate::admission::Cluster> = state.clone();
     state.chains.attach(&cluster);
     if let Some(manager) = plugins {
