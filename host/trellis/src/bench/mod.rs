@@ -33,6 +33,7 @@ mod controllers;
 mod flow;
 mod informer;
 mod pod_start;
+mod proxy;
 mod reload;
 mod scheduler;
 mod store;
@@ -94,6 +95,9 @@ enum BenchCommand {
     /// The seed flow on hollow nodes: Deployments created → every pod Running, pod
     /// startup latency, and the memory and CPU of idle hollow nodes.
     Flow(flow::FlowArgs),
+    /// The service proxy: a full sync of many Services to the kernel and single endpoint
+    /// changes, in a network namespace of its own.
+    Proxy(proxy::ProxyArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -130,6 +134,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .context("run the pod start benchmark"),
         BenchCommand::Up(args) => up::run(args).await.context("run the up benchmark"),
         BenchCommand::Flow(args) => flow::run(args).await.context("run the flow benchmark"),
+        BenchCommand::Proxy(args) => proxy::run(args).await.context("run the proxy benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),
