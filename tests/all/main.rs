@@ -58,6 +58,7 @@ mod containerd;
 mod controllers;
 mod eviction;
 mod hollow;
+mod incluster;
 mod join;
 mod layout;
 mod multinode;
