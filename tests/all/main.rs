@@ -56,6 +56,7 @@ mod churn;
 mod client;
 mod containerd;
 mod controllers;
+mod endpointslices;
 mod eviction;
 mod hollow;
 mod incluster;
