@@ -297,13 +297,13 @@ mod tests {
             dry_run: false,
         };
         let mut pod = obj(json!({"spec": {"containers": []}}));
-        ServiceAccountDefault
+        ServiceAccountDefault::default()
             .mutate(&attrs, &mut pod, None)
             .await
             .unwrap();
         assert_eq!(pod["spec"]["serviceAccountName"], "default");
         let mut named = obj(json!({"spec": {"serviceAccountName": "builder"}}));
-        ServiceAccountDefault
+        ServiceAccountDefault::default()
             .mutate(&attrs, &mut named, None)
             .await
             .unwrap();

@@ -46,7 +46,7 @@ pub use chain::{
 pub fn builtin() -> Chains {
     Chains {
         admission: vec![
-            Arc::new(serviceaccount::ServiceAccountDefault),
+            Arc::new(serviceaccount::ServiceAccountDefault::default()),
             Arc::new(tolerations::DefaultTolerationSeconds),
             Arc::new(priority::Priority::default()),
             Arc::new(runtime_class::RuntimeClass::default()),
