@@ -56,6 +56,7 @@ mod churn;
 mod client;
 mod containerd;
 mod controllers;
+mod dns;
 mod endpointslices;
 mod eviction;
 mod hollow;

@@ -21,6 +21,7 @@
 //! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
 //! - [`up`]: how soon `trellis up` is ready on an empty store.
 //! - [`flow`]: a Deployment's pods created → Running on hollow nodes, in one process.
+//! - [`dns`]: cluster DNS queries per second and a new Service's time to resolve.
 //! - [`cluster`]: [`cluster::LocalCluster`], the server in this process that the
 //!   benchmarks of a cluster start.
 
@@ -30,6 +31,7 @@ mod cluster;
 mod compaction;
 mod controller;
 mod controllers;
+mod dns;
 mod flow;
 mod informer;
 mod pod_start;
@@ -98,6 +100,9 @@ enum BenchCommand {
     /// The service proxy: a full sync of many Services to the kernel and single endpoint
     /// changes, in a network namespace of its own.
     Proxy(proxy::ProxyArgs),
+    /// Cluster DNS: queries per second and latency for cluster names, and how soon a
+    /// new Service resolves.
+    Dns(dns::DnsArgs),
     /// The memory half of `informer`, in a process of its own.
     #[command(hide = true)]
     InformerChild(informer::InformerChildArgs),
@@ -135,6 +140,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Up(args) => up::run(args).await.context("run the up benchmark"),
         BenchCommand::Flow(args) => flow::run(args).await.context("run the flow benchmark"),
         BenchCommand::Proxy(args) => proxy::run(args).await.context("run the proxy benchmark"),
+        BenchCommand::Dns(args) => dns::run(args).await.context("run the DNS benchmark"),
         BenchCommand::InformerChild(args) => informer::run_child(args)
             .await
             .context("measure an informer's memory"),
