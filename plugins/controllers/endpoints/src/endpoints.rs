@@ -2,7 +2,8 @@
 //! one object named after the Service, its pods grouped into subsets by the ports
 //! they resolve to, ready pods in `addresses` and the others in `notReadyAddresses`
 //! (every pod in `addresses` with `publishNotReadyAddresses`, which also keeps
-//! terminating pods listed).
+//! terminating pods listed). Beyond 1000 addresses it is truncated and annotated
+//! `endpoints.kubernetes.io/over-capacity: truncated`; the slices list them all.
 
 use std::collections::BTreeMap;
 
@@ -81,6 +82,44 @@ pub fn subsets(service: &Value, pods: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// The most addresses one Endpoints holds (Kubernetes' `maxCapacity`): beyond, it
+/// is truncated and annotated, and readers are pointed to the EndpointSlices.
+pub const MAX_CAPACITY: usize = 1000;
+/// The annotation a truncated Endpoints carries (`truncated`).
+pub const OVER_CAPACITY: &str = "endpoints.kubernetes.io/over-capacity";
+
+/// Cuts `subsets` to [`MAX_CAPACITY`] addresses as Kubernetes' `truncateEndpoints`:
+/// ready addresses are kept before not-ready ones, and what each subset keeps is in
+/// proportion to its size. Whether it cut anything.
+pub fn truncate(subsets: &mut [Value]) -> bool {
+    let count = |s: &Value, field: &str| s[field].as_array().map_or(0, Vec::len);
+    let ready: usize = subsets.iter().map(|s| count(s, "addresses")).sum();
+    let not_ready: usize = subsets.iter().map(|s| count(s, "notReadyAddresses")).sum();
+    if ready + not_ready <= MAX_CAPACITY {
+        return false;
+    }
+    let truncate_ready = ready > MAX_CAPACITY;
+    let (max, total, field) = if truncate_ready {
+        (MAX_CAPACITY, ready, "addresses")
+    } else {
+        (MAX_CAPACITY - ready, not_ready, "notReadyAddresses")
+    };
+    let mut can_be_added = max;
+    for subset in subsets.iter_mut() {
+        let allowed = (count(subset, field) * max)
+            .div_ceil(total)
+            .min(can_be_added);
+        if truncate_ready && let Some(map) = subset.as_object_mut() {
+            map.remove("notReadyAddresses");
+        }
+        if let Some(list) = subset[field].as_array_mut() {
+            list.truncate(allowed);
+        }
+        can_be_added -= allowed;
+    }
+    true
+}
+
 /// The labels of a Service's Endpoints: the Service's, and the headless mark.
 pub fn labels(service: &Value) -> Value {
     let mut labels = service["metadata"]["labels"]
@@ -147,6 +186,35 @@ mod tests {
         assert_eq!(s[0]["addresses"][2]["hostname"], "f");
         assert_eq!(s[0]["addresses"][0]["nodeName"], "n1");
         assert_eq!(s[0]["notReadyAddresses"][0]["targetRef"]["name"], "c");
+    }
+
+    #[test]
+    fn more_than_a_thousand_addresses_are_cut_ready_ones_first() {
+        let addresses = |n: usize| {
+            Value::Array(
+                (0..n)
+                    .map(|i| json!({"ip": format!("10.0.{}.{}", i / 250, i % 250)}))
+                    .collect(),
+            )
+        };
+        let mut subsets = vec![
+            json!({"addresses": addresses(600), "notReadyAddresses": addresses(10)}),
+            json!({"addresses": addresses(300), "notReadyAddresses": addresses(190)}),
+        ];
+        assert!(truncate(&mut subsets));
+        let n = |s: &Value, f: &str| s[f].as_array().map_or(0, Vec::len);
+        assert_eq!(
+            (n(&subsets[0], "addresses"), n(&subsets[1], "addresses")),
+            (600, 300)
+        );
+        // 100 not-ready places left, shared 10:190 and rounded up.
+        assert_eq!(
+            n(&subsets[0], "notReadyAddresses") + n(&subsets[1], "notReadyAddresses"),
+            100
+        );
+        assert_eq!(n(&subsets[0], "notReadyAddresses"), 5);
+        let mut small = vec![json!({"addresses": addresses(3)})];
+        assert!(!truncate(&mut small));
     }
 
     #[test]

@@ -198,7 +198,8 @@ impl Endpoints {
         pods: &[Value],
     ) -> Result<Action, String> {
         let ns = key.namespace.as_deref();
-        let subsets = endpoints::subsets(service, pods);
+        let mut subsets = endpoints::subsets(service, pods);
+        let truncated = endpoints::truncate(&mut subsets);
         let labels = endpoints::labels(service);
         let existing = cache::get(&core("endpoints"), ns, &key.name)?;
         let mut wanted = json!({
@@ -217,6 +218,8 @@ impl Endpoints {
         let write = match existing {
             Some(current)
                 if endpoints::same_subsets(&current["subsets"], &subsets)
+                    && current["metadata"]["annotations"][endpoints::OVER_CAPACITY].is_string()
+                        == truncated
                     && current["metadata"]["labels"]
                         .as_object()
                         .cloned()
@@ -236,6 +239,10 @@ impl Endpoints {
                     Some(t) => annotations.insert(slices::TRIGGER_TIME.into(), json!(t)),
                     None => annotations.remove(slices::TRIGGER_TIME),
                 };
+                match truncated {
+                    true => annotations.insert(endpoints::OVER_CAPACITY.into(), json!("truncated")),
+                    false => annotations.remove(endpoints::OVER_CAPACITY),
+                };
                 wanted["metadata"]["annotations"] = Value::Object(annotations);
                 Write::Update {
                     resource: core("endpoints"),
@@ -245,9 +252,14 @@ impl Endpoints {
                 }
             }
             None => {
+                let mut annotations = serde_json::Map::new();
                 if let Some(t) = trigger_time(service, pods) {
-                    wanted["metadata"]["annotations"] = json!({slices::TRIGGER_TIME: t});
+                    annotations.insert(slices::TRIGGER_TIME.into(), json!(t));
                 }
+                if truncated {
+                    annotations.insert(endpoints::OVER_CAPACITY.into(), json!("truncated"));
+                }
+                wanted["metadata"]["annotations"] = Value::Object(annotations);
                 Write::Create {
                     resource: core("endpoints"),
                     namespace: key.namespace.clone(),
