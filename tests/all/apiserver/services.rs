@@ -210,6 +210,43 @@ async fn services_get_addresses_and_ports_with_kubernetes_rules() -> Result<()> 
     let table = cluster.kubectl_ok(&["get", "service", "fixed"]).await?;
     ensure!(table.contains("NodePort"), "{table}");
 
+    // A LoadBalancer keeping traffic local gets a health check port, freed with it.
+    cluster
+        .kubectl_ok_stdin(
+            &["create", "-f", "-"],
+            &manifest(
+                "lb",
+                json!({"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                    "ports": [{"port": 443}]}),
+            ),
+        )
+        .await?;
+    let lb = service_json(&cluster, "lb").await?;
+    let health = lb["spec"]["healthCheckNodePort"].as_i64().unwrap_or(0);
+    ensure!(
+        (30000..=32767).contains(&health)
+            && lb["spec"]["allocateLoadBalancerNodePorts"] == true
+            && lb["status"] == json!({"loadBalancer": {}}),
+        "{lb}"
+    );
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "service",
+            "lb",
+            "-p",
+            r#"{"spec":{"externalTrafficPolicy":"Cluster"}}"#,
+        ])
+        .await?;
+    let lb = service_json(&cluster, "lb").await?;
+    ensure!(
+        lb["spec"].get("healthCheckNodePort").is_none(),
+        "{}",
+        lb["spec"]
+    );
+    let table = cluster.kubectl_ok(&["get", "service", "lb"]).await?;
+    ensure!(table.contains("<pending>"), "{table}");
+
     // A ClusterIP stays; a delete frees it.
     let moved = cluster
         .kubectl_err(&[

@@ -122,10 +122,11 @@ enum Claim {
         ip: Ipv4Addr,
         dynamic: bool,
     },
-    /// `index`: the port it was asked for in (for the error's field path).
+    /// `index`: the port it was asked for in (for the error's field path); `None`
+    /// for the health check node port.
     Port {
         port: u16,
-        index: usize,
+        index: Option<usize>,
         dynamic: bool,
     },
 }
@@ -333,7 +334,7 @@ impl Allocators {
                     claimed.insert(np16);
                     claims.push(Claim::Port {
                         port: np16,
-                        index: i,
+                        index: Some(i),
                         dynamic: false,
                     });
                     Ok(())
@@ -361,7 +362,7 @@ impl Allocators {
                             claimed.insert(np);
                             claims.push(Claim::Port {
                                 port: np,
-                                index: i,
+                                index: Some(i),
                                 dynamic: true,
                             });
                             i64::from(np)
@@ -381,6 +382,50 @@ impl Allocators {
             {
                 if np != 0 {
                     port.insert("nodePort".into(), json!(np));
+                }
+            }
+        }
+        // A LoadBalancer keeping traffic on the node answers health checks on a node
+        // port of its own.
+        if validation::needs_health_check(spec) {
+            let mut claimed: BTreeSet<u16> = old.ports.clone();
+            claimed.extend(claims.iter().filter_map(|c| match c {
+                Claim::Port { port, .. } => Some(*port),
+                Claim::Ip { .. } => None,
+            }));
+            let asked = spec
+                .get("healthCheckNodePort")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            if asked == 0 {
+                let port = self.next_port(&claimed).ok_or(None)?;
+                spec.insert("healthCheckNodePort".into(), json!(port));
+                claims.push(Claim::Port {
+                    port,
+                    index: None,
+                    dynamic: true,
+                });
+            } else {
+                let port = u16::try_from(asked).unwrap_or(0);
+                if !claimed.contains(&port) {
+                    if !self.node_ports.contains(port) {
+                        return Err(Some(invalid_service(
+                            &snapshot,
+                            StatusCause::new(
+                                "FieldValueInvalid",
+                                "spec.healthCheckNodePort",
+                                format!(
+                                    "Invalid value: {asked}: failed to allocate requested HealthCheck NodePort {asked}: provided port is not in the valid range. The range of valid ports is {}",
+                                    self.node_ports
+                                ),
+                            ),
+                        )));
+                    }
+                    claims.push(Claim::Port {
+                        port,
+                        index: None,
+                        dynamic: false,
+                    });
                 }
             }
         }
@@ -415,12 +460,28 @@ fn ip_error(obj: &Object, ip: Ipv4Addr, reason: &str) -> ApiError {
 fn taken_error(obj: &Object, claim: &Claim) -> ApiError {
     match claim {
         Claim::Ip { ip, .. } => ip_error(obj, *ip, "provided IP is already allocated"),
-        Claim::Port { port, index, .. } => invalid_service(
+        Claim::Port {
+            port,
+            index: Some(index),
+            ..
+        } => invalid_service(
             obj,
             StatusCause::new(
                 "FieldValueInvalid",
                 format!("spec.ports[{index}].nodePort"),
                 format!("Invalid value: {port}: provided port is already allocated"),
+            ),
+        ),
+        Claim::Port {
+            port, index: None, ..
+        } => invalid_service(
+            obj,
+            StatusCause::new(
+                "FieldValueInvalid",
+                "spec.healthCheckNodePort",
+                format!(
+                    "Invalid value: {port}: failed to allocate requested HealthCheck NodePort {port}: provided port is already allocated"
+                ),
             ),
         ),
     }
@@ -573,6 +634,9 @@ pub async fn create(
     key: &str,
     obj: &mut Object,
 ) -> ApiResult<trellis_store::Result<KeyValue>> {
+    // As Kubernetes stores every new Service: an empty load balancer status.
+    obj.entry("status")
+        .or_insert_with(|| json!({"loadBalancer": {}}));
     write(state, key, obj, &Holdings::default(), Write::Create).await
 }
 

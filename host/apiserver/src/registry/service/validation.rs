@@ -57,6 +57,11 @@ pub fn needs_node_ports(spec: &Map<String, Value>) -> bool {
     }
 }
 
+/// A LoadBalancer with `externalTrafficPolicy: Local` (`NeedsHealthCheck`).
+pub fn needs_health_check(spec: &Map<String, Value>) -> bool {
+    text(spec, "type") == LOAD_BALANCER && text(spec, "externalTrafficPolicy") == "Local"
+}
+
 fn externally_accessible(spec: &Map<String, Value>) -> bool {
     matches!(text(spec, "type"), NODE_PORT | LOAD_BALANCER)
         || spec
@@ -277,12 +282,11 @@ fn drop_type_dependent_fields(new: &mut Map<String, Value>, old: &Map<String, Va
             }
         }
     }
+    if needs_health_check(old) && !needs_health_check(new) && same("healthCheckNodePort", new) {
+        new.remove("healthCheckNodePort");
+    }
     if text(old, "type") == LOAD_BALANCER && text(new, "type") != LOAD_BALANCER {
-        for field in [
-            "allocateLoadBalancerNodePorts",
-            "loadBalancerClass",
-            "healthCheckNodePort",
-        ] {
+        for field in ["allocateLoadBalancerNodePorts", "loadBalancerClass"] {
             if same(field, new) {
                 new.remove(field);
             }
@@ -686,6 +690,14 @@ fn validate_traffic_policies(spec: &Map<String, Value>, causes: &mut Vec<StatusC
             "spec.externalTrafficPolicy",
             external,
             POLICIES,
+        ));
+    }
+    let health_check = int(spec, "healthCheckNodePort");
+    if health_check != 0 && !needs_health_check(spec) {
+        causes.push(invalid(
+            "spec.healthCheckNodePort",
+            &health_check.to_string(),
+            "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'",
         ));
     }
     let internal = text(spec, "internalTrafficPolicy");
