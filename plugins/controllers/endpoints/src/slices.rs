@@ -58,12 +58,16 @@ pub fn identity(endpoint: &Value) -> String {
     )
 }
 
-/// The key of a set of ports: a missing list is the empty one.
+/// The key of a set of ports, whatever the order of each port's fields; a missing
+/// list is the empty one.
 pub fn ports_key(ports: &Value) -> String {
-    match ports {
-        Value::Array(a) if !a.is_empty() => ports.to_string(),
-        _ => "[]".to_owned(),
-    }
+    let ports: Vec<Value> = ports
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| json!([p["name"], p["port"], p["protocol"], p["appProtocol"]]))
+        .collect();
+    Value::Array(ports).to_string()
 }
 
 /// The fields of an endpoint this controller sets, for comparing what is stored
