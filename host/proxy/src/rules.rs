@@ -72,7 +72,10 @@ pub struct Part {
     pub sets: BTreeMap<String, u32>,
     /// Shared chains this Service's elements jump to (`spread-N`, …).
     pub shared_chains: BTreeSet<String>,
-    /// Endpoint IPs, for the hairpin set.
+    /// The endpoints in each frontend's slots (`backends` and `nodeport-backends`).
+    pub slots: BTreeMap<(Map, String), Vec<String>>,
+    /// This node's endpoint IPs (and those of no known node), for the hairpin set: a
+    /// connection an endpoint makes to itself starts on the endpoint's node.
     pub endpoint_ips: BTreeSet<Ipv4Addr>,
     /// UDP frontends (`ClusterIP`, port) and the endpoint IPs behind them, whose stale
     /// conntrack entries go when an endpoint does.
@@ -90,6 +93,8 @@ pub struct RenderConfig {
 struct Endpoint {
     ip: Ipv4Addr,
     port: u16,
+    /// On this node, or on no node the slice names.
+    local: bool,
 }
 
 /// kube-proxy's chain names: a short hash for uniqueness, then the readable base.
@@ -143,7 +148,14 @@ fn usable(candidates: &[(Endpoint, bool, bool)]) -> Vec<Endpoint> {
 
 /// The elements and chains of `service`, with endpoints from `slices` (those labelled
 /// with its name in its namespace). Headless and ExternalName Services have none.
-pub fn render_service(service: &Service, slices: &[&EndpointSlice], config: &RenderConfig) -> Part {
+/// `previous` is what the table holds of it now: endpoints that stay keep their slot, so
+/// a changed endpoint is one element.
+pub fn render_service(
+    service: &Service,
+    slices: &[&EndpointSlice],
+    config: &RenderConfig,
+    previous: Option<&Part>,
+) -> Part {
     let mut part = Part::default();
     let Some(spec) = service.spec.as_ref() else {
         return part;
@@ -214,8 +226,17 @@ pub fn render_service(service: &Service, slices: &[&EndpointSlice], config: &Ren
                 let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
                 let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
                 let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-                let entry = (Endpoint { ip, port: number }, ready, serving && terminating);
-                if endpoint.node_name.as_deref() == Some(config.node_name.as_str()) {
+                let on_node = endpoint.node_name.as_deref() == Some(config.node_name.as_str());
+                let entry = (
+                    Endpoint {
+                        ip,
+                        port: number,
+                        local: on_node || endpoint.node_name.is_none(),
+                    },
+                    ready,
+                    serving && terminating,
+                );
+                if on_node {
                     local.push(entry.clone());
                 }
                 all.push(entry);
@@ -264,12 +285,7 @@ pub fn render_service(service: &Service, slices: &[&EndpointSlice], config: &Ren
                 None => {
                     let chain = format!("spread-{n}");
                     part.shared_chains.insert(chain.clone());
-                    for (i, e) in internal.iter().enumerate() {
-                        part.elements.insert(
-                            (Map::Backends, format!("{frontend} . {i}")),
-                            format!("{} . {}", e.ip, e.port),
-                        );
-                    }
+                    place(&mut part, previous, Map::Backends, &frontend, internal);
                     chain
                 }
             };
@@ -277,7 +293,8 @@ pub fn render_service(service: &Service, slices: &[&EndpointSlice], config: &Ren
                 (Map::ServiceIps, frontend.clone()),
                 format!("goto {target}"),
             );
-            part.endpoint_ips.extend(internal.iter().map(|e| e.ip));
+            part.endpoint_ips
+                .extend(internal.iter().filter(|e| e.local).map(|e| e.ip));
             if proto == "udp" {
                 part.udp_frontends.insert(
                     (cluster_ip, service_port),
@@ -332,12 +349,13 @@ pub fn render_service(service: &Service, slices: &[&EndpointSlice], config: &Ren
                     format!("nodeport-cluster-{n}")
                 };
                 part.shared_chains.insert(chain.clone());
-                for (i, e) in external.iter().enumerate() {
-                    part.elements.insert(
-                        (Map::NodePortBackends, format!("{frontend} . {i}")),
-                        format!("{} . {}", e.ip, e.port),
-                    );
-                }
+                place(
+                    &mut part,
+                    previous,
+                    Map::NodePortBackends,
+                    &frontend,
+                    external,
+                );
                 chain
             }
         };
@@ -345,9 +363,45 @@ pub fn render_service(service: &Service, slices: &[&EndpointSlice], config: &Ren
             (Map::ServiceNodePorts, frontend.clone()),
             format!("goto {target}"),
         );
-        part.endpoint_ips.extend(external.iter().map(|e| e.ip));
+        part.endpoint_ips
+            .extend(external.iter().filter(|e| e.local).map(|e| e.ip));
     }
     part
+}
+
+/// Puts `endpoints` in the slots `0..n` of `frontend` in `map`: those already in a slot
+/// below `n` stay there, the others fill the free ones.
+fn place(
+    part: &mut Part,
+    previous: Option<&Part>,
+    map: Map,
+    frontend: &str,
+    endpoints: &[Endpoint],
+) {
+    let n = endpoints.len();
+    let values: Vec<String> = endpoints
+        .iter()
+        .map(|e| format!("{} . {}", e.ip, e.port))
+        .collect();
+    let mut slots: Vec<Option<String>> = vec![None; n];
+    let mut placed = BTreeSet::new();
+    if let Some(old) = previous.and_then(|p| p.slots.get(&(map, frontend.to_owned()))) {
+        for (i, value) in old.iter().enumerate().take(n) {
+            if values.contains(value) && placed.insert(value.clone()) {
+                slots[i] = Some(value.clone());
+            }
+        }
+    }
+    let mut rest = values.iter().filter(|v| !placed.contains(*v));
+    let slots: Vec<String> = slots
+        .into_iter()
+        .map(|slot| slot.or_else(|| rest.next().cloned()).unwrap_or_default())
+        .collect();
+    for (i, value) in slots.iter().enumerate() {
+        part.elements
+            .insert((map, format!("{frontend} . {i}")), value.clone());
+    }
+    part.slots.insert((map, frontend.to_owned()), slots);
 }
 
 /// The rules of an affinity frontend's chain: a client seen within the timeout goes
@@ -847,7 +901,7 @@ pub(crate) mod tests {
                 ("10.1.0.3", false, false, false, "there"),
             ],
         );
-        let part = render_service(&svc, &[&a, &b], &config());
+        let part = render_service(&svc, &[&a, &b], &config(), None);
         assert_eq!(
             el(&part, Map::ServiceIps),
             vec![
@@ -868,14 +922,18 @@ pub(crate) mod tests {
             vec![("tcp . 30080".into(), "goto nodeport-cluster-2".into())]
         );
         assert_eq!(el(&part, Map::NoEndpointServices), vec![]);
-        assert_eq!(part.endpoint_ips.len(), 2);
+        // Hairpin only for this node's endpoints.
+        assert_eq!(
+            part.endpoint_ips,
+            BTreeSet::from(["10.1.0.1".parse().unwrap()])
+        );
         assert_eq!(part.udp_frontends.len(), 1);
     }
 
     #[test]
     fn no_endpoints_rejects_and_local_policies_drop() {
         let svc = service("web", "10.43.0.5", &[("", 80, "TCP", Some(30080))]);
-        let part = render_service(&svc, &[], &config());
+        let part = render_service(&svc, &[], &config(), None);
         assert_eq!(
             el(&part, Map::NoEndpointServices),
             vec![("10.43.0.5 . tcp . 80".into(), "goto reject-chain".into())]
@@ -894,7 +952,7 @@ pub(crate) mod tests {
             &[("", 8080, "TCP")],
             &[("10.1.0.2", true, true, false, "there")],
         );
-        let part = render_service(&local, &[&elsewhere], &config());
+        let part = render_service(&local, &[&elsewhere], &config(), None);
         assert_eq!(
             el(&part, Map::NoEndpointServices),
             vec![("10.43.0.5 . tcp . 80".into(), "drop".into())]
@@ -910,7 +968,7 @@ pub(crate) mod tests {
                 ("10.1.0.2", true, true, false, "there"),
             ],
         );
-        let part = render_service(&local, &[&here], &config());
+        let part = render_service(&local, &[&here], &config(), None);
         assert_eq!(
             el(&part, Map::ServiceNodePorts),
             vec![("tcp . 30080".into(), "goto nodeport-local-1".into())]
@@ -931,7 +989,7 @@ pub(crate) mod tests {
                 ("10.1.0.2", false, false, true, "here"),
             ],
         );
-        let part = render_service(&svc, &[&s], &config());
+        let part = render_service(&svc, &[&s], &config(), None);
         assert_eq!(
             el(&part, Map::Backends),
             vec![("10.43.0.5 . tcp . 80 . 0".into(), "10.1.0.1 . 8080".into())]
@@ -943,7 +1001,7 @@ pub(crate) mod tests {
                 ("10.1.0.3", true, true, false, "here"),
             ],
         );
-        let part = render_service(&svc, &[&s], &config());
+        let part = render_service(&svc, &[&s], &config(), None);
         assert_eq!(
             el(&part, Map::Backends),
             vec![("10.43.0.5 . tcp . 80 . 0".into(), "10.1.0.3 . 8080".into())]
@@ -965,7 +1023,10 @@ pub(crate) mod tests {
                 s
             },
         ] {
-            assert_eq!(render_service(&svc, &[&s], &config()), Part::default());
+            assert_eq!(
+                render_service(&svc, &[&s], &config(), None),
+                Part::default()
+            );
         }
     }
 
@@ -980,7 +1041,7 @@ pub(crate) mod tests {
                 ("10.1.0.2", true, true, false, "here"),
             ],
         );
-        let part = render_service(&svc, &[&s], &config());
+        let part = render_service(&svc, &[&s], &config(), None);
         assert_eq!(part.sets.len(), 2);
         assert!(part.sets.values().all(|t| *t == 10800));
         let (chain, rules) = part.chains.iter().next().unwrap();
@@ -1009,19 +1070,20 @@ pub(crate) mod tests {
         let b = slice(
             &[("", 8080, "TCP")],
             &[
-                ("10.1.0.1", true, true, false, "here"),
                 ("10.1.0.3", true, true, false, "here"),
+                ("10.1.0.2", true, true, false, "here"),
             ],
         );
-        let old = render_service(&svc, &[&a], &config());
-        let new = render_service(&svc, &[&b], &config());
+        let old = render_service(&svc, &[&a], &config(), None);
+        // 10.1.0.2 keeps its slot; 10.1.0.3 takes the one 10.1.0.1 left.
+        let new = render_service(&svc, &[&b], &config(), Some(&old));
         let mut shared = BTreeSet::from(["spread-2".to_owned()]);
         let mut tx = Transaction::default();
         tx.diff("t", &old, &new, &mut shared);
         assert_eq!(
             tx.text(),
-            "delete element ip t backends { 10.43.0.5 . tcp . 80 . 1 }\n\
-             add element ip t backends { 10.43.0.5 . tcp . 80 . 1 : 10.1.0.3 . 8080 }\n"
+            "delete element ip t backends { 10.43.0.5 . tcp . 80 . 0 }\n\
+             add element ip t backends { 10.43.0.5 . tcp . 80 . 0 : 10.1.0.3 . 8080 }\n"
         );
     }
 }

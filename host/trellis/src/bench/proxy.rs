@@ -18,7 +18,8 @@ use super::Percentiles;
 
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
-    /// Services, each a ClusterIP and a NodePort.
+    /// Services, each a ClusterIP; every fourth also a NodePort (the default NodePort
+    /// range holds 2,768).
     #[arg(long, default_value_t = 10_000)]
     services: usize,
 
@@ -56,14 +57,13 @@ fn service(i: usize) -> Service {
             ..Default::default()
         },
         spec: Some(ServiceSpec {
-            type_: Some("NodePort".into()),
+            type_: Some(if i % 4 == 0 { "NodePort" } else { "ClusterIP" }.into()),
             cluster_ip: Some(format!("10.43.{}.{}", i / 256, i % 256)),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
                 port: 80,
                 protocol: Some("TCP".into()),
-                // Past 65535, ClusterIP only.
-                node_port: i32::try_from(30_000 + i).ok().filter(|p| *p <= 65_535),
+                node_port: (i % 4 == 0).then_some(30_000 + (i / 4) as i32),
                 ..Default::default()
             }]),
             ..Default::default()
@@ -95,7 +95,8 @@ fn slice(service: usize, ips: &[u32]) -> EndpointSlice {
                     serving: Some(true),
                     terminating: Some(false),
                 }),
-                node_name: Some("bench".into()),
+                // Spread over 100 nodes; the proxy runs on node-0.
+                node_name: Some(format!("node-{}", ip % 100)),
                 ..Default::default()
             })
             .collect(),
@@ -105,7 +106,7 @@ fn slice(service: usize, ips: &[u32]) -> EndpointSlice {
 pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.services <= 65_536 && args.endpoints_per_service > 0,
-        "--services up to 65536 (one /16 of ClusterIPs), at least one endpoint each"
+        "--services up to 65536 (one /16 of ClusterIPs and 16,384 NodePorts), at least one endpoint each"
     );
     let report =
         tokio::task::spawn_blocking(move || in_new_netns(async move || measure(&args).await))
@@ -128,7 +129,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 async fn measure(args: &ProxyArgs) -> anyhow::Result<(Report, bool)> {
-    let mut config = ProxyConfig::new("bench", vec![]);
+    let mut config = ProxyConfig::new("node-0", vec![]);
     config.table = "trellis-proxy-bench".into();
     config.cluster_cidrs = vec!["10.0.0.0/9".into()];
     let mut proxier = Proxier::new(config);
