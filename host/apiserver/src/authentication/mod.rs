@@ -36,11 +36,14 @@ pub async fn authenticate(
     let auth = headers
         .get(header::AUTHORIZATION)
         .ok_or_else(ApiError::unauthorized)?;
+    // The scheme in any case, as kube-apiserver reads it: the official Python
+    // client's in-cluster configuration sends `bearer`.
     let token = auth
         .to_str()
         .ok()
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .ok_or_else(ApiError::unauthorized)?;
     if sa_token::looks_like_jwt(token) {
         return service_account(state, token)
