@@ -65,6 +65,7 @@ mod join;
 mod layout;
 mod multinode;
 mod node;
+mod node_services;
 mod plugins;
 mod pod_files;
 mod pod_network;

@@ -9,6 +9,9 @@
 //! ClusterIP is served here, so it never sends it elsewhere: a pod that names the
 //! ClusterIP reaches this node's server, as with NodeLocal DNSCache.
 //!
+//! The link is a dummy one, or a bridge without ports where the kernel has no dummy
+//! driver (both hold local addresses and carry nothing).
+//!
 //! The link stays when the agent stops (as the proxy's table does): while an agent
 //! restarts, pods' queries to the node-local address fail at once on this node rather
 //! than being routed off it by the default route, and the next agent finds the link as
@@ -21,7 +24,7 @@ use std::sync::Arc;
 
 use futures::TryStreamExt as _;
 use rtnetlink::packet_route::address::AddressAttribute;
-use rtnetlink::{Handle, LinkDummy, LinkUnspec};
+use rtnetlink::{Handle, LinkBridge, LinkDummy, LinkUnspec};
 use tracing::{info, warn};
 use trellis_api::Shutdown;
 
@@ -140,12 +143,29 @@ async fn ensure_link(addresses: &[IpAddr]) -> anyhow::Result<()> {
         let index = match link_index(&handle).await? {
             Some(index) => index,
             None => {
-                handle
+                let dummy = handle
                     .link()
                     .add(LinkDummy::new(LINK).up().build())
                     .execute()
-                    .await?;
-                info!(link = LINK, "made the node-local DNS link");
+                    .await;
+                match dummy {
+                    // EOPNOTSUPP: a kernel built without the dummy driver (some VMs'). A
+                    // bridge without ports holds local addresses just as well.
+                    Err(rtnetlink::Error::NetlinkError(e))
+                        if e.code.map(|c| c.get()) == Some(-95) =>
+                    {
+                        handle
+                            .link()
+                            .add(LinkBridge::new(LINK).up().build())
+                            .execute()
+                            .await?;
+                        info!(link = LINK, "made the node-local DNS link (a bridge without ports: this kernel has no dummy links)");
+                    }
+                    other => {
+                        other?;
+                        info!(link = LINK, "made the node-local DNS link");
+                    }
+                }
                 link_index(&handle)
                     .await?
                     .ok_or_else(|| anyhow::anyhow!("{LINK} is gone"))?
