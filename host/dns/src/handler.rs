@@ -15,7 +15,7 @@ use tracing::debug;
 
 use crate::forward::{Forwarder, Source};
 use crate::metrics::{Metrics, RequestLabels, ResponseLabels, ZoneLabel, rcode_label};
-use crate::records::{Lookup, Zone};
+use crate::records::{Lookup, RecordSets, Zone};
 
 /// The longest CNAME chain followed inside the cluster (an ExternalName naming another).
 const MAX_CHASE: usize = 8;
@@ -35,6 +35,11 @@ struct Reply {
     code: ResponseCode,
     authoritative: bool,
     truncated: bool,
+    /// The records of the name asked for, shared with the zone (not copied per query):
+    /// those of the query's type go first in the answer and additional sections.
+    found: Option<(Arc<RecordSets>, RecordType)>,
+    /// The SOA of a negative answer.
+    soa: Option<Arc<[Record]>>,
     answers: Vec<Record>,
     authorities: Vec<Record>,
     additionals: Vec<Record>,
@@ -47,6 +52,8 @@ impl Reply {
             code,
             authoritative: false,
             truncated: false,
+            found: None,
+            soa: None,
             answers: Vec::new(),
             authorities: Vec::new(),
             additionals: Vec::new(),
@@ -66,51 +73,57 @@ impl Handler {
         let zone = read_zone(&self.zone);
         let mut reply = Reply::error(ResponseCode::NoError, "cluster");
         reply.authoritative = true;
-        let mut at = name.clone();
+        // The name a CNAME led to, once one did.
+        let mut chased: Option<LowerName> = None;
         for _ in 0..MAX_CHASE {
-            match zone.lookup(&at) {
+            let at = chased.as_ref().unwrap_or(name);
+            match zone.lookup(at) {
                 Lookup::Found(sets) => {
                     let (answers, additionals) = sets.get(qtype);
-                    reply.answers.extend(answers.iter().cloned());
-                    reply.additionals.extend(additionals.iter().cloned());
                     if answers.is_empty() {
-                        reply.authorities.extend(zone.soa_for(&at).iter().cloned());
-                        return Some((reply, None));
+                        reply.soa = Some(zone.soa_for(at));
                     }
-                    match &sets.cname_target {
-                        Some(target) if qtype != RecordType::CNAME => {
-                            let target_lower = LowerName::new(target);
-                            if zone.holds(&target_lower) {
-                                at = target_lower;
-                                continue;
-                            }
-                            // Outside the cluster: the upstream resolves the rest.
-                            return Some((reply, Some(target.clone())));
+                    let target = match &sets.cname_target {
+                        Some(target) if qtype != RecordType::CNAME && !answers.is_empty() => {
+                            Some(target.clone())
                         }
-                        _ => return Some((reply, None)),
+                        _ => None,
+                    };
+                    if reply.found.is_none() {
+                        reply.found = Some((sets.clone(), qtype));
+                    } else {
+                        reply.answers.extend(answers.iter().cloned());
+                        reply.additionals.extend(additionals.iter().cloned());
                     }
+                    let Some(target) = target else {
+                        return Some((reply, None));
+                    };
+                    let target_lower = LowerName::new(&target);
+                    if !zone.holds(&target_lower) {
+                        // Outside the cluster: the upstream resolves the rest.
+                        return Some((reply, Some(target)));
+                    }
+                    chased = Some(target_lower);
                 }
                 Lookup::Pod(ip) => {
-                    let record = zone.pod_record(&at, ip);
+                    let record = zone.pod_record(at, ip);
                     if record.record_type() == qtype {
                         reply.answers.push(record);
                     } else {
-                        reply.authorities.extend(zone.soa_for(&at).iter().cloned());
+                        reply.soa = Some(zone.soa_for(at));
                     }
                     return Some((reply, None));
                 }
                 Lookup::Empty => {
-                    reply.authorities.extend(zone.soa_for(&at).iter().cloned());
+                    reply.soa = Some(zone.soa_for(at));
                     return Some((reply, None));
                 }
                 Lookup::NxDomain => {
                     reply.code = ResponseCode::NXDomain;
-                    reply.authorities.extend(zone.soa_for(&at).iter().cloned());
+                    reply.soa = Some(zone.soa_for(at));
                     return Some((reply, None));
                 }
-                Lookup::Elsewhere if at == *name => return None,
-                // A chain that left the zone through a name it holds no more.
-                Lookup::Elsewhere => return Some((reply, Some(Name::from(at)))),
+                Lookup::Elsewhere => return None,
             }
         }
         Some((reply, None))
@@ -135,6 +148,8 @@ impl Handler {
                     code: answer.response_code,
                     authoritative: false,
                     truncated: answer.truncated,
+                    found: None,
+                    soa: None,
                     answers: answer.answers,
                     authorities: answer.authorities,
                     additionals: answer.additionals,
@@ -204,12 +219,16 @@ impl RequestHandler for Handler {
         metadata.truncation = reply.truncated;
         metadata.recursion_available = self.forwarder.has_upstream();
         let builder = MessageResponseBuilder::new(&request.queries, edns.as_ref());
+        let (found_answers, found_additionals) = match &reply.found {
+            Some((sets, qtype)) => sets.get(*qtype),
+            None => (&[][..], &[][..]),
+        };
         let message = builder.build(
             metadata,
-            reply.answers.iter(),
+            found_answers.iter().chain(reply.answers.iter()),
             reply.authorities.iter(),
-            std::iter::empty(),
-            reply.additionals.iter(),
+            reply.soa.iter().flat_map(|soa| soa.iter()),
+            found_additionals.iter().chain(reply.additionals.iter()),
         );
         let info = match response.send_response(message).await {
             Ok(info) => info,
