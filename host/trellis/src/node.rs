@@ -256,6 +256,57 @@ pub struct NodeFlags {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub seccomp_default: bool,
 
+    /// Runs the service proxy on this node: Services' ClusterIPs and NodePorts reach
+    /// their endpoints through the nftables table `trellis-proxy` (kube-proxy's part).
+    /// Default: on when this process is root and `nft` is found (Debian: nftables),
+    /// else off (the log says why); `--service-proxy=false` for a cluster that brings
+    /// its own proxy (k3s' `--disable-kube-proxy`). Its table stays when the node stops.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub service_proxy: Option<bool>,
+
+    /// How often the proxy rewrites its table in full and repairs what was changed
+    /// behind its back (kube-proxy's `--iptables-sync-period`).
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = seconds)]
+    pub proxy_sync_period: Duration,
+
+    /// The shortest time between two of the proxy's syncs, which batches changes
+    /// (kube-proxy's `--iptables-min-sync-period`).
+    #[arg(long, default_value = "1", value_name = "SECONDS", value_parser = seconds)]
+    pub proxy_min_sync_period: Duration,
+
+    /// Serves cluster DNS on this node (as NodeLocal DNSCache): on the dummy link
+    /// `trellis-dns` holding `--node-local-dns-address`, UDP and TCP port 53, names of
+    /// the cluster answered from Services and EndpointSlices, others forwarded to the
+    /// resolvers of `--resolv-conf`; `ClusterFirst` pods' nameserver when
+    /// `--cluster-dns` names none. Default: on when this process is root, else off;
+    /// `--node-local-dns=false` for a cluster that brings its own DNS (k3s'
+    /// `--disable=coredns`), which also removes the link an earlier run left.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub node_local_dns: Option<bool>,
+
+    /// The addresses the node's DNS server answers on (comma separated): the
+    /// node-local address pods are given, then the `kube-dns` Service's ClusterIP,
+    /// which the proxy then delivers to this node's server.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "169.254.20.10,10.43.0.10",
+        value_name = "IP"
+    )]
+    pub node_local_dns_address: Vec<IpAddr>,
+
     #[command(flatten)]
     pub cni: CniFlags,
 }
@@ -424,6 +475,12 @@ pub async fn run_local(
     config.kube_reserved = flags.kube_reserved;
     config.system_reserved = flags.system_reserved;
     config.seccomp_default = flags.seccomp_default;
+    config.service_proxy = service_proxy(flags);
+    config.proxy_sync_period = flags.proxy_sync_period;
+    config.proxy_min_sync_interval = flags.proxy_min_sync_period;
+    if node_local_dns(flags) {
+        config.node_local_dns = flags.node_local_dns_address.clone();
+    }
     info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
     let result = trellis_agent::run(config, client, cri, informers, stopped).await;
     if let Some(server) = server {
@@ -447,6 +504,54 @@ fn pod_network(flags: &NodeFlags) -> bool {
             false
         }
     }
+}
+
+/// Whether the node runs the service proxy: the flag's word, else whether it can
+/// (nftables needs root and `nft`).
+fn service_proxy(flags: &NodeFlags) -> bool {
+    if let Some(on) = flags.service_proxy {
+        return on;
+    }
+    let missing = if !rustix::process::geteuid().is_root() {
+        Some("it needs root (nftables)")
+    } else if !program_found("nft") {
+        Some("nft is not found (Debian: nftables)")
+    } else {
+        None
+    };
+    match missing {
+        None => {
+            info!(
+                "the node runs the service proxy (--service-proxy=false leaves Services to another)"
+            );
+            true
+        }
+        Some(why) => {
+            info!("the node runs no service proxy: {why}");
+            false
+        }
+    }
+}
+
+/// Whether the node serves cluster DNS: the flag's word, else whether it can (a link
+/// of its own and port 53 need root).
+fn node_local_dns(flags: &NodeFlags) -> bool {
+    if let Some(on) = flags.node_local_dns {
+        return on;
+    }
+    if rustix::process::geteuid().is_root() {
+        info!("the node serves cluster DNS (--node-local-dns=false leaves it to another)");
+        true
+    } else {
+        info!("the node serves no cluster DNS: it needs root (a link, port 53)");
+        false
+    }
+}
+
+/// Whether `program` is in one of `PATH`'s directories.
+fn program_found(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 /// Another runtime's client once its socket answers: it may be starting beside the

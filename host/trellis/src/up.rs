@@ -424,6 +424,16 @@ pub async fn run(
             if flags.pod_network_cluster_cidr.is_empty() && args.node_ipam.allocate_node_cidrs {
                 flags.pod_network_cluster_cidr = args.node_ipam.cluster_cidr.clone();
             }
+            // The node's DNS server answers on the kube-dns ClusterIP this server keeps
+            // (none without one), beside the node-local address.
+            flags
+                .node_local_dns_address
+                .retain(|ip| *ip != trellis_agent::services::KUBE_DNS_IP);
+            if let Ok(ip) = args.cluster_dns_service_ip.trim().parse()
+                && !flags.node_local_dns_address.contains(&ip)
+            {
+                flags.node_local_dns_address.push(ip);
+            }
             let stopped = stopped.clone();
             running.push(tokio::spawn(async move {
                 let ca = std::fs::read_to_string(data_dir.join("pki").join("ca.crt")).ok();
