@@ -102,6 +102,30 @@ async fn services_get_addresses_and_ports_with_kubernetes_rules() -> Result<()> 
         "{table}"
     );
 
+    // Applying or replacing with the manifest again keeps what was allocated.
+    let applied = manifest(
+        "applied",
+        json!({"type": "NodePort", "selector": {"app": "x"}, "ports": [{"port": 80}]}),
+    );
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &applied)
+        .await?;
+    let first = service_json(&cluster, "applied").await?;
+    cluster
+        .kubectl_ok_stdin(&["apply", "-f", "-"], &applied.replace("\"x\"", "\"y\""))
+        .await?;
+    cluster
+        .kubectl_ok_stdin(&["replace", "-f", "-"], &applied)
+        .await?;
+    let again = service_json(&cluster, "applied").await?;
+    ensure!(
+        again["spec"]["clusterIP"] == first["spec"]["clusterIP"]
+            && again["spec"]["ports"][0]["nodePort"] == first["spec"]["ports"][0]["nodePort"],
+        "{} became {}",
+        first["spec"],
+        again["spec"]
+    );
+
     // Asked-for values are honored, a taken or foreign one refused as Kubernetes does.
     let fixed =
         |name: &str, ip: &str| manifest(name, json!({"clusterIP": ip, "ports": [{"port": 80}]}));

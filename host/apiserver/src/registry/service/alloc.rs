@@ -6,7 +6,6 @@
 //! two API servers on one store can never hand out one value twice, whatever each
 //! believes is free. The value of each key names its holder, for the repair.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
@@ -181,34 +180,21 @@ impl PortRange {
     }
 }
 
-/// A free offset in `0..size`, none of `taken`: from a random start in the upper band
-/// (`band..size`) first, then in the lower one (Kubernetes' random scan with offset).
-pub fn pick(size: u32, band: u32, taken: &BTreeSet<u32>) -> Option<u32> {
+/// A free offset in `0..size` (one `taken` says no to): from a random start in the
+/// upper band (`band..size`) first, then in the lower one (Kubernetes' random scan
+/// with offset).
+pub fn pick(size: u32, band: u32, taken: impl Fn(u32) -> bool) -> Option<u32> {
     let band = band.min(size);
     for (lo, hi) in [(band, size), (0, band)] {
         if lo >= hi {
             continue;
         }
         let start = rand::random_range(lo..hi);
-        // The taken offsets after the start, then those from the band's beginning:
-        // the first gap between them is free.
-        if let Some(free) = first_free(start, hi, taken).or_else(|| first_free(lo, start, taken)) {
+        if let Some(free) = (start..hi).chain(lo..start).find(|o| !taken(*o)) {
             return Some(free);
         }
     }
     None
-}
-
-/// The first offset in `from..to` not in `taken`.
-fn first_free(from: u32, to: u32, taken: &BTreeSet<u32>) -> Option<u32> {
-    let mut candidate = from;
-    for &t in taken.range(from..to) {
-        if t != candidate {
-            break;
-        }
-        candidate += 1;
-    }
-    (candidate < to).then_some(candidate)
 }
 
 #[cfg(test)]
@@ -243,16 +229,16 @@ mod tests {
 
     #[test]
     fn dynamic_picks_prefer_the_upper_band_then_fill_the_lower() {
-        let mut taken = BTreeSet::new();
+        let mut taken = std::collections::BTreeSet::new();
         for _ in 0..12 {
-            let o = pick(16, 4, &taken).unwrap();
+            let o = pick(16, 4, |o| taken.contains(&o)).unwrap();
             assert!(o >= 4, "{o} picked while the upper band had room");
             taken.insert(o);
         }
         for _ in 0..4 {
-            let o = pick(16, 4, &taken).unwrap();
+            let o = pick(16, 4, |o| taken.contains(&o)).unwrap();
             assert!(o < 4 && taken.insert(o));
         }
-        assert_eq!(pick(16, 4, &taken), None);
+        assert_eq!(pick(16, 4, |o| taken.contains(&o)), None);
     }
 }

@@ -159,26 +159,22 @@ impl Allocators {
     }
 
     fn next_ip(&self, exclude: &BTreeSet<Ipv4Addr>) -> Option<Ipv4Addr> {
-        let mut taken = lock(&self.taken).ips.clone();
-        taken.extend(exclude.iter().filter_map(|ip| self.cidr.offset(*ip)));
-        alloc::pick(self.cidr.size(), self.cidr.static_band(), &taken).map(|o| self.cidr.ip(o))
+        let taken = lock(&self.taken);
+        let cidr = &self.cidr;
+        alloc::pick(cidr.size(), cidr.static_band(), |o| {
+            taken.ips.contains(&o) || exclude.contains(&cidr.ip(o))
+        })
+        .map(|o| cidr.ip(o))
     }
 
     fn next_port(&self, exclude: &BTreeSet<u16>) -> Option<u16> {
-        let first = self.node_ports.first;
-        let mut taken = lock(&self.taken).ports.clone();
-        taken.extend(
-            exclude
-                .iter()
-                .filter(|p| self.node_ports.contains(**p))
-                .map(|p| u32::from(p - first)),
-        );
-        alloc::pick(
-            self.node_ports.size(),
-            self.node_ports.static_band(),
-            &taken,
-        )
-        .and_then(|o| u16::try_from(u32::from(first) + o).ok())
+        let taken = lock(&self.taken);
+        let range = &self.node_ports;
+        let port = |o: u32| u16::try_from(u32::from(range.first) + o).unwrap_or(0);
+        alloc::pick(range.size(), range.static_band(), |o| {
+            taken.ports.contains(&o) || exclude.contains(&port(o))
+        })
+        .map(port)
     }
 
     fn mark(&self, claims: &[Claim], released: &Holdings) {
