@@ -37,7 +37,8 @@ use crate::object::{self, Object};
 use crate::state::AppState;
 
 /// The `kubernetes` Service's ClusterIP when the service range is Trellis' default
-/// (`10.43.0.0/16`, as k3s): the range's first address.
+/// (`10.43.0.0/16`, as k3s): the range's first address, which the server takes from
+/// `--service-cluster-ip-range`.
 pub const DEFAULT_KUBERNETES_SERVICE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 43, 0, 1));
 
 /// The `kube-dns` Service's ClusterIP by default (k3s' `--cluster-dns`).

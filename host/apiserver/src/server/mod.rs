@@ -221,7 +221,9 @@ pub async fn start(
     let advertise = config
         .advertise_address
         .unwrap_or_else(|| crate::service_reconciler::default_advertise_address(addr.ip()));
-    let kubernetes_service_ip = crate::service_reconciler::DEFAULT_KUBERNETES_SERVICE_IP;
+    // The service range's first address, as kube-apiserver reserves it.
+    let kubernetes_service_ip =
+        std::net::IpAddr::V4(config.settings.service_cluster_ip_range.ip(0));
     // What kube-apiserver's serving certificate names: the Service's names and
     // ClusterIP, which in-cluster clients dial, and the advertised address.
     let mut sans = config.tls_sans.clone();
