@@ -74,6 +74,7 @@ mod resources;
 mod runtime;
 mod sandbox;
 mod scheduler;
+mod services;
 mod stats;
 mod store;
 mod wasi_sockets;

@@ -40,7 +40,7 @@ use super::node::phase;
 /// UDP source port `sport` if given, and returns its answers, its errors and how long
 /// each failure took), on an HTTP port; on a UDP port, `hostname` and `clientip` as
 /// datagrams. For the DNS checks, which run `dig` and `getent hosts` in a pod: `/dig`
-/// (`name`, `type`, `tcp`) asks the pod's nameserver as `dig +search` does, with the
+/// (`name`, `type`, `tcp`, `server`) asks the pod's nameserver (or `server`) as `dig +search` does, with the
 /// search list and `ndots` of the pod's resolv.conf (the first name of the list that
 /// has answers), and `/getent` resolves a name as the C library does for `getent hosts`.
 pub(super) const NETEXEC: &str = r#"
@@ -147,6 +147,7 @@ def query(server, name, qtype, tcp):
 def dig(q):
     name, qtype, tcp = q["name"][0], q.get("type", ["A"])[0], q.get("tcp", ["0"])[0] == "1"
     servers, search, ndots = resolv_conf()
+    servers = q.get("server", servers)
     names = [name]
     if not name.endswith("."):
         expanded = [name + "." + s for s in search]
@@ -481,15 +482,23 @@ pub(super) async fn start_on(api: TestCluster, setup: &Setup) -> Result<Cluster>
     // The node IPAM controller's part (tested on its own), done by hand so that each
     // test keeps to its range.
     let nodes: Api<Node> = Api::all(admin.clone());
-    for (name, cidr) in setup.hosts.iter().zip(setup.pod_cidrs) {
-        tokio::time::timeout(
+    for ((name, cidr), host) in setup.hosts.iter().zip(setup.pod_cidrs).zip(&mut hosts) {
+        let registered = tokio::time::timeout(
             Duration::from_secs(30),
             kube::runtime::wait::await_condition(nodes.clone(), name, |n: Option<&Node>| {
                 n.and_then(|n| n.status.as_ref()).is_some()
             }),
         )
-        .await
-        .with_context(|| format!("node {name} registered within 30 s"))??;
+        .await;
+        if registered.is_err() {
+            // An agent that ended says why.
+            let ended = match host.agent.take_if(|a| a.is_finished()) {
+                Some(agent) => format!("{:?}", agent.await),
+                None => "running".into(),
+            };
+            anyhow::bail!("node {name} not registered within 30 s; its agent: {ended}");
+        }
+        registered??;
         nodes
             .patch(
                 name,
