@@ -75,6 +75,14 @@ where
 /// A TLS handshake with the server as a client that dials `name` and trusts the
 /// cluster CA: it fails unless the serving certificate names it.
 async fn handshake(addr: SocketAddr, ca_pem: &str, name: &str) -> Result<()> {
+    tls(addr, ca_pem, name).await.map(drop)
+}
+
+async fn tls(
+    addr: SocketAddr,
+    ca_pem: &str,
+    name: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use rustls::pki_types::pem::PemObject as _;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -91,8 +99,7 @@ async fn handshake(addr: SocketAddr, ca_pem: &str, name: &str) -> Result<()> {
     tokio_rustls::TlsConnector::from(Arc::new(tls))
         .connect(server_name, tcp)
         .await
-        .with_context(|| format!("TLS handshake as {name}"))?;
-    Ok(())
+        .with_context(|| format!("TLS handshake as {name}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,6 +291,19 @@ async fn two_api_servers_keep_the_kubernetes_service_and_its_endpoints() -> Resu
             .is_err(),
         "the certificate names only what it should"
     );
+
+    // The official Python client's in-cluster configuration writes the scheme in
+    // lower case.
+    let mut stream = tls(a.addr, &a.ca_pem, "kubernetes.default.svc").await?;
+    let request = format!(
+        "GET /api/v1/namespaces/default/services/kubernetes HTTP/1.1\r\nHost: kubernetes.default.svc\r\nAuthorization: bearer {}\r\nConnection: close\r\n\r\n",
+        a.admin_token
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut answer).await?;
+    let answer = String::from_utf8_lossy(&answer);
+    ensure!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 
     // A server that stops takes itself out at once, its lease with it.
     b.stop().await?;
