@@ -139,6 +139,27 @@ async fn services_get_addresses_and_ports_with_kubernetes_rules() -> Result<()> 
         taken.contains(r#"spec.clusterIPs: Invalid value: []string{"10.43.0.5"}: failed to allocate IP 10.43.0.5: provided IP is already allocated"#),
         "{taken}"
     );
+    let dry = cluster
+        .kubectl_err_stdin(
+            &["create", "--dry-run=server", "-f", "-"],
+            &fixed("again", "10.43.0.5"),
+        )
+        .await?;
+    ensure!(dry.contains("provided IP is already allocated"), "{dry}");
+    let dry = cluster
+        .kubectl_ok(&[
+            "create",
+            "service",
+            "clusterip",
+            "dry",
+            "--tcp=80",
+            "--dry-run=server",
+            "-o",
+            "json",
+        ])
+        .await?;
+    let dry: Value = serde_json::from_str(&dry)?;
+    in_range(dry["spec"]["clusterIP"].as_str().unwrap_or(""))?;
     let foreign = cluster
         .kubectl_err_stdin(&["create", "-f", "-"], &fixed("foreign", "10.99.0.5"))
         .await?;

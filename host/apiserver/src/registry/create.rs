@@ -198,6 +198,9 @@ pub async fn create_object(state: &AppState, req: &ApiRequest, mut obj: Object) 
             crate::fieldmanager::field_manager::record_write(state, req, None, &mut obj)?;
         }
         if req.dry_run {
+            if super::service::handles(&req.resource) {
+                super::service::dry_run(state, &mut obj, None).await?;
+            }
             return Ok(None);
         }
         // A generated name that is taken is generated again, as Kubernetes does

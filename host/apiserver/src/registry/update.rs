@@ -193,7 +193,12 @@ pub async fn write_update(
             .await
             .map_err(|e| store_error(e, res, name))?
         {
-            Some(kv) if kv.mod_revision == expected => {}
+            Some(kv) if kv.mod_revision == expected => {
+                if super::service::handles(res) {
+                    let old = crate::storage::watch_cache::decode_stored(&kv.value, expected);
+                    super::service::dry_run(state, &mut new, old.as_ref()).await?;
+                }
+            }
             Some(_) => {
                 return Err(
                     ApiError::conflict(&res.group, &res.plural, name, ApiError::MODIFIED).into(),

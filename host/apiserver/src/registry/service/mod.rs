@@ -636,6 +636,34 @@ pub async fn create(
     write(state, key, obj, &Holdings::default(), Write::Create).await
 }
 
+/// What a dry run of a write shows: the values it would allocate filled in (none
+/// reserved), an asked-for value that is taken or outside its range refused.
+pub async fn dry_run(state: &AppState, obj: &mut Object, old: Option<&Object>) -> ApiResult<()> {
+    let held = old.map(Holdings::of).unwrap_or_default();
+    let original = obj.clone();
+    let claims = match state.services.assign(obj, &held) {
+        Ok(claims) => claims,
+        Err(Some(e)) => return Err(e.into()),
+        Err(None) => return Err(full_error(&original).into()),
+    };
+    for claim in claims.iter().filter(|c| {
+        !matches!(
+            c,
+            Claim::Ip { dynamic: true, .. } | Claim::Port { dynamic: true, .. }
+        )
+    }) {
+        let taken = state
+            .store
+            .get(&claim.key())
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        if taken.is_some() {
+            return Err(taken_error(&original, claim).into());
+        }
+    }
+    Ok(())
+}
+
 /// An update of a Service (allocating and releasing with a change of type), or its
 /// removal once finalized; as [`crate::registry::store_or_remove`] does for others.
 pub async fn store_or_remove(
