@@ -138,7 +138,11 @@ pub const BUILTINS: &[Builtin] = &[
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/endpoints.wasm")),
         primary: ("", "v1", "services"),
         owns: &[("discovery.k8s.io", "v1", "endpointslices")],
-        watches: &[(("", "v1", "pods"), Mapping::Selector)],
+        // Nodes for the endpoints' zones.
+        watches: &[
+            (("", "v1", "pods"), Mapping::Selector),
+            (("", "v1", "nodes"), Mapping::Cache),
+        ],
         resync: None,
         needs_root_ca: false,
         configuration: r#"{"write": "endpointslices"}"#,

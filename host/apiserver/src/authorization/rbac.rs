@@ -664,7 +664,7 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
         (
             "endpointslice-controller",
             json!([
-                {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["services", "pods", "nodes"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["create", "update", "delete", "get", "list", "watch"]},
                 events,
             ]),
