@@ -6,7 +6,8 @@
 //! cluster's search list; Python's resolver in the pod finds a Service by its full and
 //! its short name, and reaches the pod behind it through the ClusterIP; a pod that
 //! names the `kube-dns` ClusterIP as its nameserver is answered by the node's server; a
-//! WASM program resolves the Service too. A restart of the agent keeps the link and the
+//! WASM program resolves the Service too; the server's metrics count the queries
+//! (`/metrics/dns` through the API server's node proxy). A restart of the agent keeps the link and the
 //! proxy's table (the ClusterIP answers while the agent is down) and serves again.
 //!
 //! The Service has no selector: its EndpointSlice is written by the test, so that the
@@ -146,6 +147,8 @@ impl Running {
         config.port = 0;
         config.eviction_hard = None;
         config.resolv_conf = Some(resolv);
+        // The agent's server, for the DNS server's metrics through the API server.
+        config.client_ca_pem = Some(api.ca_pem.clone());
         config.service_proxy = true;
         config.proxy_min_sync_interval = Duration::ZERO;
         config.node_local_dns = vec![NODE_LOCAL_DNS_IP, KUBE_DNS_IP];
@@ -580,6 +583,20 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
                 "the WASM program resolved {name} to {got}"
             );
         }
+
+        // The server counted the cluster's queries: its metrics through the API
+        // server's node proxy.
+        let metrics = cluster
+            .api
+            .kubectl_ok(&["get", "--raw", &format!("/api/v1/nodes/{HOST}/proxy/metrics/dns")])
+            .await?;
+        ensure!(
+            metrics.lines().any(|l| l.starts_with("coredns_dns_requests_total{")
+                && l.contains(r#"zone="cluster""#)
+                && l.contains(r#"type="A""#)
+                && !l.ends_with(" 0")),
+            "no cluster A query counted: {metrics}"
+        );
 
         // The agent stops: the link and the table stay, and the ClusterIP still
         // reaches the pod from the node.

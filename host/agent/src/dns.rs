@@ -6,7 +6,8 @@
 //! `dnsConfig` merged in, and the result cut to what resolvers accept (3 nameservers,
 //! 32 search domains of at most 253 characters, 2048 characters in all), with a
 //! `DNSConfigForming` warning when it was cut. The runtime writes it as the pod's
-//! `/etc/resolv.conf`.
+//! `/etc/resolv.conf`. A node that serves cluster DNS itself ([`crate::services`]) is
+//! its own cluster DNS server (`169.254.20.10`) unless `--cluster-dns` names another.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
