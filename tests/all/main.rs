@@ -69,6 +69,7 @@ mod node_services;
 mod plugins;
 mod pod_files;
 mod pod_network;
+mod proxy;
 mod port_forward;
 mod resources;
 mod runtime;
