@@ -257,6 +257,42 @@ async fn two_api_servers_keep_the_kubernetes_service_and_its_endpoints() -> Resu
         identities.items
     );
 
+    // A server that dies (its lease no longer renewed) drops out once the lease ends.
+    let now = jiff::Timestamp::now();
+    leases
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "apiserver-gone",
+                             "labels": {"apiserver.kubernetes.io/identity": "kube-apiserver"},
+                             "annotations": {
+                                 trellis_apiserver::service_reconciler::ADVERTISE_ANNOTATION:
+                                     "127.0.0.9"}},
+                "spec": {"holderIdentity": "apiserver-gone", "leaseDurationSeconds": 1,
+                         "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+            }))?,
+        )
+        .await?;
+    let three: BTreeSet<String> = both
+        .iter()
+        .cloned()
+        .chain(["127.0.0.9".to_owned()])
+        .collect();
+    wait_for(
+        &slices,
+        "kubernetes",
+        "a third server's lease listed",
+        |s: Option<&EndpointSlice>| slice_addresses(s) == three,
+    )
+    .await?;
+    wait_for(
+        &slices,
+        "kubernetes",
+        "the third server gone once its lease ended",
+        |s: Option<&EndpointSlice>| slice_addresses(s) == both,
+    )
+    .await?;
+
     // A deleted `kubernetes` Service comes back, on the same address.
     let old_uid = kubernetes.metadata.uid.clone();
     services
@@ -318,7 +354,16 @@ async fn two_api_servers_keep_the_kubernetes_service_and_its_endpoints() -> Resu
     let identities = leases
         .list(&ListParams::default().labels("apiserver.kubernetes.io/identity=kube-apiserver"))
         .await?;
-    ensure!(identities.items.len() == 1, "{:?}", identities.items);
+    ensure!(
+        identities
+            .items
+            .iter()
+            .filter(|l| l.metadata.name.as_deref() != Some("apiserver-gone"))
+            .count()
+            == 1,
+        "{:?}",
+        identities.items
+    );
     let ip: IpAddr = "127.0.0.2".parse()?;
     let endpoints_now = endpoints.get("kubernetes").await?;
     ensure!(
