@@ -7,8 +7,9 @@
 //! its short name, and reaches the pod behind it through the ClusterIP; a pod that
 //! names the `kube-dns` ClusterIP as its nameserver is answered by the node's server; a
 //! WASM program resolves the Service too; the server's metrics count the queries
-//! (`/metrics/dns` through the API server's node proxy). A restart of the agent keeps the link and the
-//! proxy's table (the ClusterIP answers while the agent is down) and serves again.
+//! (`/metrics/dns` through the API server's node proxy). A restart of the agent keeps
+//! the link and the proxy's table (the ClusterIP answers while the agent is down) and
+//! serves again; an agent started with node-local DNS off removes the link.
 //!
 //! The Service has no selector: its EndpointSlice is written by the test, so that the
 //! node's part is tested alone. Needs root, `ip`, `nft`, python3 and the CNI plugins;
@@ -630,6 +631,20 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
         );
         let (link_after, table) = node_state(&cluster.node.host)?;
         ensure!(table && link_after == link, "after the restart: {link_after}");
+
+        // Started with node-local DNS off (a cluster that brings its own): the link
+        // goes, so that the kube-dns ClusterIP is no longer taken by this node.
+        cluster.node.stop_agent().await?;
+        cluster.node.config.node_local_dns.clear();
+        cluster.node.start_agent()?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while cluster.node.host.ip(&["link", "show", LINK]).is_ok() {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{LINK} is still there 10 s after an agent without node-local DNS started"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         Ok(())
     }
     .await;
