@@ -636,6 +636,7 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
         // goes, so that the kube-dns ClusterIP is no longer taken by this node.
         cluster.node.stop_agent().await?;
         cluster.node.config.node_local_dns.clear();
+        cluster.node.config.remove_node_local_dns_link = true;
         cluster.node.start_agent()?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while cluster.node.host.ip(&["link", "show", LINK]).is_ok() {

@@ -192,8 +192,13 @@ pub struct AgentConfig {
     /// [`services::LINK`] (NodeLocal DNSCache's `-localip`): the node-local address,
     /// then the `kube-dns` ClusterIP, which the proxy then leaves to this node. The
     /// first is `ClusterFirst` pods' nameserver when `cluster_dns` names none. Empty
-    /// (here, as `service_proxy`): no server, and a link an earlier agent made goes.
+    /// (here, as `service_proxy`): no server.
     pub node_local_dns: Vec<IpAddr>,
+    /// With `node_local_dns` empty, whether the link an earlier agent made is removed
+    /// (the binary's `--node-local-dns=false`: a cluster that brings its own DNS wants
+    /// the kube-dns ClusterIP routed to it). Off here: a library user (a test) on a
+    /// machine that runs a node leaves that node's link alone.
+    pub remove_node_local_dns_link: bool,
 }
 
 impl AgentConfig {
@@ -239,6 +244,7 @@ impl AgentConfig {
             proxy_sync_period: Duration::from_secs(30),
             proxy_min_sync_interval: Duration::from_secs(1),
             node_local_dns: Vec::new(),
+            remove_node_local_dns_link: false,
         }
     }
 }

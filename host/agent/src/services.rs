@@ -15,8 +15,9 @@
 //! The link stays when the agent stops (as the proxy's table does): while an agent
 //! restarts, pods' queries to the node-local address fail at once on this node rather
 //! than being routed off it by the default route, and the next agent finds the link as
-//! it left it. It goes only when an agent starts with node-local DNS turned off, so
-//! that a cluster that brings its own DNS reaches the ClusterIP through its own proxy.
+//! it left it. It goes only when an agent starts with node-local DNS turned off
+//! (`remove_node_local_dns_link`), so that a cluster that brings its own DNS reaches
+//! the ClusterIP through its own proxy.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -58,13 +59,12 @@ impl Services {
 
 /// Starts what the configuration turns on: the link and the DNS server (kept in
 /// `ctx.dns` for its metrics), then the proxy. With node-local DNS off, a link an
-/// earlier agent left is removed.
+/// earlier agent left is removed if the configuration says so.
 pub async fn start(ctx: &Arc<Context>, stopped: Shutdown) -> anyhow::Result<Services> {
     let config = &ctx.config;
     let addresses = &config.node_local_dns;
     if addresses.is_empty() {
-        // Only the root can have made it; others need not look.
-        if rustix::process::geteuid().is_root() {
+        if config.remove_node_local_dns_link {
             remove_link().await?;
         }
     } else {

@@ -481,6 +481,8 @@ pub async fn run_local(
     if node_local_dns(flags) {
         config.node_local_dns = flags.node_local_dns_address.clone();
     }
+    // Turned off by hand: the link of an earlier run goes too.
+    config.remove_node_local_dns_link = flags.node_local_dns == Some(false);
     info!(node = %config.node_name, runtime = %socket.display(), "node agent starting");
     let result = trellis_agent::run(config, client, cri, informers, stopped).await;
     if let Some(server) = server {
