@@ -45,6 +45,9 @@ struct Report {
     update_p50_ms: f64,
     update_p99_ms: f64,
     update_max_ms: f64,
+    /// The periodic drift check at this size: the table's chains and sets read back
+    /// (`nft -j -t list table`) and compared.
+    drift_check_ms: f64,
     /// The proxy's process (this one) after the changes.
     rss_mb: f64,
 }
@@ -116,13 +119,14 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
             )?;
     super::print_report(report.1, &report.0, || {
         format!(
-            "proxy: {} Services, {} endpoints: full sync {:.2} s; one endpoint change p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {:.0} MB resident",
+            "proxy: {} Services, {} endpoints: full sync {:.2} s; one endpoint change p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; drift check {:.0} ms; {:.0} MB resident",
             report.0.services,
             report.0.endpoints,
             report.0.full_sync_s,
             report.0.update_p50_ms,
             report.0.update_p99_ms,
             report.0.update_max_ms,
+            report.0.drift_check_ms,
             report.0.rss_mb,
         )
     })
@@ -164,6 +168,12 @@ async fn measure(args: &ProxyArgs) -> anyhow::Result<(Report, bool)> {
         samples.push(started.elapsed());
     }
     let updates = Percentiles::of(&mut samples);
+    let started = Instant::now();
+    anyhow::ensure!(
+        !proxier.repair_drift().await?,
+        "the table read back differs from what was written"
+    );
+    let drift_check = started.elapsed();
     // The table goes with the namespace; removing it first returns nft's memory sooner.
     proxier.remove().await?;
     Ok((
@@ -174,6 +184,7 @@ async fn measure(args: &ProxyArgs) -> anyhow::Result<(Report, bool)> {
             update_p50_ms: updates.p50_ms,
             update_p99_ms: updates.p99_ms,
             update_max_ms: updates.max_ms,
+            drift_check_ms: super::ms(drift_check),
             rss_mb: super::pod_start::rss_of(std::process::id()),
         },
         args.json,
