@@ -6,6 +6,8 @@
 //! Service (hairpin), a deleted chain comes back at the next check, and a restarted
 //! proxy rewrites the table with no moment without rules.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeSet;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};

@@ -60,13 +60,20 @@ fn service(i: usize) -> Service {
             ..Default::default()
         },
         spec: Some(ServiceSpec {
-            type_: Some(if i % 4 == 0 { "NodePort" } else { "ClusterIP" }.into()),
+            type_: Some(
+                if i.is_multiple_of(4) {
+                    "NodePort"
+                } else {
+                    "ClusterIP"
+                }
+                .into(),
+            ),
             cluster_ip: Some(format!("10.43.{}.{}", i / 256, i % 256)),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
                 port: 80,
                 protocol: Some("TCP".into()),
-                node_port: (i % 4 == 0).then_some(30_000 + (i / 4) as i32),
+                node_port: i.is_multiple_of(4).then_some(30_000 + (i / 4) as i32),
                 ..Default::default()
             }]),
             ..Default::default()
@@ -153,14 +160,13 @@ async fn measure(args: &ProxyArgs) -> anyhow::Result<(Report, bool)> {
     proxier.sync().await.context("the full sync")?;
     let full_sync = started.elapsed();
 
-    let mut next = base + (args.services * per) as u32;
+    let fresh = base + (args.services * per) as u32;
     let mut samples: Vec<Duration> = Vec::with_capacity(args.changes);
-    for change in 0..args.changes {
+    for (change, next) in (0..args.changes).zip(fresh..) {
         // Spread over the Services, a different one each time.
         let i = (change * 7919) % args.services;
         let ips = endpoints.get_mut(&i).context("a service")?;
         ips[change % per] = next;
-        next += 1;
         let slice = slice(i, ips);
         let started = Instant::now();
         proxier.update(&format!("bench/svc-{i}"), Some(&services[i]), &[&slice]);
