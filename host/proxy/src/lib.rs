@@ -430,17 +430,26 @@ impl Proxier {
         Ok(())
     }
 
+    /// Applies `text` through the long-lived `nft -i`, or, when that cannot run or
+    /// fails, through an `nft -f` of its own (whose error is the one that counts).
     async fn apply_in_session(&mut self, text: &str) -> anyhow::Result<()> {
         if self.session.is_none() {
-            self.session = Some(NftSession::start()?);
+            match NftSession::start() {
+                Ok(session) => self.session = Some(session),
+                Err(e) => debug!(error = %e, "no nft -i; one nft -f per sync"),
+            }
         }
-        let session = self.session.as_mut().context("the nft session")?;
-        let result = session.apply(text).await;
-        if result.is_err() {
-            // A fresh one next time, whatever state this one is in.
-            self.session = None;
+        if let Some(session) = self.session.as_mut() {
+            match session.apply(text).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    // A fresh one next time, whatever state this one is in.
+                    debug!(error = %e, "nft -i failed; retrying with nft -f");
+                    self.session = None;
+                }
+            }
         }
-        result
+        nft_apply(text).await
     }
 
     /// The chains and sets the table should have (rule counts of the chains).
