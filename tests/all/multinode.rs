@@ -154,13 +154,17 @@ def dig(q):
         names = expanded + [name] if name.count(".") < ndots else [name] + expanded
     result = None
     for candidate in names:
-        result = query(servers[0], candidate, qtype, tcp)
+        try:
+            result = query(servers[0], candidate, qtype, tcp)
+        except Exception as e:
+            result = {"name": candidate, "error": str(e), "answers": []}
         if result["answers"]:
             break
     return dict(result, nameserver=servers[0])
 def getent(q):
     try:
-        return {"addresses": sorted({a[4][0] for a in socket.getaddrinfo(q["name"][0], None, socket.AF_INET)})}
+        family = socket.AF_INET if q.get("family", ["inet"])[0] == "inet" else socket.AF_UNSPEC
+        return {"addresses": sorted({a[4][0] for a in socket.getaddrinfo(q["name"][0], None, family)})}
     except Exception as e:
         return {"addresses": [], "error": str(e)}
 class Handler(BaseHTTPRequestHandler):

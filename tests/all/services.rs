@@ -119,7 +119,9 @@ where
             }
         }
     };
+    let started = std::time::Instant::now();
     let result = runtime().block_on(runtime().spawn(test(shared.clone())));
+    eprintln!("the test's checks took {:?}", started.elapsed());
     let stopped = {
         // Under the lock, so that no test takes it up while it stops.
         let mut slot = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
@@ -527,7 +529,7 @@ impl<'a> Ns<'a> {
 
     /// `getent hosts NAME` in the pod at `from`: the addresses.
     async fn getent(&self, from: IpAddr, name: &str) -> Result<Vec<String>> {
-        let path = format!("/getent?name={name}");
+        let path = format!("/getent?name={name}&family=any");
         let body = self.cluster.hosts[0]
             .on_host(async move { http_get(from, TEST_PORT, &path, Duration::from_secs(10)).await })
             .await??;
@@ -796,14 +798,6 @@ fn services_nodeport_affinity_udp_and_local_traffic() -> Result<()> {
             "with ClientIP affinity, 15 requests went to {answers:?}"
         );
 
-        // A UDP Service: datagrams to the ClusterIP reach the backends' UDP port.
-        let udp = ns
-            .service(json!({"metadata": {"name": "udp-test"},
-                "spec": {"selector": web,
-                    "ports": [{"name": "udp", "port": 90, "protocol": "UDP", "targetPort": UDP_PORT}]}}))
-            .await?;
-        ns.check_reachability(&udp, exec_b, &backends).await?;
-
         // internalTrafficPolicy: Local: a node's clients get only that node's
         // backends, also where other nodes have some.
         let local = ns
@@ -821,6 +815,53 @@ fn services_nodeport_affinity_udp_and_local_traffic() -> Result<()> {
             "node {}'s client left its node: {answers:?}",
             SETUP.hosts[1]
         );
+        // A UDP Service: datagrams to the ClusterIP reach the backends' UDP port.
+        let udp = ns
+            .service(json!({"metadata": {"name": "udp-test"},
+                "spec": {"selector": web,
+                    "ports": [{"name": "udp", "port": 90, "protocol": "UDP", "targetPort": UDP_PORT}]}}))
+            .await?;
+        ns.check_reachability(&udp, exec_b, &backends)
+            .await
+            .with_context(|| proxy_table(&cluster.hosts[1].host))?;
+
+        // should be able to preserve UDP traffic when server pod cycles for a ClusterIP
+        // service: a client that keeps its source port (and so its conntrack entry)
+        // reaches the new server once the old one is gone, as the node drops the
+        // entries of an endpoint that went.
+        let cycle = json!({"app": "udp-cycle"});
+        ns.pod("udp-server-1", 0, BACKEND_PORT, cycle.clone(), |_| {})
+            .await?;
+        let svc = ns
+            .service(json!({"metadata": {"name": "udp-cycle"},
+                "spec": {"selector": cycle,
+                    "ports": [{"port": 91, "protocol": "UDP", "targetPort": UDP_PORT}]}}))
+            .await?;
+        let ip = cluster_ip(&svc).context("no clusterIP")?.to_owned();
+        ns.ready("udp-server-1").await?;
+        let from_one_port = format!(
+            "request=hostname&protocol=udp&host={ip}&port=91&tries=1&timeout=1&sport=40000"
+        );
+        let answered = |server: &'static str| {
+            let (ns, query) = (&ns, from_one_port.clone());
+            move || {
+                let query = query.clone();
+                async move {
+                    let json = ns.dial_from(exec_a, TEST_PORT, query).await?;
+                    ensure!(json["responses"] == json!([server]), "{json}");
+                    Ok(())
+                }
+            }
+        };
+        until(answered("udp-server-1")).await?;
+        ns.delete_pod("udp-server-1").await?;
+        ns.pod("udp-server-2", 1, BACKEND_PORT, cycle.clone(), |_| {})
+            .await?;
+        ns.ready("udp-server-2").await?;
+        until(answered("udp-server-2"))
+            .await
+            .context("the same client port after its server pod cycled")?;
+
         Ok(())
     })
 }
@@ -1161,6 +1202,25 @@ fn dns_provides_records_for_the_cluster_services_and_pods() -> Result<()> {
         })
         .await?;
 
+        // AAAA of an IPv4 Service: no data (NOERROR), at once, over UDP and TCP; the C
+        // library asks A and AAAA together for every name a program looks up.
+        for tcp in [false, true] {
+            let answer = ns
+                .dig(querier, &fqdn("test-service-2"), "AAAA", tcp)
+                .await?;
+            ensure!(
+                answer["rcode"] == 0
+                    && answer["answers"] == json!([])
+                    && answer.get("error").is_none(),
+                "AAAA of test-service-2 (tcp: {tcp}): {answer}"
+            );
+        }
+        let got = ns.getent(querier, "test-service-2").await?;
+        ensure!(
+            got == [regular_ip.clone()],
+            "getent hosts test-service-2: {got:?}"
+        );
+
         // A name in the cluster domain that does not exist: NXDOMAIN.
         let answer = ns
             .dig(querier, "no-such-service.dns.svc.cluster.local.", "A", true)
@@ -1265,6 +1325,31 @@ fn a_restarted_node_agent_keeps_service_traffic_flowing_and_repairs_its_table() 
         );
         Ok(())
     })
+}
+
+/// The proxy's table on `host`, for a failure's message.
+fn proxy_table(host: &trellis_tests::hosts::Host) -> String {
+    match std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &host.name,
+            "nft",
+            "list",
+            "table",
+            "ip",
+            "trellis-proxy",
+        ])
+        .output()
+    {
+        Ok(out) => format!(
+            "the proxy's table on {}:\n{}{}",
+            host.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => format!("nft on {}: {e}", host.name),
+    }
 }
 
 /// Retries `probe` (a bounded retry of a real probe) for up to 20 s until it holds.
