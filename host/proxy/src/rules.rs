@@ -1087,3 +1087,50 @@ pub(crate) mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod slot_tests {
+    use super::tests::{service, slice};
+    use super::*;
+
+    fn backends(part: &Part) -> Vec<String> {
+        part.slots
+            .get(&(Map::Backends, "10.43.0.5 . tcp . 80".to_owned()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn endpoints_keep_their_slots_as_the_count_changes() {
+        let svc = service("web", "10.43.0.5", &[("", 80, "TCP", None)]);
+        let config = RenderConfig::default();
+        let ep = |ip| (ip, true, true, false, "n");
+        let three = slice(
+            &[("", 8080, "TCP")],
+            &[ep("10.1.0.1"), ep("10.1.0.2"), ep("10.1.0.3")],
+        );
+        let old = render_service(&svc, &[&three], &config, None);
+        assert_eq!(
+            backends(&old),
+            ["10.1.0.1 . 8080", "10.1.0.2 . 8080", "10.1.0.3 . 8080"]
+        );
+        // The first goes: the second stays in slot 1, the third moves into slot 0.
+        let two = slice(&[("", 8080, "TCP")], &[ep("10.1.0.2"), ep("10.1.0.3")]);
+        let new = render_service(&svc, &[&two], &config, Some(&old));
+        assert_eq!(backends(&new), ["10.1.0.3 . 8080", "10.1.0.2 . 8080"]);
+        assert!(
+            !new.elements
+                .contains_key(&(Map::Backends, "10.43.0.5 . tcp . 80 . 2".into()))
+        );
+        // One more comes: the others stay, it takes slot 2.
+        let again = slice(
+            &[("", 8080, "TCP")],
+            &[ep("10.1.0.2"), ep("10.1.0.3"), ep("10.1.0.0")],
+        );
+        let newer = render_service(&svc, &[&again], &config, Some(&new));
+        assert_eq!(
+            backends(&newer),
+            ["10.1.0.3 . 8080", "10.1.0.2 . 8080", "10.1.0.0 . 8080"]
+        );
+    }
+}
