@@ -9,7 +9,9 @@
 //! WASM program resolves the Service too; the server's metrics count the queries
 //! (`/metrics/dns` through the API server's node proxy). A restart of the agent keeps
 //! the link and the proxy's table (the ClusterIP answers while the agent is down) and
-//! serves again; an agent started with node-local DNS off removes the link.
+//! serves again; an agent started with node-local DNS off removes the link. A UDP
+//! Service's client on the node is answered by the new endpoint once the old one is
+//! replaced, though its source port (hence its conntrack entry) stays.
 //!
 //! The Service has no selector: its EndpointSlice is written by the test, so that the
 //! node's part is tested alone. Needs root, `ip`, `nft`, python3 and the CNI plugins;
@@ -44,6 +46,20 @@ const POD_CIDR: &str = "10.244.111.0/24";
 /// The Service's ClusterIP, in the default service range.
 const WEB_IP: &str = "10.43.110.20";
 const WEB_PORT: u16 = 8080;
+/// The UDP Service's ClusterIP, and its endpoints' port.
+const UDP_IP: &str = "10.43.110.21";
+const UDP_PORT: u16 = 9053;
+
+/// A UDP server answering every datagram with its pod's name.
+const UDP: &str = r#"
+import os, socket
+NAME = os.environ["POD_NAME"].encode()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("", 9053))
+while True:
+    data, peer = s.recvfrom(512)
+    s.sendto(NAME, peer)
+"#;
 
 /// A server answering every GET with its pod's name.
 const WEB: &str = r#"
@@ -306,6 +322,7 @@ impl Cluster {
         let script = tempfile::tempdir()?;
         std::fs::write(script.path().join("web.py"), WEB)?;
         std::fs::write(script.path().join("client.py"), CLIENT)?;
+        std::fs::write(script.path().join("udp.py"), UDP)?;
         // Readable by the pods' user (nobody), which gets it as a read-only volume.
         std::fs::set_permissions(
             script.path(),
@@ -428,6 +445,48 @@ fn line<'a>(lines: &'a [String], prefix: &str) -> Result<&'a str> {
         .with_context(|| format!("no line {prefix:?} in {lines:?}"))
 }
 
+/// The IP of pod `name` once it runs.
+async fn running_ip(cluster: &Cluster, name: &str) -> Result<IpAddr> {
+    let pod = wait_pod(&cluster.pods, name, Duration::from_secs(30), |p| {
+        phase(p) == "Running"
+    })
+    .await?;
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+    Ok(ip.context("no podIP")?.parse()?)
+}
+
+/// Asks `to` from `client` until the answer is `want` (at most 10 s); the last answer
+/// otherwise.
+async fn udp_answer(
+    client: &std::net::UdpSocket,
+    to: std::net::SocketAddr,
+    want: &str,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut last = String::from("nothing");
+    while tokio::time::Instant::now() < deadline {
+        let got = tokio::task::block_in_place(|| {
+            client.send_to(b"name", to)?;
+            let mut buffer = [0u8; 64];
+            client
+                .recv(&mut buffer)
+                .map(|n| String::from_utf8_lossy(&buffer[..n]).into_owned())
+        });
+        match got {
+            Ok(got) if got == want => return Ok(()),
+            Ok(got) => last = got,
+            // The 100 ms read timeout: asked again.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => last = e.to_string(),
+        }
+    }
+    anyhow::bail!("{to} answered {last}, not {want}, for 10 s")
+}
+
 /// Whether the link holds both DNS addresses, and the proxy's table is there.
 fn node_state(host: &Host) -> Result<(String, bool)> {
     let link = host.ip(&["-o", "addr", "show", "dev", LINK])?;
@@ -516,6 +575,14 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
         for ip in [NODE_LOCAL_DNS_IP, KUBE_DNS_IP] {
             ensure!(link.contains(&format!("inet {ip}/32")), "{LINK}: {link}");
         }
+        // A node reaches Service IPs through its default route, which the proxy's
+        // DNAT then bends; this host has none (nothing may leave the machine), so a
+        // route to the service range over the DNS link, which carries nothing, stands
+        // in for it.
+        cluster
+            .node
+            .host
+            .ip(&["route", "replace", "10.43.0.0/16", "dev", LINK])?;
 
         // A ClusterFirst pod: the node-local server, the cluster's searches, ndots:5.
         cluster
@@ -585,6 +652,62 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
             );
         }
 
+        // A UDP Service whose endpoint goes: the node's client, keeping its source
+        // port, is answered by the new endpoint, not held to the gone one by its
+        // conntrack entry (the proxy flushes it).
+        for name in ["udp-a", "udp-b"] {
+            cluster.python(name, "udp.py", json!({}), json!({})).await?;
+        }
+        let [udp_a, udp_b] = [running_ip(&cluster, "udp-a").await?, running_ip(&cluster, "udp-b").await?];
+        services
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "udp"},
+                    "spec": {"clusterIP": UDP_IP, "ports": [{"name": "echo", "port": 53, "protocol": "UDP", "targetPort": UDP_PORT}]}
+                }))?,
+            )
+            .await?;
+        let slice = |ip: IpAddr, pod: &str| {
+            json!({
+                "metadata": {"name": "udp-test", "labels": {"kubernetes.io/service-name": "udp"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [ip.to_string()], "nodeName": HOST,
+                    "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "targetRef": {"kind": "Pod", "namespace": "default", "name": pod}}],
+                "ports": [{"name": "echo", "port": UDP_PORT, "protocol": "UDP"}]
+            })
+        };
+        slices
+            .create(&PostParams::default(), &serde_json::from_value(slice(udp_a, "udp-a"))?)
+            .await?;
+        // From the node's address (the route to the service range would pick the
+        // link's).
+        let node_ip = cluster.node.host.ip;
+        let client = cluster
+            .node
+            .on_host(async move { std::net::UdpSocket::bind((node_ip, 0)) })
+            .await??;
+        client.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let service = std::net::SocketAddr::new(UDP_IP.parse()?, 53);
+        udp_answer(&client, std::net::SocketAddr::new(udp_a, UDP_PORT), "udp-a")
+            .await
+            .context("straight to the pod")?;
+        // Asked at once: datagrams sent before the proxy has the Service make a
+        // conntrack entry without translation, which the proxy flushes when the
+        // Service gets its first endpoint (else the client's retries would keep it).
+        udp_answer(&client, service, "udp-a").await?;
+        slices
+            .patch(
+                "udp-test",
+                &PatchParams::default(),
+                &Patch::Merge(&slice(udp_b, "udp-b")),
+            )
+            .await?;
+        udp_answer(&client, service, "udp-b")
+            .await
+            .context("after its endpoint changed, from the same client port")?;
+
         // The server counted the cluster's queries: its metrics through the API
         // server's node proxy.
         let metrics = cluster
@@ -605,14 +728,6 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
         let (link_down, table) = node_state(&cluster.node.host)?;
         ensure!(table, "the proxy's table went with the agent");
         ensure!(link_down == link, "the link changed with the agent's stop: {link_down}");
-        // A node reaches Service IPs through its default route, which the proxy's
-        // DNAT then bends; this host has none (nothing may leave the machine), so a
-        // route to the service range over the DNS link, which carries nothing, stands
-        // in for it.
-        cluster
-            .node
-            .host
-            .ip(&["route", "replace", "10.43.0.0/16", "dev", LINK])?;
         let web_ip: IpAddr = WEB_IP.parse()?;
         let got = cluster
             .node

@@ -303,8 +303,9 @@ pub struct Proxier {
     shared: BTreeSet<String>,
     /// Changes not yet in the kernel.
     pending: Transaction,
-    /// UDP frontends whose endpoint went: their conntrack entries to flush after the sync.
-    udp_gone: Vec<(Ipv4Addr, u16, Ipv4Addr)>,
+    /// UDP frontends whose endpoint went (`Some`), or that got their first (`None`):
+    /// their conntrack entries to flush after the sync.
+    udp_gone: Vec<(Ipv4Addr, u16, Option<Ipv4Addr>)>,
     /// Whether the next sync writes the whole table.
     full_needed: bool,
     /// The `nft -i` of incremental syncs, started at the first.
@@ -368,8 +369,20 @@ impl Proxier {
             let kept = new.udp_frontends.get(frontend);
             for ip in endpoints {
                 if kept.is_none_or(|k| !k.contains(ip)) {
-                    self.udp_gone.push((frontend.0, frontend.1, *ip));
+                    self.udp_gone.push((frontend.0, frontend.1, Some(*ip)));
                 }
+            }
+        }
+        // A UDP Service that gains its first endpoint: datagrams sent while it had none
+        // left entries without translation, which would keep its clients from the new
+        // endpoint until they expire (kube-proxy clears them too).
+        for (frontend, endpoints) in &new.udp_frontends {
+            let had = old
+                .udp_frontends
+                .get(frontend)
+                .is_some_and(|e| !e.is_empty());
+            if !had && !endpoints.is_empty() {
+                self.udp_gone.push((frontend.0, frontend.1, None));
             }
         }
         if !new.elements.is_empty() || !new.chains.is_empty() {
@@ -422,7 +435,7 @@ impl Proxier {
         result?;
         for (ip, port, endpoint) in std::mem::take(&mut self.udp_gone) {
             if let Err(e) =
-                conntrack::flush_udp(IpAddr::V4(ip), Some(port), Some(IpAddr::V4(endpoint))).await
+                conntrack::flush_udp(IpAddr::V4(ip), Some(port), endpoint.map(IpAddr::V4)).await
             {
                 debug!(error = %e, "flushing UDP conntrack entries");
             }

@@ -477,15 +477,17 @@ pub fn skeleton(table: &str, node_ips: &[Ipv4Addr], cluster_cidrs: &[String]) ->
         );
     }
     // The maps' keys are declared with `tcp dport` for `th dport` (same bytes, same
-    // type): nft 1.0.6 cannot read a `th` in a declaration back from the kernel.
+    // type): nft 1.0.6 cannot read a `th` in a key's declaration back from the kernel.
+    // Their data says `th dport`: a `tcp dport` there makes nft add a "protocol is TCP"
+    // check to the rules that DNAT through the map, which would leave UDP untranslated.
     t.push_str(
         "  set hairpin { type ipv4_addr . ipv4_addr; }
   map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }
   map service-nodeports { type inet_proto . inet_service : verdict; }
   map no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict; }
   map no-endpoint-nodeports { type inet_proto . inet_service : verdict; }
-  map backends { typeof ip daddr . meta l4proto . tcp dport . numgen random mod 2 : ip daddr . tcp dport; }
-  map nodeport-backends { typeof meta l4proto . tcp dport . numgen random mod 2 : ip daddr . tcp dport; }
+  map backends { typeof ip daddr . meta l4proto . tcp dport . numgen random mod 2 : ip daddr . th dport; }
+  map nodeport-backends { typeof meta l4proto . tcp dport . numgen random mod 2 : ip daddr . th dport; }
   chain reject-chain {
     meta l4proto tcp reject with tcp reset
     reject
