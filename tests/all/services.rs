@@ -616,7 +616,8 @@ fn services_serve_basic_and_multiport_endpoints_from_pods() -> Result<()> {
         let answers = ns.hostnames(exec, "http", &ip, 80, 20).await?;
         ensure!(
             answers.iter().any(|a| a == "pod1") && answers.iter().any(|a| a == "pod2"),
-            "20 requests to {ip} were not spread over pod1 and pod2: {answers:?}"
+            "20 requests to {ip} were not spread over pod1 and pod2: {answers:?}; {}",
+            proxy_table(&cluster.hosts[0].host)
         );
         ns.delete_pod("pod1").await?;
         ns.validate_endpoints("endpoint-test2", &[("pod2", &[80])])
