@@ -166,8 +166,14 @@ def release_namespaces(data_dir: Path) -> None:
 
 
 # What a node's pod network makes on this machine: the default network's bridge and
-# nftables table, and the agent's masquerade table.
-NETWORK_OBJECTS = [("link", "trellis0"), ("table", "ip trellis0"), ("table", "inet trellis")]
+# nftables table, the agent's masquerade table, the node-local DNS link and the service
+# proxy's table.
+NETWORK_OBJECTS = [("link", "trellis0"), ("table", "ip trellis0"), ("table", "inet trellis"),
+                   ("link", "trellis-dns"), ("table", "ip trellis-proxy")]
+
+# The flags of a further node on this machine's network namespace, where `trellis up`'s
+# node serves Services and DNS: one proxy and one DNS server per namespace, as per node.
+SHARED_NETNS = ["--service-proxy=false", "--node-local-dns=false"]
 
 
 def _network_object(thing, verb):

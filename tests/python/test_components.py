@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config, watch
 
-from conftest import REPO_ROOT, remove_data_dir, start_server, stop_server, trellis_binary, wait_ready
+from conftest import REPO_ROOT, SHARED_NETNS, remove_data_dir, start_server, stop_server, trellis_binary, wait_ready
 from test_controller_plugins import wait_for
 from test_node import node_kubeconfig
 
@@ -300,7 +300,7 @@ def test_a_deployment_runs_on_two_nodes_each_joined_to_another_api_server(two_se
     for data_dir, node in ((first_dir, "node-a"), (second_dir, "node-b")):
         procs.append(start("node", "--kubeconfig", str(node_kubeconfig(data_dir, node)),
                            "--data-dir", str(data_dir / node), "--node-name", node,
-                           "--node-port", "0", "--relist-period", "0.1"))
+                           "--node-port", "0", "--relist-period", "0.1", *SHARED_NETNS))
     admin_a = config.new_client_from_config(config_file=str(first_dir / "admin.kubeconfig"))
     admin_b = config.new_client_from_config(config_file=str(second_dir / "admin.kubeconfig"))
     try:

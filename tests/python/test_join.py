@@ -29,7 +29,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from conftest import own_server, trellis_binary
+from conftest import SHARED_NETNS, own_server, trellis_binary
 from test_components import two_servers_on_etcd  # noqa: F401 (a fixture)
 from test_controller_plugins import wait_for
 
@@ -77,7 +77,7 @@ def cluster():
             log = open(data_dir / f"{name}.log", "wb")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [str(trellis_binary()), "node", "--pod-network=false", *join, "--data-dir", str(data_dir / name),
+                [str(trellis_binary()), "node", "--pod-network=false", *SHARED_NETNS, *join, "--data-dir", str(data_dir / name),
                  "--node-name", name, "--node-port", "0", "--process-handler", "true"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         try:
@@ -161,7 +161,7 @@ def test_a_node_refuses_a_server_without_the_pinned_ca(cluster):
     wrong = list(join)
     wrong[wrong.index("--discovery-token-ca-cert-hash") + 1] = "sha256:" + "0" * 64
     result = subprocess.run(
-        [str(trellis_binary()), "node", "--pod-network=false", *wrong, "--data-dir", str(data_dir / "impostor"),
+        [str(trellis_binary()), "node", "--pod-network=false", *SHARED_NETNS, *wrong, "--data-dir", str(data_dir / "impostor"),
          "--node-name", "impostor", "--node-port", "0"],
         capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
@@ -187,7 +187,7 @@ def test_a_node_rotates_its_certificate_before_it_expires():
         node_dir = data_dir / "rotor"
         with open(data_dir / "rotor.log", "wb") as log:
             proc = subprocess.Popen(
-                [str(trellis_binary()), "node", "--pod-network=false", *join, "--data-dir", str(node_dir), "--node-name", "rotor",
+                [str(trellis_binary()), "node", "--pod-network=false", *SHARED_NETNS, *join, "--data-dir", str(node_dir), "--node-name", "rotor",
                  "--node-port", "0", "--process-handler", "true"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
@@ -230,7 +230,7 @@ def test_nodes_join_through_either_of_two_api_servers_on_etcd(two_servers_on_etc
                 args[args.index("--server") + 1] = second_url
             log = open(first / f"{name}.log", "wb")
             procs.append((subprocess.Popen(
-                [str(trellis_binary()), "node", "--pod-network=false", *args, "--data-dir", str(first / name), "--node-name", name,
+                [str(trellis_binary()), "node", "--pod-network=false", *SHARED_NETNS, *args, "--data-dir", str(first / name), "--node-name", name,
                  "--node-port", "0"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL), log))
         api = config.new_client_from_config(config_file=str(second / "admin.kubeconfig"))

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from conftest import REPO_ROOT, own_server, trellis_binary
+from conftest import REPO_ROOT, SHARED_NETNS, own_server, trellis_binary
 from test_controller_plugins import wait_for
 
 WORKLOAD = REPO_ROOT / "plugins" / "target" / "dist" / "workload.wasm"
@@ -65,7 +65,7 @@ def cluster():
              "--root", str(data_dir / "runtime"), "--process-handler", "true"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         proc = subprocess.Popen(
-            [str(trellis_binary()), "node", "--pod-network=false", "--kubeconfig", str(node_kubeconfig(data_dir)),
+            [str(trellis_binary()), "node", "--pod-network=false", *SHARED_NETNS, "--kubeconfig", str(node_kubeconfig(data_dir)),
              "--data-dir", str(node_dir), "--node-name", NODE, "--node-port", "0",
              "--relist-period", "0.1", "--container-runtime-endpoint", f"unix://{socket}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from conftest import REPO_ROOT, TOKENS_CSV, _wait_ready, remove_data_dir, trellis_binary
+from conftest import REPO_ROOT, SHARED_NETNS, TOKENS_CSV, _wait_ready, remove_data_dir, trellis_binary
 from test_node import node_kubeconfig
 from test_controller_plugins import wait_for
 
@@ -135,7 +135,7 @@ def test_a_dead_nodes_pod_is_evicted_and_replaced_on_the_local_node(up):
     joined = subprocess.Popen(
         [str(trellis_binary()), "node", "--kubeconfig", str(node_kubeconfig(data_dir, "joined")),
          "--data-dir", str(data_dir / "joined"), "--node-name", "joined", "--node-port", "0",
-         "--node-lease-renew", "0.5", "--relist-period", "0.1"],
+         "--node-lease-renew", "0.5", "--relist-period", "0.1", *SHARED_NETNS],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         def both_ready(items):

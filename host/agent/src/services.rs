@@ -64,7 +64,7 @@ pub async fn start(ctx: &Arc<Context>, stopped: Shutdown) -> anyhow::Result<Serv
     let config = &ctx.config;
     let addresses = &config.node_local_dns;
     if addresses.is_empty() {
-        if config.remove_node_local_dns_link {
+        if config.remove_node_local_dns_link && !served_here(NODE_LOCAL_DNS_IP) {
             remove_link().await?;
         }
     } else {
@@ -212,6 +212,19 @@ async fn ensure_link(addresses: &[IpAddr]) -> anyhow::Result<()> {
         Ok(())
     })
     .await
+}
+
+/// Whether something on this network namespace answers DNS on `ip` now: the link is
+/// then another agent's (two nodes of a test on one machine), not one an earlier run
+/// left, and stays.
+fn served_here(ip: IpAddr) -> bool {
+    match std::net::UdpSocket::bind(SocketAddr::new(ip, DNS_PORT)) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            info!(link = LINK, %ip, "the node-local DNS address is served here by another node: its link stays");
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Removes [`LINK`] if it is there.
