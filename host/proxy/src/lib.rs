@@ -344,6 +344,10 @@ impl Proxier {
             }
             return;
         }
+        if !new.shared_chains.is_subset(&self.shared) {
+            // Only a full sync can add a shared chain (rules::PRESET_ENDPOINTS).
+            self.full_needed = true;
+        }
         let table = self.config.table.clone();
         self.pending.diff(&table, &old, &new, &mut self.shared);
         let mut added = Vec::new();
@@ -398,10 +402,12 @@ impl Proxier {
     /// The commands of the next sync; `None` when there is nothing to do.
     pub fn sync_text(&mut self) -> Option<String> {
         if self.full_needed {
-            self.shared = self
-                .parts
-                .values()
-                .flat_map(|p| p.shared_chains.iter().cloned())
+            self.shared = rules::preset_shared_chains()
+                .chain(
+                    self.parts
+                        .values()
+                        .flat_map(|p| p.shared_chains.iter().cloned()),
+                )
                 .collect();
             return Some(rules::full_text(
                 &self.config.table,
@@ -746,6 +752,32 @@ mod tests {
                 backends.contains("10.244.1.3 . 8080") && !backends.contains("10.244.1.1"),
                 "{backends}"
             );
+            // A frontend of a size no other has finds its shared chain in the table: an
+            // incremental sync, which UDP goes through too; one past the preset sizes
+            // is written by a full sync.
+            let ports = [("http", 8080, "TCP"), ("dns", 53, "UDP"), ("", 8080, "TCP")];
+            let ips: Vec<String> = (1..=130).map(|i| format!("10.244.2.{i}")).collect();
+            let three: Vec<_> = ips[..3]
+                .iter()
+                .map(|ip| (ip.as_str(), true, true, false, "here"))
+                .collect();
+            proxier.update("ns/web", Some(&web), &[&slice(&ports, &three)]);
+            let text = proxier.sync_text().unwrap();
+            assert!(
+                !text.contains("delete table"),
+                "an incremental sync: {text}"
+            );
+            proxier.sync().await?;
+            let chain = nft_output(&["list", "chain", "ip", "proxy-test", "spread-3"]).await?;
+            assert!(!chain.contains("tcp"), "spread-3 is for UDP too: {chain}");
+            let many: Vec<_> = ips
+                .iter()
+                .map(|ip| (ip.as_str(), true, true, false, "here"))
+                .collect();
+            proxier.update("ns/web", Some(&web), &[&slice(&ports, &many)]);
+            assert!(proxier.sync_text().unwrap().contains("delete table"));
+            proxier.sync().await?;
+            assert!(!proxier.repair_drift().await?, "no drift after it");
             // A chain deleted by hand comes back.
             let chain = proxier.parts["ns/sticky"]
                 .chains

@@ -431,6 +431,20 @@ fn affinity_rules(
     rules
 }
 
+/// Frontends of up to this many endpoints find their shared chains in the table already:
+/// every full sync writes them, used or not. nft 1.0.6 cannot add a rule that DNATs
+/// through a map whose data is declared with `th dport` (see [`skeleton`]) to a table
+/// in the kernel (it fails to read the declaration back), so an incremental sync never
+/// adds one; a frontend with more endpoints than this is written by a full sync.
+pub const PRESET_ENDPOINTS: usize = 128;
+
+/// The shared chains of [`PRESET_ENDPOINTS`].
+pub fn preset_shared_chains() -> impl Iterator<Item = String> {
+    (1..=PRESET_ENDPOINTS).flat_map(|n| {
+        ["spread", "nodeport-cluster", "nodeport-local"].map(|kind| format!("{kind}-{n}"))
+    })
+}
+
 /// The rules of a shared chain named by [`render_service`].
 pub fn shared_chain_rules(name: &str) -> Option<Vec<String>> {
     let (kind, n) = name.rsplit_once('-')?;
@@ -589,7 +603,7 @@ pub fn full_text(
     // the same transaction, so nothing ever sees an empty table.
     let _ = writeln!(t, "add table ip {table}\ndelete table ip {table}");
     t.push_str(&skeleton(table, node_ips, cluster_cidrs));
-    let mut shared = BTreeSet::new();
+    let mut shared: BTreeSet<String> = preset_shared_chains().collect();
     let mut sets = BTreeMap::new();
     let mut chains = BTreeMap::new();
     let mut elements: BTreeMap<Map, Vec<String>> = BTreeMap::new();

@@ -1,7 +1,9 @@
 //! The service proxy: a full sync of many Services to the kernel, then single endpoint
 //! changes, each applied to the kernel and timed, in a network namespace of its own
 //! (never the machine's table). Services and EndpointSlices are made here and fed to
-//! the proxy's sync code directly: no API server.
+//! the proxy's sync code directly: no API server. Then, with the table at that size,
+//! HTTP requests (a new connection each, as the first request of a client) to a
+//! server in the namespace, straight to its address and through a ClusterIP, timed.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -30,6 +32,11 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 200)]
     changes: usize,
 
+    /// HTTP requests timed straight to the server and through a ClusterIP, each on a
+    /// new connection (0: none).
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
@@ -50,6 +57,76 @@ struct Report {
     drift_check_ms: f64,
     /// The proxy's process (this one) after the changes.
     rss_mb: f64,
+    /// A request on a new connection, straight to the server's address...
+    direct_p50_ms: f64,
+    direct_p99_ms: f64,
+    /// ... and through a ClusterIP of the table (DNAT of its first packet).
+    clusterip_p50_ms: f64,
+    clusterip_p99_ms: f64,
+    /// Requests per second through the ClusterIP over those straight to the server,
+    /// one client, one after another.
+    throughput_kept: f64,
+}
+
+/// The server's address, on the namespace's loopback link, and port.
+const SERVER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 200, 0, 2);
+const SERVER_PORT: u16 = 8080;
+
+/// Serves every request on `listener` with a short answer, then closes.
+async fn serve(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    while let Ok((mut conn, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let mut read = 0;
+            while !buf[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf[read..]).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => read += n,
+                }
+                if read == buf.len() {
+                    return;
+                }
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                .await;
+        });
+    }
+}
+
+/// `requests` GETs to `to`, each on a connection of its own; their durations and the
+/// wall time of all.
+async fn requests(
+    to: std::net::SocketAddr,
+    requests: usize,
+) -> anyhow::Result<(Vec<Duration>, Duration)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut samples = Vec::with_capacity(requests);
+    let all = Instant::now();
+    for _ in 0..requests {
+        let started = Instant::now();
+        let mut conn = tokio::net::TcpStream::connect(to)
+            .await
+            .with_context(|| format!("connect to {to}"))?;
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .await?;
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer).await?;
+        anyhow::ensure!(answer.ends_with(b"ok"), "{to} answered {answer:?}");
+        samples.push(started.elapsed());
+    }
+    Ok((samples, all.elapsed()))
+}
+
+/// Runs `ip` in the calling thread's network namespace.
+async fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new("ip")
+        .args(args)
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "ip {} failed", args.join(" "));
+    Ok(())
 }
 
 fn service(i: usize) -> Service {
@@ -126,7 +203,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
             )?;
     super::print_report(report.1, &report.0, || {
         format!(
-            "proxy: {} Services, {} endpoints: full sync {:.2} s; one endpoint change p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; drift check {:.0} ms; {:.0} MB resident",
+            "proxy: {} Services, {} endpoints: full sync {:.2} s; one endpoint change p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; drift check {:.0} ms; {:.0} MB resident; a request on a new connection p50/p99 {:.3}/{:.3} ms straight, {:.3}/{:.3} ms through a ClusterIP ({:.0} % of the throughput kept)",
             report.0.services,
             report.0.endpoints,
             report.0.full_sync_s,
@@ -135,6 +212,11 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
             report.0.update_max_ms,
             report.0.drift_check_ms,
             report.0.rss_mb,
+            report.0.direct_p50_ms,
+            report.0.direct_p99_ms,
+            report.0.clusterip_p50_ms,
+            report.0.clusterip_p99_ms,
+            report.0.throughput_kept * 100.0,
         )
     })
 }
@@ -180,6 +262,44 @@ async fn measure(args: &ProxyArgs) -> anyhow::Result<(Report, bool)> {
         "the table read back differs from what was written"
     );
     let drift_check = started.elapsed();
+
+    // Requests with the table at full size: the server behind the last Service.
+    let (mut direct, mut through, mut kept) = (Vec::new(), Vec::new(), 0.0);
+    if args.requests > 0 {
+        ip(&["link", "set", "lo", "up"]).await?;
+        ip(&["addr", "add", &format!("{SERVER}/32"), "dev", "lo"]).await?;
+        // A route for ClusterIPs, as a node's default route is, for the DNAT to bend.
+        ip(&["route", "add", "10.43.0.0/16", "dev", "lo"]).await?;
+        let listener = tokio::net::TcpListener::bind((SERVER, SERVER_PORT)).await?;
+        let server = tokio::spawn(serve(listener));
+        let last = args.services - 1;
+        let mut to_server = slice(last, &[u32::from(SERVER)]);
+        if let Some(ports) = to_server.ports.as_mut() {
+            ports[0].port = Some(SERVER_PORT.into());
+        }
+        proxier.update(
+            &format!("bench/svc-{last}"),
+            Some(&services[last]),
+            &[&to_server],
+        );
+        proxier.sync().await.context("the server's Service")?;
+        let cluster_ip: std::net::Ipv4Addr = services[last]
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.as_deref())
+            .context("a ClusterIP")?
+            .parse()?;
+        // Warm both paths (ARP-free loopback, the first connection's costs).
+        requests((SERVER, SERVER_PORT).into(), 50).await?;
+        requests((cluster_ip, 80).into(), 50).await?;
+        let (d, d_wall) = requests((SERVER, SERVER_PORT).into(), args.requests).await?;
+        let (t, t_wall) = requests((cluster_ip, 80).into(), args.requests).await?;
+        (direct, through) = (d, t);
+        kept = d_wall.as_secs_f64() / t_wall.as_secs_f64();
+        server.abort();
+    }
+    let direct = Percentiles::of(&mut direct);
+    let through = Percentiles::of(&mut through);
     // The table goes with the namespace; removing it first returns nft's memory sooner.
     proxier.remove().await?;
     Ok((
@@ -192,6 +312,11 @@ async fn measure(args: &ProxyArgs) -> anyhow::Result<(Report, bool)> {
             update_max_ms: updates.max_ms,
             drift_check_ms: super::ms(drift_check),
             rss_mb: super::pod_start::rss_of(std::process::id()),
+            direct_p50_ms: direct.p50_ms,
+            direct_p99_ms: direct.p99_ms,
+            clusterip_p50_ms: through.p50_ms,
+            clusterip_p99_ms: through.p99_ms,
+            throughput_kept: kept,
         },
         args.json,
     ))
