@@ -15,9 +15,16 @@
 //!   long-running container is probed, then stopped gracefully when its pod is deleted.
 //! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
 //!   key mapping, batched writes under the controller's identity, events.
+//! - `dns`: the cluster DNS server's records (ClusterIP, headless, ExternalName, PTR,
+//!   pods, NXDOMAIN, TTL) over UDP and TCP from a server's Services and EndpointSlices,
+//!   and forwarding of other names.
+//! - `endpointslices`: the bundled Endpoints and EndpointSlice controllers: slices of
+//!   at most 100, conditions, ports per pod, hostnames, zones, kubectl's tables.
 //! - `eviction`: a node under memory pressure evicts its BestEffort pod first, is
 //!   tainted and admits no new BestEffort pod; soft thresholds wait their grace period.
 //! - `hollow`: hollow nodes (the agent on fake runtimes) running a Deployment.
+//! - `incluster`: the `kubernetes` and `kube-dns` Services and every API server's
+//!   address in the `kubernetes` Endpoints and EndpointSlice, the certificate's names.
 //! - `join`: bootstrap tokens and CertificateSigningRequests: authentication,
 //!   requester, auto-approval, manual approval, signing, validation.
 //! - `layout`: no import circle between the modules of any crate, host or plugin.
@@ -25,12 +32,16 @@
 //!   bridge: pods across nodes over host-gw and VXLAN without NAT, the Granular Checks.
 //! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
 //!   restarts, env and volumes, graceful deletion, an agent restart.
+//! - `node_services`: a node's service proxy and node-local DNS (`trellis-dns`) for
+//!   its pods: names, ClusterIPs, UDP, a WASM program's lookups, an agent restart.
 //! - `plugins`: the WASM plugin host's limits and failures, and plugins in the API
 //!   server's admission and initializer chains.
 //! - `pod_files`: a `process` pod's hostname, `/etc/hosts`, `resolv.conf` and volumes
 //!   in its own mount namespace, and exec seeing the same.
 //! - `pod_network`: the runtime's default network made in-process; an operator's
 //!   conflist through the CNI plugins.
+//! - `proxy`: the service proxy's table in a namespace of its own: ClusterIP, NodePort,
+//!   UDP, affinity, refusal, hairpin, drift repair, a restart.
 //! - `port_forward`: `kubectl port-forward` (current and 1.20) through the API server
 //!   and the node into pods' own network namespaces.
 //! - `resources`: `process` pods held to their limits (OOMKilled with back-off, a CPU
@@ -42,6 +53,8 @@
 //! - `sandbox`: what a sandboxed `process` container can reach (not the node's data,
 //!   credentials, other pods' volumes or processes) and who it runs as.
 //! - `scheduler`: the scheduler with the bundled default plugins against a server.
+//! - `services`: Services and cluster DNS on three test hosts: Kubernetes' Service and
+//!   DNS conformance checks, hairpin, reject, UDP, traffic policies, an agent restart.
 //! - `stats`: the node's Summary API and resource metrics through the API server's
 //!   node proxy; `nodes/proxy` needed.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
@@ -69,8 +82,8 @@ mod node_services;
 mod plugins;
 mod pod_files;
 mod pod_network;
-mod proxy;
 mod port_forward;
+mod proxy;
 mod resources;
 mod runtime;
 mod sandbox;
