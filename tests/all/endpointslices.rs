@@ -19,8 +19,8 @@ use trellis_api::{Shutdown, UserInfo};
 use trellis_client::events::EventRecorder;
 use trellis_client::identity;
 use trellis_client::informer::{BY_LABEL, Informer, SharedInformers};
-use trellis_controllers::{Manager, Mapping, Running, Watch};
-use trellis_plugin_host::{Compilers, GroupVersionResource, HostConfig, PluginHost};
+use trellis_controllers::{Manager, Running};
+use trellis_plugin_host::{Compilers, HostConfig, PluginHost};
 use trellis_tests::TestCluster;
 
 const MANAGED: &str = "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io";
@@ -34,24 +34,16 @@ async fn start_controllers(
 ) -> Result<Vec<Running>> {
     let mut running = Vec::new();
     for builtin in trellis_controllers::bundled::select("endpoint,endpointslice")? {
-        let mut config = builtin.config();
+        let config = builtin.config();
         // Zones come from the Nodes the controller reads.
-        let nodes = GroupVersionResource {
-            group: String::new(),
-            version: "v1".into(),
-            resource: "nodes".into(),
-        };
-        if builtin.name == "endpointslice"
-            && !config
-                .watches
-                .iter()
-                .any(|w| w.resource.resource == "nodes")
-        {
-            config.watches.push(Watch {
-                resource: nodes,
-                map: Mapping::Cache,
-            });
-        }
+        ensure!(
+            builtin.name != "endpointslice"
+                || config
+                    .watches
+                    .iter()
+                    .any(|w| w.resource.resource == "nodes"),
+            "the EndpointSlice controller watches no Nodes"
+        );
         let writer = in_process.client(identity::controller(builtin.account()));
         let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
         running.push(
