@@ -54,7 +54,8 @@ fn data(message: &Message) -> Vec<String> {
 }
 
 /// Asks until `done` holds of the answer (the server follows the API through a watch):
-/// a bounded retry of a real query, the only way to see its state from outside.
+/// a bounded retry of a real query, the only way to see its state from outside; each
+/// round trip is the wait.
 async fn ask_until(
     server: SocketAddr,
     name: &str,
@@ -70,7 +71,6 @@ async fn ask_until(
         if Instant::now() > deadline {
             bail!("{name} {qtype}: still {answer:?}");
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
