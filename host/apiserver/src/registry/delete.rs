@@ -157,7 +157,12 @@ pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
         Deletion::Marked(obj) => Ok(respond(StatusCode::OK, &obj, req)),
         Deletion::Removed(obj) => {
             let uid = meta_str(&obj, "uid").unwrap_or_default().to_owned();
-            if res.plural == "namespaces" || res.group == "apps" || res.plural == "pods" {
+            // The resources whose registries return the deleted object (kube-apiserver's
+            // `ReturnDeletedObject`); clients parse a Service's delete as a Service.
+            let returns_object = res.plural == "namespaces"
+                || res.group == "apps"
+                || (res.group.is_empty() && matches!(res.plural.as_str(), "pods" | "services"));
+            if returns_object {
                 Ok(respond(StatusCode::OK, &obj, req))
             } else {
                 Ok(json_response(
