@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::Api;
 
 use crate::Context;
-use crate::spec::{ConfigError, Environment};
 
 /// The namespace of the Services every pod gets (the kubelet's master namespace).
 const MASTER_NAMESPACE: &str = "default";
@@ -30,8 +29,8 @@ const MASTER_SERVICES: &[&str] = &["kubernetes"];
 const SERVICES_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The service variables of `pod`'s containers, from the node's shared Service
-/// informer.
-pub async fn for_pod(ctx: &Context, pod: &Pod) -> Result<Environment, ConfigError> {
+/// informer; the error is the container's `CreateContainerConfigError` message.
+pub async fn for_pod(ctx: &Context, pod: &Pod) -> Result<Vec<(String, Vec<u8>)>, String> {
     let informer = ctx.informers.informer::<Service>(
         Api::all(ctx.client.clone()),
         kube::runtime::watcher::Config::default(),
@@ -40,9 +39,9 @@ pub async fn for_pod(ctx: &Context, pod: &Pod) -> Result<Environment, ConfigErro
         .await
         .is_err()
     {
-        return Err(ConfigError(
+        return Err(
             "services have not yet been read at least once, cannot construct envvars".into(),
-        ));
+        );
     }
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let links = pod

@@ -83,7 +83,9 @@ pub async fn environment(
     sources: &mut Sources,
 ) -> Result<Environment, ConfigError> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let services = crate::service_env::for_pod(ctx, pod).await?;
+    let services = crate::service_env::for_pod(ctx, pod)
+        .await
+        .map_err(ConfigError)?;
     let mut env: Environment = Vec::new();
     let set = |env: &mut Environment, name: String, value: Vec<u8>| match env
         .iter_mut()

@@ -211,7 +211,9 @@ pub async fn write_update(
     }
     let namespace = req.namespace.as_deref();
     let (revision, _) = if super::service::handles(res) {
-        super::service::store_or_remove(state, res, namespace, name, &mut new, expected).await?
+        let finalized = super::finalized(res, &new);
+        let place = (namespace, name);
+        super::service::store_or_remove(state, res, place, &mut new, expected, finalized).await?
     } else {
         super::store_or_remove(state, res, namespace, name, &new, expected).await?
     };
