@@ -161,12 +161,35 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         ],
         ("", "services") => vec![
             NAME,
-            col("Type", "string", "", "The type of the service: ClusterIP, NodePort, LoadBalancer or ExternalName."),
-            col("Cluster-IP", "string", "", "The IP address of the service, allocated from the service range."),
-            col("External-IP", "string", "", "The addresses the service is reachable at from outside the cluster."),
-            col("Port(s)", "string", "", "The list of ports that are exposed by this service."),
+            col(
+                "Type",
+                "string",
+                "",
+                "The type of the service: ClusterIP, NodePort, LoadBalancer or ExternalName.",
+            ),
+            col(
+                "Cluster-IP",
+                "string",
+                "",
+                "The IP address of the service, allocated from the service range.",
+            ),
+            col(
+                "External-IP",
+                "string",
+                "",
+                "The addresses the service is reachable at from outside the cluster.",
+            ),
+            col(
+                "Port(s)",
+                "string",
+                "",
+                "The list of ports that are exposed by this service.",
+            ),
             AGE,
-            wide("Selector", "Route service traffic to pods with label keys and values matching this selector."),
+            wide(
+                "Selector",
+                "Route service traffic to pods with label keys and values matching this selector.",
+            ),
         ],
         ("", "resourcequotas") => vec![
             NAME,
