@@ -165,6 +165,45 @@ def release_namespaces(data_dir: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
+@contextlib.contextmanager
+def trellis_up(prefix: str, *args: str):
+    """`trellis up` with its local node (`local`) on a fresh data directory, with this
+    suite's tokens, until the block ends: yields the admin's client and the directory.
+    The log's tail is printed at the end."""
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    (data_dir / "tokens.csv").write_text(TOKENS_CSV)
+    (data_dir / "tokens.csv").chmod(0o600)
+    log = open(data_dir / "up.log", "wb")
+    proc = subprocess.Popen(
+        [str(trellis_binary()), "up", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+         "--node-port", "0", "--node-name", "local", "--metrics-bind-address", "", *args],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    api = None
+    try:
+        _wait_ready(proc, data_dir / "admin.kubeconfig", data_dir / "up.log")
+        api = config.new_client_from_config(config_file=str(data_dir / "admin.kubeconfig"))
+        yield api, data_dir
+    finally:
+        if api is not None:
+            api.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        print((data_dir / "up.log").read_text(errors="replace")[-3000:])
+        remove_data_dir(data_dir)
+
+
+def kubectl_up(data_dir: Path, *args: str, stdin: str | None = None) -> str:
+    """The current kubectl as the admin of the `trellis up` in `data_dir`; its output."""
+    result = subprocess.run([shutil.which("kubectl") or "kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"),
+                             *args], input=stdin, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 # What a node's pod network makes on this machine: the default network's bridge and
 # nftables table, the agent's masquerade table, the node-local DNS link and the service
 # proxy's table.

@@ -14,16 +14,14 @@ otherwise.
 
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import kubernetes
 from kubernetes import client, config
 
-from conftest import TOKENS_CSV, _wait_ready, remove_data_dir, trellis_binary
+from conftest import kubectl_up as kubectl, trellis_up
 from test_controller_plugins import wait_for
 
 NAMESPACE = "incluster"
@@ -46,13 +44,6 @@ LISTER = ("import os, time\n"
           "        time.sleep(0.2)\n"
           "else:\n"
           "    raise SystemExit(1)\n")
-# What the node makes on this machine besides what conftest removes.
-NODE_OBJECTS = [["nft", "list", "table", "ip", "trellis-proxy"], ["ip", "link", "show", "trellis-dns"]]
-REMOVE = [["nft", "delete", "table", "ip", "trellis-proxy"], ["ip", "link", "del", "trellis-dns"]]
-
-
-def exists(command):
-    return subprocess.run(command, capture_output=True).returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -62,42 +53,8 @@ def up():
                if not found]
     if missing:
         pytest.skip(f"a pod reaching the API through its Service needs {', '.join(missing)}")
-    made = [not exists(command) for command in NODE_OBJECTS]
-    data_dir = Path(tempfile.mkdtemp(prefix="trellis-incluster-"))
-    (data_dir / "tokens.csv").write_text(TOKENS_CSV)
-    (data_dir / "tokens.csv").chmod(0o600)
-    log = open(data_dir / "up.log", "wb")
-    proc = subprocess.Popen(
-        [str(trellis_binary()), "up", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
-         "--node-port", "0", "--node-name", "local", "--metrics-bind-address", "",
-         "--relist-period", "0.1"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    api = None
-    try:
-        _wait_ready(proc, data_dir / "admin.kubeconfig", data_dir / "up.log")
-        api = config.new_client_from_config(config_file=str(data_dir / "admin.kubeconfig"))
-        yield api, data_dir
-    finally:
-        if api is not None:
-            api.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        print((data_dir / "up.log").read_text(errors="replace")[-3000:])
-        remove_data_dir(data_dir)
-        for was_made, command in zip(made, REMOVE):
-            if was_made:
-                subprocess.run(command, capture_output=True)
-
-
-def kubectl(data_dir, *args):
-    result = subprocess.run([shutil.which("kubectl") or "kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"),
-                             *args], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    with trellis_up("trellis-incluster-", "--relist-period", "0.1") as running:
+        yield running
 
 
 def test_a_pod_lists_pods_with_the_in_cluster_configuration(up):

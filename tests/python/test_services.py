@@ -13,15 +13,13 @@ import ipaddress
 import json
 import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
-from conftest import TOKENS_CSV, _wait_ready, remove_data_dir, trellis_binary
+from conftest import kubectl_up as kubectl, trellis_up
 from test_controller_plugins import wait_for
 
 SERVICE_RANGE = ipaddress.ip_network("10.43.0.0/16")
@@ -46,57 +44,14 @@ CLIENT = ("import time, urllib.request\n"
           "        print('retry:', e, flush=True)\n"
           "        time.sleep(0.1)\n")
 # What the node makes on this machine besides what conftest removes: the proxy's table
-# and the DNS server's link.
-NODE_OBJECTS = [["nft", "list", "table", "ip", "trellis-proxy"], ["ip", "link", "show", "trellis-dns"]]
-REMOVE = [["nft", "delete", "table", "ip", "trellis-proxy"], ["ip", "link", "del", "trellis-dns"]]
-
-
-def exists(command):
-    return subprocess.run(command, capture_output=True).returncode == 0
-
-
 @pytest.fixture(scope="module")
 def up():
     missing = [what for what, found in [("root", os.geteuid() == 0), ("nft", shutil.which("nft")),
                                         ("python3", Path("/usr/bin/python3").exists())] if not found]
     if missing:
         pytest.skip(f"Services need {', '.join(missing)} on the node")
-    made = [not exists(command) for command in NODE_OBJECTS]
-    data_dir = Path(tempfile.mkdtemp(prefix="trellis-svc-"))
-    (data_dir / "tokens.csv").write_text(TOKENS_CSV)
-    (data_dir / "tokens.csv").chmod(0o600)
-    log = open(data_dir / "up.log", "wb")
-    proc = subprocess.Popen(
-        [str(trellis_binary()), "up", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
-         "--node-port", "0", "--node-name", "local", "--metrics-bind-address", "",
-         "--relist-period", "0.1", "--proxy-min-sync-period", "0"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    api = None
-    try:
-        _wait_ready(proc, data_dir / "admin.kubeconfig", data_dir / "up.log")
-        api = config.new_client_from_config(config_file=str(data_dir / "admin.kubeconfig"))
-        yield api, data_dir
-    finally:
-        if api is not None:
-            api.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        print((data_dir / "up.log").read_text(errors="replace")[-3000:])
-        remove_data_dir(data_dir)
-        for was_made, command in zip(made, REMOVE):
-            if was_made:
-                subprocess.run(command, capture_output=True)
-
-
-def kubectl(data_dir, *args, stdin=None):
-    result = subprocess.run([shutil.which("kubectl") or "kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"),
-                             *args], input=stdin, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    with trellis_up("trellis-svc-", "--relist-period", "0.1", "--proxy-min-sync-period", "0") as running:
+        yield running
 
 
 def process_pod_spec(name_env, code, **spec):

@@ -14,14 +14,12 @@ The workload is `plugins/target/dist/workload.wasm` (plugins/build.sh)."""
 
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
-from conftest import REPO_ROOT, SHARED_NETNS, TOKENS_CSV, _wait_ready, remove_data_dir, trellis_binary
+from conftest import REPO_ROOT, SHARED_NETNS, kubectl_up as kubectl, trellis_binary, trellis_up
 from test_node import node_kubeconfig
 from test_controller_plugins import wait_for
 
@@ -32,42 +30,11 @@ WORKLOAD = REPO_ROOT / "plugins" / "target" / "dist" / "workload.wasm"
 def up():
     if not WORKLOAD.exists():
         pytest.fail(f"{WORKLOAD} is missing: run plugins/build.sh")
-    data_dir = Path(tempfile.mkdtemp(prefix="trellis-up-"))
-    # The tokens `_wait_ready` asks /readyz with.
-    (data_dir / "tokens.csv").write_text(TOKENS_CSV)
-    (data_dir / "tokens.csv").chmod(0o600)
-    log = open(data_dir / "up.log", "wb")
-    proc = subprocess.Popen(
-        [str(trellis_binary()), "up", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
-         "--node-port", "0", "--node-name", "local", "--metrics-bind-address", "",
-         "--relist-period", "0.1", "--node-lease-renew", "0.5", "--node-monitor-grace-period", "3",
-         # A crashing container's back-offs: 1 s, 2 s, 4 s, …
-         "--restart-backoff", "1"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    api = None
-    try:
-        _wait_ready(proc, data_dir / "admin.kubeconfig", data_dir / "up.log")
-        api = config.new_client_from_config(config_file=str(data_dir / "admin.kubeconfig"))
-        yield api, data_dir
-    finally:
-        if api is not None:
-            api.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        print((data_dir / "up.log").read_text(errors="replace")[-3000:])
-        remove_data_dir(data_dir)
-
-
-
-def kubectl(data_dir, *args, stdin=None):
-    result = subprocess.run([shutil.which("kubectl") or "kubectl", "--kubeconfig", str(data_dir / "admin.kubeconfig"),
-                             *args], input=stdin, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    with trellis_up("trellis-up-", "--relist-period", "0.1", "--node-lease-renew", "0.5",
+                    "--node-monitor-grace-period", "3",
+                    # A crashing container's back-offs: 1 s, 2 s, 4 s, …
+                    "--restart-backoff", "1") as running:
+        yield running
 
 
 def running(items, count):
