@@ -237,6 +237,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
         ),
         resource(
             "",
+            "ReplicationController",
+            "replicationcontrollers",
+            true,
+            &["rc"],
+            &["all"],
+            &[Status, Scale],
+        ),
+        resource(
+            "",
             "ResourceQuota",
             "resourcequotas",
             true,

@@ -644,6 +644,15 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            "replication-controller",
+            json!([
+                {"apiGroups": [""], "resources": ["replicationcontrollers"], "verbs": ["get", "list", "watch", "update", "patch"]},
+                {"apiGroups": [""], "resources": ["replicationcontrollers/status", "replicationcontrollers/finalizers"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch", "create", "delete"]},
+                events,
+            ]),
+        ),
+        (
             "deployment-controller",
             json!([
                 {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "update", "patch"]},

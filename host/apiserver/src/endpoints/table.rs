@@ -129,6 +129,24 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
             ),
             wide("Selector", "Label selector for pods."),
         ],
+        ("", "replicationcontrollers") => vec![
+            NAME,
+            col("Desired", "integer", "", "Number of desired pods."),
+            col("Current", "integer", "", "Number of actual replicas."),
+            col(
+                "Ready",
+                "integer",
+                "",
+                "The number of ready replicas for this replication controller.",
+            ),
+            AGE,
+            wide("Containers", "Names of each container in the template."),
+            wide(
+                "Images",
+                "Images referenced by each container in the template.",
+            ),
+            wide("Selector", "Label selector for pods."),
+        ],
         ("", "namespaces") => vec![
             NAME,
             col("Status", "string", "", "The status of the namespace"),
@@ -824,6 +842,31 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
         .into_iter()
         .chain(workload_wide_cells(obj))
         .collect(),
+        ("", "replicationcontrollers") => {
+            let mut wide = workload_wide_cells(obj);
+            // A replication controller's selector is a plain map of labels.
+            let selector = obj
+                .get("spec")
+                .and_then(|s| s.get("selector"))
+                .filter(|s| s.as_object().is_some_and(|m| !m.is_empty()))
+                .map(|s| json!({ "matchLabels": s }));
+            wide[2] = json!(selector_text(selector.as_ref()));
+            vec![
+                name,
+                json!(
+                    obj.get("spec")
+                        .and_then(|s| s.get("replicas"))
+                        .and_then(Value::as_i64)
+                        .unwrap_or(1)
+                ),
+                json!(int_at(obj, &["status", "replicas"])),
+                json!(int_at(obj, &["status", "readyReplicas"])),
+                age,
+            ]
+            .into_iter()
+            .chain(wide)
+            .collect()
+        }
         ("", "namespaces") => vec![
             name,
             json!(str_at(obj, &["status", "phase"]).unwrap_or("Active")),

@@ -46,6 +46,7 @@ fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, Ap
         ("", "resourcequotas") => roundtrip::<core::v1::ResourceQuota>(obj),
         ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),
         ("apps", "replicasets") => roundtrip::<apps::v1::ReplicaSet>(obj),
+        ("", "replicationcontrollers") => roundtrip::<core::v1::ReplicationController>(obj),
         ("coordination.k8s.io", "leases") => roundtrip::<coordination::v1::Lease>(obj),
         ("discovery.k8s.io", "endpointslices") => roundtrip::<discovery::v1::EndpointSlice>(obj),
         ("node.k8s.io", "runtimeclasses") => roundtrip::<node::v1::RuntimeClass>(obj),
@@ -316,6 +317,33 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, old: Option<&Object>) {
             set_default(object_at(obj, "spec"), "replicas", json!(1));
             default_template(obj);
         }
+        ("", "replicationcontrollers") => {
+            // As Kubernetes: the selector, and the object's labels when it has none,
+            // come from the template's labels.
+            let labels = str_field(obj, &["spec", "template", "metadata", "labels"])
+                .filter(|l| l.as_object().is_some_and(|m| !m.is_empty()))
+                .cloned();
+            let spec = object_at(obj, "spec");
+            set_default(spec, "replicas", json!(1));
+            if let Some(labels) = &labels {
+                if spec
+                    .get("selector")
+                    .and_then(Value::as_object)
+                    .is_none_or(Map::is_empty)
+                {
+                    spec.insert("selector".into(), labels.clone());
+                }
+                let meta = crate::object::metadata_mut(obj);
+                if meta
+                    .get("labels")
+                    .and_then(Value::as_object)
+                    .is_none_or(Map::is_empty)
+                {
+                    meta.insert("labels".into(), labels.clone());
+                }
+            }
+            default_template(obj);
+        }
         _ => {}
     }
 }
@@ -392,6 +420,7 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
         ("apps", kind @ ("deployments" | "replicasets")) => {
             validate_apps(kind == "deployments", obj, old, &mut causes)
         }
+        ("", "replicationcontrollers") => validate_replication_controller(obj, &mut causes),
         ("certificates.k8s.io", "certificatesigningrequests") => {
             crate::registry::certificates::validate(obj, &mut causes)
         }
@@ -628,6 +657,41 @@ fn validate_strategy(strategy: Option<&Value>, causes: &mut Vec<StatusCause>) {
             ),
         )),
     }
+}
+
+/// A `v1` ReplicationController's spec, defaults applied, as Kubernetes validates
+/// it: a selector of labels (which may change, unlike a ReplicaSet's) that the
+/// template's labels fit, and a valid pod template.
+fn validate_replication_controller(obj: &Object, causes: &mut Vec<StatusCause>) {
+    nonnegative(obj, "replicas", causes);
+    nonnegative(obj, "minReadySeconds", causes);
+    let selector = str_field(obj, &["spec", "selector"])
+        .and_then(Value::as_object)
+        .filter(|m| !m.is_empty());
+    let Some(selector) = selector else {
+        causes.push(StatusCause::required("spec.selector"));
+        return;
+    };
+    let labels = str_field(obj, &["spec", "template", "metadata", "labels"]);
+    let fits = selector
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+    if str_field(obj, &["spec", "template"]).is_none_or(Value::is_null) {
+        causes.push(StatusCause::required("spec.template"));
+        return;
+    }
+    if !fits {
+        causes.push(invalid_shown(
+            "spec.template.metadata.labels",
+            &go_labels(labels),
+            "`selector` does not match template `labels`",
+        ));
+    }
+    validate_pod_spec(
+        str_field(obj, &["spec", "template", "spec"]),
+        "spec.template.spec",
+        causes,
+    );
 }
 
 /// An `apps/v1` Deployment's or ReplicaSet's spec, defaults applied, as Kubernetes
