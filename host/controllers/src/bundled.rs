@@ -224,6 +224,21 @@ pub const BUILTINS: &[Builtin] = &[
         workers: 5,
     },
     Builtin {
+        name: "replicationcontroller",
+        identity: "replication-controller",
+        service_account: None,
+        // Kubernetes' replication manager is its ReplicaSet controller run on
+        // ReplicationControllers; so is this one.
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/replicaset.wasm")),
+        primary: ("", "v1", "replicationcontrollers"),
+        owns: &[("", "v1", "pods")],
+        watches: &[],
+        resync: None,
+        needs_root_ca: false,
+        configuration: r#"{"kind": "ReplicationController"}"#,
+        workers: 5,
+    },
+    Builtin {
         name: "resourcequota",
         identity: "resourcequota-controller",
         service_account: None,
@@ -331,6 +346,7 @@ mod tests {
                 "nodeipam",
                 "nodelifecycle",
                 "replicaset",
+                "replicationcontroller",
                 "resourcequota",
                 "root-ca-cert-publisher",
                 "serviceaccount"
@@ -338,7 +354,7 @@ mod tests {
         );
         assert_eq!(
             names(
-                "*,-deployment,-disruption,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodeipam,-nodelifecycle,-resourcequota,-serviceaccount"
+                "*,-deployment,-disruption,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodeipam,-nodelifecycle,-replicationcontroller,-resourcequota,-serviceaccount"
             ),
             ["replicaset", "root-ca-cert-publisher"]
         );

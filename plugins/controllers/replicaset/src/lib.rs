@@ -16,6 +16,11 @@
 //!   changes; a pod that is ready but not yet for `minReadySeconds` brings the key
 //!   back when it becomes available.
 //!
+//! Configured with `{"kind": "ReplicationController"}` it is Kubernetes' replication
+//! manager, which is this controller run on `v1` ReplicationControllers: their
+//! selector is a plain map of labels, their status has the same fields, and their
+//! pods are owned as `v1` `ReplicationController`.
+//!
 //! The cache may lag behind the pass's own writes; the host holds the key back until
 //! its informers have seen them (the host's expectations), so a pass never creates a
 //! pod twice.
@@ -35,7 +40,41 @@ const BURST: usize = 500;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ReplicaSets {}
+pub struct ReplicaSets {
+    /// What it controls.
+    #[serde(default)]
+    pub kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+pub enum Kind {
+    #[default]
+    ReplicaSet,
+    ReplicationController,
+}
+
+impl Kind {
+    /// `(apiVersion, kind)` of the owner references it writes.
+    fn owner(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::ReplicaSet => ("apps/v1", "ReplicaSet"),
+            Kind::ReplicationController => ("v1", "ReplicationController"),
+        }
+    }
+
+    /// The object's selector as a label selector: a replication controller's is a
+    /// map of labels, which is a selector's `matchLabels`.
+    fn selector(self, object: &Value) -> Value {
+        let selector = &object["spec"]["selector"];
+        match self {
+            Kind::ReplicaSet => selector.clone(),
+            Kind::ReplicationController if selector.is_object() => {
+                json!({ "matchLabels": selector })
+            }
+            Kind::ReplicationController => json!({}),
+        }
+    }
+}
 
 fn pods() -> GroupVersionResource {
     GroupVersionResource {
@@ -206,12 +245,13 @@ pub fn slow_start_batches(n: usize) -> Vec<usize> {
 }
 
 /// The pod the ReplicaSet's template describes, owned by it.
-fn pod_from_template(rs: &Value) -> Value {
+fn pod_from_template(kind: Kind, rs: &Value) -> Value {
+    let (api_version, owner_kind) = kind.owner();
     let template = &rs["spec"]["template"];
     let name = rs["metadata"]["name"].as_str().unwrap_or_default();
     let mut metadata = json!({
         "generateName": format!("{name}-"),
-        "ownerReferences": [owned::controller_reference("apps/v1", "ReplicaSet", rs)],
+        "ownerReferences": [owned::controller_reference(api_version, owner_kind, rs)],
     });
     for field in ["labels", "annotations", "finalizers"] {
         if let Some(v) = template["metadata"].get(field).filter(|v| !v.is_null()) {
@@ -237,7 +277,8 @@ impl Reconcile for ReplicaSets {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        let selector = &rs["spec"]["selector"];
+        let selector = &self.kind.selector(&rs);
+        let (api_version, owner_kind) = self.kind.owner();
         let deleting = !rs["metadata"]["deletionTimestamp"].is_null();
         // An empty selector would select the namespace: Kubernetes manages nothing.
         if owned::selector_is_empty(selector) {
@@ -266,7 +307,7 @@ impl Reconcile for ReplicaSets {
                         &pods(),
                         ns,
                         &json!({"metadata": {"name": pod.metadata.name, "uid": pod.metadata.uid}}),
-                        owned::controller_reference("apps/v1", "ReplicaSet", &rs),
+                        owned::controller_reference(api_version, owner_kind, &rs),
                     ));
                     mine.push(pod);
                 }
@@ -301,7 +342,8 @@ impl Reconcile for ReplicaSets {
         let mut create_failure = None;
         if !deleting && failures.is_empty() {
             if active.len() < wanted {
-                create_failure = create_pods(key, &rs, (wanted - active.len()).min(BURST))?;
+                create_failure =
+                    create_pods(self.kind, key, &rs, (wanted - active.len()).min(BURST))?;
             } else if active.len() > wanted {
                 let mut surplus = active.clone();
                 deletion_order(&mut surplus);
@@ -326,8 +368,13 @@ impl Reconcile for ReplicaSets {
 }
 
 /// Creates `n` pods in slow-start batches; the first failure, which ends the pass.
-fn create_pods(key: &ObjectKey, rs: &Value, n: usize) -> Result<Option<String>, String> {
-    let pod = pod_from_template(rs);
+fn create_pods(
+    kind: Kind,
+    key: &ObjectKey,
+    rs: &Value,
+    n: usize,
+) -> Result<Option<String>, String> {
+    let pod = pod_from_template(kind, rs);
     for batch in slow_start_batches(n) {
         let writes = (0..batch)
             .map(|_| Write::Create {
@@ -579,10 +626,33 @@ mod tests {
     fn pods_from_the_template_are_owned_and_named_after_the_set() {
         let rs = json!({"metadata": {"name": "web-abc", "uid": "u1"},
             "spec": {"template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c"}]}}}});
-        let p = pod_from_template(&rs);
+        let p = pod_from_template(Kind::ReplicaSet, &rs);
         assert_eq!(p["metadata"]["generateName"], "web-abc-");
         assert_eq!(p["metadata"]["labels"]["app"], "web");
         assert!(owned::is_controlled_by(&p, "u1"));
         assert_eq!(p["spec"]["containers"][0]["name"], "c");
+        assert_eq!(p["metadata"]["ownerReferences"][0]["kind"], "ReplicaSet");
+        assert_eq!(p["metadata"]["ownerReferences"][0]["apiVersion"], "apps/v1");
+    }
+
+    #[test]
+    fn a_replication_controller_selects_by_its_map_and_owns_as_v1() {
+        let rc = json!({"metadata": {"name": "web", "uid": "u2"},
+            "spec": {"selector": {"app": "web"},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {}}}});
+        let kind = Kind::ReplicationController;
+        assert_eq!(kind.selector(&rc), json!({"matchLabels": {"app": "web"}}));
+        assert!(owned::selector_is_empty(
+            &kind.selector(&json!({"spec": {}}))
+        ));
+        let p = pod_from_template(kind, &rc);
+        assert_eq!(
+            p["metadata"]["ownerReferences"][0]["kind"],
+            "ReplicationController"
+        );
+        assert_eq!(p["metadata"]["ownerReferences"][0]["apiVersion"], "v1");
+        let config: ReplicaSets =
+            serde_json::from_str(r#"{"kind": "ReplicationController"}"#).unwrap();
+        assert_eq!(config.kind, kind);
     }
 }
