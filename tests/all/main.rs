@@ -91,5 +91,6 @@ mod scheduler;
 mod services;
 mod stats;
 mod store;
+mod tokens;
 mod wasi_sockets;
 mod wasm_limits;

@@ -65,6 +65,7 @@ mod spdy;
 pub mod spec;
 pub mod stats;
 pub mod status;
+pub mod tokens;
 pub mod worker;
 
 use std::net::IpAddr;
@@ -199,6 +200,13 @@ pub struct AgentConfig {
     /// the kube-dns ClusterIP routed to it). Off here: a library user (a test) on a
     /// machine that runs a node leaves that node's link alone.
     pub remove_node_local_dns_link: bool,
+    /// How much of a projected ServiceAccount token's lifetime passes before it is
+    /// asked for again and its file rewritten (the kubelet's token manager: 0.8)...
+    pub token_refresh_fraction: f64,
+    /// ... or how old it may grow at most before that (the kubelet: 24 h)...
+    pub token_max_age: Duration,
+    /// ... and how long after a failed request it is asked for again.
+    pub token_retry: Duration,
 }
 
 impl AgentConfig {
@@ -245,6 +253,9 @@ impl AgentConfig {
             proxy_min_sync_interval: Duration::from_secs(1),
             node_local_dns: Vec::new(),
             remove_node_local_dns_link: false,
+            token_refresh_fraction: 0.8,
+            token_max_age: Duration::from_secs(24 * 3600),
+            token_retry: Duration::from_secs(10),
         }
     }
 }
@@ -422,12 +433,14 @@ pub async fn run_with(
         .eviction_hard
         .is_some()
         .then(|| tokio::spawn(eviction::run(ctx.clone(), stopped.clone())));
+    let tokens = tokio::spawn(tokens::run(ctx.clone(), stopped.clone()));
     let pods = tokio::spawn(pods::run(ctx.clone(), options.pods, stopped.clone()));
     stopped.wait().await;
     if let Some(eviction) = eviction {
         eviction.abort();
     }
     let _ = pods.await;
+    let _ = tokens.await;
     heartbeat.abort();
     if let Some(pod_network) = pod_network {
         pod_network.abort();

@@ -426,6 +426,8 @@ async fn make_volume(
     }
     std::fs::create_dir_all(dir).map_err(io)?;
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    // Projected tokens: their files, to keep fresh once written.
+    let mut tokens = Vec::new();
     if volume.empty_dir.is_some() {
         return Ok(dir.to_owned());
     } else if let Some(cm) = &volume.config_map {
@@ -500,8 +502,10 @@ async fn make_volume(
             }
             if let Some(token) = &source.service_account_token {
                 check_relative(&token.path)?;
-                let value = service_account_token(ctx, pod, token).await?;
-                files.push((token.path.clone(), value.into_bytes()));
+                let issued_at = std::time::SystemTime::now();
+                let issued = service_account_token(ctx, pod, token).await?;
+                files.push((token.path.clone(), issued.token.clone().into_bytes()));
+                tokens.push((dir.join(&token.path), token, issued_at, issued));
             }
         }
     } else {
@@ -517,21 +521,23 @@ async fn make_volume(
         }
         // Written whole under another name and renamed: a container reading the file
         // sees the old content or the new, never part of one.
-        let temp = target.with_extension("trellis-tmp");
-        std::fs::write(&temp, content).map_err(io)?;
-        std::fs::rename(&temp, &target).map_err(io)?;
+        crate::tokens::write_whole(&target, &content).map_err(io)?;
+    }
+    // Written: from now on kept fresh, as the kubelet's token manager keeps them.
+    for (path, source, issued_at, issued) in tokens {
+        crate::tokens::track(ctx, &path, pod, source, issued_at, &issued);
     }
     Ok(dir.to_owned())
 }
 
 /// A token of the pod's ServiceAccount (a TokenRequest bound to the pod), as a
 /// projected `serviceAccountToken` source asks: its audience and lifetime (Kubernetes'
-/// default an hour).
-async fn service_account_token(
+/// default an hour), with its expiry, which tells when it is asked for again.
+pub(crate) async fn service_account_token(
     ctx: &Context,
     pod: &Pod,
     source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
-) -> Result<String, ConfigError> {
+) -> Result<crate::tokens::Issued, ConfigError> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let account = pod
         .spec
@@ -562,10 +568,15 @@ async fn service_account_token(
                 "request a token of serviceaccount {ns}/{account}: {e}"
             ))
         })?;
-    answer["status"]["token"]
+    let token = answer["status"]["token"]
         .as_str()
         .map(str::to_owned)
-        .ok_or_else(|| ConfigError(format!("no token for serviceaccount {ns}/{account}")))
+        .ok_or_else(|| ConfigError(format!("no token for serviceaccount {ns}/{account}")))?;
+    let expires = answer["status"]["expirationTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(std::time::SystemTime::from);
+    Ok(crate::tokens::Issued { token, expires })
 }
 
 /// The files of a ConfigMap or Secret volume: every key, or the listed items.
