@@ -36,6 +36,10 @@ pub struct ProxyConfig {
     /// The cluster's pod CIDRs: traffic from outside them to a ClusterIP is masqueraded
     /// (kube-proxy's --cluster-cidr); empty: masquerade only hairpin and NodePort traffic.
     pub cluster_cidrs: Vec<String>,
+    /// The ClusterIP ranges (`--service-cluster-ip-range`): a new connection to an
+    /// address in them that no Service holds is dropped, as kube-proxy does once it
+    /// knows them; empty: only unserved ports of allocated ClusterIPs are refused.
+    pub service_cidrs: Vec<String>,
     /// Service IPs served on this node itself (the kube-dns ClusterIP): never DNATed.
     pub local_service_ips: Vec<IpAddr>,
     /// Period of the drift check (the table read back and compared; repaired by a full
@@ -57,6 +61,7 @@ impl ProxyConfig {
             node_name: node_name.to_owned(),
             node_ips,
             cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
             local_service_ips: Vec::new(),
             sync_period: Duration::from_secs(30),
             min_sync_interval: Duration::from_secs(1),
@@ -90,12 +95,16 @@ impl ProxyConfig {
     }
 
     fn cluster_cidrs_v4(&self) -> Vec<String> {
-        self.cluster_cidrs
-            .iter()
-            .filter(|c| !c.contains(':'))
-            .cloned()
-            .collect()
+        v4_only(&self.cluster_cidrs)
     }
+
+    fn service_cidrs_v4(&self) -> Vec<String> {
+        v4_only(&self.service_cidrs)
+    }
+}
+
+fn v4_only(cidrs: &[String]) -> Vec<String> {
+    cidrs.iter().filter(|c| !c.contains(':')).cloned().collect()
 }
 
 /// Runs `nft -f -` with `text` as one transaction, in the calling thread's network
@@ -304,7 +313,8 @@ pub struct Proxier {
     /// Changes not yet in the kernel.
     pending: Transaction,
     /// UDP frontends whose endpoint went (`Some`), or that got their first (`None`):
-    /// their conntrack entries to flush after the sync.
+    /// their conntrack entries to flush after the sync. A NodePort's address is
+    /// `0.0.0.0`: its entries to any address of the node.
     udp_gone: Vec<(Ipv4Addr, u16, Option<Ipv4Addr>)>,
     /// Whether the next sync writes the whole table.
     full_needed: bool,
@@ -413,6 +423,7 @@ impl Proxier {
                 &self.config.table,
                 &self.config.node_ipv4s(),
                 &self.config.cluster_cidrs_v4(),
+                &self.config.service_cidrs_v4(),
                 &self.parts,
             ));
         }
@@ -478,6 +489,7 @@ impl Proxier {
             &self.config.table,
             &self.config.node_ipv4s(),
             &self.config.cluster_cidrs_v4(),
+            &self.config.service_cidrs_v4(),
         );
         // The skeleton's chains and sets, from its text.
         let mut current: Option<String> = None;

@@ -46,6 +46,9 @@ pub enum Map {
     NoEndpointNodePorts,
     Backends,
     NodePortBackends,
+    ClusterIps,
+    ExternalSpread,
+    LocalBackends,
 }
 
 impl Map {
@@ -57,6 +60,9 @@ impl Map {
             Map::NoEndpointNodePorts => "no-endpoint-nodeports",
             Map::Backends => "backends",
             Map::NodePortBackends => "nodeport-backends",
+            Map::ClusterIps => "cluster-ips",
+            Map::ExternalSpread => "external-spread",
+            Map::LocalBackends => "local-backends",
         }
     }
 }
@@ -77,8 +83,9 @@ pub struct Part {
     /// This node's endpoint IPs (and those of no known node), for the hairpin set: a
     /// connection an endpoint makes to itself starts on the endpoint's node.
     pub endpoint_ips: BTreeSet<Ipv4Addr>,
-    /// UDP frontends (`ClusterIP`, port) and the endpoint IPs behind them, whose stale
-    /// conntrack entries go when an endpoint does.
+    /// UDP frontends (ClusterIP or external IP, port; `0.0.0.0` and the NodePort for a
+    /// NodePort, on any address) and the endpoint IPs behind them, whose stale conntrack
+    /// entries go when an endpoint does.
     pub udp_frontends: BTreeMap<(Ipv4Addr, u16), BTreeSet<Ipv4Addr>>,
 }
 
@@ -184,6 +191,17 @@ pub fn render_service(
             .clamp(1, 86400) as u32
     });
     let node_port_type = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
+    let external_ips: BTreeSet<Ipv4Addr> = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .filter_map(|ip| ip.parse::<Ipv4Addr>().ok())
+        .filter(|ip| *ip != cluster_ip && !ip.is_unspecified())
+        .collect();
+    // An allocated ClusterIP: a new connection to a port none of its Service serves is
+    // refused (`cluster-ips-check`), as kube-proxy does.
+    part.elements
+        .insert((Map::ClusterIps, cluster_ip.to_string()), String::new());
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
 
@@ -303,6 +321,74 @@ pub fn render_service(
             }
         }
 
+        // eTP Cluster masquerades every external connection; Local keeps the client's
+        // address, except the node's own (whose replies would not come back).
+        let masquerade = if external_local {
+            "fib saddr type local jump mark-for-masquerade"
+        } else {
+            "jump mark-for-masquerade"
+        };
+        let external = if external_local { &local } else { &cluster };
+
+        // External IPs: frontends of `service-ips` as the ClusterIP, by the external
+        // policy (kube-proxy's `external-…` chain): Cluster goes to `external-cluster`
+        // (masquerade, then `external-spread`); Local to `external-local-L`, where pods
+        // and the node itself follow `external-spread` (the Cluster policy, as through a
+        // load balancer) and everyone else the L local endpoints.
+        for ip in &external_ips {
+            let frontend = format!("{ip} . {proto} . {service_port}");
+            if cluster.is_empty() {
+                part.elements.insert(
+                    (Map::NoEndpointServices, frontend.clone()),
+                    "goto reject-chain".into(),
+                );
+                continue;
+            }
+            if external.is_empty() {
+                // What the short-circuits of `external-local-0` did not DNAT.
+                part.elements
+                    .insert((Map::NoEndpointServices, frontend.clone()), "drop".into());
+            }
+            if affinity.is_some() {
+                // The NodePort's shape: a chain of its own with the external endpoints.
+                if external.is_empty() {
+                    continue;
+                }
+                let chain = hashed("external", &base);
+                part.chains.entry(chain.clone()).or_insert_with(|| {
+                    affinity_rules(proto, &[masquerade], external, &affinity_set)
+                });
+                part.elements
+                    .insert((Map::ServiceIps, frontend.clone()), format!("goto {chain}"));
+            } else {
+                let spread = format!("spread-{}", cluster.len());
+                part.shared_chains.insert(spread.clone());
+                place(&mut part, previous, Map::Backends, &frontend, &cluster);
+                part.elements.insert(
+                    (Map::ExternalSpread, frontend.clone()),
+                    format!("goto {spread}"),
+                );
+                let target = if external_local {
+                    let chain = format!("external-local-{}", local.len());
+                    part.shared_chains.insert(chain.clone());
+                    place(&mut part, previous, Map::LocalBackends, &frontend, &local);
+                    chain
+                } else {
+                    "external-cluster".to_owned()
+                };
+                part.elements.insert(
+                    (Map::ServiceIps, frontend.clone()),
+                    format!("goto {target}"),
+                );
+            }
+            part.endpoint_ips
+                .extend(cluster.iter().filter(|e| e.local).map(|e| e.ip));
+            if proto == "udp" {
+                part.udp_frontends
+                    .insert((*ip, service_port), cluster.iter().map(|e| e.ip).collect());
+            }
+        }
+
         // The NodePort.
         let Some(node_port) = port
             .node_port
@@ -312,7 +398,6 @@ pub fn render_service(
             continue;
         };
         let frontend = format!("{proto} . {node_port}");
-        let external = if external_local { &local } else { &cluster };
         if cluster.is_empty() {
             part.elements.insert(
                 (Map::NoEndpointNodePorts, frontend.clone()),
@@ -325,13 +410,6 @@ pub fn render_service(
                 .insert((Map::NoEndpointNodePorts, frontend.clone()), "drop".into());
             continue;
         }
-        // eTP Cluster masquerades every NodePort connection; Local keeps the client's
-        // address, except the node's own (whose replies would not come back).
-        let masquerade = if external_local {
-            "fib saddr type local jump mark-for-masquerade"
-        } else {
-            "jump mark-for-masquerade"
-        };
         let n = external.len();
         let target = match affinity {
             Some(_) => {
@@ -365,6 +443,13 @@ pub fn render_service(
         );
         part.endpoint_ips
             .extend(external.iter().filter(|e| e.local).map(|e| e.ip));
+        if proto == "udp" {
+            // On every address: kube-proxy's ClearEntriesForPortNAT.
+            part.udp_frontends.insert(
+                (Ipv4Addr::UNSPECIFIED, node_port),
+                external.iter().map(|e| e.ip).collect(),
+            );
+        }
     }
     part
 }
@@ -438,18 +523,46 @@ fn affinity_rules(
 /// adds one; a frontend with more endpoints than this is written by a full sync.
 pub const PRESET_ENDPOINTS: usize = 128;
 
-/// The shared chains of [`PRESET_ENDPOINTS`].
+/// The shared chains of [`PRESET_ENDPOINTS`] (and `external-local-0`, for external IPs
+/// of a `Local` policy without a local endpoint).
 pub fn preset_shared_chains() -> impl Iterator<Item = String> {
-    (1..=PRESET_ENDPOINTS).flat_map(|n| {
-        ["spread", "nodeport-cluster", "nodeport-local"].map(|kind| format!("{kind}-{n}"))
-    })
+    std::iter::once("external-local-0".to_owned()).chain((1..=PRESET_ENDPOINTS).flat_map(|n| {
+        [
+            "spread",
+            "nodeport-cluster",
+            "nodeport-local",
+            "external-local",
+        ]
+        .map(|kind| format!("{kind}-{n}"))
+    }))
 }
 
 /// The rules of a shared chain named by [`render_service`].
 pub fn shared_chain_rules(name: &str) -> Option<Vec<String>> {
     let (kind, n) = name.rsplit_once('-')?;
-    let n: usize = n.parse().ok().filter(|n| *n > 0)?;
+    let n: usize = n.parse().ok()?;
     let pick = format!("jhash ip saddr . th sport mod {n} seed {HASH_SEED:#x}");
+    if kind == "external-local" {
+        // Pods and the node itself follow the Cluster policy (kube-proxy's
+        // short-circuits); the node's connections are masqueraded, as their source is
+        // the external IP's own route's.
+        let mut rules = vec![
+            "ip saddr @cluster-cidrs ip daddr . meta l4proto . th dport vmap @external-spread"
+                .to_owned(),
+            "fib saddr type local jump mark-for-masquerade".to_owned(),
+            "fib saddr type local ip daddr . meta l4proto . th dport vmap @external-spread"
+                .to_owned(),
+        ];
+        if n > 0 {
+            rules.push(format!(
+                "dnat ip addr . port to ip daddr . meta l4proto . th dport . {pick} map @local-backends"
+            ));
+        }
+        return Some(rules);
+    }
+    if n == 0 {
+        return None;
+    }
     Some(match kind {
         "spread" => vec![format!(
             "dnat ip addr . port to ip daddr . meta l4proto . th dport . {pick} map @backends"
@@ -472,10 +585,20 @@ pub fn shared_chain_rules(name: &str) -> Option<Vec<String>> {
 
 /// The table's fixed part: base chains, the chains they jump to, and the maps' and sets'
 /// declarations, as one `table` block.
-pub fn skeleton(table: &str, node_ips: &[Ipv4Addr], cluster_cidrs: &[String]) -> String {
+/// `service_cidrs`: the ranges ClusterIPs come from; a new connection to an address in
+/// them that no Service holds is dropped (empty: not known, nothing dropped).
+pub fn skeleton(
+    table: &str,
+    node_ips: &[Ipv4Addr],
+    cluster_cidrs: &[String],
+    service_cidrs: &[String],
+) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "table ip {table} {{");
-    if !cluster_cidrs.is_empty() {
+    // Declared even when empty: `external-local-N` matches pods with it.
+    if cluster_cidrs.is_empty() {
+        t.push_str("  set cluster-cidrs { type ipv4_addr; flags interval; }\n");
+    } else {
         let _ = writeln!(
             t,
             "  set cluster-cidrs {{ type ipv4_addr; flags interval; elements = {{ {} }}; }}",
@@ -496,12 +619,15 @@ pub fn skeleton(table: &str, node_ips: &[Ipv4Addr], cluster_cidrs: &[String]) ->
     // check to the rules that DNAT through the map, which would leave UDP untranslated.
     t.push_str(
         "  set hairpin { type ipv4_addr . ipv4_addr; }
+  set cluster-ips { type ipv4_addr; }
   map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }
+  map external-spread { type ipv4_addr . inet_proto . inet_service : verdict; }
   map service-nodeports { type inet_proto . inet_service : verdict; }
   map no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict; }
   map no-endpoint-nodeports { type inet_proto . inet_service : verdict; }
   map backends { typeof ip daddr . meta l4proto . tcp dport . numgen random mod 2 : ip daddr . th dport; }
   map nodeport-backends { typeof meta l4proto . tcp dport . numgen random mod 2 : ip daddr . th dport; }
+  map local-backends { typeof ip daddr . meta l4proto . tcp dport . numgen random mod 2 : ip daddr . th dport; }
   chain reject-chain {
     meta l4proto tcp reject with tcp reset
     reject
@@ -523,7 +649,10 @@ pub fn skeleton(table: &str, node_ips: &[Ipv4Addr], cluster_cidrs: &[String]) ->
     };
     t.push_str("  chain services {\n");
     if !cluster_cidrs.is_empty() {
-        t.push_str("    ip saddr != @cluster-cidrs ip daddr . meta l4proto . th dport @service-ips jump mark-for-masquerade\n");
+        // ClusterIPs only: an external IP's chain decides for itself.
+        t.push_str(
+            "    ip saddr != @cluster-cidrs ip daddr @cluster-ips jump mark-for-masquerade\n",
+        );
     }
     t.push_str("    ip daddr . meta l4proto . th dport vmap @service-ips\n");
     let _ = writeln!(
@@ -531,7 +660,11 @@ pub fn skeleton(table: &str, node_ips: &[Ipv4Addr], cluster_cidrs: &[String]) ->
         "    {nodeport_match} meta l4proto . th dport vmap @service-nodeports\n  }}"
     );
     t.push_str(
-        "  chain service-endpoints-check {
+        "  chain external-cluster {
+    jump mark-for-masquerade
+    ip daddr . meta l4proto . th dport vmap @external-spread
+  }
+  chain service-endpoints-check {
     ip daddr . meta l4proto . th dport vmap @no-endpoint-services
   }
 ",
@@ -540,6 +673,18 @@ pub fn skeleton(table: &str, node_ips: &[Ipv4Addr], cluster_cidrs: &[String]) ->
         t,
         "  chain nodeport-endpoints-check {{\n    {nodeport_match} meta l4proto . th dport vmap @no-endpoint-nodeports\n  }}"
     );
+    // After DNAT (the forward hook, and output past dstnat): what still goes to a
+    // ClusterIP matched none of its ports; kube-proxy's `cluster-ips-check`. The node's
+    // own addresses (the kube-dns ClusterIP the DNS server answers on) are left alone.
+    t.push_str("  chain cluster-ips-check {\n    ip daddr @cluster-ips goto reject-chain\n");
+    if !service_cidrs.is_empty() {
+        let _ = writeln!(
+            t,
+            "    fib daddr type local return\n    ip daddr {{ {} }} drop",
+            service_cidrs.join(", ")
+        );
+    }
+    t.push_str("  }\n");
     t.push_str(
         "  chain filter-input {
     type filter hook input priority -110;
@@ -549,10 +694,15 @@ pub fn skeleton(table: &str, node_ips: &[Ipv4Addr], cluster_cidrs: &[String]) ->
   chain filter-forward {
     type filter hook forward priority -110;
     ct state new jump service-endpoints-check
+    ct state new jump cluster-ips-check
   }
   chain filter-output {
     type filter hook output priority -110;
     ct state new jump service-endpoints-check
+  }
+  chain filter-output-post-dnat {
+    type filter hook output priority -90;
+    ct state new jump cluster-ips-check
   }
   chain nat-prerouting {
     type nat hook prerouting priority dstnat;
@@ -580,11 +730,14 @@ pub const FIXED_CHAINS: &[&str] = &[
     "mark-for-masquerade",
     "masquerading",
     "services",
+    "external-cluster",
     "service-endpoints-check",
     "nodeport-endpoints-check",
+    "cluster-ips-check",
     "filter-input",
     "filter-forward",
     "filter-output",
+    "filter-output-post-dnat",
     "nat-prerouting",
     "nat-output",
     "nat-postrouting",
@@ -596,13 +749,14 @@ pub fn full_text(
     table: &str,
     node_ips: &[Ipv4Addr],
     cluster_cidrs: &[String],
+    service_cidrs: &[String],
     parts: &HashMap<String, Part>,
 ) -> String {
     let mut t = String::new();
     // "add, then delete" leaves no table whatever was there: the new one replaces it in
     // the same transaction, so nothing ever sees an empty table.
     let _ = writeln!(t, "add table ip {table}\ndelete table ip {table}");
-    t.push_str(&skeleton(table, node_ips, cluster_cidrs));
+    t.push_str(&skeleton(table, node_ips, cluster_cidrs, service_cidrs));
     let mut shared: BTreeSet<String> = preset_shared_chains().collect();
     let mut sets = BTreeMap::new();
     let mut chains = BTreeMap::new();
@@ -1101,6 +1255,160 @@ pub(crate) mod tests {
             "delete element ip t backends { 10.43.0.5 . tcp . 80 . 0 }\n\
              add element ip t backends { 10.43.0.5 . tcp . 80 . 0 : 10.1.0.3 . 8080 }\n"
         );
+    }
+}
+
+#[cfg(test)]
+mod external_tests {
+    use super::tests::{service, slice};
+    use super::*;
+
+    fn el(part: &Part, map: Map) -> Vec<(String, String)> {
+        part.elements
+            .iter()
+            .filter(|((m, _), _)| *m == map)
+            .map(|((_, k), v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn config() -> RenderConfig {
+        RenderConfig {
+            node_name: "here".into(),
+            local_service_ips: vec![],
+        }
+    }
+
+    #[test]
+    fn external_ips_follow_the_external_policy() {
+        let mut svc = service("web", "10.43.0.5", &[("", 80, "TCP", None)]);
+        svc.spec.as_mut().unwrap().external_ips = Some(vec!["192.168.9.9".into()]);
+        let s = slice(
+            &[("", 8080, "TCP")],
+            &[
+                ("10.1.0.1", true, true, false, "here"),
+                ("10.1.0.2", true, true, false, "there"),
+            ],
+        );
+        let part = render_service(&svc, &[&s], &config(), None);
+        assert_eq!(
+            el(&part, Map::ServiceIps),
+            vec![
+                ("10.43.0.5 . tcp . 80".into(), "goto spread-2".into()),
+                (
+                    "192.168.9.9 . tcp . 80".into(),
+                    "goto external-cluster".into()
+                ),
+            ]
+        );
+        assert_eq!(
+            el(&part, Map::ExternalSpread),
+            vec![("192.168.9.9 . tcp . 80".into(), "goto spread-2".into())]
+        );
+        assert_eq!(
+            el(&part, Map::ClusterIps),
+            vec![("10.43.0.5".into(), String::new())]
+        );
+        assert!(
+            part.elements
+                .contains_key(&(Map::Backends, "192.168.9.9 . tcp . 80 . 1".into()))
+        );
+
+        // Local: the local endpoint for outsiders, the Cluster policy for pods.
+        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
+        let part = render_service(&svc, &[&s], &config(), None);
+        assert_eq!(
+            el(&part, Map::ServiceIps)[1],
+            (
+                "192.168.9.9 . tcp . 80".into(),
+                "goto external-local-1".into()
+            )
+        );
+        assert_eq!(
+            el(&part, Map::LocalBackends),
+            vec![(
+                "192.168.9.9 . tcp . 80 . 0".into(),
+                "10.1.0.1 . 8080".into()
+            )]
+        );
+        assert!(part.shared_chains.contains("external-local-1"));
+        assert!(el(&part, Map::NoEndpointServices).is_empty());
+
+        // No local endpoint: outsiders dropped, pods still served.
+        let there = slice(
+            &[("", 8080, "TCP")],
+            &[("10.1.0.2", true, true, false, "there")],
+        );
+        let part = render_service(&svc, &[&there], &config(), None);
+        assert_eq!(
+            el(&part, Map::NoEndpointServices),
+            vec![("192.168.9.9 . tcp . 80".into(), "drop".into())]
+        );
+        assert_eq!(
+            el(&part, Map::ServiceIps)[1].1,
+            "goto external-local-0".to_owned()
+        );
+        // No endpoint at all: refused.
+        let part = render_service(&svc, &[], &config(), None);
+        assert_eq!(
+            el(&part, Map::NoEndpointServices),
+            vec![
+                ("10.43.0.5 . tcp . 80".into(), "goto reject-chain".into()),
+                ("192.168.9.9 . tcp . 80".into(), "goto reject-chain".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn udp_node_ports_are_conntrack_frontends_on_any_address() {
+        let svc = service("dns", "10.43.0.5", &[("", 53, "UDP", Some(30053))]);
+        let s = slice(
+            &[("", 5353, "UDP")],
+            &[("10.1.0.1", true, true, false, "here")],
+        );
+        let part = render_service(&svc, &[&s], &config(), None);
+        let ep: Ipv4Addr = "10.1.0.1".parse().unwrap();
+        assert_eq!(
+            part.udp_frontends,
+            BTreeMap::from([
+                ((Ipv4Addr::UNSPECIFIED, 30053), BTreeSet::from([ep])),
+                (("10.43.0.5".parse().unwrap(), 53), BTreeSet::from([ep])),
+            ])
+        );
+    }
+
+    #[test]
+    fn the_skeleton_refuses_unserved_cluster_ip_ports_after_dnat() {
+        let t = skeleton("t", &[], &["10.244.0.0/16".into()], &[]);
+        assert!(
+            t.contains(
+                "chain cluster-ips-check {\n    ip daddr @cluster-ips goto reject-chain\n  }"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "type filter hook output priority -90;\n    ct state new jump cluster-ips-check"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "ct state new jump service-endpoints-check\n    ct state new jump cluster-ips-check"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("ip saddr != @cluster-cidrs ip daddr @cluster-ips jump mark-for-masquerade")
+        );
+        let t = skeleton("t", &[], &[], &["10.43.0.0/16".into()]);
+        assert!(
+            t.contains("fib daddr type local return\n    ip daddr { 10.43.0.0/16 } drop"),
+            "{t}"
+        );
+        assert!(t.contains("set cluster-cidrs { type ipv4_addr; flags interval; }"));
+        assert_eq!(shared_chain_rules("external-local-0").unwrap().len(), 3);
+        assert!(shared_chain_rules("external-local-2").unwrap()[3].contains("mod 2"));
+        assert!(shared_chain_rules("spread-0").is_none());
     }
 }
 
