@@ -3,8 +3,10 @@
 //! with a TCP and a UDP server), Services fed to the proxy's sync code directly.
 //! ClusterIP and NodePort spread over both endpoints, session affinity keeps one,
 //! a Service without endpoints refuses at once, an endpoint reaches itself through its
-//! Service (hairpin), a deleted chain comes back at the next check, and a restarted
-//! proxy rewrites the table with no moment without rules.
+//! Service (hairpin), a ClusterIP refuses a port it does not serve, external IPs serve a
+//! client of a third namespace ("outside" the cluster) by their traffic policy, a
+//! deleted chain comes back at the next check, and a restarted proxy rewrites the table
+//! with no moment without rules.
 
 #![allow(clippy::unwrap_used)]
 
@@ -25,6 +27,13 @@ use trellis_proxy::{Proxier, ProxyConfig, in_new_netns};
 const NODE: &str = "10.244.115.1";
 const POD_A: &str = "10.244.115.2";
 const POD_B: &str = "10.244.115.3";
+/// A client outside the cluster's pod range (`10.244.115.0/25`), in a namespace of its
+/// own routed through the node.
+const OUTSIDE: &str = "10.244.115.253";
+const OUTSIDE_GW: &str = "10.244.115.254";
+/// External IPs, routed to the node (outside the pods' /25).
+const EXTERNAL: &str = "10.244.115.200";
+const EXTERNAL_LOCAL: &str = "10.244.115.201";
 const TABLE: &str = "trellis-proxy-test";
 
 /// The namespace of the pods, by name (the node's goes with its thread).
@@ -137,6 +146,10 @@ fn service(name: &str, ip: &str, node_port: Option<i32>, affinity: bool) -> Serv
 }
 
 fn slice(ips: &[&str]) -> EndpointSlice {
+    slice_on(ips, "node")
+}
+
+fn slice_on(ips: &[&str], node: &str) -> EndpointSlice {
     EndpointSlice {
         metadata: ObjectMeta::default(),
         address_type: "IPv4".into(),
@@ -163,7 +176,7 @@ fn slice(ips: &[&str]) -> EndpointSlice {
                     serving: Some(true),
                     terminating: Some(false),
                 }),
-                node_name: Some("node".into()),
+                node_name: Some(node.into()),
                 ..Default::default()
             })
             .collect(),
@@ -194,13 +207,54 @@ fn feed(proxier: &mut Proxier) {
         Some(&service("self", "10.43.115.13", None, false)),
         &[&only_a],
     );
+    let mut ext = service("ext", "10.43.115.14", None, false);
+    ext.spec.as_mut().unwrap().external_ips = Some(vec![EXTERNAL.into()]);
+    proxier.update("test/ext", Some(&ext), &[&both]);
+    // Local: only A is on this node.
+    let mut ext_local = service("ext-local", "10.43.115.15", None, false);
+    let spec = ext_local.spec.as_mut().unwrap();
+    spec.external_ips = Some(vec![EXTERNAL_LOCAL.into()]);
+    spec.external_traffic_policy = Some("Local".into());
+    proxier.update(
+        "test/ext-local",
+        Some(&ext_local),
+        &[&only_a, &slice_on(&[POD_B], "elsewhere")],
+    );
 }
 
 fn config() -> ProxyConfig {
     let mut config = ProxyConfig::new("node", vec![NODE.parse().unwrap()]);
     config.table = TABLE.into();
-    config.cluster_cidrs = vec!["10.244.115.0/24".into()];
+    config.cluster_cidrs = vec!["10.244.115.0/25".into()];
+    config.service_cidrs = vec!["10.43.0.0/16".into()];
     config
+}
+
+/// `ask` from a thread in namespace `ns`.
+fn ask_from(ns: &str, to: &'static str) -> anyhow::Result<String> {
+    in_pods(ns, move || Ok(ask(to)?))
+        .join()
+        .map_err(|_| anyhow::anyhow!("a thread panicked"))?
+}
+
+/// Asserts that a new connection to `to` from namespace `ns` (`None`: the node) is
+/// refused at once.
+fn assert_refused(ns: Option<&str>, to: &'static str) {
+    let started = Instant::now();
+    let result = match ns {
+        Some(ns) => in_pods(ns, move || Ok(ask(to))).join().unwrap().unwrap(),
+        None => ask(to),
+    };
+    let refused = result.unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "{to} from {ns:?}: {refused}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{to} refused at once"
+    );
 }
 
 #[test]
@@ -215,6 +269,9 @@ fn service_traffic_through_the_table() {
     let pods = PodsNs(format!("tp115-{}", std::process::id()));
     run(&["ip", "netns", "add", &pods.0]).unwrap();
     let ns = pods.0.clone();
+    let outside = PodsNs(format!("to115-{}", std::process::id()));
+    run(&["ip", "netns", "add", &outside.0]).unwrap();
+    let out_ns = outside.0.clone();
     in_new_netns(async move || {
         // The node: the veth to the pods, forwarding, a route to the Service range.
         run(&["ip", "link", "set", "lo", "up"])?;
@@ -225,15 +282,57 @@ fn service_traffic_through_the_table() {
         run(&["ip", "link", "set", "tp115n", "up"])?;
         run(&["ip", "route", "add", "10.43.0.0/16", "dev", "tp115n"])?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
-        for args in [
-            vec!["ip", "link", "set", "lo", "up"],
-            vec!["ip", "addr", "add", "10.244.115.2/24", "dev", "tp115p"],
-            vec!["ip", "addr", "add", "10.244.115.3/24", "dev", "tp115p"],
-            vec!["ip", "link", "set", "tp115p", "up"],
-            vec!["ip", "route", "add", "default", "via", NODE],
+        // The outside client's link: /32s, so that nothing else of the /24 goes there.
+        run(&[
+            "ip", "link", "add", "tp115x", "type", "veth", "peer", "name", "tp115o", "netns",
+            &out_ns,
+        ])?;
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{OUTSIDE_GW}/32"),
+            "dev",
+            "tp115x",
+        ])?;
+        run(&["ip", "link", "set", "tp115x", "up"])?;
+        run(&[
+            "ip",
+            "route",
+            "add",
+            &format!("{OUTSIDE}/32"),
+            "dev",
+            "tp115x",
+        ])?;
+        for (ns, args) in [
+            (&ns, vec!["ip", "link", "set", "lo", "up"]),
+            // A /25: the external IPs and the outside client are reached through the node.
+            (
+                &ns,
+                vec!["ip", "addr", "add", "10.244.115.2/25", "dev", "tp115p"],
+            ),
+            (
+                &ns,
+                vec!["ip", "addr", "add", "10.244.115.3/25", "dev", "tp115p"],
+            ),
+            (&ns, vec!["ip", "link", "set", "tp115p", "up"]),
+            (&ns, vec!["ip", "route", "add", "default", "via", NODE]),
+            (
+                &out_ns,
+                vec!["ip", "addr", "add", "10.244.115.253/32", "dev", "tp115o"],
+            ),
+            (&out_ns, vec!["ip", "link", "set", "tp115o", "up"]),
+            (
+                &out_ns,
+                vec!["ip", "route", "add", "10.244.115.254/32", "dev", "tp115o"],
+            ),
+            (
+                &out_ns,
+                vec!["ip", "route", "add", "default", "via", "10.244.115.254"],
+            ),
         ] {
             let args: Vec<String> = args.into_iter().map(String::from).collect();
-            in_pods(&ns, move || {
+            in_pods(ns, move || {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 run(&args)
             })
@@ -298,6 +397,39 @@ fn service_traffic_through_the_table() {
                 "refused at once"
             );
         }
+
+        // A ClusterIP on a port none of its Service's ports serves: refused at once, from
+        // the node (output) and from a pod (forward).
+        assert_refused(None, "10.43.115.10:81");
+        assert_refused(Some(&ns), "10.43.115.10:81");
+
+        // External IPs, from outside: Cluster spreads over both endpoints, masqueraded
+        // to the node; Local keeps the client's address and this node's endpoint.
+        let mut seen = BTreeSet::new();
+        for _ in 0..40 {
+            let answer = ask_from(&out_ns, "10.244.115.200:80")?;
+            let (endpoint, peer) = answer.split_once(' ').unwrap_or_default();
+            assert_eq!(peer, NODE, "eTP Cluster masquerades: {answer}");
+            seen.insert(endpoint.to_owned());
+            if seen.len() == 2 {
+                break;
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            2,
+            "the external IP reaches both endpoints: {seen:?}"
+        );
+        for _ in 0..4 {
+            assert_eq!(
+                ask_from(&out_ns, "10.244.115.201:80")?,
+                format!("{POD_A} {OUTSIDE}"),
+                "eTP Local: the local endpoint, the client's own address"
+            );
+        }
+        // The node itself follows the Cluster policy, masqueraded.
+        let answer = ask("10.244.115.201:80")?;
+        assert!(answer.ends_with(&format!(" {NODE}")), "{answer}");
 
         // Hairpin: pod A reaches itself through its Service, masqueraded to the node.
         let hairpin = || {

@@ -706,6 +706,35 @@ mod tests {
     }
 
     #[test]
+    fn a_gone_udp_endpoint_flushes_its_cluster_ip_and_node_port_entries() {
+        let mut proxier = Proxier::new(ProxyConfig::new("here", vec![]));
+        let dns = service("dns", "10.43.0.5", &[("", 53, "UDP", Some(30053))]);
+        let ports = [("", 5353, "UDP")];
+        let two = slice(
+            &ports,
+            &[
+                ("10.244.1.1", true, true, false, "here"),
+                ("10.244.1.2", true, true, false, "here"),
+            ],
+        );
+        proxier.update("ns/dns", Some(&dns), &[&two]);
+        let any = Ipv4Addr::UNSPECIFIED;
+        let cluster_ip: Ipv4Addr = "10.43.0.5".parse().unwrap();
+        // The first endpoints: what was sent while there was none goes.
+        assert_eq!(
+            BTreeSet::from_iter(proxier.udp_gone.drain(..)),
+            BTreeSet::from([(any, 30053, None), (cluster_ip, 53, None)])
+        );
+        let one = slice(&ports, &[("10.244.1.2", true, true, false, "here")]);
+        proxier.update("ns/dns", Some(&dns), &[&one]);
+        let gone = Some("10.244.1.1".parse().unwrap());
+        assert_eq!(
+            BTreeSet::from_iter(proxier.udp_gone.drain(..)),
+            BTreeSet::from([(any, 30053, gone), (cluster_ip, 53, gone)])
+        );
+    }
+
+    #[test]
     fn the_kernel_takes_a_full_sync_changes_and_a_repair() {
         if !root()
             || std::process::Command::new("nft")
