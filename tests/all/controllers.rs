@@ -929,6 +929,197 @@ async fn the_built_in_workload_controllers_and_garbage_collector_behave_as_kuber
     Ok(())
 }
 
+/// The replication manager (the ReplicaSet controller's component configured for
+/// `v1` ReplicationControllers) and the garbage collector, driven by kubectl: the
+/// selector and labels defaulted from the template, an orphan adopted, `kubectl
+/// scale rc` up and down, `get` and `describe`, and a cascading delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_controllers_are_served_scaled_and_deleted_as_kubernetes() -> Result<()> {
+    use k8s_openapi::api::core::v1::ReplicationController;
+
+    let cluster = TestCluster::start().await?;
+    let in_process = cluster.in_process();
+    let admin = in_process.client(UserInfo::new("admin", ["system:masters"]));
+    let manager = test_manager(&in_process, 8)?;
+    let (stop, stopped) = Shutdown::new();
+    let mut running = Vec::new();
+    for builtin in trellis_controllers::bundled::select("replicationcontroller,garbage-collector")?
+    {
+        let writer = in_process.client(identity::controller(builtin.account()));
+        let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
+        running.push(
+            manager
+                .start(builtin.config(), writer, events, stopped.clone())
+                .await
+                .with_context(|| format!("start {}", builtin.name))?,
+        );
+    }
+
+    let watching = SharedInformers::new();
+    let kubelet = fake_kubelet(&watching, admin.clone());
+    let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let rcs = watching
+        .informer::<ReplicationController>(Api::all(admin.clone()), watcher::Config::default());
+    let mut changes = fan_in(vec![
+        Box::new(pods.subscribe()) as Box<dyn ChangeSource>,
+        Box::new(rcs.subscribe()),
+    ]);
+    pods.wait_synced().await;
+    rcs.wait_synced().await;
+
+    // An orphan with the template's labels, in the controller's cache before the
+    // controller exists: it is adopted instead of a third pod being made.
+    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    create(
+        &pod_api,
+        json!({"metadata": {"name": "rc-stray", "labels": {"app": "rcweb"}},
+               "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+    )
+    .await?;
+    let cache = manager.informers.informer::<DynamicObject>(
+        Api::all_with(manager.lister.clone(), &ApiResource::erase::<Pod>(&())),
+        watcher::Config::default(),
+    );
+    until(
+        &mut changes,
+        "the controller's cache holds rc-stray",
+        || Ok(cache.get("default/rc-stray").is_some()),
+    )
+    .await?;
+
+    // No selector and no labels: both come from the template's labels.
+    cluster
+        .kubectl_ok_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: v1\nkind: ReplicationController\nmetadata:\n  name: rcweb\n\
+             spec:\n  replicas: 3\n  template:\n    metadata:\n      labels:\n        app: rcweb\n\
+             \x20   spec:\n      containers:\n      - name: web\n        image: nginx\n",
+        )
+        .await?;
+    let rc_api: Api<ReplicationController> = Api::namespaced(admin.clone(), "default");
+    let rc = rc_api.get("rcweb").await?;
+    let want = std::collections::BTreeMap::from([("app".to_owned(), "rcweb".to_owned())]);
+    let spec = rc.spec.clone().context("no spec")?;
+    ensure!(
+        spec.selector.as_ref() == Some(&want) && rc.metadata.labels.as_ref() == Some(&want),
+        "selector {:?} and labels {:?} not defaulted from the template",
+        spec.selector,
+        rc.metadata.labels
+    );
+    let uid = rc.metadata.uid.clone().context("no uid")?;
+    // Live pods owned by the controller, as `v1` ReplicationController.
+    let owned = || {
+        pods.list()
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.metadata.owner_references.iter().flatten().any(|o| {
+                    o.uid == uid
+                        && o.controller == Some(true)
+                        && o.kind == "ReplicationController"
+                        && o.api_version == "v1"
+                })
+            })
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    let settled = |n: i32| {
+        rcs.get("default/rcweb")
+            .and_then(|rc| rc.status.clone())
+            .is_some_and(|s| s.replicas == n && s.ready_replicas == Some(n))
+    };
+    until(
+        &mut changes,
+        "3 ready pods of rcweb, rc-stray adopted",
+        || {
+            let owned = owned();
+            Ok(settled(3) && owned.len() == 3 && owned.iter().any(|n| n == "rc-stray"))
+        },
+    )
+    .await?;
+
+    for n in [5, 1] {
+        cluster
+            .kubectl_ok(&["scale", "rc", "rcweb", &format!("--replicas={n}")])
+            .await?;
+        until(&mut changes, &format!("rcweb scaled to {n}"), || {
+            Ok(settled(n) && owned().len() == n as usize)
+        })
+        .await?;
+    }
+
+    let table = cluster
+        .kubectl_ok(&["get", "rc", "rcweb", "-o", "wide"])
+        .await?;
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    ensure!(
+        header
+            == [
+                "NAME",
+                "DESIRED",
+                "CURRENT",
+                "READY",
+                "AGE",
+                "CONTAINERS",
+                "IMAGES",
+                "SELECTOR"
+            ],
+        "kubectl get rc -o wide:\n{table}"
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    ensure!(
+        row.len() == 8
+            && row[..4] == ["rcweb", "1", "1", "1"]
+            && row[5..] == ["web", "nginx", "app=rcweb"],
+        "kubectl get rc -o wide:\n{table}"
+    );
+    let all = cluster.kubectl_ok(&["get", "all"]).await?;
+    ensure!(
+        all.contains("replicationcontroller/rcweb"),
+        "kubectl get all:\n{all}"
+    );
+    let described = cluster.kubectl_ok(&["describe", "rc", "rcweb"]).await?;
+    ensure!(
+        described.contains("app=rcweb")
+            && described.contains("1 current / 1 desired")
+            && described.contains("SuccessfulDelete"),
+        "kubectl describe rc:\n{described}"
+    );
+
+    // Background deletion: the controller goes at once, the garbage collector takes
+    // its pods.
+    cluster.kubectl_ok(&["delete", "rc", "rcweb"]).await?;
+    until(&mut changes, "rcweb and its pods gone", || {
+        Ok(rcs.get("default/rcweb").is_none()
+            && !pods.list().iter().any(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app"))
+                    .map(String::as_str)
+                    == Some("rcweb")
+            }))
+    })
+    .await?;
+
+    let _ = kubelet.send(());
+    stop.stop();
+    for r in running.drain(..) {
+        r.stop().await;
+    }
+    Ok(())
+}
+
 /// Issue 27: a Plugin named after a built-in controller stopped the built-in before
 /// it loaded, so one whose module could not load left ReplicaSets with no controller,
 /// and deleting it never started the built-in again (until another controller

@@ -1179,6 +1179,44 @@ mod tests {
     }
 
     #[test]
+    fn replication_controllers_default_from_the_template_and_refuse_a_selector_it_misses() {
+        let rc = |edit: fn(&mut Value)| {
+            let mut v = json!({"metadata": {"name": "web"}, "spec": {
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}});
+            edit(&mut v);
+            v
+        };
+        let mut defaulted = obj(rc(|_| {}));
+        default_and_validate(&res("replicationcontrollers"), &mut defaulted, None).unwrap();
+        assert_eq!(defaulted["spec"]["replicas"], 1);
+        assert_eq!(defaulted["spec"]["selector"], json!({"app": "web"}));
+        assert_eq!(defaulted["metadata"]["labels"], json!({"app": "web"}));
+        // Labels of its own are kept.
+        let mut labelled = obj(rc(|v| v["metadata"]["labels"] = json!({"team": "a"})));
+        default_and_validate(&res("replicationcontrollers"), &mut labelled, None).unwrap();
+        assert_eq!(labelled["metadata"]["labels"], json!({"team": "a"}));
+        let cases: Vec<(Value, &[&str])> = vec![
+            (
+                rc(|v| v["spec"]["selector"] = json!({"app": "api"})),
+                &["spec.template.metadata.labels"],
+            ),
+            (
+                rc(|v| v["spec"]["replicas"] = json!(-1)),
+                &["spec.replicas"],
+            ),
+            (
+                rc(|v| v["spec"]["template"]["metadata"] = json!({})),
+                &["spec.selector"],
+            ),
+        ];
+        for (i, (v, fields)) in cases.into_iter().enumerate() {
+            let (got, message) = causes_of("replicationcontrollers", v, None);
+            assert_eq!(got, fields, "case {i}: {message}");
+        }
+    }
+
+    #[test]
     fn secrets_fold_string_data() {
         let mut s = obj(json!({"metadata": {"name": "s"}, "stringData": {"user": "admin"}}));
         default_and_validate(&res("secrets"), &mut s, None).unwrap();
