@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use trellis_agent::AgentConfig;
 use trellis_api::{Shutdown, UserInfo};
@@ -157,6 +157,34 @@ async fn a_running_pods_projected_token_is_replaced_before_it_expires() -> Resul
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     ensure!(names == ["token"], "{names:?}");
+
+    // The pod goes: its token is no longer kept (asked for at the next round, within
+    // the 0.6 s between refreshes; looked at every 50 ms for up to 5 s).
+    let agent_root = std::path::absolute(root.join("agent"))?;
+    ensure!(
+        trellis_agent::tokens::tracked(&agent_root) == [file.clone()],
+        "{:?}",
+        trellis_agent::tokens::tracked(&agent_root)
+    );
+    pods.delete("reader", &DeleteParams::default().grace_period(0))
+        .await?;
+    let gone = kube::runtime::wait::await_condition(
+        pods.clone(),
+        "reader",
+        kube::runtime::wait::conditions::is_deleted(&uid),
+    );
+    tokio::time::timeout(Duration::from_secs(30), gone)
+        .await
+        .context("the pod was not deleted")??;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !trellis_agent::tokens::tracked(&agent_root).is_empty() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "still kept after the pod went: {:?}",
+            trellis_agent::tokens::tracked(&agent_root)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     stop.stop();
     agent.await??;

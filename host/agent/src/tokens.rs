@@ -31,16 +31,31 @@ struct Tracked {
     due: Instant,
 }
 
-/// The files being kept fresh, by path, and a wake-up for the node's refresher when
-/// one is added. Keyed by the file's path, which lies under its node's root: many
-/// nodes of one process (hollow nodes, tests) share the map, each refreshing its own.
+/// One node's files being kept fresh, by path, and a wake-up for its refresher when
+/// one is added.
 #[derive(Default)]
-struct Registry {
+struct NodeFiles {
     files: Mutex<HashMap<PathBuf, Tracked>>,
     added: Notify,
 }
 
-static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
+/// Each node's files by its pods' directory (`ROOT/pods`): many nodes of one process
+/// (hollow nodes, tests) each refresh only their own, and the spec code that writes a
+/// token reaches the refresher without a handle of its own in the agent's context.
+static NODES: LazyLock<Mutex<HashMap<PathBuf, Arc<NodeFiles>>>> = LazyLock::new(Default::default);
+
+fn node(pods: &Path) -> Arc<NodeFiles> {
+    NODES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(pods.to_owned())
+        .or_default()
+        .clone()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A token as a TokenRequest answered it.
 #[derive(Debug, Clone)]
@@ -88,12 +103,17 @@ pub fn track(
         source: source.clone(),
         due: Instant::now() + after,
     };
-    REGISTRY
-        .files
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(path.to_owned(), tracked);
-    REGISTRY.added.notify_waiters();
+    let node = node(&ctx.config.root.join("pods"));
+    lock(&node.files).insert(path.to_owned(), tracked);
+    node.added.notify_waiters();
+}
+
+/// The token files kept fresh under `root` (a node's [`crate::AgentConfig::root`]).
+pub fn tracked(root: &Path) -> Vec<PathBuf> {
+    let Some(node) = lock(&NODES).get(&root.join("pods")).cloned() else {
+        return Vec::new();
+    };
+    lock(&node.files).keys().cloned().collect()
 }
 
 /// Writes `content` to `target` whole: under another name in the same directory, then
@@ -107,17 +127,18 @@ pub fn write_whole(target: &Path, content: &[u8]) -> std::io::Result<()> {
 /// Refreshes this node's tracked tokens as they come due, until `stopped`.
 pub async fn run(ctx: Arc<Context>, stopped: Shutdown) {
     let pods = ctx.config.root.join("pods");
+    let node = node(&pods);
     loop {
         // Asked before the map is read, so an addition while refreshing wakes the wait.
-        let added = REGISTRY.added.notified();
+        let added = node.added.notified();
         tokio::pin!(added);
         added.as_mut().enable();
         let now = Instant::now();
         let (due, next) = {
-            let mut files = REGISTRY.files.lock().unwrap_or_else(|e| e.into_inner());
+            let mut files = lock(&node.files);
             // A file whose pod was torn down (its directory removed) is not kept.
-            files.retain(|path, _| !path.starts_with(&pods) || path.exists());
-            let mine = files.iter().filter(|(path, _)| path.starts_with(&pods));
+            files.retain(|path, _| path.exists());
+            let mine = files.iter();
             let due: Vec<(PathBuf, Pod, ServiceAccountTokenProjection)> = mine
                 .clone()
                 .filter(|(_, t)| t.due <= now)
@@ -135,8 +156,7 @@ pub async fn run(ctx: Arc<Context>, stopped: Shutdown) {
                 }
                 Err(e) => {
                     warn!(file = %path.display(), error = %e.0, "refresh a projected token");
-                    let mut files = REGISTRY.files.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(t) = files.get_mut(&path) {
+                    if let Some(t) = lock(&node.files).get_mut(&path) {
                         t.due = Instant::now() + ctx.config.token_retry;
                     }
                 }
@@ -155,11 +175,7 @@ pub async fn run(ctx: Arc<Context>, stopped: Shutdown) {
         }
     }
     // Stopped: this node's files are no longer kept.
-    REGISTRY
-        .files
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|path, _| !path.starts_with(&pods));
+    lock(&NODES).remove(&pods);
 }
 
 async fn refresh(
