@@ -1006,6 +1006,20 @@ async fn replication_controllers_are_served_scaled_and_deleted_as_kubernetes() -
         spec.selector,
         rc.metadata.labels
     );
+    // Its scale names the selector (a plain map read as matchLabels), as an
+    // autoscaler reads it.
+    let scale = cluster
+        .kubectl_ok(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/replicationcontrollers/rcweb/scale",
+        ])
+        .await?;
+    let scale: serde_json::Value = serde_json::from_str(&scale)?;
+    ensure!(
+        scale["status"]["selector"] == "app=rcweb",
+        "the scale's selector: {scale}"
+    );
     let uid = rc.metadata.uid.clone().context("no uid")?;
     // Live pods owned by the controller, as `v1` ReplicationController.
     let owned = || {

@@ -531,12 +531,12 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
         ),
         cluster_role(
             "view",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "limitranges", "namespaces", "resourcequotas", "resourcequotas/status", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": read},
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "limitranges", "namespaces", "resourcequotas", "resourcequotas/status", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "replicationcontrollers", "replicationcontrollers/scale", "replicationcontrollers/status", "leases"], "verbs": read},
                    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets", "poddisruptionbudgets/status"], "verbs": read}]),
         ),
         cluster_role(
             "edit",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/exec", "pods/portforward", "pods/eviction", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "leases"], "verbs": ["*"]},
+            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/exec", "pods/portforward", "pods/eviction", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "replicationcontrollers", "replicationcontrollers/scale", "leases"], "verbs": ["*"]},
                    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["*"]}]),
         ),
         // As Kubernetes' bootstrap roles: each component may take its own Lease only.

@@ -287,6 +287,7 @@ fn builtin_catalog() -> Catalog {
     b.listable::<core::v1::Event>();
     b.listable::<core::v1::LimitRange>();
     b.listable::<core::v1::ResourceQuota>();
+    b.listable::<core::v1::ReplicationController>();
     b.listable::<core::v1::Namespace>();
     b.listable::<core::v1::Node>();
     b.listable::<core::v1::Pod>();
