@@ -59,6 +59,8 @@
 //!   node proxy; `nodes/proxy` needed.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
+//! - `tokens`: projected ServiceAccount tokens refreshed in a running pod's volume, and
+//!   dropped when it goes.
 //! - `wasi_sockets`: a `wasi:cli` program's sockets and name lookups in its pod's
 //!   network.
 //! - `wasm_limits`: WASM containers' CPU limit and usage through the CRI.
