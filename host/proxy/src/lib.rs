@@ -778,6 +778,21 @@ mod tests {
             proxier.update("ns/web", Some(&web), &[&one]);
             proxier.update("ns/sticky", Some(&sticky), &[&one]);
             proxier.update("ns/empty", None, &[]);
+            // External IPs of both policies come as elements only.
+            for (name, ip, policy) in [
+                ("ext", "10.43.0.8", "Cluster"),
+                ("ext-local", "10.43.0.9", "Local"),
+            ] {
+                let mut ext = service(
+                    name,
+                    ip,
+                    &[("http", 80, "TCP", None), ("dns", 53, "UDP", None)],
+                );
+                let spec = ext.spec.as_mut().unwrap();
+                spec.external_ips = Some(vec![ip.replace("10.43", "192.168")]);
+                spec.external_traffic_policy = Some(policy.into());
+                proxier.update(&format!("ns/{name}"), Some(&ext), &[&one]);
+            }
             let text = proxier.sync_text().unwrap();
             assert!(
                 !text.contains("delete table"),

@@ -762,11 +762,17 @@ pub fn full_text(
     let mut chains = BTreeMap::new();
     let mut elements: BTreeMap<Map, Vec<String>> = BTreeMap::new();
     let mut hairpin = BTreeSet::new();
+    let mut keys = std::collections::HashSet::new();
     for part in parts.values() {
         shared.extend(part.shared_chains.iter().cloned());
         sets.extend(part.sets.iter().map(|(k, v)| (k.clone(), *v)));
         chains.extend(part.chains.iter().map(|(k, v)| (k.clone(), v.clone())));
         for ((map, key), value) in &part.elements {
+            // Two Services may claim one external IP and port (the API allows it): one
+            // of them is served, rather than the whole transaction failing.
+            if !keys.insert((*map, key.as_str())) {
+                continue;
+            }
             let elements = elements.entry(*map).or_default();
             elements.push(element(*map, key, value));
         }
@@ -1356,6 +1362,30 @@ mod external_tests {
                 ("192.168.9.9 . tcp . 80".into(), "goto reject-chain".into()),
             ]
         );
+    }
+
+    #[test]
+    fn two_services_claiming_one_external_ip_and_port_leave_one_element() {
+        let s = slice(
+            &[("", 8080, "TCP")],
+            &[("10.1.0.1", true, true, false, "here")],
+        );
+        let mut parts = HashMap::new();
+        for (name, ip) in [("a", "10.43.0.5"), ("b", "10.43.0.6")] {
+            let mut svc = service(name, ip, &[("", 80, "TCP", None)]);
+            svc.spec.as_mut().unwrap().external_ips = Some(vec!["192.168.9.9".into()]);
+            parts.insert(
+                name.to_owned(),
+                render_service(&svc, &[&s], &config(), None),
+            );
+        }
+        let text = full_text("t", &[], &[], &[], &parts);
+        assert_eq!(
+            text.matches("192.168.9.9 . tcp . 80 : goto external-cluster")
+                .count(),
+            1
+        );
+        assert_eq!(text.matches("192.168.9.9 . tcp . 80 . 0 :").count(), 1);
     }
 
     #[test]
