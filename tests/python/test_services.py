@@ -13,6 +13,7 @@ import ipaddress
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,13 @@ def test_expose_a_deployment_and_reach_it_by_name(up):
     assert done["client"].status.phase == "Succeeded", log
     assert log.splitlines()[-1].startswith("web-"), log
     kubectl(data_dir, "delete", "pod", "client", "--wait=false")
+
+    # The node's proxy knows the service range `trellis up` allocates from: a new
+    # connection to an address in it that no Service holds is dropped there (the
+    # proxy's own test sends such traffic, in a namespace of its own).
+    check = subprocess.run(["nft", "list", "chain", "ip", "trellis-proxy", "cluster-ips-check"],
+                           capture_output=True, text=True)
+    assert "10.43.0.0/16" in check.stdout, check
 
 
 def test_a_nodeport_service_and_a_taken_nodeport(up):

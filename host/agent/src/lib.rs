@@ -102,6 +102,11 @@ pub struct AgentConfig {
     /// The cluster's pod CIDRs (the controller manager's `--cluster-cidr`): pod traffic
     /// to elsewhere is masqueraded. Empty: the podCIDRs of the Nodes there are.
     pub cluster_cidrs: Vec<String>,
+    /// The cluster's Service CIDRs (the API server's `--service-cluster-ip-range`): the
+    /// proxy drops connections to addresses in them that no Service holds, and the DNS
+    /// server answers their reverse names. Empty: the proxy drops nothing, the DNS
+    /// server takes the default range.
+    pub service_cidrs: Vec<String>,
     /// How often the routes are checked against the Nodes when no Node changed (a link
     /// that came up, a route removed by hand).
     pub route_resync: Duration,
@@ -217,6 +222,7 @@ impl AgentConfig {
             pod_network: false,
             pod_network_backend: routes::Backend::Auto,
             cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
             network_check: Duration::from_secs(5),
             route_resync: Duration::from_secs(60),
             root,

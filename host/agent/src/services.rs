@@ -78,6 +78,9 @@ pub async fn start(ctx: &Arc<Context>, stopped: Shutdown) -> anyhow::Result<Serv
                 .collect(),
         );
         dns.cluster_domain = config.cluster_domain.clone();
+        if !config.service_cidrs.is_empty() {
+            dns.service_cidrs = config.service_cidrs.clone();
+        }
         dns.upstream = upstream(config.resolv_conf.as_deref(), addresses);
         let server = trellis_dns::DnsServer::start(
             dns,
@@ -94,6 +97,7 @@ pub async fn start(ctx: &Arc<Context>, stopped: Shutdown) -> anyhow::Result<Serv
     if config.service_proxy {
         let mut proxy = trellis_proxy::ProxyConfig::new(&config.node_name, vec![config.node_ip]);
         proxy.cluster_cidrs = config.cluster_cidrs.clone();
+        proxy.service_cidrs = config.service_cidrs.clone();
         // The ClusterIP the DNS server answers on is delivered here, never DNATed.
         proxy.local_service_ips = addresses
             .iter()

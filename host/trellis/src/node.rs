@@ -309,6 +309,11 @@ pub struct NodeFlags {
 
     #[command(flatten)]
     pub cni: CniFlags,
+
+    /// The cluster's Service CIDRs: `trellis up` gives its `--service-cluster-ip-range`,
+    /// `trellis node` its flag of that name.
+    #[arg(skip)]
+    pub service_cidrs: Vec<String>,
 }
 
 /// `trellis node`: joins a cluster and runs its pods.
@@ -339,6 +344,13 @@ pub struct NodeArgs {
 
     #[command(flatten)]
     pub hollow_flags: crate::hollow::HollowFlags,
+
+    /// The cluster's Service CIDRs (the API server's `--service-cluster-ip-range`,
+    /// comma separated): the proxy drops connections to addresses in them that no
+    /// Service holds, and the node's DNS server answers their reverse names. Default:
+    /// none for the proxy, `10.43.0.0/16` for DNS.
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    pub service_cluster_ip_range: Vec<String>,
 
     #[command(flatten)]
     pub node: NodeFlags,
@@ -466,6 +478,7 @@ pub async fn run_local(
     config.pod_network = pod_network(flags);
     config.pod_network_backend = flags.pod_network_backend;
     config.cluster_cidrs = flags.pod_network_cluster_cidr.clone();
+    config.service_cidrs = flags.service_cidrs.clone();
     config.cluster_dns = flags.cluster_dns.clone();
     config.cluster_domain = flags.cluster_domain.clone();
     config.resolv_conf =
@@ -641,6 +654,8 @@ pub async fn run_node(args: NodeArgs, shutdown: impl Future<Output = ()>) -> any
     };
     let informers = SharedInformers::new();
     let data_dir = args.data_dir.clone();
+    let mut args = args;
+    args.node.service_cidrs = args.service_cluster_ip_range.clone();
     let node = tokio::spawn(async move {
         run_local(
             client,

@@ -434,6 +434,7 @@ pub async fn run(
             {
                 flags.node_local_dns_address.push(ip);
             }
+            flags.service_cidrs = vec![args.service_cluster_ip_range.to_string()];
             let stopped = stopped.clone();
             running.push(tokio::spawn(async move {
                 let ca = std::fs::read_to_string(data_dir.join("pki").join("ca.crt")).ok();
