@@ -503,7 +503,9 @@ async fn make_volume(
             if let Some(token) = &source.service_account_token {
                 check_relative(&token.path)?;
                 let issued_at = std::time::SystemTime::now();
-                let issued = service_account_token(ctx, pod, token).await?;
+                let issued = crate::tokens::service_account_token(ctx, pod, token)
+                    .await
+                    .map_err(ConfigError)?;
                 files.push((token.path.clone(), issued.token.clone().into_bytes()));
                 tokens.push((dir.join(&token.path), token, issued_at, issued));
             }
@@ -528,55 +530,6 @@ async fn make_volume(
         crate::tokens::track(ctx, &path, pod, source, issued_at, &issued);
     }
     Ok(dir.to_owned())
-}
-
-/// A token of the pod's ServiceAccount (a TokenRequest bound to the pod), as a
-/// projected `serviceAccountToken` source asks: its audience and lifetime (Kubernetes'
-/// default an hour), with its expiry, which tells when it is asked for again.
-pub(crate) async fn service_account_token(
-    ctx: &Context,
-    pod: &Pod,
-    source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
-) -> Result<crate::tokens::Issued, ConfigError> {
-    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let account = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .unwrap_or_else(|| "default".into());
-    let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(ctx.client.clone(), ns);
-    let request = serde_json::json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {
-            "audiences": source.audience.iter().cloned().collect::<Vec<_>>(),
-            "expirationSeconds": source.expiration_seconds.unwrap_or(3600),
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
-                "name": pod.metadata.name, "uid": pod.metadata.uid},
-        }
-    });
-    let answer: serde_json::Value = api
-        .create_subresource(
-            "token",
-            &account,
-            &kube::api::PostParams::default(),
-            &request,
-        )
-        .await
-        .map_err(|e| {
-            ConfigError(format!(
-                "request a token of serviceaccount {ns}/{account}: {e}"
-            ))
-        })?;
-    let token = answer["status"]["token"]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| ConfigError(format!("no token for serviceaccount {ns}/{account}")))?;
-    let expires = answer["status"]["expirationTimestamp"]
-        .as_str()
-        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-        .map(std::time::SystemTime::from);
-    Ok(crate::tokens::Issued { token, expires })
 }
 
 /// The files of a ConfigMap or Secret volume: every key, or the listed items.

@@ -21,7 +21,6 @@ use tracing::{debug, warn};
 use trellis_api::Shutdown;
 
 use crate::Context;
-use crate::spec::{ConfigError, service_account_token};
 
 /// A token file being kept fresh.
 struct Tracked {
@@ -155,7 +154,7 @@ pub async fn run(ctx: Arc<Context>, stopped: Shutdown) {
                     track(&ctx, &path, &pod, &source, issued_at, &issued);
                 }
                 Err(e) => {
-                    warn!(file = %path.display(), error = %e.0, "refresh a projected token");
+                    warn!(file = %path.display(), error = %e, "refresh a projected token");
                     if let Some(t) = lock(&node.files).get_mut(&path) {
                         t.due = Instant::now() + ctx.config.token_retry;
                     }
@@ -178,19 +177,64 @@ pub async fn run(ctx: Arc<Context>, stopped: Shutdown) {
     lock(&NODES).remove(&pods);
 }
 
+/// A token of the pod's ServiceAccount (a TokenRequest bound to the pod), as a
+/// projected `serviceAccountToken` source asks: its audience and lifetime (Kubernetes'
+/// default an hour), with its expiry, which tells when it is asked for again.
+pub async fn service_account_token(
+    ctx: &Context,
+    pod: &Pod,
+    source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
+) -> Result<Issued, String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    let api: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(ctx.client.clone(), ns);
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {
+            "audiences": source.audience.iter().cloned().collect::<Vec<_>>(),
+            "expirationSeconds": source.expiration_seconds.unwrap_or(3600),
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
+                "name": pod.metadata.name, "uid": pod.metadata.uid},
+        }
+    });
+    let answer: serde_json::Value = api
+        .create_subresource(
+            "token",
+            &account,
+            &kube::api::PostParams::default(),
+            &request,
+        )
+        .await
+        .map_err(|e| format!("request a token of serviceaccount {ns}/{account}: {e}"))?;
+    let token = answer["status"]["token"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no token for serviceaccount {ns}/{account}"))?;
+    let expires = answer["status"]["expirationTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(std::time::SystemTime::from);
+    Ok(Issued { token, expires })
+}
+
 async fn refresh(
     ctx: &Context,
     path: &Path,
     pod: &Pod,
     source: &ServiceAccountTokenProjection,
-) -> Result<Issued, ConfigError> {
+) -> Result<Issued, String> {
     let issued = service_account_token(ctx, pod, source).await?;
     // Gone while the request ran: not written back.
     if !path.exists() {
-        return Err(ConfigError(format!("{} is gone", path.display())));
+        return Err(format!("{} is gone", path.display()));
     }
     write_whole(path, issued.token.as_bytes())
-        .map_err(|e| ConfigError(format!("write {}: {e}", path.display())))?;
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
     Ok(issued)
 }
 
