@@ -602,12 +602,13 @@ impl Cluster {
             {
                 return Ok(pod);
             }
-            tokio::select! {
-                change = changes.recv() => if change.is_none() { anyhow::bail!("the pod informer ended") },
-                _ = tokio::time::sleep_until(deadline) => {
-                    anyhow::bail!("pod {key} did not get there in {limit:?}; it is {:?}",
-                        self.pods.get(&key).map(|p| p.status.clone()))
-                }
+            match tokio::time::timeout_at(deadline, changes.recv()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => anyhow::bail!("the pod informer ended"),
+                Err(_) => anyhow::bail!(
+                    "pod {key} did not get there in {limit:?}; it is {:?}",
+                    self.pods.get(&key).map(|p| p.status.clone())
+                ),
             }
         }
     }

@@ -336,11 +336,15 @@ impl Cluster {
                 n.and_then(|n| n.status.as_ref()).is_some()
             });
         let agent = node.agent.as_mut().context("no agent")?;
-        tokio::select! {
-            done = registered => { done?; }
-            ended = agent => anyhow::bail!("the agent ended before its Node was written: {:?}", ended?),
-            _ = tokio::time::sleep(Duration::from_secs(30)) => anyhow::bail!("the node did not register within 30 s"),
-        }
+        let first = async {
+            tokio::select! {
+                done = registered => done.map(drop).map_err(anyhow::Error::from),
+                ended = agent => Err(anyhow::anyhow!("the agent ended before its Node was written: {:?}", ended?)),
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), first)
+            .await
+            .context("the node did not register within 30 s")??;
         nodes
             .patch(
                 HOST,
@@ -752,15 +756,28 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
         cluster.node.stop_agent().await?;
         cluster.node.config.node_local_dns.clear();
         cluster.node.config.remove_node_local_dns_link = true;
+        // The kernel's link events, watched before the agent starts.
+        let mut monitor = tokio::process::Command::new("ip")
+            .args(["netns", "exec", &cluster.node.host.name, "ip", "monitor", "link"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut events = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+            monitor.stdout.take().context("no stdout")?,
+        ));
         cluster.node.start_agent()?;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while cluster.node.host.ip(&["link", "show", LINK]).is_ok() {
-            ensure!(
-                tokio::time::Instant::now() < deadline,
-                "{LINK} is still there 10 s after an agent without node-local DNS started"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let gone = async {
+            while cluster.node.host.ip(&["link", "show", LINK]).is_ok() {
+                match events.next_line().await? {
+                    Some(_) => {}
+                    None => anyhow::bail!("ip monitor ended"),
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(Duration::from_secs(10), gone)
+            .await
+            .with_context(|| format!("{LINK} is still there 10 s after an agent without node-local DNS started"))??;
         Ok(())
     }
     .await;

@@ -296,9 +296,10 @@ impl<'a> Ns<'a> {
             if got == expected {
                 return Ok(());
             }
-            tokio::select! {
-                change = changes.recv() => if change.is_none() { bail!("the slice informer ended") },
-                _ = tokio::time::sleep_until(deadline) => bail!(
+            match tokio::time::timeout_at(deadline, changes.recv()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => bail!("the slice informer ended"),
+                Err(_) => bail!(
                     "Service {}/{service}'s endpoints are {got:?}, not {expected:?}, after 30 s",
                     self.name
                 ),
@@ -401,6 +402,9 @@ impl<'a> Ns<'a> {
                         "{target}:{port} over {protocol} from {from} answered {got:?}, not only {backends:?}, for 20 s"
                     ));
                 }
+                // The data path has no event a test can take (the proxy applies a
+                // slice change some time after the informer has it): a bounded probe
+                // of real traffic, as Kubernetes' e2e polls.
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
