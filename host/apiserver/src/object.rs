@@ -47,6 +47,22 @@ pub fn encode(obj: &Object) -> Result<bytes::Bytes, ApiError> {
         .map_err(|e| ApiError::internal(format!("encode the object: {e}")))
 }
 
+/// `spec.selector` of a workload as a label selector: a ReplicationController's is a
+/// plain map of labels, which is its `matchLabels`.
+pub fn spec_selector(obj: &Object) -> Option<Value> {
+    let selector = obj.get("spec")?.get("selector")?;
+    Some(match selector.as_object() {
+        Some(m)
+            if !m.is_empty()
+                && !m.contains_key("matchLabels")
+                && !m.contains_key("matchExpressions") =>
+        {
+            serde_json::json!({ "matchLabels": selector })
+        }
+        _ => selector.clone(),
+    })
+}
+
 pub fn metadata(obj: &Object) -> Option<&Object> {
     obj.get("metadata").and_then(Value::as_object)
 }

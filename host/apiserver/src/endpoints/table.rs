@@ -624,11 +624,12 @@ fn workload_wide_cells(obj: &Object) -> Vec<Value> {
             })
             .unwrap_or_default()
     };
-    let selector = obj.get("spec").and_then(|s| s.get("selector"));
+    // A ReplicationController's plain map of labels is its matchLabels.
+    let selector = crate::object::spec_selector(obj);
     vec![
         json!(field("name")),
         json!(field("image")),
-        json!(selector_text(selector)),
+        json!(selector_text(selector.as_ref())),
     ]
 }
 
@@ -827,7 +828,7 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
             .chain(workload_wide_cells(obj))
             .collect()
         }
-        ("apps", "replicasets") => vec![
+        ("apps", "replicasets") | ("", "replicationcontrollers") => vec![
             name,
             json!(
                 obj.get("spec")
@@ -842,31 +843,6 @@ fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
         .into_iter()
         .chain(workload_wide_cells(obj))
         .collect(),
-        ("", "replicationcontrollers") => {
-            let mut wide = workload_wide_cells(obj);
-            // A replication controller's selector is a plain map of labels.
-            let selector = obj
-                .get("spec")
-                .and_then(|s| s.get("selector"))
-                .filter(|s| s.as_object().is_some_and(|m| !m.is_empty()))
-                .map(|s| json!({ "matchLabels": s }));
-            wide[2] = json!(selector_text(selector.as_ref()));
-            vec![
-                name,
-                json!(
-                    obj.get("spec")
-                        .and_then(|s| s.get("replicas"))
-                        .and_then(Value::as_i64)
-                        .unwrap_or(1)
-                ),
-                json!(int_at(obj, &["status", "replicas"])),
-                json!(int_at(obj, &["status", "readyReplicas"])),
-                age,
-            ]
-            .into_iter()
-            .chain(wide)
-            .collect()
-        }
         ("", "namespaces") => vec![
             name,
             json!(str_at(obj, &["status", "phase"]).unwrap_or("Active")),

@@ -20,16 +20,7 @@ use crate::state::AppState;
 
 fn scale_of(obj: &Object, rev: Revision) -> Value {
     let meta = metadata(obj).cloned().unwrap_or_default();
-    // A ReplicationController's selector is a plain map of labels: its matchLabels.
-    let selector = obj
-        .get("spec")
-        .and_then(|s| s.get("selector"))
-        .map(|s| match s.as_object() {
-            Some(m) if !m.contains_key("matchLabels") && !m.contains_key("matchExpressions") => {
-                json!({"matchLabels": s})
-            }
-            _ => s.clone(),
-        })
+    let selector = crate::object::spec_selector(obj)
         .and_then(|s| serde_json::from_value(s).ok())
         .and_then(|s| LabelSelector::from_k8s(&s).ok())
         .map(|s| s.to_string())
