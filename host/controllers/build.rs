@@ -1,7 +1,7 @@
 //! Builds the built-in controllers (`plugins/controllers/*`) for the binary to
 //! include (see `trellis-bundle-build`), where `bundled.rs` takes them.
 
-const CONTROLLERS: [&str; 11] = [
+const CONTROLLERS: [&str; 19] = [
     "disruption",
     "endpoints",
     "namespace",
@@ -13,6 +13,14 @@ const CONTROLLERS: [&str; 11] = [
     "garbage-collector",
     "serviceaccount",
     "root-ca-cert-publisher",
+    "daemonset",
+    "statefulset",
+    "job",
+    "cronjob",
+    "ttl-after-finished",
+    "horizontal-pod-autoscaler",
+    "persistentvolume-binder",
+    "local-path-provisioner",
 ];
 
 fn main() -> Result<(), String> {

@@ -85,6 +85,32 @@ impl Builtin {
 /// Every built-in controller, in the order they start.
 pub const BUILTINS: &[Builtin] = &[
     Builtin {
+        name: "cronjob",
+        identity: "cronjob-controller",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/cronjob.wasm")),
+        primary: ("batch", "v1", "cronjobs"),
+        owns: &[("batch", "v1", "jobs")],
+        watches: &[],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+        workers: 5,
+    },
+    Builtin {
+        name: "daemonset",
+        identity: "daemon-set-controller",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/daemonset.wasm")),
+        primary: ("apps", "v1", "daemonsets"),
+        owns: &[("", "v1", "pods"), ("apps", "v1", "controllerrevisions")],
+        watches: &[(("", "v1", "nodes"), Mapping::All)],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+        workers: 5,
+    },
+    Builtin {
         name: "deployment",
         identity: "deployment-controller",
         service_account: None,
@@ -163,6 +189,48 @@ pub const BUILTINS: &[Builtin] = &[
         workers: 5,
     },
     Builtin {
+        name: "horizontalpodautoscaling",
+        identity: "horizontal-pod-autoscaler",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/horizontal-pod-autoscaler.wasm")),
+        primary: ("autoscaling", "v2", "horizontalpodautoscalers"),
+        owns: &[],
+        watches: &[(("", "v1", "pods"), Mapping::Cache)],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+        workers: 5,
+    },
+    Builtin {
+        name: "job",
+        identity: "job-controller",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/job.wasm")),
+        primary: ("batch", "v1", "jobs"),
+        owns: &[("", "v1", "pods")],
+        watches: &[],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+        workers: 5,
+    },
+    Builtin {
+        name: "local-path-provisioner",
+        identity: "local-path-provisioner",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/local-path-provisioner.wasm")),
+        primary: ("", "v1", "persistentvolumeclaims"),
+        owns: &[],
+        watches: &[
+            (("", "v1", "persistentvolumes"), Mapping::Cache),
+            (("storage.k8s.io", "v1", "storageclasses"), Mapping::Cache),
+        ],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+        workers: 5,
+    },
+    Builtin {
         name: "namespace",
         identity: "namespace-controller",
         service_account: None,
@@ -208,6 +276,22 @@ pub const BUILTINS: &[Builtin] = &[
         resync: None,
         needs_root_ca: false,
         configuration: r#"{"gracePeriodSeconds": 50}"#,
+        workers: 5,
+    },
+    Builtin {
+        name: "persistentvolume-binder",
+        identity: "persistent-volume-binder",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/persistentvolume-binder.wasm")),
+        primary: ("", "v1", "persistentvolumeclaims"),
+        owns: &[],
+        watches: &[
+            (("", "v1", "persistentvolumes"), Mapping::Cache),
+            (("storage.k8s.io", "v1", "storageclasses"), Mapping::Cache),
+        ],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
         workers: 5,
     },
     Builtin {
@@ -290,6 +374,32 @@ pub const BUILTINS: &[Builtin] = &[
         configuration: "{}",
         workers: 5,
     },
+    Builtin {
+        name: "statefulset",
+        identity: "statefulset-controller",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/statefulset.wasm")),
+        primary: ("apps", "v1", "statefulsets"),
+        owns: &[("", "v1", "pods"), ("apps", "v1", "controllerrevisions")],
+        watches: &[(("", "v1", "persistentvolumeclaims"), Mapping::Cache)],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+        workers: 5,
+    },
+    Builtin {
+        name: "ttl-after-finished",
+        identity: "ttl-after-finished-controller",
+        service_account: None,
+        wasm: include_bytes!(concat!(env!("OUT_DIR"), "/ttl-after-finished.wasm")),
+        primary: ("batch", "v1", "jobs"),
+        owns: &[],
+        watches: &[],
+        resync: None,
+        needs_root_ca: false,
+        configuration: "{}",
+        workers: 5,
+    },
 ];
 
 /// The built-ins a `--controllers` value selects, as Kubernetes reads it: a comma
@@ -337,24 +447,32 @@ mod tests {
         assert_eq!(
             names("*"),
             [
+                "cronjob",
+                "daemonset",
                 "deployment",
                 "disruption",
                 "endpoint",
                 "endpointslice",
                 "garbage-collector",
+                "horizontalpodautoscaling",
+                "job",
+                "local-path-provisioner",
                 "namespace",
                 "nodeipam",
                 "nodelifecycle",
+                "persistentvolume-binder",
                 "replicaset",
                 "replicationcontroller",
                 "resourcequota",
                 "root-ca-cert-publisher",
-                "serviceaccount"
+                "serviceaccount",
+                "statefulset",
+                "ttl-after-finished"
             ]
         );
         assert_eq!(
             names(
-                "*,-deployment,-disruption,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodeipam,-nodelifecycle,-replicationcontroller,-resourcequota,-serviceaccount"
+                "*,-cronjob,-daemonset,-deployment,-disruption,-endpoint,-endpointslice,-garbage-collector,-namespace,-nodeipam,-nodelifecycle,-replicationcontroller,-resourcequota,-serviceaccount,-horizontalpodautoscaling,-job,-local-path-provisioner,-persistentvolume-binder,-statefulset,-ttl-after-finished"
             ),
             ["replicaset", "root-ca-cert-publisher"]
         );

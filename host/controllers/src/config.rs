@@ -82,6 +82,9 @@ pub enum Mapping {
     /// Every primary object in the object's namespace: a pod's change reconciles its
     /// namespace's quotas.
     Namespaced,
+    /// Every primary object of every namespace: a Node's change reconciles every
+    /// DaemonSet.
+    All,
 }
 
 impl Mapping {
@@ -94,6 +97,7 @@ impl Mapping {
             Self::Cache => "cache",
             Self::Selector => "selector",
             Self::Namespaced => "namespaced",
+            Self::All => "all",
         }
     }
 }
@@ -109,8 +113,9 @@ impl std::str::FromStr for Mapping {
             "cache" => Ok(Self::Cache),
             "selector" => Ok(Self::Selector),
             "namespaced" => Ok(Self::Namespaced),
+            "all" => Ok(Self::All),
             other => Err(format!(
-                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\", \"namespaced\""
+                "Unsupported value: {other:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\", \"namespaced\", \"all\""
             )),
         }
     }

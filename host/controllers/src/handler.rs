@@ -122,6 +122,9 @@ fn mapped_keys(
                 .map(|p| key_of(primary, p))
                 .collect()
         }
+        Mapping::All => primary_cache
+            .map(|cache| cache.list().iter().map(|p| key_of(primary, p)).collect())
+            .unwrap_or_default(),
         Mapping::Owner => obj
             .metadata
             .owner_references

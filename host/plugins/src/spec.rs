@@ -245,10 +245,10 @@ pub fn parse(name: &str, spec: &Value) -> Result<Parsed, String> {
             for (i, w) in c.watches.iter().enumerate() {
                 if !matches!(
                     w.map.as_str(),
-                    "owner" | "namespace" | "name" | "cache" | "selector" | "namespaced"
+                    "owner" | "namespace" | "name" | "cache" | "selector" | "namespaced" | "all"
                 ) {
                     return Err(format!(
-                        "spec.controller.watches[{i}].map: Unsupported value: {:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\", \"namespaced\"",
+                        "spec.controller.watches[{i}].map: Unsupported value: {:?}: supported values: \"owner\", \"namespace\", \"name\", \"cache\", \"selector\", \"namespaced\", \"all\"",
                         w.map
                     ));
                 }
@@ -486,8 +486,8 @@ pub fn crd() -> Value {
                             "group": {"type": "string"},
                             "version": {"type": "string"},
                             "resource": {"type": "string"},
-                            "map": {"type": "string", "enum": ["owner", "namespace", "name", "cache", "selector", "namespaced"],
-                                    "description": "owner: the owners of the primary's kind; namespace: the primary named as the object's namespace; name: the primary of the same name; cache: none, only read; selector: the primaries in its namespace whose spec.selector selects it; namespaced: every primary in its namespace."},
+                            "map": {"type": "string", "enum": ["owner", "namespace", "name", "cache", "selector", "namespaced", "all"],
+                                    "description": "owner: the owners of the primary's kind; namespace: the primary named as the object's namespace; name: the primary of the same name; cache: none, only read; selector: the primaries in its namespace whose spec.selector selects it; namespaced: every primary in its namespace; all: every primary of every namespace."},
                         },
                     }},
                     "workers": {"type": "integer", "minimum": 1, "maximum": 64},
