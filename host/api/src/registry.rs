@@ -200,6 +200,16 @@ fn resource(
     }
 }
 
+/// `resource` served at another version than `v1` (`autoscaling/v2`). Versions of one
+/// group and plural share their objects' store keys; the first registered is the
+/// group's preferred version in discovery.
+fn versioned(version: &str, res: ResourceInfo) -> ResourceInfo {
+    ResourceInfo {
+        version: version.to_owned(),
+        ..res
+    }
+}
+
 /// A resource that only answers `create` and stores nothing (reviews).
 fn create_only(group: &str, kind: &str, plural: &str) -> ResourceInfo {
     ResourceInfo {
@@ -226,6 +236,24 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[Finalize, Status],
         ),
         resource("", "Node", "nodes", false, &["no"], &[], &[Status, Proxy]),
+        resource(
+            "",
+            "PersistentVolumeClaim",
+            "persistentvolumeclaims",
+            true,
+            &["pvc"],
+            &[],
+            &[Status],
+        ),
+        resource(
+            "",
+            "PersistentVolume",
+            "persistentvolumes",
+            false,
+            &["pv"],
+            &[],
+            &[Status],
+        ),
         resource(
             "",
             "Pod",
@@ -273,6 +301,33 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[Status],
         ),
         resource(
+            "apiregistration.k8s.io",
+            "APIService",
+            "apiservices",
+            false,
+            &[],
+            &["api-extensions"],
+            &[Status],
+        ),
+        resource(
+            "apps",
+            "ControllerRevision",
+            "controllerrevisions",
+            true,
+            &[],
+            &[],
+            &[],
+        ),
+        resource(
+            "apps",
+            "DaemonSet",
+            "daemonsets",
+            true,
+            &["ds"],
+            &["all"],
+            &[Status],
+        ),
+        resource(
             "apps",
             "Deployment",
             "deployments",
@@ -290,6 +345,37 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["all"],
             &[Status, Scale],
         ),
+        resource(
+            "apps",
+            "StatefulSet",
+            "statefulsets",
+            true,
+            &["sts"],
+            &["all"],
+            &[Status, Scale],
+        ),
+        versioned(
+            "v2",
+            resource(
+                "autoscaling",
+                "HorizontalPodAutoscaler",
+                "horizontalpodautoscalers",
+                true,
+                &["hpa"],
+                &["all"],
+                &[Status],
+            ),
+        ),
+        resource(
+            "batch",
+            "CronJob",
+            "cronjobs",
+            true,
+            &["cj"],
+            &["all"],
+            &[Status],
+        ),
+        resource("batch", "Job", "jobs", true, &[], &["all"], &[Status]),
         resource(
             "certificates.k8s.io",
             "CertificateSigningRequest",
@@ -325,6 +411,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["pdb"],
             &[],
             &[Status],
+        ),
+        resource(
+            "storage.k8s.io",
+            "StorageClass",
+            "storageclasses",
+            false,
+            &["sc"],
+            &[],
+            &[],
         ),
         resource(
             "node.k8s.io",
@@ -431,6 +526,21 @@ mod tests {
         let namespaces = all.iter().find(|r| r.plural == "namespaces").unwrap();
         assert!(namespaces.has(Subresource::Finalize) && !pods.has(Subresource::Finalize));
         assert_eq!(Subresource::parse("finalize"), Some(Subresource::Finalize));
+        let hpa = all
+            .iter()
+            .find(|r| r.kind == "HorizontalPodAutoscaler")
+            .unwrap();
+        assert_eq!(hpa.api_version(), "autoscaling/v2");
+        // Every version of a resource keeps its objects under one prefix.
+        assert_eq!(
+            hpa.prefix(),
+            "/registry/autoscaling/horizontalpodautoscalers/"
+        );
+        let pv = all
+            .iter()
+            .find(|r| r.plural == "persistentvolumes")
+            .unwrap();
+        assert!(!pv.namespaced && pv.has(Subresource::Status));
     }
 
     #[test]

@@ -29,9 +29,11 @@ fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Object) -> Result<Object, Ap
 /// Decodes `obj` through its typed struct, if the kind has one; `None` otherwise.
 fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, ApiError>> {
     use k8s_openapi::api::{
-        apps, certificates, coordination, core, discovery, node, policy, rbac, scheduling,
+        apps, autoscaling, batch, certificates, coordination, core, discovery, node, policy, rbac,
+        scheduling, storage,
     };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1 as apiregistration;
     Some(match (res.group.as_str(), res.plural.as_str()) {
         ("", "pods") => roundtrip::<core::v1::Pod>(obj),
         ("", "nodes") => roundtrip::<core::v1::Node>(obj),
@@ -47,6 +49,18 @@ fn typed_roundtrip(res: &ResourceInfo, obj: &Object) -> Option<Result<Object, Ap
         ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),
         ("apps", "replicasets") => roundtrip::<apps::v1::ReplicaSet>(obj),
         ("", "replicationcontrollers") => roundtrip::<core::v1::ReplicationController>(obj),
+        ("", "persistentvolumeclaims") => roundtrip::<core::v1::PersistentVolumeClaim>(obj),
+        ("", "persistentvolumes") => roundtrip::<core::v1::PersistentVolume>(obj),
+        ("apps", "daemonsets") => roundtrip::<apps::v1::DaemonSet>(obj),
+        ("apps", "statefulsets") => roundtrip::<apps::v1::StatefulSet>(obj),
+        ("apps", "controllerrevisions") => roundtrip::<apps::v1::ControllerRevision>(obj),
+        ("batch", "jobs") => roundtrip::<batch::v1::Job>(obj),
+        ("batch", "cronjobs") => roundtrip::<batch::v1::CronJob>(obj),
+        ("autoscaling", "horizontalpodautoscalers") if res.version == "v2" => {
+            roundtrip::<autoscaling::v2::HorizontalPodAutoscaler>(obj)
+        }
+        ("storage.k8s.io", "storageclasses") => roundtrip::<storage::v1::StorageClass>(obj),
+        ("apiregistration.k8s.io", "apiservices") => roundtrip::<apiregistration::APIService>(obj),
         ("coordination.k8s.io", "leases") => roundtrip::<coordination::v1::Lease>(obj),
         ("discovery.k8s.io", "endpointslices") => roundtrip::<discovery::v1::EndpointSlice>(obj),
         ("node.k8s.io", "runtimeclasses") => roundtrip::<node::v1::RuntimeClass>(obj),

@@ -276,10 +276,12 @@ impl Builder {
 
 fn builtin_catalog() -> Catalog {
     use k8s_openapi::api::{
-        apps, authentication, authorization, autoscaling, certificates, coordination, core, rbac,
+        apps, authentication, authorization, autoscaling, batch, certificates, coordination, core,
+        rbac, storage,
     };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1 as apiregistration;
 
     let mut b = Builder::new();
     b.listable::<core::v1::ConfigMap>();
@@ -296,6 +298,18 @@ fn builtin_catalog() -> Catalog {
     b.listable::<core::v1::Service>();
     b.listable::<apps::v1::Deployment>();
     b.listable::<apps::v1::ReplicaSet>();
+    b.listable::<apps::v1::DaemonSet>();
+    b.listable::<apps::v1::StatefulSet>();
+    b.listable::<apps::v1::ControllerRevision>();
+    b.listable::<batch::v1::Job>();
+    b.listable::<batch::v1::CronJob>();
+    b.listable::<core::v1::PersistentVolumeClaim>();
+    b.listable::<core::v1::PersistentVolume>();
+    b.listable::<storage::v1::StorageClass>();
+    // Both served versions of the autoscaler: kubectl explains and applies either.
+    b.listable::<autoscaling::v2::HorizontalPodAutoscaler>();
+    b.listable::<autoscaling::v1::HorizontalPodAutoscaler>();
+    b.listable::<apiregistration::APIService>();
     b.listable::<coordination::v1::Lease>();
     b.listable::<certificates::v1::CertificateSigningRequest>();
     b.listable::<rbac::v1::Role>();

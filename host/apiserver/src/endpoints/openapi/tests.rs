@@ -190,7 +190,7 @@ fn v3_index_lists_each_group_version_with_its_hash() {
         content_hash(&doc("", "v1")),
         content_hash(&doc("apps", "v1"))
     );
-    assert!(v3_document(&resources, "batch", "v1").is_none());
+    assert!(v3_document(&resources, "networking.k8s.io", "v1").is_none());
 }
 
 #[test]
