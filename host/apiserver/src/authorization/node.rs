@@ -11,6 +11,8 @@
 //! | pods/status | get, update, patch of bound pods |
 //! | pods | delete of bound pods (the final delete after a graceful termination) |
 //! | configmaps, secrets | get of those a bound pod uses (volumes, env, envFrom) |
+//! | persistentvolumeclaims | get of those a bound pod mounts (also its ephemeral ones) |
+//! | persistentvolumes | get of those bound to such a claim |
 //! | serviceaccounts/token | create, for the ServiceAccount of a bound pod |
 //! | runtimeclasses | get, list, watch |
 //! | events | create and patch (kubelet reports events) |
@@ -69,6 +71,12 @@ pub async fn authorize(store: &dyn Store, req: &ApiRequest) -> Option<Result<(),
                 Reference::ConfigMap
             };
             used_by_bound_pod(store, req, node, kind).await
+        }
+        ("", "persistentvolumeclaims", None) if req.verb == "get" => {
+            used_by_bound_pod(store, req, node, Reference::Claim).await
+        }
+        ("", "persistentvolumes", None) if req.verb == "get" => {
+            bound_to_used_claim(store, req, node).await
         }
         ("", "serviceaccounts", Some("token")) if req.verb == "create" => {
             used_by_bound_pod(store, req, node, Reference::ServiceAccount).await
@@ -156,6 +164,7 @@ enum Reference {
     ConfigMap,
     Secret,
     ServiceAccount,
+    Claim,
 }
 
 /// Whether a pod of the request's namespace bound to `node` uses the object the
@@ -185,6 +194,7 @@ async fn used_by_bound_pod(
             Reference::ServiceAccount => {
                 spec["serviceAccountName"].as_str().unwrap_or("default") == name
             }
+            Reference::Claim => claims_of(&pod).iter().any(|c| c == name),
             Reference::ConfigMap | Reference::Secret => pod_uses(spec, kind, name),
         }
     })
@@ -257,6 +267,61 @@ fn pod_uses(spec: &Value, kind: Reference, name: &str) -> bool {
     false
 }
 
+/// The claims a pod mounts: those its volumes name, and `<pod>-<volume>` of its
+/// generic ephemeral volumes.
+fn claims_of(pod: &serde_json::Map<String, Value>) -> Vec<String> {
+    let pod_name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let volumes = pod["spec"]["volumes"].as_array();
+    volumes
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
+                Some(claim.to_owned())
+            } else if v.get("ephemeral").is_some_and(|e| !e.is_null()) {
+                Some(format!("{pod_name}-{}", v["name"].as_str().unwrap_or("")))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Whether the PersistentVolume the request names is bound to a claim a pod bound
+/// to `node` mounts (the node reads the volume's source to mount it).
+async fn bound_to_used_claim(store: &dyn Store, req: &ApiRequest, node: &str) -> bool {
+    let Some(volume) = req.name.as_deref() else {
+        return false;
+    };
+    let Ok(pods) = store
+        .list(trellis_store::ListRequest::prefix("/registry/core/pods/"))
+        .await
+    else {
+        return false;
+    };
+    for kv in &pods.kvs {
+        let Some(pod) = decode_stored(&kv.value, kv.mod_revision) else {
+            continue;
+        };
+        if pod["spec"]["nodeName"].as_str() != Some(node) {
+            continue;
+        }
+        let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("");
+        for claim in claims_of(&pod) {
+            let key = format!("/registry/core/persistentvolumeclaims/{namespace}/{claim}");
+            let Ok(Some(kv)) = store.get(&key).await else {
+                continue;
+            };
+            let bound = decode_stored(&kv.value, kv.mod_revision)
+                .is_some_and(|c| c["spec"]["volumeName"].as_str() == Some(volume));
+            if bound {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 async fn bound_to(store: &dyn Store, req: &ApiRequest, node: &str) -> bool {
     let Some(name) = req.name.as_deref() else {
         return false;
@@ -298,6 +363,18 @@ mod tests {
         assert!(!pod_uses(&spec, Reference::ConfigMap, "s1"));
         assert!(!pod_uses(&spec, Reference::Secret, "cm1"));
         assert!(!pod_uses(&spec, Reference::Secret, "other"));
+    }
+
+    #[test]
+    fn a_pod_mounts_its_claims_and_its_ephemeral_ones() {
+        let pod = serde_json::json!({"metadata": {"name": "web-0"}, "spec": {"volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}},
+            {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+            {"name": "cfg", "configMap": {"name": "cfg"}}]}});
+        assert_eq!(
+            claims_of(pod.as_object().unwrap()),
+            ["data-web-0", "web-0-scratch"]
+        );
     }
 
     #[test]

@@ -477,6 +477,29 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
         )
     };
     let read = json!(["get", "list", "watch"]);
+    // As Kubernetes' aggregated view, edit and admin roles: each holds the one before
+    // it (this cluster has no aggregation controller, so the rules are spelled out).
+    let metrics_rule =
+        json!({"apiGroups": ["metrics.k8s.io"], "resources": ["pods", "nodes"], "verbs": read});
+    let view_rules = vec![
+        json!({"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "limitranges", "namespaces", "namespaces/status", "persistentvolumeclaims", "persistentvolumeclaims/status", "resourcequotas", "resourcequotas/status", "services", "services/status", "serviceaccounts", "controllerrevisions", "daemonsets", "daemonsets/status", "deployments", "deployments/scale", "deployments/status", "replicasets", "replicasets/scale", "replicasets/status", "replicationcontrollers", "replicationcontrollers/scale", "replicationcontrollers/status", "statefulsets", "statefulsets/scale", "statefulsets/status", "leases"], "verbs": read}),
+        json!({"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers", "horizontalpodautoscalers/status"], "verbs": read}),
+        json!({"apiGroups": ["batch"], "resources": ["cronjobs", "cronjobs/status", "jobs", "jobs/status"], "verbs": read}),
+        json!({"apiGroups": ["policy"], "resources": ["poddisruptionbudgets", "poddisruptionbudgets/status"], "verbs": read}),
+        metrics_rule.clone(),
+    ];
+    let mut edit_rules = view_rules.clone();
+    edit_rules.extend([
+        json!({"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/exec", "pods/portforward", "pods/eviction", "configmaps", "secrets", "endpoints", "events", "persistentvolumeclaims", "services", "serviceaccounts", "daemonsets", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "replicationcontrollers", "replicationcontrollers/scale", "statefulsets", "statefulsets/scale", "leases"], "verbs": ["*"]}),
+        json!({"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["*"]}),
+        json!({"apiGroups": ["batch"], "resources": ["cronjobs", "jobs"], "verbs": ["*"]}),
+        json!({"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["*"]}),
+    ]);
+    let mut admin_rules = edit_rules.clone();
+    admin_rules.extend([
+        json!({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["*"]}),
+        json!({"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]}),
+    ]);
     let group = |name: &str| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": name});
     let user =
         |name: &str| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": name});
@@ -529,15 +552,21 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             "system:monitoring",
             group("system:monitoring"),
         ),
-        cluster_role(
-            "view",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/status", "configmaps", "endpoints", "events", "limitranges", "namespaces", "resourcequotas", "resourcequotas/status", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "replicationcontrollers", "replicationcontrollers/scale", "replicationcontrollers/status", "leases"], "verbs": read},
-                   {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets", "poddisruptionbudgets/status"], "verbs": read}]),
-        ),
-        cluster_role(
-            "edit",
-            json!([{"apiGroups": ["", "apps", "coordination.k8s.io"], "resources": ["pods", "pods/log", "pods/exec", "pods/portforward", "pods/eviction", "configmaps", "secrets", "endpoints", "events", "services", "serviceaccounts", "deployments", "deployments/scale", "replicasets", "replicasets/scale", "replicationcontrollers", "replicationcontrollers/scale", "leases"], "verbs": ["*"]},
-                   {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["*"]}]),
+        cluster_role("view", json!(view_rules.clone())),
+        cluster_role("edit", json!(edit_rules.clone())),
+        cluster_role("admin", json!(admin_rules)),
+        // Resource metrics for whoever may view, edit or administer a namespace, as
+        // metrics-server's aggregated role (aggregated into view, edit and admin here
+        // by listing its rule in them).
+        (
+            format!("{RBAC}clusterroles/system:aggregated-metrics-reader"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": "system:aggregated-metrics-reader", "labels": {
+                       "kubernetes.io/bootstrapping": "rbac-defaults",
+                       "rbac.authorization.k8s.io/aggregate-to-view": "true",
+                       "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+                       "rbac.authorization.k8s.io/aggregate-to-admin": "true"}},
+                   "rules": [metrics_rule.clone()]}),
         ),
         // As Kubernetes' bootstrap roles: each component may take its own Lease only.
         cluster_role(
@@ -631,6 +660,9 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
                 {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets/status"], "verbs": ["update", "patch"]},
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["apps"], "resources": ["replicasets", "deployments", "statefulsets"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["replicationcontrollers"], "verbs": ["get", "list", "watch"]},
+                // The scale of any other owner of pods, as Kubernetes' finders.
+                {"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["get"]},
                 events,
             ]),
         ),
@@ -722,6 +754,96 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             ]),
         ),
         (
+            "daemon-set-controller",
+            json!([
+                {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["apps"], "resources": ["daemonsets/status", "daemonsets/finalizers"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete", "patch"]},
+                {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+                {"apiGroups": ["apps"], "resources": ["controllerrevisions"], "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+                events,
+            ]),
+        ),
+        (
+            "statefulset-controller",
+            json!([
+                {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["apps"], "resources": ["statefulsets/status", "statefulsets/finalizers"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"]},
+                {"apiGroups": ["apps"], "resources": ["controllerrevisions"], "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+                // Claims from volumeClaimTemplates, and their retention policy's owner
+                // references and deletes.
+                {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                events,
+            ]),
+        ),
+        (
+            "job-controller",
+            json!([
+                {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "update", "patch"]},
+                {"apiGroups": ["batch"], "resources": ["jobs/status", "jobs/finalizers"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete", "patch"]},
+                events,
+            ]),
+        ),
+        (
+            "cronjob-controller",
+            json!([
+                {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["get", "list", "watch", "update", "patch"]},
+                {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "update", "delete", "patch"]},
+                {"apiGroups": ["batch"], "resources": ["cronjobs/status", "cronjobs/finalizers"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+                events,
+            ]),
+        ),
+        (
+            "ttl-after-finished-controller",
+            json!([
+                {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "delete"]},
+                events,
+            ]),
+        ),
+        (
+            "horizontal-pod-autoscaler",
+            json!([
+                {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers/status"], "verbs": ["update", "patch"]},
+                // The target's scale, whatever its kind.
+                {"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["get", "update"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                {"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get", "list"]},
+                {"apiGroups": ["custom.metrics.k8s.io", "external.metrics.k8s.io"], "resources": ["*"], "verbs": ["get", "list"]},
+                events,
+            ]),
+        ),
+        (
+            "persistent-volume-binder",
+            json!([
+                {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["create", "delete", "get", "list", "update", "patch", "watch"]},
+                {"apiGroups": [""], "resources": ["persistentvolumes/status"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "update", "patch", "watch"]},
+                {"apiGroups": [""], "resources": ["persistentvolumeclaims/status"], "verbs": ["update", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
+                {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["watch"]},
+                events,
+            ]),
+        ),
+        (
+            // As rancher's local-path-provisioner: volumes made for claims of its
+            // class on the node the scheduler chose.
+            "local-path-provisioner",
+            json!([
+                {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["create", "delete", "get", "list", "watch", "update", "patch"]},
+                {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch", "update", "patch"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get", "list", "watch"]},
+                events,
+            ]),
+        ),
+        (
             "generic-garbage-collector",
             json!([
                 {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch", "patch", "update", "delete"]},
@@ -798,6 +920,54 @@ mod tests {
         assert!(!rule_allows(
             &named,
             &attrs("list", "apps", "deployments", "x", "")
+        ));
+    }
+
+    #[test]
+    fn bootstrap_roles_cover_the_workloads() {
+        let objects = bootstrap_objects();
+        let role = |name: &str| {
+            let key = format!("{RBAC}clusterroles/{name}");
+            let (_, role) = objects.iter().find(|(k, _)| *k == key).expect(name);
+            role["rules"].as_array().unwrap().clone()
+        };
+        let allows = |name: &str, verb, group, resource| {
+            role(name)
+                .iter()
+                .any(|r| rule_allows(r, &attrs(verb, group, resource, "ns", "x")))
+        };
+        let hpa = "system:controller:horizontal-pod-autoscaler";
+        assert!(allows(hpa, "update", "apps", "statefulsets/scale"));
+        assert!(allows(hpa, "list", "metrics.k8s.io", "pods"));
+        assert!(!allows(hpa, "update", "apps", "statefulsets"));
+        let sts = "system:controller:statefulset-controller";
+        assert!(allows(sts, "create", "", "persistentvolumeclaims"));
+        assert!(allows(sts, "patch", "apps", "statefulsets/status"));
+        let provisioner = "system:controller:local-path-provisioner";
+        assert!(allows(provisioner, "create", "", "persistentvolumes"));
+        assert!(!allows(provisioner, "delete", "", "persistentvolumeclaims"));
+        assert!(allows("view", "list", "batch", "cronjobs"));
+        assert!(allows("view", "get", "metrics.k8s.io", "pods"));
+        assert!(!allows("view", "create", "batch", "jobs"));
+        assert!(allows("edit", "create", "batch", "jobs"));
+        assert!(allows("edit", "update", "apps", "statefulsets/scale"));
+        assert!(!allows(
+            "edit",
+            "create",
+            "rbac.authorization.k8s.io",
+            "rolebindings"
+        ));
+        assert!(allows(
+            "admin",
+            "create",
+            "rbac.authorization.k8s.io",
+            "rolebindings"
+        ));
+        assert!(allows(
+            "admin",
+            "delete",
+            "autoscaling",
+            "horizontalpodautoscalers"
         ));
     }
 
