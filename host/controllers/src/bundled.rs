@@ -221,9 +221,11 @@ pub const BUILTINS: &[Builtin] = &[
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/local-path-provisioner.wasm")),
         primary: ("", "v1", "persistentvolumeclaims"),
         owns: &[],
+        // The selected node tells where the volume goes and its root directory.
         watches: &[
             (("", "v1", "persistentvolumes"), Mapping::Cache),
             (("storage.k8s.io", "v1", "storageclasses"), Mapping::Cache),
+            (("", "v1", "nodes"), Mapping::Cache),
         ],
         resync: None,
         needs_root_ca: false,
@@ -285,8 +287,10 @@ pub const BUILTINS: &[Builtin] = &[
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/persistentvolume-binder.wasm")),
         primary: ("", "v1", "persistentvolumeclaims"),
         owns: &[],
+        // A volume's change reconciles every claim: a new volume may be the one a
+        // pending claim waits for (Kubernetes' binder resyncs them all every 15 s).
         watches: &[
-            (("", "v1", "persistentvolumes"), Mapping::Cache),
+            (("", "v1", "persistentvolumes"), Mapping::All),
             (("storage.k8s.io", "v1", "storageclasses"), Mapping::Cache),
         ],
         resync: None,
