@@ -136,6 +136,8 @@ pub const BUILTINS: &[Builtin] = &[
             (("", "v1", "pods"), Mapping::Selector),
             (("apps", "v1", "replicasets"), Mapping::Cache),
             (("apps", "v1", "deployments"), Mapping::Cache),
+            (("apps", "v1", "statefulsets"), Mapping::Cache),
+            (("", "v1", "replicationcontrollers"), Mapping::Cache),
         ],
         resync: None,
         needs_root_ca: false,

@@ -7,7 +7,8 @@
 //! - `minAvailable` as a number: the pods expected are the pods found, and that many
 //!   must be healthy. `minAvailable` as a percentage, or `maxUnavailable`: the pods
 //!   expected are the replicas their controllers ask for (a Deployment's, else a
-//!   ReplicaSet's), each controller counted once; percentages round up.
+//!   ReplicaSet's; a ReplicationController's; a StatefulSet's), each controller
+//!   counted once; percentages round up.
 //! - Healthy: Ready and not being deleted. `disruptionsAllowed` is the healthy
 //!   beyond those desired, never below 0; the `DisruptionAllowed` condition says
 //!   whether it is above 0 (`SufficientPods`, `InsufficientPods`).
@@ -135,13 +136,16 @@ fn expected_scale(namespace: &str, pods: &[Pod]) -> Result<i64, String> {
                     None => (uid, rs["spec"]["replicas"].as_i64().unwrap_or(1)),
                 }
             }
-            "StatefulSet" | "Deployment" => {
-                let plural = if kind == "StatefulSet" {
-                    "statefulsets"
-                } else {
-                    "deployments"
+            "StatefulSet" | "Deployment" | "ReplicationController" => {
+                let resource = match kind {
+                    "StatefulSet" => gvr("apps", "statefulsets"),
+                    "Deployment" => gvr("apps", "deployments"),
+                    _ => gvr("", "replicationcontrollers"),
                 };
-                let owner = cache::get(&gvr("apps", plural), Some(namespace), name)?
+                // The controller of that name must be the one the pod names (a
+                // new object of an old name is not its controller).
+                let owner = cache::get(&resource, Some(namespace), name)?
+                    .filter(|o| o["metadata"]["uid"].as_str() == Some(uid.as_str()))
                     .ok_or_else(|| format!("{} {name:?} not found", kind.to_lowercase()))?;
                 (uid, owner["spec"]["replicas"].as_i64().unwrap_or(1))
             }
@@ -379,6 +383,41 @@ mod tests {
         assert_eq!(s["disruptionsAllowed"], 0);
         assert_eq!(s["conditions"][0]["status"], "False");
         assert_eq!(s["conditions"][0]["reason"], "InsufficientPods");
+    }
+
+    #[test]
+    fn the_scale_of_statefulsets_and_replication_controllers_counts_once_each() {
+        let sts = json!({"metadata": {"name": "db", "namespace": "ns", "uid": "db-uid"},
+            "spec": {"replicas": 3}});
+        let rc = json!({"metadata": {"name": "old", "namespace": "ns", "uid": "old-uid"},
+            "spec": {"replicas": 5}});
+        let extra = vec![
+            (gvr("apps", "statefulsets"), sts),
+            (gvr("", "replicationcontrollers"), rc),
+        ];
+        let pods = vec![
+            pod("db-0", true, Some(("StatefulSet", "db"))),
+            pod("db-1", true, Some(("StatefulSet", "db"))),
+            pod("old-a", true, Some(("ReplicationController", "old"))),
+        ];
+        let s = run(json!({"maxUnavailable": 1}), pods, extra);
+        assert_eq!(s["expectedPods"], 8);
+        assert_eq!(s["desiredHealthy"], 7);
+        assert_eq!(s["disruptionsAllowed"], 0);
+    }
+
+    #[test]
+    fn a_controller_of_the_name_but_another_uid_is_not_the_pods() {
+        let sts = json!({"metadata": {"name": "db", "namespace": "ns", "uid": "new-uid"},
+            "spec": {"replicas": 3}});
+        let pods = vec![pod("db-0", true, Some(("StatefulSet", "db")))];
+        let s = run(
+            json!({"maxUnavailable": 1}),
+            pods,
+            vec![(gvr("apps", "statefulsets"), sts)],
+        );
+        assert_eq!(s["disruptionsAllowed"], 0);
+        assert_eq!(s["conditions"][0]["reason"], "SyncFailed");
     }
 
     #[test]
