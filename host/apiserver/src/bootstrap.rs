@@ -1,8 +1,8 @@
 //! The objects every cluster starts with, created on each start when missing and
 //! brought up to date when an older version wrote them (kube-apiserver's post-start
 //! hooks): the bootstrap RBAC roles, the system PriorityClasses, the RuntimeClasses of
-//! Trellis' handlers, the initial namespaces, and the CRD and built-in objects of
-//! `plugins.trellis.dev`.
+//! Trellis' handlers, the default StorageClass (`local-path`), the initial namespaces,
+//! and the CRD and built-in objects of `plugins.trellis.dev`.
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -74,6 +74,32 @@ impl AppState {
                 .store
                 .create(
                     &runtime_classes.key(None, name),
+                    Bytes::from(obj.to_string()),
+                )
+                .await
+            {
+                Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The default StorageClass, as k3s ships its local-path one: claims that name
+        // no class get node-local directories from the bundled provisioner.
+        if let Ok(storage_classes) = self.resource("storage.k8s.io", "v1", "storageclasses") {
+            let obj = json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "local-path", "uid": uuid::Uuid::new_v4().to_string(),
+                             "creationTimestamp": crate::object::now_timestamp(),
+                             "annotations": {
+                                 crate::admission::default_storage_class::IS_DEFAULT_CLASS: "true"
+                             }},
+                "provisioner": "trellis.dev/local-path",
+                "reclaimPolicy": "Delete",
+                "volumeBindingMode": "WaitForFirstConsumer",
+            });
+            match self
+                .store
+                .create(
+                    &storage_classes.key(None, "local-path"),
                     Bytes::from(obj.to_string()),
                 )
                 .await

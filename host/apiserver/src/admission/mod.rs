@@ -18,6 +18,7 @@
 //! ([`crate::admission::quota`]).
 
 pub mod chain;
+pub mod default_storage_class;
 pub mod limit_ranger;
 pub mod plugins;
 pub mod pod_security;
@@ -50,6 +51,7 @@ pub fn builtin() -> Chains {
             Arc::new(tolerations::DefaultTolerationSeconds),
             Arc::new(priority::Priority::default()),
             Arc::new(runtime_class::RuntimeClass::default()),
+            Arc::new(default_storage_class::DefaultStorageClass::default()),
             Arc::new(limit_ranger::LimitRanger::default()),
             Arc::new(quota::ResourceQuota::default()),
         ],
