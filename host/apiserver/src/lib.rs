@@ -36,6 +36,7 @@
 //! - [`object`]: object metadata helpers; [`warnings`]: `Warning` headers.
 
 pub mod admission;
+pub mod aggregator;
 pub mod authentication;
 pub mod authorization;
 pub mod bootstrap;

@@ -138,6 +138,8 @@ pub struct AppState {
     pub kubelet: crate::kubelet::KubeletClient,
     /// What this server believes taken in the Service ranges.
     pub services: crate::registry::service::Allocators,
+    /// The APIServices served by other servers, once the aggregation layer started.
+    pub aggregator: std::sync::OnceLock<Arc<crate::aggregator::Aggregator>>,
 }
 
 /// What the server's state is made from, as [`crate::server::start`] prepares it.
@@ -215,6 +217,7 @@ impl AppState {
             namespace_deletions: tokio::sync::Notify::new(),
             kubelet,
             services,
+            aggregator: std::sync::OnceLock::new(),
         })
     }
 

@@ -61,8 +61,29 @@ fn group_json(name: &str, versions: &[String]) -> Value {
     json!({"name": name, "versions": versions.clone(), "preferredVersion": versions[0]})
 }
 
+/// The groups this server serves, then those only APIServices of the aggregation
+/// layer bring (and their versions this server does not serve).
+fn all_groups(state: &AppState) -> Vec<(String, Vec<String>)> {
+    let mut all = groups(&state.resources());
+    if let Some(aggregator) = state.aggregator.get() {
+        for (group, versions) in aggregator.groups() {
+            match all.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, known)) => {
+                    for v in versions {
+                        if !known.contains(&v) {
+                            known.push(v);
+                        }
+                    }
+                }
+                None => all.push((group, versions)),
+            }
+        }
+    }
+    all
+}
+
 pub fn group_list(state: &AppState) -> Value {
-    let groups: Vec<Value> = groups(&state.resources())
+    let groups: Vec<Value> = all_groups(state)
         .iter()
         .map(|(g, v)| group_json(g, v))
         .collect();
@@ -70,9 +91,7 @@ pub fn group_list(state: &AppState) -> Value {
 }
 
 pub fn group(state: &AppState, name: &str) -> Option<Value> {
-    let (g, versions) = groups(&state.resources())
-        .into_iter()
-        .find(|(g, _)| g == name)?;
+    let (g, versions) = all_groups(state).into_iter().find(|(g, _)| g == name)?;
     let mut doc = group_json(&g, &versions);
     doc["kind"] = "APIGroup".into();
     doc["apiVersion"] = "v1".into();
@@ -178,27 +197,39 @@ pub fn aggregated(state: &AppState, core: bool, version: &str) -> Value {
     let group_names: Vec<(String, Vec<String>)> = if core {
         vec![(String::new(), vec!["v1".to_owned()])]
     } else {
-        groups(&resources)
+        all_groups(state)
     };
     let items: Vec<Value> = group_names
         .iter()
-        .map(|(group, versions)| {
+        .filter_map(|(group, versions)| {
             let versions: Vec<Value> = versions
                 .iter()
-                .map(|v| {
+                .filter_map(|v| {
+                    if let Some(aggregator) = state.aggregator.get()
+                        && aggregator.route(group, v).is_some()
+                    {
+                        let (list, current) = aggregator.discovered(group, v)?;
+                        return Some(crate::aggregator::discovery::version_discovery(
+                            v, &list, current,
+                        ));
+                    }
                     let entries: Vec<Value> = resources
                         .iter()
                         .filter(|r| &r.group == group && &r.version == v)
                         .map(aggregated_resource)
                         .collect();
-                    json!({"version": v, "resources": entries, "freshness": "Current"})
+                    Some(json!({"version": v, "resources": entries, "freshness": "Current"}))
                 })
                 .collect();
+            // A remote group none of whose backends has answered yet.
+            if versions.is_empty() {
+                return None;
+            }
             let mut metadata = json!({"creationTimestamp": null});
             if !group.is_empty() {
                 metadata["name"] = group.clone().into();
             }
-            json!({"metadata": metadata, "versions": versions})
+            Some(json!({"metadata": metadata, "versions": versions}))
         })
         .collect();
     json!({

@@ -360,6 +360,10 @@ async fn handle(
         .inflight
         .admit(&user, uri.path(), mutating_method(&method), long_running)
         .inspect_err(|_| state.metrics.rejected(&lock(record).labels))?;
+    // A group-version an APIService sends to an extension API server.
+    if let Some(route) = crate::aggregator::route_for(&state, uri.path()) {
+        return crate::aggregator::handle(&state, route, &user, method, &uri, &headers, body).await;
+    }
     let info = RequestInfo::parse(uri.path(), |group, version, plural| {
         state
             .resource(group, version, plural)

@@ -91,6 +91,8 @@ pub struct Config {
     pub signing: crate::certificates::Signing,
     /// When CertificateSigningRequests done with are deleted.
     pub csr_cleaning: crate::certificates::Cleaning,
+    /// The aggregation layer: how often APIServices' backends are checked.
+    pub aggregator: crate::aggregator::Config,
 }
 
 impl Config {
@@ -120,6 +122,7 @@ impl Config {
             builtin_plugins: Vec::new(),
             signing: crate::certificates::Signing::default(),
             csr_cleaning: crate::certificates::Cleaning::default(),
+            aggregator: crate::aggregator::Config::default(),
         }
         .with_audit_in_data_dir()
     }
@@ -396,6 +399,15 @@ pub async fn start(
         stop.subscribe(),
     );
     let ca_pem = pki.ca_pem().to_owned();
+    crate::aggregator::start(
+        &state,
+        config.aggregator.clone(),
+        pki.dir(),
+        &ca_pem,
+        stop.subscribe(),
+    )
+    .await
+    .context("start the aggregation layer")?;
     crate::certificates::start(
         state.clone(),
         Arc::new(pki),
