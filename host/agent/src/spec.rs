@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector, Pod,
-    ResourceFieldSelector, Secret, Volume,
+    ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector, PersistentVolume,
+    PersistentVolumeClaim, Pod, ResourceFieldSelector, Secret, Volume,
 };
 use kube::api::Api;
 use trellis_quantity::Quantity as Parsed;
@@ -424,6 +424,9 @@ async fn make_volume(
         }
         return Ok(path);
     }
+    if let Some(claim) = &volume.persistent_volume_claim {
+        return claimed_volume(ctx, ns, &claim.claim_name).await;
+    }
     std::fs::create_dir_all(dir).map_err(io)?;
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     // Projected tokens: their files, to keep fresh once written.
@@ -583,6 +586,66 @@ fn check_relative(path: &str) -> Result<(), ConfigError> {
         )));
     }
     Ok(())
+}
+
+/// The directory of the volume bound to claim `ns/name`, as the kubelet's volume
+/// manager finds it: the claim must be bound (the scheduler binds a pod only once
+/// its claims are), to a volume that names it; the volume's `hostPath` (made when
+/// missing for `DirectoryOrCreate`, as a local-path volume's is) or `local` path.
+async fn claimed_volume(ctx: &Context, ns: &str, name: &str) -> Result<PathBuf, ConfigError> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let claim = claims
+        .get_opt(name)
+        .await
+        .map_err(|e| ConfigError(format!("read persistentvolumeclaim {ns}/{name}: {e}")))?
+        .ok_or_else(|| ConfigError(format!("persistentvolumeclaim \"{name}\" not found")))?;
+    let volume_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| ConfigError(format!("PVC {ns}/{name} has not been bound")))?;
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let volume = volumes
+        .get_opt(volume_name)
+        .await
+        .map_err(|e| ConfigError(format!("read persistentvolume {volume_name}: {e}")))?
+        .ok_or_else(|| ConfigError(format!("persistentvolume \"{volume_name}\" not found")))?;
+    let spec = volume.spec.unwrap_or_default();
+    let claimed_by = spec.claim_ref.as_ref().and_then(|r| r.uid.as_deref());
+    if claimed_by.is_some() && claimed_by != claim.metadata.uid.as_deref() {
+        return Err(ConfigError(format!(
+            "persistentvolume {volume_name} is bound to another claim than {ns}/{name}"
+        )));
+    }
+    let io = |e: std::io::Error| ConfigError(format!("persistentvolume {volume_name}: {e}"));
+    if let Some(host) = &spec.host_path {
+        let path = PathBuf::from(&host.path);
+        match host.type_.as_deref().unwrap_or("") {
+            "DirectoryOrCreate" => std::fs::create_dir_all(&path).map_err(io)?,
+            _ if !path.exists() => {
+                return Err(ConfigError(format!(
+                    "persistentvolume {volume_name}: hostPath {} does not exist",
+                    host.path
+                )));
+            }
+            _ => {}
+        }
+        return Ok(path);
+    }
+    if let Some(local) = &spec.local {
+        let path = PathBuf::from(&local.path);
+        if !path.exists() {
+            return Err(ConfigError(format!(
+                "persistentvolume {volume_name}: local path {} does not exist",
+                local.path
+            )));
+        }
+        return Ok(path);
+    }
+    Err(ConfigError(format!(
+        "persistentvolume {volume_name}: only hostPath and local volumes are served on this node"
+    )))
 }
 
 /// The container's mounts: each `volumeMount`'s directory on the node (with its
