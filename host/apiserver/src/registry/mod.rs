@@ -32,6 +32,7 @@
 //!   conditions).
 
 pub mod apply;
+pub mod autoscaling;
 pub mod certificates;
 pub mod crd;
 pub mod create;
