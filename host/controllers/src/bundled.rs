@@ -197,10 +197,18 @@ pub const BUILTINS: &[Builtin] = &[
         wasm: include_bytes!(concat!(env!("OUT_DIR"), "/horizontal-pod-autoscaler.wasm")),
         primary: ("autoscaling", "v2", "horizontalpodautoscalers"),
         owns: &[],
-        watches: &[(("", "v1", "pods"), Mapping::Cache)],
+        // The pods it measures, and the kinds with a scale subresource it finds a
+        // target among (each autoscaler requeues itself every sync period).
+        watches: &[
+            (("", "v1", "pods"), Mapping::Cache),
+            (("apps", "v1", "deployments"), Mapping::Cache),
+            (("apps", "v1", "replicasets"), Mapping::Cache),
+            (("apps", "v1", "statefulsets"), Mapping::Cache),
+            (("", "v1", "replicationcontrollers"), Mapping::Cache),
+        ],
         resync: None,
         needs_root_ca: false,
-        configuration: "{}",
+        configuration: r#"{"syncPeriodSeconds": 15}"#,
         workers: 5,
     },
     Builtin {
