@@ -1,6 +1,6 @@
-//! The binding cycle: binds run beside the loop (kube-scheduler's DefaultBinder), and
-//! their outcome comes back to it; pods waiting at Permit hold their node until their
-//! components allow them or their wait runs out.
+//! The binding cycle: binds run beside the loop (VolumeBinding's PreBind, then
+//! kube-scheduler's DefaultBinder), and their outcome comes back to it; pods waiting
+//! at Permit hold their node until their components allow them or their wait runs out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -75,10 +75,17 @@ impl Binder {
         let bound_tx = self.bound_tx.clone();
         let in_flight = self.in_flight.clone();
         tokio::spawn(async move {
-            bound.result = match in_flight.acquire().await {
-                Ok(_permit) => bind(&api, &bound.pod, &bound.node).await,
-                Err(e) => Err(e.to_string()),
-            };
+            // PreBind first, outside the binds in flight: a pod whose claims are still
+            // being provisioned must not hold a slot that other pods' binds need.
+            let client = api.clone().into_client();
+            bound.result =
+                match crate::volume_binding::pre_bind(&client, &bound.pod, &bound.node).await {
+                    Err(e) => Err(e),
+                    Ok(()) => match in_flight.acquire().await {
+                        Ok(_permit) => bind(&api, &bound.pod, &bound.node).await,
+                        Err(e) => Err(e.to_string()),
+                    },
+                };
             let _ = bound_tx.send(bound);
         });
     }

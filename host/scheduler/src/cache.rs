@@ -157,6 +157,11 @@ impl Cache {
         self.names.get(id as usize).and_then(|n| n.as_deref())
     }
 
+    /// The Node numbered `id`.
+    pub fn node(&self, id: NodeId) -> Option<&Arc<Node>> {
+        self.nodes.get(self.node_name(id)?).map(|e| &e.node)
+    }
+
     pub fn upsert_node(&mut self, node: &Arc<Node>) {
         let Some(name) = node.metadata.name.clone() else {
             return;

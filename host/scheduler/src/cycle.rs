@@ -302,12 +302,14 @@ impl Profile {
         Ok(())
     }
 
-    /// One scheduling cycle for `pod`.
+    /// One scheduling cycle for `pod`, on the nodes of `volume_nodes` only when given
+    /// (those its volumes allow, see [`crate::volume_binding`]).
     pub async fn schedule(
         &mut self,
         host: &Arc<PluginHost>,
         cache: &mut Cache,
         pod: &Pod,
+        volume_nodes: Option<HashSet<NodeId>>,
     ) -> Decision {
         if let Err(e) = self.prepare(host, cache).await {
             return Decision::Error(e);
@@ -369,12 +371,28 @@ impl Profile {
                 }
             }
         }
+        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+        let mut rejecters: BTreeSet<String> = BTreeSet::new();
+        let all_before_volumes = all.len();
+        let all: Vec<NodeId> = match &volume_nodes {
+            Some(set) => {
+                let allowed: Vec<NodeId> =
+                    all.iter().copied().filter(|n| set.contains(n)).collect();
+                if allowed.len() < all.len() {
+                    reasons.insert(
+                        "node(s) had volume node affinity conflict".into(),
+                        all.len() - allowed.len(),
+                    );
+                    rejecters.insert("VolumeBinding".into());
+                }
+                allowed
+            }
+            None => all,
+        };
         let candidates: Vec<NodeId> = match &only {
             Some(set) => all.iter().copied().filter(|n| set.contains(n)).collect(),
             None => all.clone(),
         };
-        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-        let mut rejecters: BTreeSet<String> = BTreeSet::new();
         if candidates.len() < all.len() {
             let names: Vec<&str> = narrowed_by.iter().map(String::as_str).collect();
             reasons.insert(
@@ -443,7 +461,7 @@ impl Profile {
             self.next_start = (start + processed) % len;
         }
         if feasible.is_empty() {
-            let mut message = fit_error(all.len(), &reasons);
+            let mut message = fit_error(all_before_volumes, &reasons);
             let nomination = if pod
                 .spec
                 .as_ref()
@@ -452,8 +470,15 @@ impl Profile {
             {
                 None
             } else {
-                match preemption::preempt(self, cache, pod, &candidates, &unresolvable, all.len())
-                    .await
+                match preemption::preempt(
+                    self,
+                    cache,
+                    pod,
+                    &candidates,
+                    &unresolvable,
+                    all_before_volumes,
+                )
+                .await
                 {
                     Ok(nomination) => Some(nomination),
                     Err(why) => {
@@ -573,7 +598,7 @@ impl Profile {
                     return Decision::Unschedulable {
                         message: format!(
                             "0/{} nodes are available: {}.",
-                            all.len(),
+                            all_before_volumes,
                             status.reasons.join(", ")
                         ),
                         plugins: BTreeSet::from([plugin]),

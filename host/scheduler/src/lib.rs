@@ -17,6 +17,8 @@
 //!   `eventhandlers.go`).
 //! - `binder`: the binding cycle: binds beside the loop, their outcome, and the pods
 //!   waiting at Permit.
+//! - [`volume_binding`]: VolumeBinding, for pods with claims: the nodes their volumes
+//!   allow, and the claims' node selected before the bind.
 //! - `status`: what the scheduler writes about a pod it could not place: its
 //!   PodScheduled condition and nomination, and its preemption victims' deletion.
 //! - this module: the configuration and the types the binary passes in.
@@ -34,6 +36,7 @@ pub mod preemption;
 pub mod queue;
 mod run;
 mod status;
+pub mod volume_binding;
 
 use std::collections::HashMap;
 use std::sync::Arc;

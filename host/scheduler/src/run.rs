@@ -46,6 +46,7 @@ pub async fn run(
     let budgets = informers
         .informer::<PodDisruptionBudget>(Api::all(client.clone()), watcher::Config::default());
     let mut budget_changes = budgets.subscribe();
+    let volumes = crate::volume_binding::Volumes::new(&client, &informers);
     tokio::select! {
         () = async { tokio::join!(pods.wait_synced(), nodes.wait_synced()); } => {}
         () = stopped.wait() => return Ok(()),
@@ -137,7 +138,14 @@ pub async fn run(
                 continue;
             };
             let started = Instant::now();
-            let decision = profiles[p].schedule(&host, &mut cache, &pod).await;
+            let decision = match volumes.nodes_for(&pod, &cache) {
+                Ok(nodes) => profiles[p].schedule(&host, &mut cache, &pod, nodes).await,
+                Err(message) => Decision::Unschedulable {
+                    message: format!("0/{} nodes are available: {message}.", cache.node_count()),
+                    plugins: ["VolumeBinding".to_owned()].into(),
+                    nomination: None,
+                },
+            };
             for (plugin, events) in profiles[p].take_interests() {
                 queue.set_interests(&plugin, events);
             }
