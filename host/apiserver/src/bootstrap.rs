@@ -1,8 +1,9 @@
 //! The objects every cluster starts with, created on each start when missing and
 //! brought up to date when an older version wrote them (kube-apiserver's post-start
 //! hooks): the bootstrap RBAC roles, the system PriorityClasses, the RuntimeClasses of
-//! Trellis' handlers, the default StorageClass (`local-path`), the initial namespaces,
-//! and the CRD and built-in objects of `plugins.trellis.dev`.
+//! Trellis' handlers, the default StorageClass (`local-path`) and the scheduler's
+//! rights to volumes, the initial namespaces, and the CRD and built-in objects of
+//! `plugins.trellis.dev`.
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -105,6 +106,43 @@ impl AppState {
                 .await
             {
                 Ok(_) | Err(trellis_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Kubernetes' system:volume-scheduler role, bound to the scheduler: its
+        // VolumeBinding reads claims, volumes and classes, and selects a claim's node.
+        let rbac = crate::authorization::rbac::RBAC;
+        let labels = json!({"kubernetes.io/bootstrapping": "rbac-defaults"});
+        for (key, obj) in [
+            (
+                format!("{rbac}clusterroles/system:volume-scheduler"),
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "system:volume-scheduler", "labels": labels},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["persistentvolumes", "persistentvolumeclaims"],
+                     "verbs": ["get", "list", "patch", "update", "watch"]},
+                    {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"],
+                     "verbs": ["get", "list", "watch"]},
+                ]}),
+            ),
+            (
+                format!("{rbac}clusterrolebindings/system:volume-scheduler"),
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                       "metadata": {"name": "system:volume-scheduler", "labels": labels},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                   "name": "system:volume-scheduler"},
+                       "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                     "name": "system:kube-scheduler"}]}),
+            ),
+        ] {
+            let mut obj = obj;
+            obj["metadata"]["uid"] = uuid::Uuid::new_v4().to_string().into();
+            obj["metadata"]["creationTimestamp"] = crate::object::now_timestamp().into();
+            match self.store.create(&key, Bytes::from(obj.to_string())).await {
+                Ok(_) => {}
+                Err(trellis_store::Error::AlreadyExists { .. }) => {
+                    self.reconcile_bootstrap_role(&key, &obj).await?;
+                }
                 Err(e) => return Err(e.into()),
             }
         }
