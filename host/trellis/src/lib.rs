@@ -22,6 +22,7 @@
 
 pub mod components;
 pub mod flags;
+pub mod metrics_server;
 pub mod plugin_controllers;
 pub mod plugins;
 pub mod scheduler;

@@ -12,6 +12,8 @@
 //!   `--discovery-token-ca-cert-hash`); `--hollow N` runs N simulated nodes instead.
 //! - `trellis runtime`: the container runtime alone, serving CRI on a Unix socket.
 //! - `trellis token create|list|delete`: the bootstrap tokens nodes join with.
+//! - `trellis metrics-server --kubeconfig FILE`: the resource metrics API
+//!   (`metrics.k8s.io`, `kubectl top`) of a cluster, as metrics-server.
 //! - `trellis plugin run|bench|list|describe|install|uninstall`: plugins offline, and
 //!   Plugin objects in a cluster.
 //! - `trellis bench store|watch|compaction|api|admission|plugin-reload|informer|
@@ -49,7 +51,7 @@ mod up;
 
 // The components, from this package's library (`src/lib.rs`), which the end-to-end
 // tests run too.
-use trellis::{components, flags, plugin_controllers, plugins, scheduler, setup};
+use trellis::{components, flags, metrics_server, plugin_controllers, plugins, scheduler, setup};
 
 /// mimalloc rather than the system's malloc: see `mimalloc` in the workspace manifest.
 #[global_allocator]
@@ -88,6 +90,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run plugins offline; manage Plugin objects.
     Plugin(plugin::PluginArgs),
+    /// Serve the resource metrics API (`metrics.k8s.io`) of a cluster's nodes.
+    MetricsServer(metrics_server::MetricsServerArgs),
     /// Print the version of this binary.
     Version,
 }
@@ -128,6 +132,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
         Command::Plugin(args) => runtime()?.block_on(plugin::run(args)),
+        Command::MetricsServer(args) => {
+            runtime()?.block_on(metrics_server::run(args, shutdown_signal()))
+        }
         Command::Up(args) => runtime()?.block_on(up::run(args, true, shutdown_signal())),
         Command::Server(args) => runtime()?.block_on(up::run(args, false, shutdown_signal())),
         Command::Controllers(args) => {

@@ -182,6 +182,21 @@ pub struct UpArgs {
     /// `trellis up` only: the hollow nodes' settings.
     #[command(flatten)]
     hollow: crate::hollow::HollowFlags,
+
+    /// `trellis up` only: whether a metrics server runs in this process, registered as
+    /// the APIService `v1beta1.metrics.k8s.io` (`kubectl top`, autoscalers).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    metrics_server: bool,
+
+    /// `trellis up` only: how often the metrics server reads the nodes' usage, in
+    /// seconds.
+    #[arg(long, default_value = "15", value_name = "SECONDS", value_parser = seconds)]
+    metric_resolution: Duration,
+
+    /// How often the aggregation layer checks every APIService's backend besides on
+    /// changes of it, its Service or its Endpoints, in seconds.
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = seconds)]
+    apiservice_check_interval: Duration,
 }
 
 /// What `--store` names.
@@ -331,6 +346,7 @@ pub async fn run(
         .with_context(|| format!("create the plugins directory {}", plugin_dir.display()))?;
     info!(plugin_dir = %plugin_dir.display(), "following the plugins directory");
     server_config.plugin_dir = Some(plugin_dir);
+    server_config.aggregator.check_interval = args.apiservice_check_interval;
     let server = trellis_apiserver::start(
         server_config,
         store.clone(),
@@ -409,6 +425,20 @@ pub async fn run(
                 nodes.wait().await.context("run the hollow nodes")
             }));
         }
+        if args.metrics_server {
+            let config = crate::metrics_server::Config {
+                metric_resolution: args.metric_resolution,
+                listen: std::net::SocketAddr::new(advertise, 0),
+                ..Default::default()
+            };
+            let in_process = in_process.clone();
+            let stopped = stopped.clone();
+            running.push(tokio::spawn(async move {
+                run_metrics_server(&in_process, config, stopped)
+                    .await
+                    .context("run the metrics server")
+            }));
+        }
         if args.local_node {
             let name = args
                 .node
@@ -463,6 +493,30 @@ pub async fn run(
         redb.close().await.context("close the store")?;
     }
     Ok(())
+}
+
+/// The metrics server of `trellis up`: as its own user, granted what it needs, served
+/// on `config.listen` (loopback when that address cannot be bound) and registered as
+/// the backend of `metrics.k8s.io`.
+async fn run_metrics_server(
+    in_process: &trellis_client::InProcess,
+    mut config: crate::metrics_server::Config,
+    stopped: Shutdown,
+) -> anyhow::Result<()> {
+    let admin = in_process.client(trellis_api::UserInfo::new(
+        "system:apiserver",
+        [trellis_api::user::groups::MASTERS],
+    ));
+    let user = crate::metrics_server::identity();
+    crate::metrics_server::grant(&admin, &user.name).await?;
+    let client = in_process.client(user);
+    let ip = config.listen.ip();
+    if ip.is_unspecified() || std::net::TcpListener::bind((ip, 0)).is_err() {
+        config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    }
+    let server = crate::metrics_server::start(client, config, stopped).await?;
+    crate::metrics_server::register(&admin, &server, server.addr.ip()).await?;
+    server.wait().await
 }
 
 #[cfg(test)]
