@@ -16,13 +16,13 @@ use trellis_api::registry::Subresource;
 
 use crate::authentication::Peer;
 use crate::authorization::reviews;
-use crate::endpoints::discovery;
 use crate::endpoints::request::{
     self, ApiRequest, BodyFormat, IncludeObject, MAX_BODY, NonResourcePath, Query, RequestInfo,
     ResourcePath,
 };
 use crate::endpoints::response::{ErrorResponse, json_response};
 use crate::endpoints::watch;
+use crate::endpoints::{conversion, discovery};
 use crate::observability::metrics::RequestLabels;
 use crate::registry::subresources;
 use crate::registry::{self, State};
@@ -454,7 +454,14 @@ async fn handle(
         req.dry_run = true;
     }
 
-    handle_resource(state, req, body, &uri, &headers, &mut extensions).await
+    // A version served from another's storage: converted on the way in and out.
+    let watch = req.verb == "watch";
+    let (body, served) = conversion::inbound(&state, &mut req, body).await?;
+    let response = handle_resource(state, req, body, &uri, &headers, &mut extensions).await;
+    match (response, served) {
+        (Ok(response), Some(served)) => Ok(conversion::outbound(response, &served, watch).await),
+        (response, _) => response,
+    }
 }
 
 /// A resource request, authorized, with its body: to the handler of its verb and

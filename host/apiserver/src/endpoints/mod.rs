@@ -14,6 +14,7 @@
 //! - [`protobuf`]: protobuf request bodies read into JSON.
 //! - [`table`]: `kubectl get` tables.
 
+pub mod conversion;
 pub mod discovery;
 pub mod dispatch;
 pub mod openapi;
