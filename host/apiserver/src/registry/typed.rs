@@ -13,6 +13,9 @@ use trellis_api::status::StatusCause;
 
 use crate::object::{Object, metadata};
 
+mod workloads;
+pub use workloads::parse_schedule;
+
 /// Fields outside the typed structs that Trellis keeps on every object.
 const KEPT_METADATA: &[&str] = &["initializers"];
 
@@ -358,7 +361,9 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, old: Option<&Object>) {
             }
             default_template(obj);
         }
-        _ => {}
+        _ => {
+            workloads::defaults(res, obj, old);
+        }
     }
 }
 
@@ -441,7 +446,9 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
         ("", plural @ ("limitranges" | "resourcequotas")) => {
             crate::admission::limit_ranger::validate(plural, obj, &mut causes)
         }
-        _ => {}
+        _ => {
+            workloads::validate(res, obj, old, &mut causes);
+        }
     }
     if causes.is_empty() {
         return Ok(());
