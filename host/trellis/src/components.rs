@@ -128,6 +128,10 @@ pub struct ControllerArgs {
     #[command(flatten)]
     pub node_ipam: crate::setup::NodeIpamFlags,
 
+    /// How often each HorizontalPodAutoscaler is synced, in seconds.
+    #[arg(long, default_value = "15", value_name = "SECONDS", value_parser = crate::flags::seconds)]
+    pub horizontal_pod_autoscaler_sync_period: Duration,
+
     /// How often the counters of controller Plugins (calls, failed reconciles,
     /// failures) are copied into their status.
     #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = seconds)]
@@ -185,7 +189,10 @@ pub async fn run_controllers(
     args: ControllerArgs,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let builtins = args.node_ipam.select(bundled::select(&args.controllers)?);
+    let builtins = crate::setup::with_hpa_sync_period(
+        args.node_ipam.select(bundled::select(&args.controllers)?),
+        args.horizontal_pod_autoscaler_sync_period,
+    );
     let plugins = PluginHost::new(HostConfig {
         cache_dir: args.plugin_cache_dir.clone(),
         ..HostConfig::default()

@@ -215,6 +215,38 @@ fn configured(configuration: &str, grace_period: u64, node_ipam: &NodeIpamFlags)
     value.to_string()
 }
 
+/// `builtins` with the autoscaler (`horizontalpodautoscaling`) configured to sync
+/// every `period` (`--horizontal-pod-autoscaler-sync-period`). The built-ins are
+/// static: a period other than the one bundled makes one copy, kept for the life of
+/// the process.
+pub fn with_hpa_sync_period(
+    builtins: Vec<&'static Builtin>,
+    period: Duration,
+) -> Vec<&'static Builtin> {
+    builtins
+        .into_iter()
+        .map(|b| {
+            let Ok(mut configuration) = serde_json::from_str::<serde_json::Value>(b.configuration)
+            else {
+                return b;
+            };
+            let Some(bundled) = configuration.get_mut("syncPeriodSeconds") else {
+                return b;
+            };
+            let seconds = serde_json::Value::from(period.as_secs_f64());
+            if bundled.as_f64() == seconds.as_f64() {
+                return b;
+            }
+            *bundled = seconds;
+            let configuration: &'static str = Box::leak(configuration.to_string().into_boxed_str());
+            &*Box::leak(Box::new(Builtin {
+                configuration,
+                ..*b
+            }))
+        })
+        .collect()
+}
+
 /// Starts the setup's built-in controllers; each that cannot start is named and left
 /// out.
 pub async fn start_controllers(
@@ -467,5 +499,30 @@ mod tests {
         let builtins = apply(&["--allocate-node-cidrs", "false"]);
         assert!(!builtins.iter().any(|b| b.name == "nodeipam"));
         assert!(builtins.iter().any(|b| b.name == "nodelifecycle"));
+    }
+
+    #[test]
+    fn the_autoscaler_syncs_as_often_as_its_flag_says() {
+        let period = |builtins: &[&'static Builtin]| {
+            let hpa = builtins
+                .iter()
+                .find(|b| b.name == "horizontalpodautoscaling")
+                .unwrap();
+            serde_json::from_str::<serde_json::Value>(hpa.configuration).unwrap()
+                ["syncPeriodSeconds"]
+                .clone()
+        };
+        let all = || trellis_controllers::bundled::select("*").unwrap();
+        let bundled = with_hpa_sync_period(all(), Duration::from_secs(15));
+        assert_eq!(period(&bundled), 15);
+        let fast = with_hpa_sync_period(all(), Duration::from_millis(500));
+        assert_eq!(period(&fast), 0.5);
+        // The others are the bundled ones themselves.
+        assert!(
+            fast.iter()
+                .zip(all())
+                .filter(|(a, _)| a.name != "horizontalpodautoscaling")
+                .all(|(a, b)| std::ptr::eq(*a, b))
+        );
     }
 }

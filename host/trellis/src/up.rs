@@ -161,6 +161,10 @@ pub struct UpArgs {
     #[command(flatten)]
     node_ipam: crate::setup::NodeIpamFlags,
 
+    /// `trellis up` only: how often each HorizontalPodAutoscaler is synced, in seconds.
+    #[arg(long, default_value = "15", value_name = "SECONDS", value_parser = crate::flags::seconds)]
+    horizontal_pod_autoscaler_sync_period: Duration,
+
     /// `trellis up` only: the scheduler's settings.
     #[command(flatten)]
     scheduler: crate::setup::SchedulerFlags,
@@ -269,9 +273,11 @@ pub async fn run(
     let stopped_signal = |rx: Shutdown| async move {
         rx.wait().await;
     };
-    let builtins = args
-        .node_ipam
-        .select(trellis_controllers::bundled::select(&args.controllers)?);
+    let builtins = crate::setup::with_hpa_sync_period(
+        args.node_ipam
+            .select(trellis_controllers::bundled::select(&args.controllers)?),
+        args.horizontal_pod_autoscaler_sync_period,
+    );
     let mut server_config = trellis_apiserver::Config::new(&args.data_dir);
     server_config.listen = args.listen;
     // In `trellis up` the controller manager's namespace controller does it, if run.
