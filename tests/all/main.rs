@@ -92,6 +92,7 @@ mod sandbox;
 mod scheduler;
 mod services;
 mod stats;
+mod storage;
 mod store;
 mod tokens;
 mod wasi_sockets;
