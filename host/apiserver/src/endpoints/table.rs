@@ -9,6 +9,8 @@ use trellis_store::Revision;
 use crate::endpoints::request::IncludeObject;
 use crate::object::{Object, meta_str, metadata};
 
+mod workloads;
+
 struct Column {
     name: &'static str,
     kind: &'static str,
@@ -55,6 +57,9 @@ const AGE: Column = col(
 );
 
 fn columns(res: &ResourceInfo) -> Vec<Column> {
+    if let Some(columns) = workloads::columns(res) {
+        return columns;
+    }
     match (res.group.as_str(), res.plural.as_str()) {
         ("", "pods") => vec![
             NAME,
@@ -804,6 +809,9 @@ fn slice_endpoints_text(obj: &Object) -> String {
 }
 
 fn cells(res: &ResourceInfo, obj: &Object) -> Vec<Value> {
+    if let Some(cells) = workloads::cells(res, obj) {
+        return cells;
+    }
     let name = json!(meta_str(obj, "name").unwrap_or_default());
     let age = json!(age(obj));
     match (res.group.as_str(), res.plural.as_str()) {
