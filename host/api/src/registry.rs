@@ -354,6 +354,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["all"],
             &[Status, Scale],
         ),
+        // v2 first, the preferred version; v1 is served from v2's objects, converted.
         versioned(
             "v2",
             resource(
@@ -365,6 +366,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
                 &["all"],
                 &[Status],
             ),
+        ),
+        resource(
+            "autoscaling",
+            "HorizontalPodAutoscaler",
+            "horizontalpodautoscalers",
+            true,
+            &["hpa"],
+            &["all"],
+            &[Status],
         ),
         resource(
             "batch",
@@ -545,7 +555,9 @@ mod tests {
 
     #[test]
     fn plurals_and_short_names_are_unique() {
-        let all = builtins();
+        let mut all = builtins();
+        // Versions of one resource share its names.
+        all.dedup_by(|b, a| a.group == b.group && a.plural == b.plural);
         let mut names: Vec<String> = all.iter().map(|r| r.qualified()).collect();
         names.extend(all.iter().flat_map(|r| r.short_names.clone()));
         let before = names.len();

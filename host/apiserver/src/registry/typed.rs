@@ -361,6 +361,9 @@ fn apply_defaults(res: &ResourceInfo, obj: &mut Object, old: Option<&Object>) {
             }
             default_template(obj);
         }
+        ("autoscaling", "horizontalpodautoscalers") => {
+            crate::registry::autoscaling::default_v2(obj)
+        }
         _ => {
             workloads::defaults(res, obj, old);
         }
@@ -445,6 +448,9 @@ fn validate(res: &ResourceInfo, obj: &Object, old: Option<&Object>) -> Result<()
         }
         ("", plural @ ("limitranges" | "resourcequotas")) => {
             crate::admission::limit_ranger::validate(plural, obj, &mut causes)
+        }
+        ("autoscaling", "horizontalpodautoscalers") => {
+            causes.extend(crate::registry::autoscaling::validate_v2(obj))
         }
         _ => {
             workloads::validate(res, obj, old, &mut causes);
