@@ -76,6 +76,7 @@ mod endpointslices;
 mod eviction;
 mod hollow;
 mod incluster;
+mod jobs;
 mod join;
 mod layout;
 mod multinode;
