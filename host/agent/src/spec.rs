@@ -588,6 +588,9 @@ fn check_relative(path: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The provisioner whose volumes are directories the node makes.
+const LOCAL_PATH_PROVISIONER: &str = "trellis.dev/local-path";
+
 /// The directory of the volume bound to claim `ns/name`, as the kubelet's volume
 /// manager finds it: the claim must be bound (the scheduler binds a pod only once
 /// its claims are), to a volume that names it; the volume's `hostPath` (made when
@@ -619,9 +622,23 @@ async fn claimed_volume(ctx: &Context, ns: &str, name: &str) -> Result<PathBuf, 
         )));
     }
     let io = |e: std::io::Error| ConfigError(format!("persistentvolume {volume_name}: {e}"));
+    // A local-path volume's directory is made writable by all, as k3s' provisioner
+    // makes it: the pods of the claim run as whichever user they choose.
+    let local_path = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+        .is_some_and(|p| p == LOCAL_PATH_PROVISIONER);
     if let Some(host) = &spec.host_path {
         let path = PathBuf::from(&host.path);
         match host.type_.as_deref().unwrap_or("") {
+            "DirectoryOrCreate" if local_path && !path.exists() => {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::create_dir_all(&path).map_err(io)?;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+                    .map_err(io)?;
+            }
             "DirectoryOrCreate" => std::fs::create_dir_all(&path).map_err(io)?,
             _ if !path.exists() => {
                 return Err(ConfigError(format!(
