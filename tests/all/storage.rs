@@ -98,21 +98,13 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
                 name: "storage-test",
                 hairpin: false,
             },
-            client_ca: false,
+            client_ca: true,
             backoff_base: Some(Duration::from_millis(200)),
         },
     )
     .await?;
     let admin = node.admin.clone();
     let storage_root = node.root().join("storage");
-    // Where this node keeps its local-path volumes, as its agent tells the provisioner.
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let annotation = json!({"metadata": {"annotations": {
-        "trellis.dev/local-path-root": storage_root.display().to_string()}}});
-    nodes
-        .patch(NODE, &PatchParams::default(), &Patch::Merge(&annotation))
-        .await?;
-
     let in_process = cluster.in_process();
     let (stop, stopped) = Shutdown::new();
     let manager = Manager {
@@ -155,6 +147,13 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
     let names = ["writer", "reader"];
     let work = async {
         node.set_pod_cidr().await?;
+        // Where this node keeps its local-path volumes, as its agent tells the provisioner.
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let annotation = json!({"metadata": {"annotations": {
+            "trellis.dev/local-path-root": storage_root.display().to_string()}}});
+        nodes
+            .patch(NODE, &PatchParams::default(), &Patch::Merge(&annotation))
+            .await?;
         // No class named: the default one, whose volumes wait for their first pod.
         kubectl
             .ok_stdin(
@@ -214,7 +213,8 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
         }
         ensure!(
             std::fs::read_to_string(&file).ok().as_deref() == Some("kept\n"),
-            "the pod wrote into the volume's directory"
+            "the pod wrote into the volume's directory; its log: {:?}",
+            kubectl.ok(&["logs", "writer"]).await
         );
 
         // The claim outlives its pod; the next pod of it reads what the first wrote.
