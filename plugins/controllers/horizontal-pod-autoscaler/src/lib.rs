@@ -150,25 +150,28 @@ impl Reconcile for HorizontalPodAutoscaler {
                 .unwrap_or_default(),
         }
         .run(&mut history)?;
+        // The history goes with the status: the autoscaler may write its status
+        // (and, through it, its annotations) but not its spec.
         let recorded = serde_json::to_string(&history).map_err(|e| e.to_string())?;
-        if hpa["metadata"]["annotations"][HISTORY_ANNOTATION] != recorded.as_str() {
-            let patch = json!({"metadata": {"annotations": {HISTORY_ANNOTATION: recorded}}});
+        if status != hpa["status"]
+            || hpa["metadata"]["annotations"][HISTORY_ANNOTATION] != recorded.as_str()
+        {
+            let patch = json!({
+                "metadata": {"annotations": {HISTORY_ANNOTATION: recorded}},
+                "status": status,
+            });
             match client::patch(
                 &key.resource,
                 namespace,
                 &key.name,
                 PatchType::Merge,
                 patch,
-                false,
+                true,
             ) {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => return Ok(Action::Done),
                 Err(e) => return Err(e.to_string()),
             }
-        }
-        if status != hpa["status"] {
-            client::patch_status(&key.resource, namespace, &key.name, status)
-                .map_err(|e| e.to_string())?;
         }
         Ok(Action::RequeueAfter(Duration::from_millis(
             u64::try_from(period.max(1)).unwrap_or(1),
@@ -189,7 +192,8 @@ struct Sync<'a> {
 /// The scale subresource of a target, and where it is served.
 struct Scale {
     resource: GroupVersionResource,
-    name: String,
+    /// The `autoscaling/v1` Scale as read: written back with the new count.
+    object: Value,
     replicas: i32,
     selector: String,
 }
@@ -287,12 +291,12 @@ impl Sync<'_> {
         })?;
         Ok(Scale {
             resource: served.resource,
-            name: name.to_owned(),
             replicas: int(&scale["spec"]["replicas"]).unwrap_or(0),
             selector: scale["status"]["selector"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned(),
+            object: scale,
         })
     }
 
@@ -369,14 +373,10 @@ impl Sync<'_> {
         if desired == current {
             return Ok(self.status(current, current, metrics, false));
         }
-        let written = client::patch(
-            &scale.resource,
-            Some(self.namespace),
-            &format!("{}/scale", scale.name),
-            PatchType::Merge,
-            json!({"spec": {"replicas": desired}}),
-            false,
-        );
+        let mut object = scale.object.clone();
+        object["spec"]["replicas"] = json!(desired);
+        let written =
+            client::update_subresource(&scale.resource, Some(self.namespace), &object, "scale");
         if let Err(e) = written {
             self.event(
                 EventType::Warning,

@@ -1,9 +1,110 @@
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use serde_json::{Value, json};
 use trellis_plugin::GroupVersionResource;
-use trellis_plugin::controller::{Action, Write};
+use trellis_plugin::controller::{
+    Action, ApiError, ControllerHost, EventType, ServedResource, Write, with_controller_host,
+};
 use trellis_plugin::testing::ControllerHarness;
 
 use super::*;
+
+thread_local! {
+    /// The configuration [`cluster`] was given, which [`reconcile`] runs with.
+    static CONFIG: RefCell<String> = RefCell::new("{}".into());
+}
+
+/// The SDK's harness, with the `scale` subresource written as the API server writes
+/// it: onto the object the harness holds as `NAME/scale`.
+struct Host(ControllerHarness);
+
+impl ControllerHost for Host {
+    fn get(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, String> {
+        // A subresource (`web/scale`) is named as its object, as the API server names it.
+        let object = self.0.get(resource, namespace, name)?;
+        Ok(object.map(|o| match name.split_once('/') {
+            Some((object_name, _)) => {
+                let mut o: Value = serde_json::from_str(&o).unwrap_or_default();
+                o["metadata"]["name"] = json!(object_name);
+                o.to_string()
+            }
+            None => o,
+        }))
+    }
+
+    fn list(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        label_selector: &str,
+    ) -> Result<Vec<String>, String> {
+        self.0.list(resource, namespace, label_selector)
+    }
+
+    fn owned_by(
+        &self,
+        resource: &GroupVersionResource,
+        owner_uid: &str,
+    ) -> Result<Vec<String>, String> {
+        self.0.owned_by(resource, owner_uid)
+    }
+
+    fn resource_of(&self, api_version: &str, kind: &str) -> Option<ServedResource> {
+        self.0.resource_of(api_version, kind)
+    }
+
+    fn update_subresource(
+        &self,
+        resource: &GroupVersionResource,
+        namespace: Option<&str>,
+        object: &Value,
+        subresource: &str,
+    ) -> Result<String, ApiError> {
+        let mut object = object.clone();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        object["metadata"]["name"] = json!(format!("{name}/{subresource}"));
+        let written = self.0.batch(vec![Write::Update {
+            resource: resource.clone(),
+            namespace: namespace.map(str::to_owned),
+            object,
+            status: false,
+        }]);
+        written
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(ApiError::internal("no answer")))
+    }
+
+    fn batch(&self, writes: Vec<Write>) -> Vec<Result<String, ApiError>> {
+        self.0.batch(writes)
+    }
+
+    fn record(&self, object: &str, event_type: EventType, reason: &str, message: &str) {
+        self.0.record(object, event_type, reason, message);
+    }
+}
+
+/// One reconcile of `ns/web`, as the host makes it.
+fn reconcile(h: &ControllerHarness) -> Result<Action, String> {
+    let key = ObjectKey {
+        resource: hpas(),
+        namespace: Some("ns".into()),
+        name: "web".into(),
+    };
+    let configuration = CONFIG.with(|c| c.borrow().clone());
+    with_controller_host(Rc::new(Host(h.clone())), || {
+        trellis_plugin::__private::reconcile::<HorizontalPodAutoscaler>(&key, &configuration)
+    })
+}
 
 fn hpas() -> GroupVersionResource {
     GroupVersionResource {
@@ -61,8 +162,8 @@ fn pod(harness: ControllerHarness, name: &str, usage: Option<&str>) -> Controlle
 /// A harness with Deployment `web` at `replicas` (its scale subresource) and the
 /// autoscaler; `config` is the controller's configuration.
 fn cluster(config: Value, autoscaler: Value, replicas: i32) -> ControllerHarness {
+    CONFIG.with(|c| *c.borrow_mut() = config.to_string());
     ControllerHarness::new()
-        .with_configuration(config)
         .with_kind("apps/v1", "Deployment", deployments(), true)
         .with_object(hpas(), autoscaler)
         .with_object(
@@ -114,7 +215,7 @@ fn a_busy_deployment_is_scaled_up_at_the_fixed_rate_without_a_behavior() {
         2,
     );
     let h = pod(pod(h, "a", Some("200m")), "b", Some("200m"));
-    let action = h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web");
+    let action = reconcile(&h);
     assert!(matches!(action, Ok(Action::RequeueAfter(_))), "{action:?}");
     // 200 % against 50 % asks for 8; without a behavior a scale-up at most doubles
     // (at least to 4).
@@ -176,8 +277,7 @@ fn an_idle_deployment_waits_for_the_downscale_window_then_shrinks() {
             json!({HISTORY_ANNOTATION: serde_json::to_string(&history).unwrap()});
         w
     });
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(replicas(&h), 4);
     assert_eq!(
         condition(&h, "AbleToScale"),
@@ -185,8 +285,7 @@ fn an_idle_deployment_waits_for_the_downscale_window_then_shrinks() {
     );
     // No window: straight to what the metrics ask (10 % of 50 % of 4 pods → 1).
     let h = idle(json!({"syncPeriodSeconds": 0, "downscaleStabilizationSeconds": 0}));
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(replicas(&h), 1);
     assert!(h.events().contains(&(
         "SuccessfulRescale".into(),
@@ -202,8 +301,7 @@ fn without_metrics_nothing_is_scaled_and_the_conditions_say_why() {
         2,
     );
     let h = pod(pod(h, "a", None), "b", None);
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(replicas(&h), 2);
     assert_eq!(
         condition(&h, "ScalingActive"),
@@ -218,11 +316,9 @@ fn without_metrics_nothing_is_scaled_and_the_conditions_say_why() {
         message,
         "invalid metrics (1 invalid out of 1), first error is: failed to get cpu resource metric value: unable to get metrics for resource cpu: no metrics returned from resource metrics API"
     );
-    assert!(
-        !h.writes()
-            .iter()
-            .any(|w| matches!(w, Write::Patch { name, .. } if name == "web/scale"))
-    );
+    assert!(!h.writes().iter().any(
+        |w| matches!(w, Write::Update { object, .. } if object["metadata"]["name"] == "web/scale")
+    ));
 }
 
 #[test]
@@ -232,16 +328,14 @@ fn the_bounds_apply_before_the_metrics_and_a_target_at_zero_is_left_alone() {
         hpa(json!({"minReplicas": 3, "maxReplicas": 5})),
         1,
     );
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(replicas(&h), 3);
     assert!(h.events().contains(&(
         "SuccessfulRescale".into(),
         "New size: 3; reason: Current number of replicas below Spec.MinReplicas".into()
     )));
     let h = cluster(no_wait(), hpa(json!({"maxReplicas": 5})), 0);
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(replicas(&h), 0);
     assert_eq!(
         condition(&h, "ScalingActive"),
@@ -251,8 +345,7 @@ fn the_bounds_apply_before_the_metrics_and_a_target_at_zero_is_left_alone() {
     let mut other = hpa(json!({"maxReplicas": 5}));
     other["spec"]["scaleTargetRef"]["kind"] = json!("Nothing");
     let h = cluster(no_wait(), other, 1);
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(
         condition(&h, "AbleToScale"),
         ("False".into(), "FailedGetScale".into())
@@ -267,12 +360,12 @@ fn an_autoscaler_syncs_at_most_once_a_period() {
         2,
     );
     let h = pod(pod(h, "a", Some("50m")), "b", Some("50m"));
-    let first = h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web");
+    let first = reconcile(&h);
     assert_eq!(first, Ok(Action::RequeueAfter(Duration::from_secs(60))));
     let writes = h.writes().len();
     assert!(writes > 0);
     // Its own writes bring it back at once: it waits out the period instead.
-    match h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web") {
+    match reconcile(&h) {
         Ok(Action::RequeueAfter(d)) => assert!(
             d <= Duration::from_secs(60) && d > Duration::from_secs(50),
             "{d:?}"
@@ -302,14 +395,12 @@ fn a_behavior_limits_the_rate_and_the_history_carries_it_to_the_next_sync() {
         2,
     );
     let h = pod(pod(h, "a", Some("200m")), "b", Some("200m"));
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(replicas(&h), 3);
     let history = History::of(&h.object(&hpas(), Some("ns"), "web").unwrap());
     assert_eq!(history.scale_up.len(), 1);
     // The next sync (the target now at 3): the minute's one pod is spent.
-    h.reconcile::<HorizontalPodAutoscaler>(&hpas(), Some("ns"), "web")
-        .unwrap();
+    reconcile(&h).unwrap();
     assert_eq!(replicas(&h), 3);
     assert_eq!(
         condition(&h, "ScalingLimited"),
