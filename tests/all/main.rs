@@ -66,6 +66,7 @@
 //! - `wasm_limits`: WASM containers' CPU limit and usage through the CRI.
 
 mod apiserver;
+mod autoscaling;
 mod cgroups;
 mod churn;
 mod client;
