@@ -93,6 +93,7 @@ mod runtime;
 mod sandbox;
 mod scheduler;
 mod services;
+mod statefulsets;
 mod stats;
 mod storage;
 mod store;
