@@ -137,21 +137,48 @@ pub fn construct(ds: &Value, selector: &Value, selector_string: &str) -> Result<
                 .to_owned();
             // A rollback to an old template: its revision becomes the newest.
             if revision_number(&cur) < max {
-                client::patch(
-                    &revisions(),
-                    ns,
-                    &cur.metadata_name(),
-                    trellis_plugin::controller::PatchType::Merge,
-                    json!({"revision": max + 1}),
-                    false,
-                )
-                .map_err(|e| format!("renumber revision {}: {e}", cur.metadata_name()))?;
+                renumber(ns, &cur, max + 1)?;
             }
             hash
         }
         None => snapshot(ds, &patch, max + 1)?,
     };
     Ok(History { hash, old })
+}
+
+/// Gives a revision a new number. Kubernetes lets `revision` change (only `data`
+/// is immutable); a server that refuses the change (422) gets the revision made
+/// again under its name with the new number.
+fn renumber(ns: Option<&str>, cur: &Value, revision: i64) -> Result<(), String> {
+    let name = cur.metadata_name();
+    let patched = client::patch(
+        &revisions(),
+        ns,
+        &name,
+        trellis_plugin::controller::PatchType::Merge,
+        json!({"revision": revision}),
+        false,
+    );
+    match patched {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 422 => {
+            client::delete(&revisions(), ns, &name, None)
+                .map_err(|e| format!("renumber revision {name}: {e}"))?;
+            let mut again = cur.clone();
+            let metadata = again["metadata"].as_object_mut().ok_or("no metadata")?;
+            metadata.retain(|k, _| {
+                matches!(
+                    k.as_str(),
+                    "name" | "labels" | "annotations" | "ownerReferences"
+                )
+            });
+            again["revision"] = json!(revision);
+            client::create(&revisions(), ns, again)
+                .map_err(|e| format!("renumber revision {name}: {e}"))?;
+            Ok(())
+        }
+        Err(e) => Err(format!("renumber revision {name}: {e}")),
+    }
 }
 
 trait Named {

@@ -167,3 +167,41 @@ fn a_pod_of_the_rolled_back_revision_counts_as_updated() {
     assert!(!p(json!({"controller-revision-hash": "h0"})).is_updated("h1", Some("2")));
     assert!(p(json!({"pod-template-generation": "2"})).is_updated("h1", Some("2")));
 }
+
+#[test]
+fn a_rollback_renumbers_the_old_revision_and_replaces_only_the_stalled_pod() {
+    let revision = |ds: &Value, n: i64| {
+        let hash = history::template_hash(&ds["spec"]["template"], None);
+        json!({"metadata": {"name": format!("d-{hash}"), "namespace": "ns", "uid": format!("rev-{n}"),
+                "labels": {"app": "d", "controller-revision-hash": hash},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d",
+                                     "uid": "ds-uid", "controller": true}]},
+               "data": history::patch_of(ds), "revision": n})
+    };
+    let (a, b, bad) = (ds("a"), ds("b"), ds("bad"));
+    let hash = |d: &Value| history::template_hash(&d["spec"]["template"], None);
+    let mut stalled = running("p3", "n3", &hash(&bad));
+    stalled["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+    let mut h = ControllerHarness::new()
+        .with_object(daemonsets(), b.clone())
+        .with_object(history::revisions(), revision(&a, 1))
+        .with_object(history::revisions(), revision(&b, 2))
+        .with_object(history::revisions(), revision(&bad, 3))
+        .with_object(pods(), running("p1", "n1", &hash(&b)))
+        .with_object(pods(), running("p2", "n2", &hash(&b)))
+        .with_object(pods(), stalled);
+    for n in ["n1", "n2", "n3"] {
+        h = h.with_object(nodes(), node(n, json!({}), json!([])));
+    }
+    h.reconcile::<DaemonSets>(&daemonsets(), Some("ns"), "d")
+        .unwrap();
+    let rev = h
+        .object(
+            &history::revisions(),
+            Some("ns"),
+            &format!("d-{}", hash(&b)),
+        )
+        .unwrap();
+    assert_eq!(rev["revision"], 4);
+    assert_eq!(deleted_pods(&h), ["p3"]);
+}
