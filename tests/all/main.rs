@@ -72,6 +72,7 @@ mod churn;
 mod client;
 mod containerd;
 mod controllers;
+mod daemonsets;
 mod dns;
 mod endpointslices;
 mod eviction;
