@@ -65,6 +65,7 @@ mod spdy;
 pub mod spec;
 pub mod stats;
 pub mod status;
+pub mod storage;
 pub mod tokens;
 pub mod worker;
 

@@ -588,9 +588,6 @@ fn check_relative(path: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The provisioner whose volumes are directories the node makes.
-const LOCAL_PATH_PROVISIONER: &str = "trellis.dev/local-path";
-
 /// The directory of the volume bound to claim `ns/name`, as the kubelet's volume
 /// manager finds it: the claim must be bound (the scheduler binds a pod only once
 /// its claims are), to a volume that names it; the volume's `hostPath` (made when
@@ -629,7 +626,7 @@ async fn claimed_volume(ctx: &Context, ns: &str, name: &str) -> Result<PathBuf, 
         .annotations
         .as_ref()
         .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
-        .is_some_and(|p| p == LOCAL_PATH_PROVISIONER);
+        .is_some_and(|p| p == crate::storage::PROVISIONER);
     if let Some(host) = &spec.host_path {
         let path = PathBuf::from(&host.path);
         match host.type_.as_deref().unwrap_or("") {
