@@ -81,6 +81,7 @@ mod incluster;
 mod jobs;
 mod join;
 mod layout;
+mod metrics;
 mod multinode;
 mod node;
 mod node_services;

@@ -6,6 +6,10 @@
 //! - `authentication.k8s.io/v1` SelfSubjectReview (`kubectl auth whoami`): who am I?
 //!
 //! Every authenticated user may create them (the bootstrap `system:basic-user` role).
+//! One is about someone else: `authorization.k8s.io/v1` SubjectAccessReview, may the
+//! user the spec names do this? What extension API servers (a metrics server) ask of
+//! each request they serve; it takes `create` on `subjectaccessreviews` (Kubernetes'
+//! `system:auth-delegator`).
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
@@ -26,7 +30,7 @@ pub fn answers(res: &ResourceInfo) -> bool {
         (res.group.as_str(), res.plural.as_str()),
         (
             "authorization.k8s.io",
-            "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+            "selfsubjectaccessreviews" | "selfsubjectrulesreviews" | "subjectaccessreviews"
         ) | ("authentication.k8s.io", "selfsubjectreviews")
     )
 }
@@ -41,6 +45,7 @@ pub async fn create(state: &AppState, req: &ApiRequest, body: bytes::Bytes) -> A
     let spec = review.get("spec").cloned().unwrap_or_else(|| json!({}));
     let status = match req.resource.plural.as_str() {
         "selfsubjectaccessreviews" => access(state, &req.user, &spec).await?,
+        "subjectaccessreviews" => access(state, &subject(&spec), &spec).await?,
         "selfsubjectrulesreviews" => rules(state, &req.user, &spec).await?,
         _ => json!({"userInfo": user_info(&req.user)}),
     };
@@ -54,6 +59,25 @@ pub async fn create(state: &AppState, req: &ApiRequest, body: bytes::Bytes) -> A
         out["spec"] = spec;
     }
     Ok(json_response(StatusCode::CREATED, &out))
+}
+
+/// The user a SubjectAccessReview's spec names: `user`, `groups`, `uid`, `extra`.
+fn subject(spec: &Value) -> UserInfo {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut user = UserInfo::new(field(spec, "user"), strings(&spec["groups"]));
+    user.uid = field(spec, "uid").to_owned();
+    if let Some(extra) = spec["extra"].as_object() {
+        for (key, values) in extra {
+            user.extra.insert(key.clone(), strings(values));
+        }
+    }
+    user
 }
 
 fn user_info(user: &UserInfo) -> Value {

@@ -42,6 +42,10 @@ use crate::flags::seconds;
 pub const NAMESPACE: &str = "kube-system";
 pub const SERVICE: &str = "metrics-server";
 pub const APISERVICE: &str = "v1beta1.metrics.k8s.io";
+/// The ClusterRole and ClusterRoleBinding [`grant`] applies: metrics-server's
+/// manifests call them `system:metrics-server`, a name this server's validation of
+/// object names refuses for now.
+const ROLE: &str = "metrics-server";
 /// The field manager of what [`register`] and [`grant`] apply.
 const MANAGER: &str = "metrics-server";
 
@@ -113,6 +117,7 @@ pub async fn start(
         client,
         store,
         authentication,
+        warned_unreviewed: Default::default(),
     };
     let task = tokio::spawn(async move {
         if let Err(e) = serve::serve(Arc::new(server), listener, identity, stopped).await {
@@ -213,7 +218,7 @@ pub fn identity() -> trellis_api::UserInfo {
 }
 
 /// Grants `user` what the metrics server does, as metrics-server's manifests do
-/// (`system:metrics-server`, the auth delegator's reviews, the authentication
+/// (its ClusterRole, the auth delegator's reviews, the authentication
 /// ConfigMap), plus `nodes/proxy`, since it reads nodes through the API server.
 pub async fn grant(client: &kube::Client, user: &str) -> anyhow::Result<()> {
     let roles: Api<DynamicObject> = Api::all_with(
@@ -222,11 +227,11 @@ pub async fn grant(client: &kube::Client, user: &str) -> anyhow::Result<()> {
     );
     roles
         .patch(
-            "system:metrics-server",
+            ROLE,
             &apply(),
             &Patch::Apply(json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": "system:metrics-server",
+                "metadata": {"name": ROLE,
                              "labels": {"k8s-app": "metrics-server"}},
                 "rules": [
                     {"apiGroups": [""], "resources": ["nodes/metrics", "nodes/stats", "nodes/proxy"],
@@ -244,26 +249,26 @@ pub async fn grant(client: &kube::Client, user: &str) -> anyhow::Result<()> {
             })),
         )
         .await
-        .context("apply the ClusterRole system:metrics-server")?;
+        .context("apply the metrics server's ClusterRole")?;
     let bindings: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &ApiResource::erase::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(&()),
     );
     bindings
         .patch(
-            "system:metrics-server",
+            ROLE,
             &apply(),
             &Patch::Apply(json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": "system:metrics-server",
+                "metadata": {"name": ROLE,
                              "labels": {"k8s-app": "metrics-server"}},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "system:metrics-server"},
+                            "name": ROLE},
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
             })),
         )
         .await
-        .context("apply the ClusterRoleBinding system:metrics-server")?;
+        .context("apply the metrics server's ClusterRoleBinding")?;
     Ok(())
 }
 

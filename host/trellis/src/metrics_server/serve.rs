@@ -102,12 +102,13 @@ impl Authentication {
         })
     }
 
-    /// The user a request comes from, or why it is not taken.
+    /// The user a request comes from and whether the front proxy passed it, or why it
+    /// is not taken.
     fn user(
         &self,
         peer: Option<&CertificateDer<'static>>,
         headers: &hyper::HeaderMap,
-    ) -> Result<UserInfo, &'static str> {
+    ) -> Result<(UserInfo, bool), &'static str> {
         let cert = peer.ok_or("no client certificate")?;
         let front_proxy = self
             .front_proxy
@@ -115,7 +116,9 @@ impl Authentication {
             .is_ok();
         if !front_proxy {
             // Verified by the handshake against the client CA: it names its user.
-            return trellis_pki::identity_from_cert(cert).ok_or("a certificate without a name");
+            return trellis_pki::identity_from_cert(cert)
+                .map(|u| (u, false))
+                .ok_or("a certificate without a name");
         }
         let name = trellis_pki::identity_from_cert(cert).map(|u| u.name);
         if !self.allowed_names.is_empty() && !name.is_some_and(|n| self.allowed_names.contains(&n))
@@ -152,7 +155,7 @@ impl Authentication {
                 }
             }
         }
-        Ok(info)
+        Ok((info, true))
     }
 }
 
@@ -251,6 +254,8 @@ pub struct Server {
     pub client: kube::Client,
     pub store: Arc<Store>,
     pub authentication: Authentication,
+    /// Whether the lack of SubjectAccessReviews was logged.
+    pub warned_unreviewed: std::sync::atomic::AtomicBool,
 }
 
 // Written by hand: keys and verifiers have nothing to show.
@@ -397,7 +402,7 @@ async fn handle(
         *r.status_mut() = StatusCode::OK;
         return r;
     }
-    let user = match server.authentication.user(peer, request.headers()) {
+    let (user, proxied) = match server.authentication.user(peer, request.headers()) {
         Ok(user) => user,
         Err(why) => {
             tracing::debug!(why, "request refused");
@@ -439,8 +444,20 @@ async fn handle(
         _ => Access::Path(request.uri().path().to_owned()),
     };
     match authorize(&server.client, &user, &attributes).await {
-        Ok(true) => {}
-        Ok(false) => {
+        Ok(Some(true)) => {}
+        // The API server authorized the same request before passing it on; without
+        // reviews to ask, that is the only decision there is.
+        Ok(None) if proxied => {
+            if !server
+                .warned_unreviewed
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "the API server serves no SubjectAccessReviews: requests through its front proxy are taken as it authorized them"
+                );
+            }
+        }
+        Ok(_) => {
             let message = match &attributes {
                 Access::Resource {
                     verb,
@@ -631,12 +648,13 @@ enum Access {
     Path(String),
 }
 
-/// Whether `user` may, by a SubjectAccessReview.
+/// Whether `user` may, by a SubjectAccessReview; `None` when the API server serves
+/// no SubjectAccessReviews.
 async fn authorize(
     client: &kube::Client,
     user: &UserInfo,
     access: &Access,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Option<bool>> {
     let mut spec = SubjectAccessReviewSpec {
         user: Some(user.name.clone()),
         groups: Some(user.groups.clone()),
@@ -672,10 +690,15 @@ async fn authorize(
         spec,
         ..SubjectAccessReview::default()
     };
-    let answered = Api::<SubjectAccessReview>::all(client.clone())
+    match Api::<SubjectAccessReview>::all(client.clone())
         .create(&PostParams::default(), &review)
-        .await?;
-    Ok(answered.status.is_some_and(|s| s.allowed))
+        .await
+    {
+        Ok(answered) => Ok(Some(answered.status.is_some_and(|s| s.allowed))),
+        // A server that does not serve the review: `None`, undecided.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
