@@ -11,6 +11,7 @@
 //! Needs root and the CNI plugins; the node has a CNI network of its own on
 //! 10.244.125.0/24 (bridge `trellis-st125`, removed at the end).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -36,6 +37,8 @@ const POD_CIDR: &str = "10.244.125.0/24";
 const BRIDGE: &str = "trellis-st125";
 /// Where the pods mount the claim: a directory every Debian machine has.
 const MOUNT_AT: &str = "/mnt";
+/// The Node annotation that tells the provisioner where the node's volumes live.
+const ROOT: &str = "trellis.dev/local-path-root";
 
 /// Waits until `cond` holds for the object `name` (a watch), up to 60 s.
 async fn until<K>(
@@ -104,7 +107,6 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
     )
     .await?;
     let admin = node.admin.clone();
-    let storage_root = node.root().join("storage");
     let in_process = cluster.in_process();
     let (stop, stopped) = Shutdown::new();
     let manager = Manager {
@@ -147,13 +149,18 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
     let names = ["writer", "reader"];
     let work = async {
         node.set_pod_cidr().await?;
-        // Where this node keeps its local-path volumes, as its agent tells the provisioner.
+        // Where this node keeps its local-path volumes: what its agent tells the
+        // provisioner, else a directory of the node's (the provisioner's default is
+        // the machine's /var/lib/trellis/storage).
         let nodes: Api<Node> = Api::all(admin.clone());
-        let annotation = json!({"metadata": {"annotations": {
-            "trellis.dev/local-path-root": storage_root.display().to_string()}}});
-        nodes
-            .patch(NODE, &PatchParams::default(), &Patch::Merge(&annotation))
-            .await?;
+        let told = nodes.get(NODE).await?.metadata.annotations.unwrap_or_default();
+        if !told.contains_key(ROOT) {
+            let root = node.root().join("storage").display().to_string();
+            let annotation = json!({"metadata": {"annotations": {ROOT: root}}});
+            nodes
+                .patch(NODE, &PatchParams::default(), &Patch::Merge(&annotation))
+                .await?;
+        }
         // No class named: the default one, whose volumes wait for their first pod.
         kubectl
             .ok_stdin(
@@ -191,11 +198,10 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
             .context("bound without a volume")?;
         let volume = volumes.get(&volume_name).await?;
         let spec = volume.spec.clone().unwrap_or_default();
-        let dir = storage_root.join(&volume_name);
+        let dir = PathBuf::from(spec.host_path.as_ref().context("no hostPath")?.path.clone());
         ensure!(
-            spec.host_path.as_ref().map(|h| h.path.as_str()) == Some(&*dir.display().to_string()),
-            "the volume's directory: {:?}",
-            spec.host_path
+            dir.starts_with(node.root()) && dir.ends_with(&volume_name),
+            "the volume is a directory of the node named after it: {dir:?}"
         );
         ensure!(spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete"));
         let affinity = serde_json::to_string(&spec.node_affinity)?;
