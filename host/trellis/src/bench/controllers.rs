@@ -13,6 +13,16 @@
 //!   code before the Deployment exists; `reconcile_in_guest_mean_us`, the mean of
 //!   the same calls on the plugin host's call threads, without the two thread
 //!   wake-ups that hand a call to those threads and its answer back.
+//!
+//! `--case daemonset`: a DaemonSet over `--nodes` Node objects (no agents: the fake
+//! kubelet marks each pod Running and Ready, the pods stay unbound, pinned to their
+//! node by the controller's node affinity, which is how it counts them):
+//! `created_s` from the create until the status says every pod available, then
+//! `rollout_s` for a new image rolled out with `maxUnavailable: 10%`.
+//!
+//! `--case jobs`: `--jobs` Jobs of one completion, created at once; the fake kubelet
+//! marks each pod Succeeded: `complete_s` from the first create until every Job has
+//! its `Complete` condition.
 
 use std::time::Duration;
 use trellis_api::Shutdown;
@@ -32,8 +42,31 @@ use trellis_plugin_host::{GroupVersionResource, HostConfig, ObjectKey, PluginHos
 use super::cluster::LocalCluster;
 use crate::setup::{ControllerSetup, Credentials, Shared, start_controllers};
 
+/// What `trellis bench controllers` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Case {
+    /// A Deployment's pods created and rolled out, and the WASM boundary.
+    Deployment,
+    /// A DaemonSet over many nodes created and rolled out.
+    Daemonset,
+    /// Many Jobs of one completion run to completion.
+    Jobs,
+}
+
 #[derive(Debug, Args)]
 pub struct ControllersArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Case::Deployment)]
+    case: Case,
+
+    /// Nodes of the DaemonSet case.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+
+    /// Jobs of the jobs case.
+    #[arg(long, default_value_t = 1000)]
+    jobs: usize,
+
     /// Pods of the Deployment.
     #[arg(long, default_value_t = 1000)]
     replicas: usize,
@@ -59,6 +92,11 @@ struct Report {
 }
 
 pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
+    match args.case {
+        Case::Deployment => {}
+        Case::Daemonset => return daemonset(args.nodes, args.json).await,
+        Case::Jobs => return jobs(args.jobs, args.json).await,
+    }
     let cluster = LocalCluster::start().await?;
     let measured = measure(&cluster, &args).await;
     let stopped = cluster.stop().await;
@@ -274,5 +312,292 @@ async fn measure(cluster: &LocalCluster, args: &ControllersArgs) -> anyhow::Resu
         reconcile_p50_us: percentiles.p50_ms * 1e3,
         reconcile_p99_us: percentiles.p99_ms * 1e3,
         reconcile_in_guest_mean_us: (in_guest_us * 10.0).round() / 10.0,
+    })
+}
+
+/// The built-in controllers `selection` names, started as `trellis up` starts them.
+async fn start_selected(
+    cluster: &LocalCluster,
+    selection: &str,
+) -> anyhow::Result<(Vec<trellis_controllers::Running>, trellis_api::Stop)> {
+    let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
+    let mut shared = Shared::new();
+    let setup = ControllerSetup {
+        plugins: PluginHost::new(HostConfig::default())?,
+        credentials: Credentials::InProcess(in_process.clone()),
+        builtins: trellis_controllers::bundled::select(selection)?,
+        modules_dir: crate::plugins::modules_dir(None),
+        running: Default::default(),
+        root_ca: None,
+        node_monitor_grace_period: 50,
+        plugin_status_interval: Duration::from_secs(10),
+        node_ipam: Default::default(),
+    };
+    shared.controllers = Some(setup.clone());
+    let (stop, stopped) = Shutdown::new();
+    let manager_client = in_process.client(trellis_client::identity::controller_manager());
+    let manager = crate::setup::manager(&setup, &manager_client, &shared);
+    let running = start_controllers(&setup, &manager, &manager_client, &stopped).await;
+    if running.len() != setup.builtins.len() {
+        bail!("not every selected controller started (see the log)");
+    }
+    for r in &running {
+        r.plugin.optimized().await;
+    }
+    Ok((running, stop))
+}
+
+/// Waits until `done` holds, looking again at each change.
+async fn until<T>(
+    changes: &mut tokio::sync::mpsc::UnboundedReceiver<T>,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Duration::from_secs(600);
+    tokio::time::timeout(deadline, async {
+        while !done() {
+            if changes.recv().await.is_none() {
+                bail!("the informer stopped");
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .with_context(|| format!("{what} within {deadline:?}"))?
+}
+
+#[derive(Debug, Serialize)]
+struct DaemonSetReport {
+    nodes: usize,
+    created_s: f64,
+    rollout_s: f64,
+}
+
+/// `--case daemonset`.
+async fn daemonset(nodes: usize, json: bool) -> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Node;
+
+    let cluster = LocalCluster::start().await?;
+    let measured = async {
+        let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
+        let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
+        // No node lifecycle: nodes without agents would be tainted unreachable.
+        let (running, stop) = start_selected(&cluster, "daemonset,garbage-collector").await?;
+        let node_api: Api<Node> = Api::all(admin.clone());
+        let made: Vec<anyhow::Result<Node>> = futures::stream::iter(0..nodes)
+            .map(|i| {
+                let node_api = node_api.clone();
+                async move {
+                    let node = serde_json::from_value(
+                        json!({"metadata": {"name": format!("bench-{i:05}")}}),
+                    )?;
+                    Ok(node_api.create(&PostParams::default(), &node).await?)
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        made.into_iter()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .context("create the nodes")?;
+
+        let watching = SharedInformers::new();
+        let (kubelet_stop, kubelet_stopped) = tokio::sync::oneshot::channel();
+        fake_kubelet(&watching, admin.clone(), kubelet_stopped);
+        let dss =
+            watching.informer::<DaemonSet>(Api::all(admin.clone()), watcher::Config::default());
+        dss.wait_synced().await;
+        let mut changes = dss.subscribe();
+        let complete = |generation: i64| {
+            dss.get("default/bench").is_some_and(|d| {
+                let s = d.status.clone().unwrap_or_default();
+                let n = i32::try_from(nodes).unwrap_or(i32::MAX);
+                s.observed_generation >= Some(generation)
+                    && s.desired_number_scheduled == n
+                    && s.updated_number_scheduled == Some(n)
+                    && s.number_available == Some(n)
+            })
+        };
+        let api: Api<DaemonSet> = Api::namespaced(admin.clone(), "default");
+        let started = Instant::now();
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "bench"},
+                "spec": {"selector": {"matchLabels": {"app": "bench"}},
+                    "updateStrategy": {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxUnavailable": "10%"}},
+                    "template": {"metadata": {"labels": {"app": "bench"}},
+                        "spec": {"containers": [{"name": "c", "image": "bench:1"}]}}}}))?,
+        )
+        .await
+        .context("create the DaemonSet")?;
+        until(&mut changes, "every daemon pod available", || complete(1)).await?;
+        let created_s = started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
+        let updated = api
+            .patch(
+                "bench",
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                    {"name": "c", "image": "bench:2"}]}}}})),
+            )
+            .await
+            .context("update the image")?;
+        let generation = updated.metadata.generation.unwrap_or(2);
+        until(&mut changes, "the rollout", || complete(generation)).await?;
+        let rollout_s = started.elapsed().as_secs_f64();
+
+        let _ = kubelet_stop.send(());
+        stop.stop();
+        for r in running {
+            r.stop().await;
+        }
+        anyhow::Ok(DaemonSetReport {
+            nodes,
+            created_s,
+            rollout_s,
+        })
+    }
+    .await;
+    let stopped = cluster.stop().await;
+    let report = measured?;
+    stopped?;
+    super::print_report(json, &report, || {
+        format!(
+            "controllers: a DaemonSet on {} nodes available in {:.3} s, a new image rolled out (maxUnavailable 10%) in {:.3} s",
+            report.nodes, report.created_s, report.rollout_s,
+        )
+    })
+}
+
+/// Marks each pod Succeeded once it appears, as a kubelet would once its one
+/// container exited 0.
+fn fake_kubelet_succeeding(
+    informers: &SharedInformers,
+    admin: kube::Client,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let pods = informers.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
+    let mut changes = pods.subscribe();
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    tokio::spawn(async move {
+        loop {
+            let change = tokio::select! {
+                change = changes.recv() => change,
+                _ = &mut stop => return,
+            };
+            let Some(Change::Added(pod)) = change else {
+                if change.is_none() {
+                    return;
+                }
+                continue;
+            };
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let api: Api<Pod> = Api::namespaced(
+                admin.clone(),
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+            );
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let container = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .map(|c| c.name.clone())
+                .unwrap_or_default();
+            tokio::spawn(async move {
+                let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [
+                    {"name": container, "image": "bench:1", "imageID": "", "ready": false,
+                     "restartCount": 0, "state": {"terminated": {"exitCode": 0,
+                        "reason": "Completed", "startedAt": now, "finishedAt": now}}}]}});
+                let _ = api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await;
+                drop(permit);
+            });
+        }
+    });
+}
+
+#[derive(Debug, Serialize)]
+struct JobsReport {
+    jobs: usize,
+    complete_s: f64,
+}
+
+/// `--case jobs`.
+async fn jobs(count: usize, json: bool) -> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::batch::v1::Job;
+
+    let cluster = LocalCluster::start().await?;
+    let measured = async {
+        let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
+        let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
+        let (running, stop) = start_selected(&cluster, "job,garbage-collector").await?;
+        let watching = SharedInformers::new();
+        let (kubelet_stop, kubelet_stopped) = tokio::sync::oneshot::channel();
+        fake_kubelet_succeeding(&watching, admin.clone(), kubelet_stopped);
+        let jobs = watching.informer::<Job>(Api::all(admin.clone()), watcher::Config::default());
+        jobs.wait_synced().await;
+        let mut changes = jobs.subscribe();
+        let api: Api<Job> = Api::namespaced(admin.clone(), "default");
+        let started = Instant::now();
+        let made: Vec<anyhow::Result<Job>> = futures::stream::iter(0..count)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let job = serde_json::from_value(json!({
+                        "metadata": {"name": format!("bench-{i:05}")},
+                        "spec": {"template": {"spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "c", "image": "bench:1"}]}}}}))?;
+                    Ok(api.create(&PostParams::default(), &job).await?)
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        made.into_iter()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .context("create the Jobs")?;
+        let complete = |j: &Job| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Complete" && c.status == "True")
+                })
+        };
+        until(&mut changes, "every Job complete", || {
+            jobs.list().iter().filter(|j| complete(j)).count() >= count
+        })
+        .await?;
+        let complete_s = started.elapsed().as_secs_f64();
+        let _ = kubelet_stop.send(());
+        stop.stop();
+        for r in running {
+            r.stop().await;
+        }
+        anyhow::Ok(JobsReport {
+            jobs: count,
+            complete_s,
+        })
+    }
+    .await;
+    let stopped = cluster.stop().await;
+    let report = measured?;
+    stopped?;
+    super::print_report(json, &report, || {
+        format!(
+            "controllers: {} Jobs of one completion complete in {:.3} s",
+            report.jobs, report.complete_s,
+        )
     })
 }
