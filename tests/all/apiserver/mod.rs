@@ -13,3 +13,4 @@ mod pod_security;
 mod quota;
 mod service_accounts;
 mod services;
+mod workloads;
