@@ -628,12 +628,17 @@ pub(super) fn cells(res: &ResourceInfo, obj: &Object) -> Option<Vec<Value>> {
                     name,
                     json!(str_at(obj, &["spec", "schedule"]).unwrap_or_default()),
                     json!(str_at(obj, &["spec", "timeZone"]).unwrap_or(NONE)),
-                    json!(
-                        obj.get("spec")
-                            .and_then(|s| s.get("suspend"))
-                            .and_then(Value::as_bool)
-                            .unwrap_or(false)
-                    ),
+                    // kubectl's printBoolPtr: True or False, as text.
+                    json!(if obj
+                        .get("spec")
+                        .and_then(|s| s.get("suspend"))
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false)
+                    {
+                        "True"
+                    } else {
+                        "False"
+                    }),
                     json!(active),
                     json!(last),
                     age,
@@ -914,7 +919,7 @@ mod tests {
             [
                 json!("*/1 * * * *"),
                 json!("<none>"),
-                json!(true),
+                json!("True"),
                 json!(1),
                 json!("<none>")
             ]
