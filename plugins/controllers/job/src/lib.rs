@@ -24,8 +24,15 @@
 //! - `suspend` deletes the running pods (not counted as failures) and sets
 //!   `Suspended`; resuming restarts the deadline's clock (`startTime`).
 //!
-//! Left out: adopting orphan pods by selector, `backoffLimitPerIndex`,
-//! `successPolicy`, `podReplacementPolicy` other than its defaults.
+//! - `backoffLimitPerIndex` (Indexed): each index has its own failures (the
+//!   annotation `batch.kubernetes.io/job-index-failure-count` of its pods) and
+//!   back-off; an index past its limit, or failed by a `FailIndex` rule, is listed
+//!   in `failedIndexes` and not run again; more than `maxFailedIndexes` fail the Job
+//!   (`MaxFailedIndexesExceeded`), and so do indexes all done with some failed
+//!   (`FailedIndexes`).
+//!
+//! Left out: adopting orphan pods by selector, `successPolicy`,
+//! `podReplacementPolicy` other than its defaults.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
@@ -40,7 +47,7 @@ use trellis_plugin::controller::{
 pub mod indexes;
 pub mod pod;
 
-use pod::{INDEX_KEY, Judgement, Outcome, Pod, TRACKING_FINALIZER, judge};
+use pod::{FAILURE_COUNT_KEY, INDEX_KEY, Judgement, Outcome, Pod, TRACKING_FINALIZER, judge};
 
 /// The most pods created or deleted in one pass (Kubernetes' `MaxPodCreateDeletePerSync`).
 const BURST: usize = 500;
@@ -93,9 +100,10 @@ fn condition_true(job: &Value, type_: &str) -> bool {
 
 /// Whether a status (not a Job) has the condition `type_` true.
 fn status_says(status: &Value, type_: &str) -> bool {
-    status["conditions"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["status"] == "True"))
+    status["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == type_ && c["status"] == "True")
+    })
 }
 
 /// Finished: `Complete` or `Failed`.
@@ -281,6 +289,45 @@ impl Pass<'_> {
         self.spec()["completions"].as_u64()
     }
 
+    /// `backoffLimitPerIndex`, for an Indexed Job that sets it.
+    fn per_index(&self) -> Option<u64> {
+        self.spec()["backoffLimitPerIndex"]
+            .as_u64()
+            .filter(|_| self.indexed())
+    }
+
+    /// The judgement of a failed pod: its policy's, or counted.
+    fn judgement(&self, p: &Pod) -> Judgement {
+        match self.policy() {
+            Some(policy) if p.phase() == "Failed" => judge(policy, p),
+            _ => Judgement::Count,
+        }
+    }
+
+    /// Whether a counted failure of `p` fails its index.
+    fn fails_index(&self, p: &Pod) -> bool {
+        let Some(limit) = self.per_index() else {
+            return false;
+        };
+        self.judgement(p) == Judgement::FailIndex || p.failure_count() + 1 > limit
+    }
+
+    /// An index's failures so far and when the last one finished.
+    fn index_failures(&self, index: u64) -> (u64, Option<i64>) {
+        let failed = self.pods.iter().filter(|p| {
+            p.index() == Some(index)
+                && p.outcome(self.policy().is_some()) == Some(Outcome::Failed)
+                && self.judgement(p) != Judgement::Ignore
+        });
+        failed.fold((0, None), |(n, last), p| {
+            let at = p.finished_at(self.now);
+            (
+                n.max(p.failure_count() + 1),
+                Some(last.map_or(at, |l: i64| l.max(at))),
+            )
+        })
+    }
+
     fn policy(&self) -> Option<&Value> {
         Some(&self.spec()["podFailurePolicy"]).filter(|p| p.is_object())
     }
@@ -316,17 +363,13 @@ impl Pass<'_> {
                     release.push(p);
                 }
                 Some(Outcome::Failed) => {
-                    let judgement = match self.policy() {
-                        Some(policy) if p.phase() == "Failed" => judge(policy, p),
-                        _ => Judgement::Count,
-                    };
-                    match judgement {
+                    match self.judgement(p) {
                         Judgement::Ignore => {}
                         Judgement::FailJob(message) => {
                             fail_job.get_or_insert(message);
                             unc_failed.push(uid.clone());
                         }
-                        Judgement::Count => unc_failed.push(uid.clone()),
+                        Judgement::Count | Judgement::FailIndex => unc_failed.push(uid.clone()),
                     }
                     release.push(p);
                 }
@@ -393,11 +436,24 @@ impl Pass<'_> {
             }
             false
         });
+        let mut failed_indexes = indexes::parse(
+            self.job["status"]["failedIndexes"]
+                .as_str()
+                .unwrap_or_default(),
+            completions.unwrap_or(0),
+        );
         unc_failed.retain(|uid| {
             if held.contains(uid.as_str()) {
                 return true;
             }
             failed += 1;
+            if let Some(p) = self.pods.iter().find(|p| &p.metadata.uid == uid)
+                && let Some(i) = p.index()
+                && i < completions.unwrap_or(0)
+                && self.fails_index(p)
+            {
+                failed_indexes.insert(i);
+            }
             false
         });
         if self.indexed() {
@@ -418,6 +474,7 @@ impl Pass<'_> {
             failed + unc_failed.len() as u64,
             &active,
             &completed,
+            &failed_indexes,
             &mut recheck,
         );
 
@@ -470,8 +527,13 @@ impl Pass<'_> {
                 // The deadline counts the time the Job runs, from its resumption.
                 status["startTime"] = json!(time::format(self.now));
             }
-            let (created, deleted, wait) =
-                self.manage(&active, succeeded, &completed, &mut failures)?;
+            let (created, deleted, wait) = self.manage(
+                &active,
+                succeeded,
+                &completed,
+                &failed_indexes,
+                &mut failures,
+            )?;
             active_now += created as i64 - deleted as i64;
             if let Some(wait) = wait {
                 recheck = Some(recheck.map_or(wait, |r| r.min(wait)));
@@ -504,6 +566,9 @@ impl Pass<'_> {
         if self.indexed() {
             status["completedIndexes"] = json!(indexes::format(&completed));
         }
+        if self.per_index().is_some() {
+            status["failedIndexes"] = json!(indexes::format(&failed_indexes));
+        }
         if status != self.job["status"] {
             self.job = write_status(self.key, &self.job, status)?;
         }
@@ -523,6 +588,7 @@ impl Pass<'_> {
         failed: u64,
         active: &[&Pod],
         completed: &BTreeSet<u64>,
+        failed_indexes: &BTreeSet<u64>,
         recheck: &mut Option<Duration>,
     ) -> Option<Finish> {
         let target = |type_: &str| {
@@ -560,7 +626,17 @@ impl Pass<'_> {
             } else {
                 restarts as u64 >= limit
             };
-        if failed > limit || past_restarts {
+        if let Some(max) = self.spec()["maxFailedIndexes"].as_u64()
+            && self.per_index().is_some()
+            && failed_indexes.len() as u64 > max
+        {
+            return Some(Finish::Failed {
+                reason: "MaxFailedIndexesExceeded".into(),
+                message: "Job has exceeded the specified maximal number of failed indexes".into(),
+            });
+        }
+        // With a limit per index, the Job's own limit does not apply.
+        if self.per_index().is_none() && (failed > limit || past_restarts) {
             return Some(Finish::Failed {
                 reason: "BackoffLimitExceeded".into(),
                 message: "Job has reached the specified backoff limit".into(),
@@ -584,6 +660,16 @@ impl Pass<'_> {
             (Some(c), false) => succeeded >= c,
             (None, _) => succeeded > 0 && active.is_empty(),
         };
+        if !complete
+            && let Some(c) = self.completions()
+            && !failed_indexes.is_empty()
+            && (completed.len() + failed_indexes.len()) as u64 >= c
+        {
+            return Some(Finish::Failed {
+                reason: "FailedIndexes".into(),
+                message: "Job has failed indexes".into(),
+            });
+        }
         complete.then_some(Finish::Complete)
     }
 
@@ -637,7 +723,16 @@ impl Pass<'_> {
         let Some(&last) = since_success.first() else {
             return Duration::ZERO;
         };
-        let n = since_success.len().min(32) as i32;
+        self.delay(since_success.len() as u64, last)
+    }
+
+    /// What is left at `now` of the back-off after `failures` failures, the last
+    /// at `last`.
+    fn delay(&self, failures: u64, last: i64) -> Duration {
+        if failures == 0 {
+            return Duration::ZERO;
+        }
+        let n = failures.min(32) as i32;
         let delay = (self.config.pod_failure_backoff_seconds * 2f64.powi(n - 1))
             .min(self.config.max_pod_failure_backoff_seconds);
         // Whole seconds of the API server's times: the fraction is from now.
@@ -656,6 +751,7 @@ impl Pass<'_> {
         active: &[&Pod],
         succeeded: u64,
         completed: &BTreeSet<u64>,
+        failed_indexes: &BTreeSet<u64>,
         failures: &mut Vec<String>,
     ) -> Result<(usize, usize, Option<Duration>), String> {
         let parallelism = self.spec()["parallelism"].as_u64().unwrap_or(1) as usize;
@@ -674,7 +770,11 @@ impl Pass<'_> {
             by_index.sort_by_key(|p| (p.index(), p.metadata.creation_timestamp.clone()));
             for p in by_index {
                 match p.index() {
-                    Some(i) if i < completions && !completed.contains(&i) && running.insert(i) => {}
+                    Some(i)
+                        if i < completions
+                            && !completed.contains(&i)
+                            && !failed_indexes.contains(&i)
+                            && running.insert(i) => {}
                     _ => surplus.push(p),
                 }
             }
@@ -693,11 +793,34 @@ impl Pass<'_> {
                 );
             }
             let room = parallelism.saturating_sub(kept + terminating);
+            let mut index_wait: Option<Duration> = None;
             to_create = (0..completions)
-                .filter(|i| !completed.contains(i) && !running.contains(i))
+                .filter(|i| {
+                    !completed.contains(i) && !running.contains(i) && !failed_indexes.contains(i)
+                })
+                // With a limit per index, each index has its own back-off.
+                .filter(|i| {
+                    if self.per_index().is_none() {
+                        return true;
+                    }
+                    let (n, last) = self.index_failures(*i);
+                    let wait = last.map_or(Duration::ZERO, |last| self.delay(n, last));
+                    if wait.is_zero() {
+                        return true;
+                    }
+                    index_wait = Some(index_wait.map_or(wait, |w| w.min(wait)));
+                    false
+                })
                 .take(room)
                 .map(Some)
                 .collect();
+            if self.per_index().is_some() {
+                surplus.truncate(BURST);
+                let deleted = surplus.len();
+                failures.extend(self.delete_pods(&surplus)?);
+                let created = self.create_pods(&to_create, failures)?;
+                return Ok((created, deleted, index_wait));
+            }
         } else {
             let want = match self.completions() {
                 None if succeeded > 0 => active.len().min(parallelism),
@@ -752,6 +875,10 @@ impl Pass<'_> {
         if let Some(i) = index {
             metadata["generateName"] = json!(format!("{name}-{i}-"));
             metadata["annotations"][INDEX_KEY] = json!(i.to_string());
+            if self.per_index().is_some() {
+                metadata["annotations"][FAILURE_COUNT_KEY] =
+                    json!(self.index_failures(i).0.to_string());
+            }
             metadata["labels"][INDEX_KEY] = json!(i.to_string());
             if spec["hostname"].as_str().is_none_or(str::is_empty) {
                 spec["hostname"] = json!(format!("{name}-{i}"));

@@ -9,6 +9,9 @@ use trellis_plugin::controller::time;
 pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
 /// The annotation and label that carry an Indexed Job's pod's index.
 pub const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+/// The annotation of an index's pod that counts the index's earlier failures
+/// (with `backoffLimitPerIndex`).
+pub const FAILURE_COUNT_KEY: &str = "batch.kubernetes.io/job-index-failure-count";
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -130,6 +133,14 @@ impl Pod {
             .and_then(|s| s.parse().ok())
     }
 
+    /// The failures of its index before it (`backoffLimitPerIndex`).
+    pub fn failure_count(&self) -> u64 {
+        self.metadata.annotations[FAILURE_COUNT_KEY]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// When it finished, in seconds since the epoch: its containers' last finish, or
     /// when it stopped being ready, or `now` (the kubelet wrote no times).
     pub fn finished_at(&self, now: i64) -> i64 {
@@ -171,6 +182,8 @@ pub enum Judgement {
     FailJob(String),
     /// Not counted against the back-off limit.
     Ignore,
+    /// Fails the pod's index (`backoffLimitPerIndex`).
+    FailIndex,
     /// Counted, as without a policy.
     Count,
 }
@@ -214,6 +227,7 @@ pub fn judge(policy: &Value, pod: &Pod) -> Judgement {
         return match action {
             "FailJob" => Judgement::FailJob(message),
             "Ignore" => Judgement::Ignore,
+            "FailIndex" => Judgement::FailIndex,
             _ => Judgement::Count,
         };
     }

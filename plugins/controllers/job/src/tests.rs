@@ -4,6 +4,7 @@ use trellis_plugin::controller::{Action, Write};
 use trellis_plugin::testing::ControllerHarness;
 
 use super::*;
+use crate::pod::FAILURE_COUNT_KEY;
 
 fn jobs() -> GroupVersionResource {
     GroupVersionResource {
@@ -325,4 +326,55 @@ fn a_suspended_job_deletes_its_pods_uncounted_and_resuming_restarts_the_clock() 
     assert_eq!(cond(&h, "Suspended").unwrap()["reason"], "JobResumed");
     assert_ne!(status(&h)["startTime"], "2020-01-01T00:00:00Z");
     assert_eq!(created(&h).len(), 1);
+}
+
+#[test]
+fn with_a_limit_per_index_an_index_fails_alone_and_its_replacement_counts_failures() {
+    let spec = json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+        "backoffLimitPerIndex": 1});
+    let failed = |name: &str, index: &str, count: &str| {
+        pod(
+            name,
+            "Failed",
+            json!({"metadata": {"annotations": {INDEX_KEY: index, FAILURE_COUNT_KEY: count}}}),
+        )
+    };
+    let h = ControllerHarness::new()
+        .with_configuration(json!({"podFailureBackoffSeconds": 0}))
+        .with_object(jobs(), job(spec.clone()))
+        // Index 0 failed a second time: past its limit of 1.
+        .with_object(pods(), failed("pi-0-b", "0", "1"))
+        // Index 1 failed once: it runs again, its pod saying so.
+        .with_object(pods(), failed("pi-1-a", "1", "0"))
+        .with_object(
+            pods(),
+            pod(
+                "pi-2-a",
+                "Succeeded",
+                json!({"metadata": {"annotations": {INDEX_KEY: "2"}}}),
+            ),
+        );
+    h.reconcile::<Jobs>(&jobs(), Some("ns"), "pi").unwrap();
+    let s = status(&h);
+    assert_eq!(s["failedIndexes"], "0", "{s}");
+    assert_eq!(s["completedIndexes"], "2");
+    assert_eq!(s["failed"], 2);
+    assert!(
+        cond(&h, "Failed").is_none(),
+        "the backoffLimit (6) does not apply: {s}"
+    );
+    let made = created(&h);
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0]["metadata"]["annotations"][INDEX_KEY], "1");
+    assert_eq!(made[0]["metadata"]["annotations"][FAILURE_COUNT_KEY], "1");
+
+    // Index 1 fails again too: every index done, some failed.
+    let mut j = h.object(&jobs(), Some("ns"), "pi").unwrap();
+    j["spec"]["maxFailedIndexes"] = json!(5);
+    let h = ControllerHarness::new()
+        .with_object(jobs(), j)
+        .with_object(pods(), failed("pi-1-b", "1", "1"));
+    h.reconcile::<Jobs>(&jobs(), Some("ns"), "pi").unwrap();
+    assert_eq!(status(&h)["failedIndexes"], "0-1");
+    assert_eq!(cond(&h, "Failed").unwrap()["reason"], "FailedIndexes");
 }
