@@ -205,3 +205,60 @@ fn a_rollback_renumbers_the_old_revision_and_replaces_only_the_stalled_pod() {
     assert_eq!(rev["revision"], 4);
     assert_eq!(deleted_pods(&h), ["p3"]);
 }
+
+#[test]
+fn with_surge_the_new_pod_starts_beside_the_old_which_goes_once_it_is_available() {
+    let (a, mut b) = (ds("a"), ds("b"));
+    b["spec"]["updateStrategy"] = json!({"type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}});
+    let hash = |d: &Value| history::template_hash(&d["spec"]["template"], None);
+    let h = ControllerHarness::new()
+        .with_object(daemonsets(), b.clone())
+        .with_object(nodes(), node("n1", json!({}), json!([])))
+        .with_object(nodes(), node("n2", json!({}), json!([])))
+        .with_object(pods(), running("old1", "n1", &hash(&a)))
+        .with_object(pods(), running("old2", "n2", &hash(&a)));
+    h.reconcile::<DaemonSets>(&daemonsets(), Some("ns"), "d")
+        .unwrap();
+    // One surge pod, on one node, and no old pod deleted yet.
+    let created = created_pods(&h);
+    assert_eq!(created.len(), 1);
+    assert!(deleted_pods(&h).is_empty());
+    let node_of_new = fit::target_node(&created[0]["spec"]).unwrap();
+    assert_eq!(
+        created[0]["metadata"]["labels"][HASH_LABEL],
+        json!(hash(&b))
+    );
+
+    // The new pod is available: the old one on its node goes.
+    let mut new = running("new1", &node_of_new, &hash(&b));
+    new["metadata"]["creationTimestamp"] = json!("2026-01-02T00:00:00Z");
+    let h = ControllerHarness::new()
+        .with_object(daemonsets(), b.clone())
+        .with_object(nodes(), node("n1", json!({}), json!([])))
+        .with_object(nodes(), node("n2", json!({}), json!([])))
+        .with_object(pods(), running("old1", "n1", &hash(&a)))
+        .with_object(pods(), running("old2", "n2", &hash(&a)))
+        .with_object(pods(), new);
+    h.reconcile::<DaemonSets>(&daemonsets(), Some("ns"), "d")
+        .unwrap();
+    let old_there = if node_of_new == "n1" { "old1" } else { "old2" };
+    assert_eq!(deleted_pods(&h), [old_there]);
+}
+
+#[test]
+fn on_delete_leaves_old_pods_until_someone_deletes_them() {
+    let (a, mut b) = (ds("a"), ds("b"));
+    b["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+    let hash = history::template_hash(&a["spec"]["template"], None);
+    let h = ControllerHarness::new()
+        .with_object(daemonsets(), b)
+        .with_object(nodes(), node("n1", json!({}), json!([])))
+        .with_object(pods(), running("old1", "n1", &hash));
+    h.reconcile::<DaemonSets>(&daemonsets(), Some("ns"), "d")
+        .unwrap();
+    assert!(deleted_pods(&h).is_empty() && created_pods(&h).is_empty());
+    let status = &h.object(&daemonsets(), Some("ns"), "d").unwrap()["status"];
+    assert_eq!(status["numberAvailable"], 1);
+    assert!(status["updatedNumberScheduled"].is_null());
+}
