@@ -481,6 +481,29 @@ async fn daemon_sets_follow_nodes_roll_out_roll_back_and_survive_a_drain() -> Re
             .and_then(|n| n.spec.as_ref().and_then(|s| s.unschedulable))
             == Some(true);
         ensure!(unschedulable, "{node} not cordoned");
+        if i == 0 {
+            // Daemon pods tolerate the cordon: one deleted comes back on the node.
+            let gone = daemon_pods(&pods, "daemon-set")[node][0]
+                .metadata
+                .name
+                .clone()
+                .unwrap_or_default();
+            pod_api.delete(&gone, &Default::default()).await?;
+            until(
+                &mut changes,
+                "the daemon pod back on the cordoned node",
+                || {
+                    Ok(daemon_pods(&pods, "daemon-set")
+                        .get(node)
+                        .is_some_and(|ps| {
+                            ps.len() == 1
+                                && ps[0].metadata.name.as_deref() != Some(gone.as_str())
+                                && pod_ready(&ps[0])
+                        }))
+                },
+            )
+            .await?;
+        }
     }
 
     cluster.kubectl_ok(&["delete", "ds", "daemon-set"]).await?;
