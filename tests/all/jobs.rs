@@ -335,6 +335,109 @@ async fn indexed(env: &Env) -> Result<()> {
     Ok(())
 }
 
+/// `backoffLimitPerIndex`: index 0 always fails and is given up after its limit,
+/// index 1 completes; the Job fails with `FailedIndexes`.
+async fn backoff_limit_per_index(env: &Env) -> Result<()> {
+    let t = template("[ \"$JOB_COMPLETION_INDEX\" = 1 ]", "Never");
+    env.create(job(
+        "per-index",
+        json!({"completions": 2, "parallelism": 2, "completionMode": "Indexed",
+            "backoffLimitPerIndex": 1, "template": t}),
+    ))
+    .await?;
+    let job = env
+        .job_until("per-index", "failed", |j| condition(j, "Failed").is_some())
+        .await?;
+    let status = value(&job.status);
+    ensure!(
+        condition(&job, "Failed").as_deref() == Some("FailedIndexes")
+            && status["failedIndexes"] == "0"
+            && status["completedIndexes"] == "1"
+            && status["failed"] == 2,
+        "{status}"
+    );
+    Ok(())
+}
+
+/// A `podFailurePolicy` rule `FailJob` on an exit code fails the Job at the first
+/// such failure, whatever its backoffLimit.
+async fn pod_failure_policy(env: &Env) -> Result<()> {
+    env.create(job(
+        "policy",
+        json!({"backoffLimit": 6, "template": template("exit 42", "Never"),
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "c", "operator": "In", "values": [42]}}]}}),
+    ))
+    .await?;
+    let job = env
+        .job_until("policy", "failed", |j| condition(j, "Failed").is_some())
+        .await?;
+    ensure!(
+        condition(&job, "Failed").as_deref() == Some("PodFailurePolicy")
+            && condition(&job, "FailureTarget").is_some()
+            && value(&job.status)["failed"] == 1,
+        "{}",
+        value(&job.status)
+    );
+    Ok(())
+}
+
+/// A Job created suspended (by kubectl 1.20's `create job`) makes no pod until it
+/// is resumed; then it runs to completion.
+async fn suspended_job(env: &Env) -> Result<()> {
+    let old = env.cluster.kubectl_1_20()?;
+    let made = old
+        .ok(&[
+            "create",
+            "job",
+            "later",
+            "-n",
+            NS,
+            "--image=file:///bin/sh",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo resumed",
+        ])
+        .await?;
+    let mut object: Value = serde_json::from_str(&made)?;
+    object["spec"]["suspend"] = json!(true);
+    let spec = &mut object["spec"]["template"]["spec"];
+    spec["nodeName"] = json!(NODE);
+    spec["runtimeClassName"] = json!("process");
+    env.create(object).await?;
+    let job = env
+        .job_until("later", "suspended", |j| {
+            condition(j, "Suspended").is_some()
+        })
+        .await?;
+    ensure!(env.pods_of(&job).is_empty(), "a suspended job made pods");
+    ensure!(
+        value(&job.status)["startTime"].is_null(),
+        "{}",
+        value(&job.status)
+    );
+    old.ok(&[
+        "patch",
+        "-n",
+        NS,
+        "job/later",
+        "-p",
+        r#"{"spec":{"suspend":false}}"#,
+    ])
+    .await?;
+    let job = env
+        .job_until("later", "complete", |j| condition(j, "Complete").is_some())
+        .await?;
+    ensure!(condition(&job, "Suspended").is_none(), "still suspended");
+    let log = env.logs(&old, "job/later").await?;
+    ensure!(log.trim() == "resumed", "{log:?}");
+    Ok(())
+}
+
 /// "should delete a job": its pods go with it.
 async fn delete_a_job(env: &Env) -> Result<()> {
     env.create(job(
@@ -745,6 +848,15 @@ async fn jobs_run_to_completion_fail_and_are_cleaned_up_as_kubernetes() -> Resul
             Box::pin(indexed(&env)),
         ),
         ("should delete a job", Box::pin(delete_a_job(&env))),
+        (
+            "backoffLimitPerIndex",
+            Box::pin(backoff_limit_per_index(&env)),
+        ),
+        (
+            "podFailurePolicy FailJob",
+            Box::pin(pod_failure_policy(&env)),
+        ),
+        ("suspend and resume", Box::pin(suspended_job(&env))),
         (
             "ttlSecondsAfterFinished",
             Box::pin(ttl_after_finished(&env)),
