@@ -15,6 +15,11 @@
 //!   `lastSuccessfulTime` the latest completion; finished Jobs beyond
 //!   `successfulJobsHistoryLimit` (3) and `failedJobsHistoryLimit` (1) are deleted,
 //!   oldest first. `suspend` starts nothing.
+//!
+//! # Layout
+//! - `lib.rs` (Kubernetes' `cronjob_controllerv2.go`): the reconcile: the active
+//!   list, history, and the run due.
+//! - `schedule`: cron schedules, their next and most recent times in a time zone.
 
 use std::time::Duration;
 

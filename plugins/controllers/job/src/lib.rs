@@ -33,6 +33,12 @@
 //!
 //! Left out: adopting orphan pods by selector, `successPolicy`,
 //! `podReplacementPolicy` other than its defaults.
+//!
+//! # Layout
+//! - `lib.rs` (Kubernetes' `job_controller.go`): the reconcile, `Pass` (counting
+//!   finished pods, the finishing conditions, managing pods, the status).
+//! - `pod`: what the controller reads of a pod, and the pod failure policy.
+//! - `indexes`: `completedIndexes`/`failedIndexes` as interval strings.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
