@@ -519,6 +519,11 @@ impl Pass<'_> {
             }
             failures.extend(self.delete_pods(&active)?);
             active_now = 0;
+            // A suspended Job has not started (so its template's scheduling
+            // directives may change); resuming starts the clock again.
+            if let Some(o) = status.as_object_mut() {
+                o.remove("startTime");
+            }
         } else {
             if status_says(&status, "Suspended") {
                 set_condition(

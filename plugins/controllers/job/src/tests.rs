@@ -303,6 +303,7 @@ fn a_suspended_job_deletes_its_pods_uncounted_and_resuming_restarts_the_clock() 
     h.reconcile::<Jobs>(&jobs(), Some("ns"), "pi").unwrap();
     assert_eq!(deleted(&h), ["a"]);
     assert_eq!(cond(&h, "Suspended").unwrap()["status"], "True");
+    assert!(status(&h).get("startTime").is_none(), "{}", status(&h));
     // Its deletion seen while suspended: no failure.
     let a = pod(
         "a",
