@@ -18,7 +18,9 @@
 //!   unhealthy; `Parallel` makes and removes all at once.
 //! - Templates are kept as ControllerRevisions ([`revision`]); `RollingUpdate`
 //!   replaces pods of an old revision from the highest ordinal down to
-//!   `partition`, at most `maxUnavailable` (1) unavailable at a time; `OnDelete`
+//!   `partition`, one at a time once the pods above are healthy, or with
+//!   `maxUnavailable` set, while fewer than that many of the set's pods are
+//!   unavailable (Kubernetes' `MaxUnavailableStatefulSet` behaviour); `OnDelete`
 //!   makes a deleted pod anew from the set's template and replaces nothing itself.
 //! - A pod that failed or succeeded is deleted and made again.
 //! - The status (`replicas`, `readyReplicas`, `currentReplicas`, `updatedReplicas`,
@@ -28,7 +30,8 @@
 //!   ready.
 //!
 //! Pods that match the selector, have no controller and are named as one of the
-//! set's are adopted; the set's pods that no longer match are released.
+//! set's are adopted, as are revisions of the selector without a controller; the
+//! set's pods that no longer match are released.
 
 pub mod revision;
 
@@ -630,7 +633,7 @@ impl Reconcile for StatefulSets {
         // Only pods named as the set's are its replicas.
         mine.retain(|p| ordinal(set_name, pod::name(p)).is_some());
 
-        let revisions = revision::resolve(&set, ns, revision::owned(&uid)?)?;
+        let revisions = revision::resolve(&set, ns, revision::claimed(&set, ns)?)?;
         let mut pass = Pass {
             key,
             set: &set,
@@ -784,6 +787,27 @@ fn sync_pods(pass: &mut Pass, mine: &[Value], min_ready: i64, now: i64) -> Resul
     // partition, while fewer than maxUnavailable are unavailable.
     let rolling = &strategy["rollingUpdate"];
     let partition = rolling["partition"].as_i64().unwrap_or(0);
+    let update = pass.update_name().to_owned();
+    let first = usize::try_from(partition.max(0)).unwrap_or(0);
+    if rolling["maxUnavailable"].is_null() {
+        // One at a time: the highest pod of an old revision goes once every pod
+        // above it is healthy.
+        for slot in replicas.iter().skip(first).rev() {
+            let Some(p) = slot else {
+                return Ok(());
+            };
+            if pod::revision(p) != update && !pod::is_terminating(p) {
+                if pass.delete(p)? {
+                    pass.counts.current -= 1;
+                }
+                return Ok(());
+            }
+            if !pod::is_healthy(p) {
+                return Ok(());
+            }
+        }
+        return Ok(());
+    }
     let max_unavailable = match &rolling["maxUnavailable"] {
         Value::Number(n) => n.as_i64().unwrap_or(1),
         Value::String(s) => s
@@ -798,9 +822,8 @@ fn sync_pods(pass: &mut Pass, mine: &[Value], min_ready: i64, now: i64) -> Resul
         .filter(|p| p.is_none_or(|p| !pod::is_healthy(p)))
         .count();
     let mut budget = max_unavailable - i64::try_from(unavailable).unwrap_or(i64::MAX);
-    let update = pass.update_name().to_owned();
-    for (i, slot) in replicas.iter().enumerate().rev() {
-        if budget <= 0 || start + i64::try_from(i).unwrap_or(0) < start + partition {
+    for slot in replicas.iter().skip(first).rev() {
+        if budget <= 0 {
             break;
         }
         if let Some(p) = slot

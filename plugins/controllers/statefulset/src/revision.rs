@@ -210,13 +210,48 @@ pub fn truncate(
     Ok(())
 }
 
-/// Revisions owned by the set (by uid), from the cache.
-pub fn owned(uid: &str) -> Result<Vec<Value>, String> {
-    let owned: Vec<Value> = cache::owned_by_as(&controllerrevisions(), uid)?;
-    Ok(owned
+/// The set's revisions, from the cache: those it controls, and those its selector
+/// matches that have no controller, which it adopts (as Kubernetes'
+/// `ClaimControllerRevisions`).
+pub fn claimed(set: &Value, namespace: Option<&str>) -> Result<Vec<Value>, String> {
+    let uid = set["metadata"]["uid"].as_str().unwrap_or_default();
+    let mut mine: Vec<Value> = cache::owned_by_as::<Value>(&controllerrevisions(), uid)?
         .into_iter()
         .filter(|r| owned::is_controlled_by(r, uid))
-        .collect())
+        .collect();
+    if !set["metadata"]["deletionTimestamp"].is_null() {
+        return Ok(mine);
+    }
+    let selector = owned::selector_string(&set["spec"]["selector"])?;
+    let orphans: Vec<Value> =
+        cache::list_as::<Value>(&controllerrevisions(), namespace, &selector)?
+            .into_iter()
+            .filter(|r| {
+                owned::controller_of(r).is_none() && r["metadata"]["deletionTimestamp"].is_null()
+            })
+            .collect();
+    if orphans.is_empty() {
+        return Ok(mine);
+    }
+    let writes = orphans
+        .iter()
+        .map(|r| {
+            owned::adopt(
+                &controllerrevisions(),
+                namespace,
+                r,
+                owned::controller_reference("apps/v1", "StatefulSet", set),
+            )
+        })
+        .collect();
+    for result in client::batch(writes)? {
+        match result {
+            Ok(adopted) => mine.push(adopted),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(format!("adopt a revision: {e}")),
+        }
+    }
+    Ok(mine)
 }
 
 #[cfg(test)]

@@ -315,3 +315,44 @@ fn a_matching_orphan_named_as_a_replica_is_adopted_and_others_are_not() {
     let stray = h.object(&pods(), Some("ns"), "stray").unwrap();
     assert!(stray["metadata"]["ownerReferences"].is_null());
 }
+
+#[test]
+fn an_orphaned_revision_of_the_template_is_adopted_and_reused() {
+    let s = set(json!({"replicas": 0}));
+    let data = revision::data_of(&s);
+    let orphan = json!({"metadata": {"name": "web-old", "namespace": "ns",
+        "labels": {"app": "web"}}, "data": data, "revision": 4});
+    let h = ControllerHarness::new()
+        .with_object(sets(), s)
+        .with_object(revision::controllerrevisions(), orphan);
+    pass(&h).unwrap();
+    let r = h
+        .object(&revision::controllerrevisions(), Some("ns"), "web-old")
+        .unwrap();
+    assert!(owned::is_controlled_by(&r, "set-uid"));
+    assert_eq!(status(&h)["updateRevision"], "web-old");
+    assert!(
+        !h.writes()
+            .iter()
+            .any(|w| matches!(w, Write::Create { resource, .. } if resource.resource == "controllerrevisions"))
+    );
+}
+
+#[test]
+fn max_unavailable_replaces_that_many_at_once() {
+    let h = ControllerHarness::new().with_object(
+        sets(),
+        set(json!({"replicas": 4, "podManagementPolicy": "Parallel",
+                   "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}})),
+    );
+    pass(&h).unwrap();
+    for n in ["web-0", "web-1", "web-2", "web-3"] {
+        set_ready(&h, n, true);
+    }
+    let mut s = h.object(&sets(), Some("ns"), "web").unwrap();
+    s["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let h = h.with_object(sets(), s);
+    pass(&h).unwrap();
+    // web-3 and web-2 replaced together (the harness deletes at once).
+    assert_eq!(pod_names(&h), ["web-0", "web-1"]);
+}
