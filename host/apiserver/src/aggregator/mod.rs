@@ -281,6 +281,9 @@ pub async fn start(
 /// if any.
 pub fn route_for(state: &AppState, path: &str) -> Option<Route> {
     let aggregator = state.aggregator.get()?;
+    if read(&aggregator.routes).is_empty() {
+        return None;
+    }
     let mut segments = path.trim_start_matches('/').split('/');
     if segments.next() != Some("apis") {
         return None;
