@@ -383,7 +383,7 @@ impl Profile {
                         "node(s) had volume node affinity conflict".into(),
                         all.len() - allowed.len(),
                     );
-                    rejecters.insert("VolumeBinding".into());
+                    rejecters.insert(crate::volume_binding::PLUGIN.into());
                 }
                 allowed
             }

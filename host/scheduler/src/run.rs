@@ -47,12 +47,17 @@ pub async fn run(
         .informer::<PodDisruptionBudget>(Api::all(client.clone()), watcher::Config::default());
     let mut budget_changes = budgets.subscribe();
     let volumes = crate::volume_binding::Volumes::new(&client, &informers);
+    let mut volume_events = volumes.events();
     tokio::select! {
         () = async { tokio::join!(pods.wait_synced(), nodes.wait_synced()); } => {}
         () = stopped.wait() => return Ok(()),
     }
 
     let mut queue = SchedulingQueue::new(config.queue);
+    queue.set_interests(
+        crate::volume_binding::PLUGIN,
+        crate::volume_binding::Volumes::interests(),
+    );
     let mut cache = cache::Cache::default();
     let mut profiles: Vec<Profile> = config
         .profiles
@@ -84,6 +89,9 @@ pub async fn run(
         }
         while let Ok(change) = pod_changes.try_recv() {
             on_pod(&mut cache, &mut queue, &mut queued_at, &names, change, now);
+        }
+        while let Ok(event) = volume_events.try_recv() {
+            queue.on_event(&event, now);
         }
         while let Ok(change) = budget_changes.try_recv() {
             on_budget(&mut cache, change);
@@ -142,7 +150,7 @@ pub async fn run(
                 Ok(nodes) => profiles[p].schedule(&host, &mut cache, &pod, nodes).await,
                 Err(message) => Decision::Unschedulable {
                     message: format!("0/{} nodes are available: {message}.", cache.node_count()),
-                    plugins: ["VolumeBinding".to_owned()].into(),
+                    plugins: [crate::volume_binding::PLUGIN.to_owned()].into(),
                     nomination: None,
                 },
             };
@@ -265,6 +273,7 @@ pub async fn run(
                 None => break,
             },
             Some(change) = budget_changes.recv() => on_budget(&mut cache, change),
+            Some(event) = volume_events.recv() => queue.on_event(&event, Instant::now()),
             Some(update) = updates.recv() => {
                 on_update(&mut profiles, &mut names, &config, update, &mut queue, Instant::now());
             }

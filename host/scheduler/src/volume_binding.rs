@@ -27,12 +27,16 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use trellis_client::informer::{Informer, SharedInformers};
+use tokio::sync::mpsc;
+use trellis_client::informer::{Change, Informer, SharedInformers};
 
 use crate::cache::{Cache, NodeId};
+use crate::queue::{Action, Event};
 
 /// The annotation that tells a claim's provisioner where its first pod goes.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// The name pods rejected here are rejected by.
+pub const PLUGIN: &str = "VolumeBinding";
 /// How long a bind waits for its pod's claims to be bound (kube-scheduler's
 /// `bindTimeoutSeconds`); then the pod is scheduled again.
 pub const BIND_TIMEOUT: Duration = Duration::from_secs(600);
@@ -83,6 +87,38 @@ impl Volumes {
             volumes: informers.informer(Api::all(client.clone()), watcher::Config::default()),
             classes: informers.informer(Api::all(client.clone()), watcher::Config::default()),
         }
+    }
+
+    /// The changes of claims, volumes and classes, as the queue's events: a pod this
+    /// plugin rejected tries again on one (a claim created, bound, its volume made).
+    pub(crate) fn events(&self) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        forward(
+            self.claims.subscribe(),
+            "persistentvolumeclaims",
+            tx.clone(),
+        );
+        forward(self.volumes.subscribe(), "persistentvolumes", tx.clone());
+        forward(self.classes.subscribe(), "storageclasses", tx);
+        rx
+    }
+
+    /// The events a pod rejected here waits for.
+    pub(crate) fn interests() -> HashSet<Event> {
+        [
+            "persistentvolumeclaims",
+            "persistentvolumes",
+            "storageclasses",
+            "nodes",
+        ]
+        .into_iter()
+        .flat_map(|resource| {
+            [Action::Add, Action::Update].map(|action| Event {
+                resource: resource.to_owned(),
+                action,
+            })
+        })
+        .collect()
     }
 
     /// The nodes the pod's claims allow (`None`: any), or why none can be.
@@ -154,6 +190,29 @@ impl Volumes {
                 .collect(),
         ))
     }
+}
+
+fn forward<K: Send + Sync + 'static>(
+    mut changes: mpsc::UnboundedReceiver<Change<K>>,
+    resource: &'static str,
+    tx: mpsc::UnboundedSender<Event>,
+) {
+    tokio::spawn(async move {
+        while let Some(change) = changes.recv().await {
+            let action = match change {
+                Change::Added(_) => Action::Add,
+                Change::Updated { .. } => Action::Update,
+                Change::Deleted(_) => Action::Delete,
+            };
+            let event = Event {
+                resource: resource.to_owned(),
+                action,
+            };
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// Whether `node` satisfies `selector` (its terms ORed, each term's requirements
