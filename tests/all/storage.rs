@@ -1,6 +1,7 @@
 //! Storage end to end: claims, volumes and the local-path provisioner, with the
 //! binder and the provisioner (bundled controllers), the scheduler and a node
-//! running `process` pods. A claim that names no class gets the default one
+//! running `process` pods. A pod whose claim does not exist yet is unschedulable
+//! until the claim is created; a claim that names no class gets the default one
 //! (`local-path`, WaitForFirstConsumer); its first pod is scheduled, the claim gets
 //! its node, a volume on it and is bound; the pod writes to it; once that pod is
 //! deleted a second pod of the claim reads what it wrote; kubectl lists claims,
@@ -161,7 +162,31 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
                 .patch(NODE, &PatchParams::default(), &Patch::Merge(&annotation))
                 .await?;
         }
-        // No class named: the default one, whose volumes wait for their first pod.
+        // A pod whose claim does not exist yet waits, unschedulable, until it does.
+        pod_api
+            .create(
+                &PostParams::default(),
+                &pod("writer", &format!("echo kept > {MOUNT_AT}/file; exec sleep 600"))?,
+            )
+            .await?;
+        let unschedulable = |p: &Pod| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("persistentvolumeclaim \"data\" not found"))
+                })
+        };
+        wait_pod(&pods, "writer", Duration::from_secs(30), unschedulable).await?;
+        ensure!(volumes.list(&Default::default()).await?.items.is_empty());
+        // No class named: the default one, whose volume is made on the node the
+        // scheduler picks for the pod.
         kubectl
             .ok_stdin(
                 &["apply", "-f", "-"],
@@ -172,18 +197,6 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
         let claim = claims.get("data").await?;
         let class = claim.spec.as_ref().and_then(|s| s.storage_class_name.clone());
         ensure!(class.as_deref() == Some("local-path"), "defaulted class: {class:?}");
-        until(&claims, "data", "the claim waits for its first consumer", |c| {
-            claim_phase(c) == "Pending"
-        })
-        .await?;
-        ensure!(volumes.list(&Default::default()).await?.items.is_empty());
-
-        pod_api
-            .create(
-                &PostParams::default(),
-                &pod("writer", &format!("echo kept > {MOUNT_AT}/file; exec sleep 600"))?,
-            )
-            .await?;
         until(&claims, "data", "the claim is bound", |c| claim_phase(c) == "Bound").await?;
         let claim = claims.get("data").await?;
         let annotations = claim.metadata.annotations.clone().unwrap_or_default();
