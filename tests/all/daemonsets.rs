@@ -6,7 +6,8 @@
 //! restarts no pod that already ran the old template; a failed pod replaced; a node
 //! that joins gets its pod and one tainted NoExecute loses it; `kubectl drain
 //! --ignore-daemonsets` (current and 1.20) evicts the node's other pods and leaves
-//! the daemon's.
+//! the daemon's, whose pod deleted there comes back; kubectl 1.20's rollout status
+//! and history.
 //! One server for the module.
 
 use std::collections::BTreeMap;
@@ -505,6 +506,17 @@ async fn daemon_sets_follow_nodes_roll_out_roll_back_and_survive_a_drain() -> Re
             .await?;
         }
     }
+
+    // kubectl 1.20 reads the same status and revisions.
+    let old_kubectl = cluster.kubectl_1_20()?;
+    let out = old_kubectl
+        .ok(&["rollout", "status", "ds/daemon-set", "--timeout=60s"])
+        .await?;
+    ensure!(out.contains("successfully rolled out"), "{out}");
+    let history = old_kubectl
+        .ok(&["rollout", "history", "ds/daemon-set"])
+        .await?;
+    ensure!(history.contains("REVISION"), "{history}");
 
     cluster.kubectl_ok(&["delete", "ds", "daemon-set"]).await?;
     until(&mut changes, "the daemon's pods gone", || {
