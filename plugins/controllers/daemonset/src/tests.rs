@@ -262,3 +262,19 @@ fn on_delete_leaves_old_pods_until_someone_deletes_them() {
     assert_eq!(status["numberAvailable"], 1);
     assert!(status["updatedNumberScheduled"].is_null());
 }
+
+#[test]
+fn pods_of_a_node_that_is_gone_are_deleted() {
+    let hash = history::template_hash(&ds("a")["spec"]["template"], None);
+    let h = ControllerHarness::new()
+        .with_object(daemonsets(), ds("a"))
+        .with_object(nodes(), node("n1", json!({}), json!([])))
+        .with_object(pods(), running("p1", "n1", &hash))
+        .with_object(pods(), running("gone", "n9", &hash));
+    h.reconcile::<DaemonSets>(&daemonsets(), Some("ns"), "d")
+        .unwrap();
+    assert_eq!(deleted_pods(&h), ["gone"]);
+    let status = &h.object(&daemonsets(), Some("ns"), "d").unwrap()["status"];
+    assert_eq!(status["desiredNumberScheduled"], 1);
+    assert_eq!(status["numberMisscheduled"], 0);
+}
