@@ -202,11 +202,107 @@ async fn kubectl_autoscale_keeps_a_deployment_within_its_bounds_and_says_why() -
     );
 
     // kubectl's columns: the target, what is measured against what is aimed at.
-    let table = cluster.kubectl_ok(&["get", "hpa", "-n", "hpa"]).await?;
+    let table = cluster
+        .kubectl_ok(&["get", "hpa", "web", "-n", "hpa"])
+        .await?;
     let row = table.lines().nth(1).context("no row")?;
     ensure!(
         row.contains("Deployment/web") && row.contains("/50%"),
         "{table}"
+    );
+
+    // kubectl 1.20 writes autoscaling/v1: served from v2's objects, converted both ways.
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "api"}, "spec": {"replicas": 1,
+                "selector": {"matchLabels": {"app": "api"}},
+                "template": {"metadata": {"labels": {"app": "api"}}, "spec": {"containers": [
+                    {"name": "c", "image": "i", "resources": {"requests": {"cpu": "100m"}}}]}}}}))?,
+        )
+        .await?;
+    cluster
+        .kubectl_1_20()?
+        .ok(&[
+            "autoscale",
+            "deploy",
+            "api",
+            "-n",
+            "hpa",
+            "--min=2",
+            "--max=4",
+            "--cpu-percent=60",
+        ])
+        .await?;
+    let settled = tokio::time::timeout(
+        SETTLE,
+        kube::runtime::wait::await_condition(
+            hpas.clone(),
+            "api",
+            |h: Option<&HorizontalPodAutoscaler>| {
+                h.and_then(|h| h.status.as_ref())
+                    .is_some_and(|s| s.desired_replicas == 2)
+            },
+        ),
+    )
+    .await;
+    ensure!(
+        matches!(settled, Ok(Ok(_))),
+        "the v1 autoscaler did not scale its target: {:?}",
+        hpas.get("api").await?.status
+    );
+    let v1: serde_json::Value = serde_json::from_str(
+        &cluster
+            .kubectl_ok(&[
+                "get",
+                "horizontalpodautoscalers.v1.autoscaling",
+                "api",
+                "-n",
+                "hpa",
+                "-o",
+                "json",
+            ])
+            .await?,
+    )?;
+    ensure!(v1["apiVersion"] == "autoscaling/v1", "{v1}");
+    ensure!(
+        v1["spec"]["targetCPUUtilizationPercentage"] == 60 && v1["spec"]["minReplicas"] == 2,
+        "{v1}"
+    );
+    ensure!(v1["status"]["desiredReplicas"] == 2, "{v1}");
+    // What v1 has no field for travels in annotations.
+    let conditions = v1["metadata"]["annotations"]["autoscaling.alpha.kubernetes.io/conditions"]
+        .as_str()
+        .context("no conditions annotation")?;
+    ensure!(conditions.contains("AbleToScale"), "{conditions}");
+    // A patch at v1 is made on the v1 form, and v2 sees it.
+    cluster
+        .kubectl_1_20()?
+        .ok(&[
+            "patch",
+            "horizontalpodautoscalers.v1.autoscaling",
+            "api",
+            "-n",
+            "hpa",
+            "--type=merge",
+            "-p",
+            r#"{"spec": {"targetCPUUtilizationPercentage": 70}}"#,
+        ])
+        .await?;
+    let v2 = hpas.get("api").await?;
+    let metrics = v2
+        .spec
+        .as_ref()
+        .and_then(|s| s.metrics.clone())
+        .unwrap_or_default();
+    ensure!(
+        metrics.len() == 1
+            && metrics[0]
+                .resource
+                .as_ref()
+                .and_then(|r| r.target.average_utilization)
+                == Some(70),
+        "{metrics:?}"
     );
     Ok(())
 }
