@@ -62,6 +62,9 @@ where
     }
 }
 
+/// One check of the module, run beside the others.
+type Check<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>>;
+
 fn value<T: serde::Serialize>(object: &T) -> Value {
     serde_json::to_value(object).unwrap_or_default()
 }
@@ -823,10 +826,7 @@ async fn jobs_run_to_completion_fail_and_are_cleaned_up_as_kubernetes() -> Resul
     env.pods.wait_synced().await;
     env.cronjobs.wait_synced().await;
 
-    let checks: Vec<(
-        &str,
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + '_>>,
-    )> = vec![
+    let checks: Vec<(&str, Check<'_>)> = vec![
         (
             "should run a job to completion when tasks succeed",
             Box::pin(tasks_succeed(&env)),
