@@ -16,7 +16,8 @@
 //! - [`informer`]: a shared informer's sync, memory and fan-out, remote and in-process.
 //! - [`controller`]: a controller plugin's writes, batched against one host call each.
 //! - [`controllers`]: the built-in controllers: a Deployment's pods, a rollout, one
-//!   reconcile at the WASM boundary.
+//!   reconcile at the WASM boundary; `--case daemonset` a DaemonSet over many nodes
+//!   and its rollout, `--case jobs` many Jobs run to completion.
 //! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
 //! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
 //! - [`up`]: how soon `trellis up` is ready on an empty store.
@@ -84,7 +85,8 @@ enum BenchCommand {
     /// call per write.
     Controller(controller::ControllerArgs),
     /// The built-in controllers: a Deployment's pods created, a rollout, and the cost
-    /// of one reconcile at the WASM boundary.
+    /// of one reconcile at the WASM boundary (`--case`: a DaemonSet on many nodes,
+    /// many Jobs).
     Controllers(controllers::ControllersArgs),
     /// The scheduler with the default plugins (WASM): pods bound per second, the
     /// attempt latency and the share of it in WASM, in scheduler_perf's cases.
