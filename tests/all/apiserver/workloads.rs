@@ -403,6 +403,34 @@ spec:
         "{misnamed}"
     );
 
+    // `get all` takes them by category; `describe` reads each kind.
+    let all = cluster.kubectl_ok(&["get", "all"]).await?;
+    for shown in [
+        "daemonset.apps/agent",
+        "statefulset.apps/web",
+        "job.batch/pi",
+        "cronjob.batch/hello",
+    ] {
+        ensure!(all.contains(shown), "{shown} missing:\n{all}");
+    }
+    for (kind, name) in [
+        ("ds", "agent"),
+        ("sts", "web"),
+        ("job", "pi"),
+        ("cj", "hello"),
+        ("pv", "disk-1"),
+        ("sc", "fast"),
+    ] {
+        let described = cluster.kubectl_ok(&["describe", kind, name]).await?;
+        ensure!(
+            described
+                .lines()
+                .next()
+                .is_some_and(|l| l.starts_with("Name:") && l.ends_with(name)),
+            "{kind}:\n{described}"
+        );
+    }
+
     // The OpenAPI schemas reach explain.
     let explained = cluster
         .kubectl_ok(&[
