@@ -209,7 +209,12 @@ impl Reconcile for Jobs {
 /// The pods of a Job that is gone keep no finalizer of it.
 fn release_orphans(ns: Option<&str>, name: &str) -> Result<Action, String> {
     let selector = format!("batch.kubernetes.io/job-name={name}");
-    let orphans: Vec<Pod> = cache::list_as(&pods(), ns, &selector)?;
+    let mut orphans: Vec<Pod> = cache::list_as(&pods(), ns, &selector)?;
+    // A Job with `manualSelector` gives its pods no such label: its namespace's
+    // pods are looked through.
+    if orphans.is_empty() {
+        orphans = cache::list_as(&pods(), ns, "")?;
+    }
     let held: Vec<&Pod> = orphans
         .iter()
         .filter(|p| {

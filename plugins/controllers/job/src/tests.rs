@@ -379,3 +379,16 @@ fn with_a_limit_per_index_an_index_fails_alone_and_its_replacement_counts_failur
     assert_eq!(status(&h)["failedIndexes"], "0-1");
     assert_eq!(cond(&h, "Failed").unwrap()["reason"], "FailedIndexes");
 }
+
+#[test]
+fn the_pods_of_a_deleted_job_are_let_go_even_without_its_label() {
+    let mut unlabelled = pod("b", "Running", json!({}));
+    unlabelled["metadata"]["labels"] = json!({"app": "manual"});
+    let h = ControllerHarness::new().with_object(pods(), unlabelled);
+    h.reconcile::<Jobs>(&jobs(), Some("ns"), "pi").unwrap();
+    assert!(matches!(
+        &h.writes()[..],
+        [Write::Patch { name, patch, .. }]
+            if name == "b" && patch["metadata"]["$deleteFromPrimitiveList/finalizers"][0] == TRACKING_FINALIZER
+    ));
+}
