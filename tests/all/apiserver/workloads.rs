@@ -431,6 +431,29 @@ spec:
         );
     }
 
+    // kubectl 1.20 finds them by legacy discovery and prints the same tables.
+    let old = cluster.kubectl_1_20()?;
+    let listed = old
+        .ok(&["get", "ds,sts,jobs,cj,pv,sc", "-o", "name"])
+        .await?;
+    for shown in [
+        "daemonset.apps/agent",
+        "statefulset.apps/web",
+        "job.batch/pi",
+        "cronjob.batch/hello",
+        "persistentvolume/disk-1",
+        "storageclass.storage.k8s.io/fast",
+    ] {
+        ensure!(listed.contains(shown), "{shown} missing:\n{listed}");
+    }
+    let (header, _) = table_row(&old.ok(&["get", "jobs"]).await?, "pi")?;
+    ensure!(
+        header[..3] == ["NAME", "STATUS", "COMPLETIONS"],
+        "{header:?}"
+    );
+    let explained = old.ok(&["explain", "job.spec.backoffLimit"]).await?;
+    ensure!(explained.contains("<integer>"), "{explained}");
+
     // The OpenAPI schemas reach explain.
     let explained = cluster
         .kubectl_ok(&[
