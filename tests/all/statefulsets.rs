@@ -1,4 +1,5 @@
-//! The bundled StatefulSet controller (with the garbage collector) against a real
+//! The bundled StatefulSet controller (with the garbage collector and the
+//! disruption controller, which reads the sets' scale) against a real
 //! server, driven by kubectl, pods made Running and Ready by a stand-in for the node
 //! that the tests can overrule: Kubernetes' conformance behaviours (ordered scaling
 //! that halts on an unhealthy pod, burst scaling, rolling updates and roll backs),
@@ -11,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -58,7 +60,9 @@ impl Env {
         };
         let (stop, stopped) = Shutdown::new();
         let mut running = Vec::new();
-        for builtin in trellis_controllers::bundled::select("statefulset,garbage-collector")? {
+        for builtin in
+            trellis_controllers::bundled::select("statefulset,garbage-collector,disruption")?
+        {
             let writer = in_process.client(identity::controller(builtin.account()));
             let events = EventRecorder::new(writer.clone(), builtin.identity, "test");
             running.push(
@@ -390,6 +394,36 @@ async fn scaling_is_ordered_and_halts_on_an_unhealthy_pod_and_burst_scaling_is_n
         s["replicas"] == 3 && s["readyReplicas"] == 2
     })
     .await?;
+    // The disruption controller finds the set's scale: 3 pods expected, 2 healthy,
+    // none to spare with one allowed unavailable.
+    env.cluster
+        .kubectl_ok_stdin(
+            &["create", "-f", "-"],
+            "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: ss\n\
+             \x20 namespace: sts-burst\nspec:\n  maxUnavailable: 1\n  selector:\n\
+             \x20   matchLabels:\n      app: ss\n",
+        )
+        .await?;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(env.admin.clone(), "sts-burst");
+    let expected = |b: Option<&PodDisruptionBudget>| {
+        b.and_then(|b| b.status.as_ref())
+            .is_some_and(|s| s.expected_pods == 3 && s.current_healthy == 2)
+    };
+    let budget = tokio::time::timeout(
+        Duration::from_secs(30),
+        kube::runtime::wait::await_condition(budgets.clone(), "ss", expected),
+    )
+    .await;
+    let seen = budgets.get("ss").await?.status;
+    ensure!(
+        matches!(budget, Ok(Ok(_))),
+        "the budget did not find the set's scale: {seen:?}"
+    );
+    ensure!(
+        seen.as_ref()
+            .is_some_and(|s| s.desired_healthy == 2 && s.disruptions_allowed == 0),
+        "{seen:?}"
+    );
     env.kubectl(&["scale", "sts", "ss", "-n", "sts-burst", "--replicas=0"])
         .await?;
     env.until("no pods", |e| e.pods_of("sts-burst", "ss").is_empty())
