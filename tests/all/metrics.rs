@@ -15,7 +15,7 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use trellis::metrics_server::{self, MetricsServer};
 use trellis_agent::AgentConfig;
-use trellis_api::{Shutdown, Stop, UserInfo};
+use trellis_api::{Shutdown, Stop};
 use trellis_client::identity;
 use trellis_client::informer::SharedInformers;
 use trellis_runtime::{Runtime, RuntimeConfig};
@@ -28,22 +28,14 @@ const NODE: &str = "metrics-node";
 /// sharing the machine.
 const SETTLE: Duration = Duration::from_secs(60);
 
-/// Starts the metrics server as its own user, reading every second, on loopback, and
-/// registers it.
+/// Starts the metrics server as `trellis up` does, reading every second, on loopback.
 async fn start_metrics_server(cluster: &TestCluster, stopped: Shutdown) -> Result<MetricsServer> {
-    let admin = cluster
-        .in_process()
-        .client(UserInfo::new("admin", ["system:masters"]));
-    let user = metrics_server::identity();
-    metrics_server::grant(&admin, &user.name).await?;
     let config = metrics_server::Config {
         metric_resolution: Duration::from_secs(1),
         listen: "127.0.0.1:0".parse()?,
         ..Default::default()
     };
-    let server = metrics_server::start(cluster.in_process().client(user), config, stopped).await?;
-    metrics_server::register(&admin, &server, "127.0.0.1".parse()?).await?;
-    Ok(server)
+    metrics_server::start_in_process(&cluster.in_process(), config, stopped).await
 }
 
 /// Waits (on a watch) until APIService `name`'s `Available` condition has `status`

@@ -440,9 +440,11 @@ pub async fn run(
             let in_process = in_process.clone();
             let stopped = stopped.clone();
             running.push(tokio::spawn(async move {
-                run_metrics_server(&in_process, config, stopped)
+                crate::metrics_server::start_in_process(&in_process, config, stopped)
                     .await
-                    .context("run the metrics server")
+                    .context("start the metrics server")?
+                    .wait()
+                    .await
             }));
         }
         if args.local_node {
@@ -499,30 +501,6 @@ pub async fn run(
         redb.close().await.context("close the store")?;
     }
     Ok(())
-}
-
-/// The metrics server of `trellis up`: as its own user, granted what it needs, served
-/// on `config.listen` (loopback when that address cannot be bound) and registered as
-/// the backend of `metrics.k8s.io`.
-async fn run_metrics_server(
-    in_process: &trellis_client::InProcess,
-    mut config: crate::metrics_server::Config,
-    stopped: Shutdown,
-) -> anyhow::Result<()> {
-    let admin = in_process.client(trellis_api::UserInfo::new(
-        "system:apiserver",
-        [trellis_api::user::groups::MASTERS],
-    ));
-    let user = crate::metrics_server::identity();
-    crate::metrics_server::grant(&admin, &user.name).await?;
-    let client = in_process.client(user);
-    let ip = config.listen.ip();
-    if ip.is_unspecified() || std::net::TcpListener::bind((ip, 0)).is_err() {
-        config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    }
-    let server = crate::metrics_server::start(client, config, stopped).await?;
-    crate::metrics_server::register(&admin, &server, server.addr.ip()).await?;
-    server.wait().await
 }
 
 #[cfg(test)]

@@ -272,6 +272,30 @@ pub async fn grant(client: &kube::Client, user: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A metrics server in the API server's process, as `trellis up` runs one: as its
+/// own user ([`identity`], granted what it needs by [`grant`]), served on
+/// `config.listen` (loopback when that address cannot be bound) and registered as the
+/// backend of `metrics.k8s.io` ([`register`]).
+pub async fn start_in_process(
+    in_process: &trellis_client::InProcess,
+    mut config: Config,
+    stopped: Shutdown,
+) -> anyhow::Result<MetricsServer> {
+    let admin = in_process.client(trellis_api::UserInfo::new(
+        "system:apiserver",
+        [trellis_api::user::groups::MASTERS],
+    ));
+    let user = identity();
+    grant(&admin, &user.name).await?;
+    let ip = config.listen.ip();
+    if ip.is_unspecified() || std::net::TcpListener::bind((ip, 0)).is_err() {
+        config.listen = SocketAddr::from(([127, 0, 0, 1], config.listen.port()));
+    }
+    let server = start(in_process.client(user), config, stopped).await?;
+    register(&admin, &server, server.addr.ip()).await?;
+    Ok(server)
+}
+
 /// `trellis metrics-server`'s flags.
 #[derive(Debug, Args)]
 pub struct MetricsServerArgs {
