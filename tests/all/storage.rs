@@ -4,13 +4,15 @@
 //! until the claim is created; a claim that names no class gets the default one
 //! (`local-path`, WaitForFirstConsumer); its first pod is scheduled, the claim gets
 //! its node, a volume on it and is bound; the pod writes to it; once that pod is
-//! deleted a second pod of the claim reads what it wrote; kubectl lists claims,
+//! deleted a second pod of the claim, preferring the other node, runs on the
+//! volume's and reads what the first wrote; kubectl lists claims,
 //! volumes and classes with Kubernetes' columns; deleting the claim deletes its
 //! volume (reclaim Delete). A static hostPath volume binds a claim of its class
 //! and is Released, not deleted, when the claim goes (reclaim Retain).
 //!
-//! Needs root and the CNI plugins; the node has a CNI network of its own on
-//! 10.244.125.0/24 (bridge `trellis-st125`, removed at the end).
+//! Needs root and the CNI plugins; the two nodes have CNI networks of their own on
+//! 10.244.125.0/24 and 10.244.126.0/24 (bridges `trellis-st125` and `trellis-st126`,
+//! removed at the end).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,9 +35,11 @@ use trellis_tests::pod_network::{NetworkedNode, NetworkedNodeOptions, PodNetwork
 
 use super::node::{phase, wait_pod};
 
-const NODE: &str = "storage-node";
-const POD_CIDR: &str = "10.244.125.0/24";
-const BRIDGE: &str = "trellis-st125";
+/// Two nodes: the claim's second pod must follow its volume to the first one's node.
+const NODES: [(&str, &str, &str); 2] = [
+    ("storage-node", "10.244.125.0/24", "trellis-st125"),
+    ("storage-node-2", "10.244.126.0/24", "trellis-st126"),
+];
 /// Where the pods mount the claim: a directory every Debian machine has.
 const MOUNT_AT: &str = "/mnt";
 /// The Node annotation that tells the provisioner where the node's volumes live.
@@ -72,10 +76,18 @@ fn claim_phase(c: Option<&PersistentVolumeClaim>) -> &str {
         .unwrap_or("")
 }
 
-fn pod(name: &str, script: &str) -> Result<Pod> {
+/// A `process` pod of the claim `data`, preferring `node` when given.
+fn pod(name: &str, script: &str, prefer: Option<&str>) -> Result<Pod> {
+    let affinity = match prefer {
+        Some(node) => json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}}]}}),
+        None => json!(null),
+    };
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {"runtimeClassName": "process", "terminationGracePeriodSeconds": 1,
+            "affinity": affinity,
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
             "containers": [{"name": "main", "image": "file:///bin/sh",
                 "command": ["/bin/sh", "-c", script],
@@ -92,22 +104,34 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
         return Ok(());
     }
     let cluster = TestCluster::start().await?;
-    let node = NetworkedNode::start(
-        &cluster,
-        NetworkedNodeOptions {
-            node: NODE,
-            pod_cidr: POD_CIDR,
-            bridge: BRIDGE,
-            network: PodNetwork::Bridge {
-                name: "storage-test",
-                hairpin: false,
+    let mut started = Vec::new();
+    for (name, pod_cidr, bridge) in NODES {
+        let node = NetworkedNode::start(
+            &cluster,
+            NetworkedNodeOptions {
+                node: name,
+                pod_cidr,
+                bridge,
+                network: PodNetwork::Bridge {
+                    name: bridge,
+                    hairpin: false,
+                },
+                client_ca: true,
+                backoff_base: Some(Duration::from_millis(200)),
             },
-            client_ca: true,
-            backoff_base: Some(Duration::from_millis(200)),
-        },
-    )
-    .await?;
-    let admin = node.admin.clone();
+        )
+        .await;
+        match node {
+            Ok(node) => started.push(node),
+            Err(e) => {
+                for node in started {
+                    let _ = node.stop().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    let admin = started[0].admin.clone();
     let in_process = cluster.in_process();
     let (stop, stopped) = Shutdown::new();
     let manager = Manager {
@@ -149,24 +173,30 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
     let kubectl = cluster.admin();
     let names = ["writer", "reader"];
     let work = async {
-        node.set_pod_cidr().await?;
-        // Where this node keeps its local-path volumes: what its agent tells the
+        // Where each node keeps its local-path volumes: what its agent tells the
         // provisioner, else a directory of the node's (the provisioner's default is
         // the machine's /var/lib/trellis/storage).
         let nodes: Api<Node> = Api::all(admin.clone());
-        let told = nodes.get(NODE).await?.metadata.annotations.unwrap_or_default();
-        if !told.contains_key(ROOT) {
-            let root = node.root().join("storage").display().to_string();
-            let annotation = json!({"metadata": {"annotations": {ROOT: root}}});
-            nodes
-                .patch(NODE, &PatchParams::default(), &Patch::Merge(&annotation))
-                .await?;
+        for (node, (name, _, _)) in started.iter().zip(NODES) {
+            node.set_pod_cidr().await?;
+            let told = nodes.get(name).await?.metadata.annotations.unwrap_or_default();
+            if !told.contains_key(ROOT) {
+                let root = node.root().join("storage").display().to_string();
+                let annotation = json!({"metadata": {"annotations": {ROOT: root}}});
+                nodes
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&annotation))
+                    .await?;
+            }
         }
         // A pod whose claim does not exist yet waits, unschedulable, until it does.
         pod_api
             .create(
                 &PostParams::default(),
-                &pod("writer", &format!("echo kept > {MOUNT_AT}/file; exec sleep 600"))?,
+                &pod(
+                    "writer",
+                    &format!("echo kept > {MOUNT_AT}/file; exec sleep 600"),
+                    None,
+                )?,
             )
             .await?;
         let unschedulable = |p: &Pod| {
@@ -200,10 +230,15 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
         until(&claims, "data", "the claim is bound", |c| claim_phase(c) == "Bound").await?;
         let claim = claims.get("data").await?;
         let annotations = claim.metadata.annotations.clone().unwrap_or_default();
-        ensure!(
-            annotations.get("volume.kubernetes.io/selected-node").map(String::as_str) == Some(NODE),
-            "the scheduler selected the claim's node: {annotations:?}"
-        );
+        let selected = annotations
+            .get("volume.kubernetes.io/selected-node")
+            .cloned()
+            .context("the scheduler selected no node for the claim")?;
+        let (at, other) = match NODES.iter().position(|(name, _, _)| *name == selected) {
+            Some(0) => (&started[0], NODES[1].0),
+            Some(_) => (&started[1], NODES[0].0),
+            None => bail!("the claim's node is none of the test's: {selected}"),
+        };
         let volume_name = claim
             .spec
             .as_ref()
@@ -213,15 +248,18 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
         let spec = volume.spec.clone().unwrap_or_default();
         let dir = PathBuf::from(spec.host_path.as_ref().context("no hostPath")?.path.clone());
         ensure!(
-            dir.starts_with(node.root()) && dir.ends_with(&volume_name),
+            dir.starts_with(at.root()) && dir.ends_with(&volume_name),
             "the volume is a directory of the node named after it: {dir:?}"
         );
         ensure!(spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete"));
         let affinity = serde_json::to_string(&spec.node_affinity)?;
-        ensure!(affinity.contains(NODE), "pinned to its node: {affinity}");
+        ensure!(affinity.contains(&selected), "pinned to its node: {affinity}");
 
         let writer = wait_pod(&pods, "writer", Duration::from_secs(60), |p| phase(p) == "Running").await?;
-        ensure!(writer.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE));
+        ensure!(
+            writer.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&*selected),
+            "the pod runs where its claim's volume was made"
+        );
         // A bounded probe of the node's directory: the pod writes once it runs.
         let file = dir.join("file");
         for _ in 0..100 {
@@ -242,10 +280,21 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
         pod_api
             .create(
                 &PostParams::default(),
-                &pod("reader", &format!("cat {MOUNT_AT}/file; exec sleep 600"))?,
+                &pod(
+                    "reader",
+                    &format!("cat {MOUNT_AT}/file; exec sleep 600"),
+                    Some(other),
+                )?,
             )
             .await?;
-        wait_pod(&pods, "reader", Duration::from_secs(60), |p| phase(p) == "Running").await?;
+        // It would rather run on the other node; its volume's node affinity decides.
+        let reader =
+            wait_pod(&pods, "reader", Duration::from_secs(60), |p| phase(p) == "Running").await?;
+        ensure!(
+            reader.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&*selected),
+            "the second pod follows the volume to {selected}, not {:?}",
+            reader.spec.as_ref().and_then(|s| s.node_name.as_deref())
+        );
         let mut log = String::new();
         for _ in 0..100 {
             log = kubectl.ok(&["logs", "reader"]).await?;
@@ -281,7 +330,7 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
 
         // A static volume of a class of its own binds a claim of that class, and is
         // Released, not deleted, when the claim goes.
-        let static_dir = node.root().join("static");
+        let static_dir = started[0].root().join("static");
         kubectl
             .ok_stdin(
                 &["apply", "-f", "-"],
@@ -316,7 +365,9 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
     for r in running {
         r.stop().await;
     }
-    node.stop().await?;
+    for node in started {
+        node.stop().await?;
+    }
     work?;
     gone.context("the pods are deleted within 30 s")?
 }
