@@ -525,16 +525,31 @@ async fn rolling_updates_roll_back_and_partition_and_claims_outlive_their_pods()
             .and_then(|p| p.spec.as_ref()?.containers.first()?.image.clone());
         ensure!(image.as_deref() == Some("nginx:2"), "{n}: {image:?}");
     }
-    let history = env
-        .kubectl(&["rollout", "history", "sts/web", "-n", ns])
+    // Both revisions listed, by the current kubectl and by 1.20's, which also
+    // reads the rollout's status.
+    let old_kubectl = env.cluster.kubectl_1_20()?;
+    for history in [
+        env.kubectl(&["rollout", "history", "sts/web", "-n", ns])
+            .await?,
+        old_kubectl
+            .ok(&["rollout", "history", "sts/web", "-n", ns])
+            .await?,
+    ] {
+        ensure!(
+            history
+                .lines()
+                .filter(|l| l.starts_with('1') || l.starts_with('2'))
+                .count()
+                == 2,
+            "{history}"
+        );
+    }
+    let out = old_kubectl
+        .ok(&["rollout", "status", "sts/web", "-n", ns, "--timeout=30s"])
         .await?;
     ensure!(
-        history
-            .lines()
-            .filter(|l| l.starts_with('1') || l.starts_with('2'))
-            .count()
-            == 2,
-        "{history}"
+        out.contains("partitioned roll out complete: 3 new pods have been updated"),
+        "{out}"
     );
 
     // Rolled back: the first revision again, renumbered the newest.
