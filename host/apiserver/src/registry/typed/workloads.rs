@@ -537,6 +537,17 @@ fn validate_controller_revision(obj: &Object, old: Option<&Object>, causes: &mut
 
 fn validate_job(obj: &Object, old: Option<&Object>, causes: &mut Vec<StatusCause>) {
     let labels = str_field(obj, &["spec", "template", "metadata", "labels"]);
+    // Its pods carry its name as a label value (job-name): at most 63 characters.
+    for (key, value) in labels.and_then(Value::as_object).into_iter().flatten() {
+        let value = value.as_str().unwrap_or_default();
+        if value.len() > 63 {
+            causes.push(StatusCause::invalid(
+                format!("spec.template.labels[{key}]"),
+                value,
+                "must be no more than 63 characters",
+            ));
+        }
+    }
     let manual = str_field(obj, &["spec", "manualSelector"]) == Some(&json!(true));
     if !manual {
         // A generated selector: it selects this Job's uid, and its pods carry it.
@@ -1589,6 +1600,13 @@ mod tests {
             (
                 job(|v| v["spec"]["backoffLimit"] = json!(-1)),
                 &["spec.backoffLimit"],
+            ),
+            (
+                job(|v| v["metadata"]["name"] = json!("j".repeat(64))),
+                &[
+                    "spec.template.labels[batch.kubernetes.io/job-name]",
+                    "spec.template.labels[job-name]",
+                ],
             ),
             (
                 job(|v| {
