@@ -732,6 +732,26 @@ fn sync_pods(pass: &mut Pass, mine: &[Value], min_ready: i64, now: i64) -> Resul
             Some(p) if pod::is_finished(p) => {
                 // Made again once it is gone.
                 if !pod::is_terminating(p) {
+                    let (kind, reason) = if p["status"]["phase"] == "Failed" {
+                        (EventType::Warning, "RecreatingFailedPod")
+                    } else {
+                        (EventType::Normal, "RecreatingTerminatedPod")
+                    };
+                    let namespace = pass.ns().unwrap_or_default();
+                    pass.event(
+                        kind,
+                        reason,
+                        &format!(
+                            "StatefulSet {namespace}/{} is recreating {} Pod {}",
+                            pass.set_name,
+                            if kind == EventType::Warning {
+                                "failed"
+                            } else {
+                                "terminated"
+                            },
+                            pod::name(p)
+                        ),
+                    );
                     pass.delete(p)?;
                 }
                 if monotonic {

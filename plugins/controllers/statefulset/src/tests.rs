@@ -356,3 +356,23 @@ fn max_unavailable_replaces_that_many_at_once() {
     // web-3 and web-2 replaced together (the harness deletes at once).
     assert_eq!(pod_names(&h), ["web-0", "web-1"]);
 }
+
+#[test]
+fn a_failed_pod_is_deleted_and_made_again() {
+    let h = ControllerHarness::new().with_object(sets(), set(json!({"replicas": 1})));
+    pass(&h).unwrap();
+    let mut p = h.object(&pods(), Some("ns"), "web-0").unwrap();
+    p["status"] = json!({"phase": "Failed"});
+    let h = h.with_object(pods(), p);
+    pass(&h).unwrap();
+    assert!(pod_names(&h).is_empty());
+    assert!(
+        h.events()
+            .iter()
+            .any(|(reason, message)| reason == "RecreatingFailedPod"
+                && message == "StatefulSet ns/web is recreating failed Pod web-0")
+    );
+    pass(&h).unwrap();
+    let p = h.object(&pods(), Some("ns"), "web-0").unwrap();
+    assert!(p["status"].is_null());
+}
