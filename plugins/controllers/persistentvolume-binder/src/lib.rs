@@ -8,6 +8,8 @@
 //! - otherwise the smallest Available volume that fits (class, access modes,
 //!   capacity, volume mode, the claim's selector) is bound to it, or a volume already
 //!   pre-bound to it (`claimRef`, as a provisioner writes it);
+//! - a claim of a `WaitForFirstConsumer` class whose node is not chosen yet takes
+//!   only a volume pre-bound to it (the scheduler chooses its node first);
 //! - none fits: the claim stays Pending, waiting for its first consumer (a class of
 //!   `WaitForFirstConsumer` whose claim has no selected node yet) or for the class'
 //!   provisioner, whose name the claim is annotated with;
@@ -309,6 +311,16 @@ impl PersistentvolumeBinder {
         Ok(())
     }
 
+    /// Whether the claim's class binds on the first consumer and no node is chosen yet.
+    fn waits_for_consumer(&self, claim: &Value) -> Result<bool, String> {
+        let class_name = claim_class(claim);
+        if class_name.is_empty() || !claim["metadata"]["annotations"][SELECTED_NODE].is_null() {
+            return Ok(false);
+        }
+        Ok(cache::get(&classes(), None, class_name)?
+            .is_some_and(|c| c["volumeBindingMode"] == "WaitForFirstConsumer"))
+    }
+
     fn set_claim_phase(&self, claim: &Value, phase: &str) -> Result<(), String> {
         if claim["status"]["phase"] == phase {
             return Ok(());
@@ -424,10 +436,17 @@ impl Reconcile for PersistentvolumeBinder {
                     self.set_claim_phase(&claim, "Pending")?;
                 }
             }
-            None => match find_volume(&all, &claim) {
-                Some(volume) => self.bind(volume, &claim)?,
-                None => self.wait_for_volume(&claim)?,
-            },
+            None => {
+                // A claim waiting for its first consumer takes only a volume made
+                // for it: the scheduler, not the binder, picks where it goes.
+                let delayed = self.waits_for_consumer(&claim)?;
+                let found =
+                    find_volume(&all, &claim).filter(|v| !delayed || names_claim(v, &claim));
+                match found {
+                    Some(volume) => self.bind(volume, &claim)?,
+                    None => self.wait_for_volume(&claim)?,
+                }
+            }
         }
         // Volumes nobody claims are Available, as the binder's volume loop keeps them.
         for volume in &all {
@@ -546,6 +565,23 @@ mod tests {
         let pv = h.object(&volumes(), None, "pvc-uid-data").unwrap();
         assert!(pv["metadata"]["annotations"][BOUND_BY_CONTROLLER].is_null());
         assert_eq!(pv["status"]["phase"], "Bound");
+    }
+
+    #[test]
+    fn a_claim_waiting_for_its_first_consumer_takes_no_static_volume_yet() {
+        let h = ControllerHarness::new()
+            .with_object(
+                classes(),
+                json!({"metadata": {"name": "local"}, "provisioner": "kubernetes.io/no-provisioner",
+                       "volumeBindingMode": "WaitForFirstConsumer"}),
+            )
+            .with_object(claims(), claim("data", Some("local"), "1Gi"))
+            .with_object(volumes(), volume("disk", "local", "1Gi"));
+        h.reconcile::<PersistentvolumeBinder>(&claims(), Some("ns"), "data")
+            .unwrap();
+        assert!(h.object(&volumes(), None, "disk").unwrap()["spec"]["claimRef"].is_null());
+        let pvc = h.object(&claims(), Some("ns"), "data").unwrap();
+        assert_eq!(pvc["status"]["phase"], "Pending");
     }
 
     #[test]
