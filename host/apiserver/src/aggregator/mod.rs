@@ -417,3 +417,80 @@ async fn put(
     .map_err(|e| anyhow::anyhow!("update {plural} {name}: {}", e.0.message))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn route(group: &str, version: &str, group_priority: i64, version_priority: i64) -> Route {
+        Route::from_object(&json!({
+            "metadata": {"name": format!("{version}.{group}")},
+            "spec": {"group": group, "version": version,
+                     "service": {"namespace": "ns", "name": "svc"},
+                     "groupPriorityMinimum": group_priority, "versionPriority": version_priority},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_apiservice_reads_as_its_route() {
+        let r = Route::from_object(&json!({
+            "metadata": {"name": "v1beta1.metrics.k8s.io"},
+            "spec": {"group": "metrics.k8s.io", "version": "v1beta1",
+                     "service": {"namespace": "kube-system", "name": "metrics-server", "port": 8443},
+                     "caBundle": "UEVN", "insecureSkipTLSVerify": false},
+            "status": {"conditions": [{"type": "Available", "status": "True"}]},
+        }))
+        .unwrap();
+        assert_eq!(
+            r.service,
+            Some(ServiceRef {
+                namespace: "kube-system".into(),
+                name: "metrics-server".into(),
+                port: 8443
+            })
+        );
+        assert_eq!(r.ca_bundle, b"PEM");
+        assert!(r.available);
+        // A local one: no service, no port; the port defaults to 443.
+        let local = Route::from_object(&json!({
+            "metadata": {"name": "v1.apps"}, "spec": {"group": "apps", "version": "v1", "service": null},
+        }))
+        .unwrap();
+        assert_eq!(local.service, None);
+        assert!(!local.available);
+        assert_eq!(route("g", "v1", 1, 1).service.unwrap().port, 443);
+    }
+
+    #[test]
+    fn groups_are_listed_by_priority_and_versions_by_theirs() {
+        let front_proxy =
+            front_proxy::FrontProxy::load_or_create(tempfile::tempdir().unwrap().path()).unwrap();
+        let aggregator = Aggregator::new(Config::default(), &front_proxy).unwrap();
+        let routes = [
+            route("low.example.com", "v1", 100, 15),
+            route("high.example.com", "v1beta1", 1000, 9),
+            route("high.example.com", "v1", 1000, 15),
+        ];
+        aggregator.set_routes(
+            routes
+                .into_iter()
+                .map(|r| ((r.group.clone(), r.version.clone()), r))
+                .collect(),
+        );
+        assert_eq!(
+            aggregator.groups(),
+            [
+                (
+                    "high.example.com".to_owned(),
+                    vec!["v1".to_owned(), "v1beta1".to_owned()]
+                ),
+                ("low.example.com".to_owned(), vec!["v1".to_owned()]),
+            ]
+        );
+        assert!(aggregator.backs("ns", "svc"));
+        assert!(!aggregator.backs("ns", "other"));
+    }
+}
