@@ -407,3 +407,56 @@ fn a_behavior_limits_the_rate_and_the_history_carries_it_to_the_next_sync() {
         ("True".into(), "ScaleUpLimit".into())
     );
 }
+
+#[test]
+fn an_invalid_metric_blocks_a_scale_down_but_not_a_scale_up() {
+    let qps = json!({"type": "Pods", "pods": {"metric": {"name": "qps"},
+        "target": {"type": "AverageValue", "averageValue": "10"}}});
+    let metrics = |cpu: &str| {
+        let mut m = utilization(50);
+        m.as_array_mut().unwrap().push(qps.clone());
+        let h = cluster(no_wait(), hpa(json!({"maxReplicas": 10, "metrics": m})), 2);
+        pod(pod(h, "a", Some(cpu)), "b", Some(cpu))
+    };
+    // Idle: the CPU asks for fewer pods, but a metric could not be read.
+    let h = metrics("5m");
+    reconcile(&h).unwrap();
+    assert_eq!(replicas(&h), 2);
+    assert_eq!(
+        condition(&h, "ScalingActive"),
+        ("False".into(), "FailedGetPodsMetric".into())
+    );
+    assert_eq!(status(&h)["currentMetrics"][1], json!({"type": ""}));
+    // Busy: the CPU's proposal stands.
+    let h = metrics("100m");
+    reconcile(&h).unwrap();
+    assert_eq!(replicas(&h), 4);
+    assert_eq!(
+        condition(&h, "ScalingActive"),
+        ("True".into(), "ValidMetricFound".into())
+    );
+}
+
+#[test]
+fn a_container_resource_average_value_counts_that_container_only() {
+    let metric = json!([{"type": "ContainerResource", "containerResource": {"name": "cpu",
+        "container": "c", "target": {"type": "AverageValue", "averageValue": "50m"}}}]);
+    let h = cluster(
+        no_wait(),
+        hpa(json!({"maxReplicas": 10, "metrics": metric})),
+        2,
+    );
+    let h = pod(pod(h, "a", Some("75m")), "b", Some("75m"));
+    reconcile(&h).unwrap();
+    // 75m against 50m a pod: 1.5 × 2 pods.
+    assert_eq!(replicas(&h), 3);
+    assert_eq!(
+        status(&h)["currentMetrics"],
+        json!([{"type": "ContainerResource", "containerResource": {"name": "cpu",
+            "container": "c", "current": {"averageValue": "75m"}}}])
+    );
+    assert!(h.events().contains(&(
+        "SuccessfulRescale".into(),
+        "New size: 3; reason: cpu container resource above target".into()
+    )));
+}
