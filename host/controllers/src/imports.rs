@@ -444,6 +444,19 @@ impl KubeHost {
     }
 }
 
+/// The path of `resource`'s collection (in `namespace`), by the API's convention.
+fn uncached_collection(resource: &GroupVersionResource, namespace: Option<&str>) -> String {
+    let base = if resource.group.is_empty() {
+        format!("/api/{}", resource.version)
+    } else {
+        format!("/apis/{}/{}", resource.group, resource.version)
+    };
+    match namespace {
+        Some(ns) => format!("{base}/namespaces/{ns}/{}", resource.resource),
+        None => format!("{base}/{}", resource.resource),
+    }
+}
+
 #[async_trait::async_trait]
 impl ClusterReader for KubeHost {
     async fn get(
@@ -572,7 +585,14 @@ impl ControllerHost for KubeHost {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<String>, ApiError> {
-        let url = format!("{}/{name}", self.collection(resource, namespace)?);
+        let collection = match self.collection(resource, namespace) {
+            Ok(url) => url,
+            // A resource no informer caches, as one that cannot be watched
+            // (metrics.k8s.io's PodMetrics): its path is the API's convention.
+            Err(e) if e.code == 403 => uncached_collection(resource, namespace),
+            Err(e) => return Err(e),
+        };
+        let url = format!("{collection}/{name}");
         match self
             .send(http::Method::GET, url, "application/json", Vec::new())
             .await
