@@ -16,9 +16,11 @@
 //!
 //! `--case daemonset`: a DaemonSet over `--nodes` Node objects (no agents: the fake
 //! kubelet marks each pod Running and Ready, the pods stay unbound, pinned to their
-//! node by the controller's node affinity, which is how it counts them):
-//! `created_s` from the create until the status says every pod available, then
-//! `rollout_s` for a new image rolled out with `maxUnavailable: 10%`.
+//! node by the controller's node affinity, which is how it counts them), or with
+//! `--hollow` over hollow nodes with the scheduler binding the pods and the nodes'
+//! agents running them: `created_s` from the create until the status says every
+//! pod available, then `rollout_s` for a new image rolled out with
+//! `maxUnavailable: 10%`.
 //!
 //! `--case jobs`: `--jobs` Jobs of one completion, created at once; the fake kubelet
 //! marks each pod Succeeded: `complete_s` from the first create until every Job has
@@ -63,6 +65,19 @@ pub struct ControllersArgs {
     #[arg(long, default_value_t = 1000)]
     nodes: usize,
 
+    /// The DaemonSet case on hollow nodes with the scheduler, rather than on Node
+    /// objects with a fake kubelet.
+    #[arg(long)]
+    hollow: bool,
+
+    /// The hollow nodes' settings.
+    #[command(flatten)]
+    hollow_flags: crate::hollow::HollowFlags,
+
+    /// The scheduler's settings (hollow nodes).
+    #[command(flatten)]
+    scheduler: crate::setup::SchedulerFlags,
+
     /// Jobs of the jobs case.
     #[arg(long, default_value_t = 1000)]
     jobs: usize,
@@ -94,7 +109,7 @@ struct Report {
 pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
     match args.case {
         Case::Deployment => {}
-        Case::Daemonset => return daemonset(args.nodes, args.json).await,
+        Case::Daemonset => return daemonset(&args).await,
         Case::Jobs => return jobs(args.jobs, args.json).await,
     }
     let cluster = LocalCluster::start().await?;
@@ -369,108 +384,199 @@ async fn until<T>(
 #[derive(Debug, Serialize)]
 struct DaemonSetReport {
     nodes: usize,
+    /// On hollow nodes (the scheduler binds the pods, the nodes' agents run them),
+    /// else on Node objects alone with a fake kubelet.
+    hollow: bool,
     created_s: f64,
     rollout_s: f64,
 }
 
 /// `--case daemonset`.
-async fn daemonset(nodes: usize, json: bool) -> anyhow::Result<()> {
-    use futures::StreamExt as _;
-    use k8s_openapi::api::apps::v1::DaemonSet;
-    use k8s_openapi::api::core::v1::Node;
-
+async fn daemonset(args: &ControllersArgs) -> anyhow::Result<()> {
     let cluster = LocalCluster::start().await?;
-    let measured = async {
-        let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
-        let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
-        // No node lifecycle: nodes without agents would be tainted unreachable.
-        let (running, stop) = start_selected(&cluster, "daemonset,garbage-collector").await?;
-        let node_api: Api<Node> = Api::all(admin.clone());
-        let made: Vec<anyhow::Result<Node>> = futures::stream::iter(0..nodes)
-            .map(|i| {
-                let node_api = node_api.clone();
-                async move {
-                    let node = serde_json::from_value(
-                        json!({"metadata": {"name": format!("bench-{i:05}")}}),
-                    )?;
-                    Ok(node_api.create(&PostParams::default(), &node).await?)
-                }
-            })
-            .buffer_unordered(64)
-            .collect()
-            .await;
-        made.into_iter()
-            .collect::<anyhow::Result<Vec<_>>>()
-            .context("create the nodes")?;
-
-        let watching = SharedInformers::new();
-        let (kubelet_stop, kubelet_stopped) = tokio::sync::oneshot::channel();
-        fake_kubelet(&watching, admin.clone(), kubelet_stopped);
-        let dss =
-            watching.informer::<DaemonSet>(Api::all(admin.clone()), watcher::Config::default());
-        dss.wait_synced().await;
-        let mut changes = dss.subscribe();
-        let complete = |generation: i64| {
-            dss.get("default/bench").is_some_and(|d| {
-                let s = d.status.clone().unwrap_or_default();
-                let n = i32::try_from(nodes).unwrap_or(i32::MAX);
-                s.observed_generation >= Some(generation)
-                    && s.desired_number_scheduled == n
-                    && s.updated_number_scheduled == Some(n)
-                    && s.number_available == Some(n)
-            })
-        };
-        let api: Api<DaemonSet> = Api::namespaced(admin.clone(), "default");
-        let started = Instant::now();
-        api.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "bench"},
-                "spec": {"selector": {"matchLabels": {"app": "bench"}},
-                    "updateStrategy": {"type": "RollingUpdate",
-                                       "rollingUpdate": {"maxUnavailable": "10%"}},
-                    "template": {"metadata": {"labels": {"app": "bench"}},
-                        "spec": {"containers": [{"name": "c", "image": "bench:1"}]}}}}))?,
-        )
-        .await
-        .context("create the DaemonSet")?;
-        until(&mut changes, "every daemon pod available", || complete(1)).await?;
-        let created_s = started.elapsed().as_secs_f64();
-
-        let started = Instant::now();
-        let updated = api
-            .patch(
-                "bench",
-                &PatchParams::default(),
-                &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
-                    {"name": "c", "image": "bench:2"}]}}}})),
-            )
-            .await
-            .context("update the image")?;
-        let generation = updated.metadata.generation.unwrap_or(2);
-        until(&mut changes, "the rollout", || complete(generation)).await?;
-        let rollout_s = started.elapsed().as_secs_f64();
-
-        let _ = kubelet_stop.send(());
-        stop.stop();
-        for r in running {
-            r.stop().await;
-        }
-        anyhow::Ok(DaemonSetReport {
-            nodes,
-            created_s,
-            rollout_s,
-        })
-    }
-    .await;
+    let measured = if args.hollow {
+        daemonset_on_hollow_nodes(&cluster, args).await
+    } else {
+        daemonset_on_node_objects(&cluster, args.nodes).await
+    };
     let stopped = cluster.stop().await;
     let report = measured?;
     stopped?;
-    super::print_report(json, &report, || {
+    super::print_report(args.json, &report, || {
         format!(
-            "controllers: a DaemonSet on {} nodes available in {:.3} s, a new image rolled out (maxUnavailable 10%) in {:.3} s",
-            report.nodes, report.created_s, report.rollout_s,
+            "controllers: a DaemonSet on {} {} available in {:.3} s, a new image rolled out (maxUnavailable 10%) in {:.3} s",
+            report.nodes,
+            if report.hollow {
+                "hollow nodes"
+            } else {
+                "nodes"
+            },
+            report.created_s,
+            report.rollout_s,
         )
+    })
+}
+
+/// Creates the DaemonSet, waits until its pod on each of `nodes` nodes is available,
+/// then rolls a new image out: `(created_s, rollout_s)`.
+async fn roll_daemonset(admin: &kube::Client, nodes: usize) -> anyhow::Result<(f64, f64)> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+
+    let watching = SharedInformers::new();
+    let dss = watching.informer::<DaemonSet>(Api::all(admin.clone()), watcher::Config::default());
+    dss.wait_synced().await;
+    let mut changes = dss.subscribe();
+    let complete = |generation: i64| {
+        dss.get("default/bench").is_some_and(|d| {
+            let s = d.status.clone().unwrap_or_default();
+            let n = i32::try_from(nodes).unwrap_or(i32::MAX);
+            s.observed_generation >= Some(generation)
+                && s.desired_number_scheduled == n
+                && s.updated_number_scheduled == Some(n)
+                && s.number_available == Some(n)
+        })
+    };
+    let api: Api<DaemonSet> = Api::namespaced(admin.clone(), "default");
+    let started = Instant::now();
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "bench"},
+            "spec": {"selector": {"matchLabels": {"app": "bench"}},
+                "updateStrategy": {"type": "RollingUpdate",
+                                   "rollingUpdate": {"maxUnavailable": "10%"}},
+                "template": {"metadata": {"labels": {"app": "bench"}},
+                    "spec": {"containers": [{"name": "c", "image": "bench:1"}]}}}}))?,
+    )
+    .await
+    .context("create the DaemonSet")?;
+    until(&mut changes, "every daemon pod available", || complete(1)).await?;
+    let created_s = started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    let updated = api
+        .patch(
+            "bench",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": "c", "image": "bench:2"}]}}}})),
+        )
+        .await
+        .context("update the image")?;
+    let generation = updated.metadata.generation.unwrap_or(2);
+    until(&mut changes, "the rollout", || complete(generation)).await?;
+    Ok((created_s, started.elapsed().as_secs_f64()))
+}
+
+/// The DaemonSet case on Node objects with no agent behind them.
+async fn daemonset_on_node_objects(
+    cluster: &LocalCluster,
+    nodes: usize,
+) -> anyhow::Result<DaemonSetReport> {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::core::v1::Node;
+
+    let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
+    let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
+    // No node lifecycle: nodes without agents would be tainted unreachable.
+    let (running, stop) = start_selected(cluster, "daemonset,garbage-collector").await?;
+    let node_api: Api<Node> = Api::all(admin.clone());
+    let made: Vec<anyhow::Result<Node>> = futures::stream::iter(0..nodes)
+        .map(|i| {
+            let node_api = node_api.clone();
+            async move {
+                let node =
+                    serde_json::from_value(json!({"metadata": {"name": format!("bench-{i:05}")}}))?;
+                Ok(node_api.create(&PostParams::default(), &node).await?)
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    made.into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()
+        .context("create the nodes")?;
+    let watching = SharedInformers::new();
+    let (kubelet_stop, kubelet_stopped) = tokio::sync::oneshot::channel();
+    fake_kubelet(&watching, admin.clone(), kubelet_stopped);
+    let (created_s, rollout_s) = roll_daemonset(&admin, nodes).await?;
+    let _ = kubelet_stop.send(());
+    stop.stop();
+    for r in running {
+        r.stop().await;
+    }
+    Ok(DaemonSetReport {
+        nodes,
+        hollow: false,
+        created_s,
+        rollout_s,
+    })
+}
+
+/// The DaemonSet case on hollow nodes, with the scheduler, as `trellis up
+/// --hollow-nodes` runs them.
+async fn daemonset_on_hollow_nodes(
+    cluster: &LocalCluster,
+    args: &ControllersArgs,
+) -> anyhow::Result<DaemonSetReport> {
+    use k8s_openapi::api::core::v1::Node;
+
+    let in_process = trellis_client::InProcess::new(cluster.server.in_process.clone());
+    let admin = in_process.client(trellis_api::UserInfo::new("admin", ["system:masters"]));
+    let mut shared = Shared::new();
+    let plugins = PluginHost::new(HostConfig {
+        cache_dir: Some(cluster.dir.path().join("plugin-cache")),
+        ..HostConfig::default()
+    })?;
+    shared.controllers = Some(ControllerSetup {
+        plugins: plugins.clone(),
+        credentials: Credentials::InProcess(in_process.clone()),
+        builtins: trellis_controllers::bundled::select("daemonset,garbage-collector")?,
+        modules_dir: cluster.dir.path().join("plugin-cache").join("modules"),
+        running: Default::default(),
+        root_ca: None,
+        node_monitor_grace_period: 50,
+        plugin_status_interval: Duration::from_secs(10),
+        node_ipam: Default::default(),
+    });
+    shared.scheduler = Some(crate::setup::SchedulerSetup {
+        plugins,
+        flags: args.scheduler.clone(),
+        metrics: Default::default(),
+    });
+    let (stop, stopped) = Shutdown::new();
+    let components = crate::components::start_in_process(&in_process, &shared, stopped.clone());
+    let reader = in_process.client(trellis_client::identity::scheduler());
+    let node_informer = shared
+        .informers
+        .informer::<Node>(Api::all(reader), watcher::Config::default());
+    let mut node_changes = node_informer.subscribe();
+    let config = args
+        .hollow_flags
+        .config(args.nodes, cluster.dir.path().join("hollow"));
+    let hollow =
+        crate::hollow::start_in_process(&in_process, &shared.informers, config, stopped.clone());
+    let ready = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    until(&mut node_changes, "every hollow node Ready", || {
+        node_informer.list().iter().filter(|n| ready(n)).count() >= args.nodes
+    })
+    .await?;
+    let (created_s, rollout_s) = roll_daemonset(&admin, args.nodes).await?;
+    stop.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(30), hollow.wait()).await;
+    for component in components {
+        let _ = tokio::time::timeout(Duration::from_secs(30), component).await;
+    }
+    Ok(DaemonSetReport {
+        nodes: args.nodes,
+        hollow: true,
+        created_s,
+        rollout_s,
     })
 }
 
