@@ -26,6 +26,8 @@
 //! - [`services`]: the service proxy (`trellis-proxy`) and the node-local cluster DNS
 //!   server (`trellis-dns`) on the dummy link `trellis-dns`, which pods'
 //!   `resolv.conf` names.
+//! - [`storage`]: local-path volumes: the Node's root annotation; deleted volumes'
+//!   directories removed.
 //! - [`server`]: the HTTPS server the API server calls: container logs (read by
 //!   [`logs`] from the files under [`paths`]), and [`exec`] (`kubectl exec` over a
 //!   WebSocket).
@@ -441,8 +443,16 @@ pub async fn run_with(
         .is_some()
         .then(|| tokio::spawn(eviction::run(ctx.clone(), stopped.clone())));
     let tokens = tokio::spawn(tokens::run(ctx.clone(), stopped.clone()));
+    // Hollow nodes keep no volumes on the machine.
+    let storage = options
+        .pods
+        .is_none()
+        .then(|| tokio::spawn(storage::run(ctx.clone(), stopped.clone())));
     let pods = tokio::spawn(pods::run(ctx.clone(), options.pods, stopped.clone()));
     stopped.wait().await;
+    if let Some(storage) = storage {
+        storage.abort();
+    }
     if let Some(eviction) = eviction {
         eviction.abort();
     }
