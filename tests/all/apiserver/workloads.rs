@@ -466,6 +466,10 @@ spec:
         .kubectl_ok(&["explain", "cronjob.spec.timeZone"])
         .await?;
     ensure!(explained.contains("<string>"), "{explained}");
+    let explained = cluster
+        .kubectl_ok(&["explain", "poddisruptionbudget.spec.maxUnavailable"])
+        .await?;
+    ensure!(explained.contains("<IntOrString>"), "{explained}");
 
     // The bootstrap roles: controllers, and what view and edit may do.
     let can = |user: &'static str, what: &'static [&'static str]| {

@@ -277,7 +277,7 @@ impl Builder {
 fn builtin_catalog() -> Catalog {
     use k8s_openapi::api::{
         apps, authentication, authorization, autoscaling, batch, certificates, coordination, core,
-        rbac, storage,
+        discovery, node, policy, rbac, scheduling, storage,
     };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
@@ -310,6 +310,10 @@ fn builtin_catalog() -> Catalog {
     b.listable::<autoscaling::v2::HorizontalPodAutoscaler>();
     b.listable::<autoscaling::v1::HorizontalPodAutoscaler>();
     b.listable::<apiregistration::APIService>();
+    b.listable::<discovery::v1::EndpointSlice>();
+    b.listable::<policy::v1::PodDisruptionBudget>();
+    b.listable::<node::v1::RuntimeClass>();
+    b.listable::<scheduling::v1::PriorityClass>();
     b.listable::<coordination::v1::Lease>();
     b.listable::<certificates::v1::CertificateSigningRequest>();
     b.listable::<rbac::v1::Role>();
