@@ -76,8 +76,9 @@ def test_a_claim_of_the_default_class_keeps_its_data_across_pods(up):
 
     for name in ("writer", "reader"):
         core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-    # Unparsed: the answer is a Status here, where Kubernetes returns the claim.
-    core.delete_namespaced_persistent_volume_claim("data", NS, _preload_content=False)
+    # Kubernetes answers a claim's delete with the claim, which the client parses.
+    deleted = core.delete_namespaced_persistent_volume_claim("data", NS)
+    assert deleted.metadata.name == "data" and deleted.spec.volume_name == volume_name, deleted
     wait_for(core.list_persistent_volume, lambda items: volume_name not in items, timeout=30)
 
 
@@ -95,7 +96,7 @@ def test_a_static_volume_binds_a_claim_of_its_class_and_is_released(up):
     claims = wait_for(core.list_namespaced_persistent_volume_claim,
                       lambda items: phase_of(items, "manual") == "Bound", namespace=NS)
     assert claims["manual"].spec.volume_name == "manual"
-    core.delete_namespaced_persistent_volume_claim("manual", NS, _preload_content=False)
+    core.delete_namespaced_persistent_volume_claim("manual", NS)
     volumes = wait_for(core.list_persistent_volume,
                        lambda items: phase_of(items, "manual") == "Released")
     assert volumes["manual"].spec.persistent_volume_reclaim_policy == "Retain"

@@ -12,7 +12,7 @@
 //! | pods | delete of bound pods (the final delete after a graceful termination) |
 //! | configmaps, secrets | get of those a bound pod uses (volumes, env, envFrom) |
 //! | persistentvolumeclaims | get of those a bound pod mounts (also its ephemeral ones) |
-//! | persistentvolumes | get of those bound to such a claim |
+//! | persistentvolumes | get of those bound to such a claim; list, watch (local-path directories of deleted volumes) |
 //! | serviceaccounts/token | create, for the ServiceAccount of a bound pod |
 //! | runtimeclasses | get, list, watch |
 //! | events | create and patch (kubelet reports events) |
@@ -75,6 +75,10 @@ pub async fn authorize(store: &dyn Store, req: &ApiRequest) -> Option<Result<(),
         ("", "persistentvolumeclaims", None) if req.verb == "get" => {
             used_by_bound_pod(store, req, node, Reference::Claim).await
         }
+        // The node removes the directories of its local-path volumes once they are
+        // deleted, which only a list and watch of volumes tells it (Kubernetes leaves
+        // that to a helper pod of the provisioner; volumes carry no secrets).
+        ("", "persistentvolumes", None) if matches!(req.verb, "list" | "watch") => true,
         ("", "persistentvolumes", None) if req.verb == "get" => {
             bound_to_used_claim(store, req, node).await
         }

@@ -154,6 +154,16 @@ pub async fn prepare_create(
     let keeps_status = matches!(res.plural.as_str(), "namespaces" | "pods" | "nodes");
     if res.has(Subresource::Status) && !keeps_status {
         obj.remove("status");
+        // Claims and volumes start Pending, as their strategies' PrepareForCreate
+        // sets them, until the binder says otherwise.
+        if res.group.is_empty()
+            && matches!(
+                res.plural.as_str(),
+                "persistentvolumeclaims" | "persistentvolumes"
+            )
+        {
+            obj.insert("status".into(), serde_json::json!({"phase": "Pending"}));
+        }
     }
     if is_crd(res) {
         let status = crate::registry::crd::established_status(obj);

@@ -161,7 +161,12 @@ pub async fn delete(state: &AppState, req: &ApiRequest, body: Bytes) -> ApiResul
             // `ReturnDeletedObject`); clients parse a Service's delete as a Service.
             let returns_object = res.plural == "namespaces"
                 || res.group == "apps"
-                || (res.group.is_empty() && matches!(res.plural.as_str(), "pods" | "services"));
+                || (res.group.is_empty()
+                    && matches!(
+                        res.plural.as_str(),
+                        "pods" | "services" | "persistentvolumes" | "persistentvolumeclaims"
+                    ))
+                || (res.group == "storage.k8s.io" && res.plural == "storageclasses");
             if returns_object {
                 Ok(respond(StatusCode::OK, &obj, req))
             } else {

@@ -35,6 +35,7 @@ pub(super) fn defaults(res: &ResourceInfo, obj: &mut Object, old: Option<&Object
                 set_default(rolling, "maxSurge", json!(0));
             }
             default_template(obj);
+            set_template_generation(obj, old);
         }
         ("apps", "statefulsets") => {
             let spec = object_at(obj, "spec");
@@ -133,6 +134,31 @@ pub(super) fn defaults(res: &ResourceInfo, obj: &mut Object, old: Option<&Object
         _ => return false,
     }
     true
+}
+
+/// The annotation apps/v1 carries a DaemonSet's template generation in (its internal
+/// `spec.templateGeneration`): 1 at create, one more at each template change. The
+/// DaemonSet controller labels its pods with it.
+const TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
+
+fn set_template_generation(obj: &mut Object, old: Option<&Object>) {
+    let generation = match old {
+        None => 1,
+        Some(old) => {
+            let was = old
+                .get("metadata")
+                .and_then(|m| m.get("annotations"))
+                .and_then(|a| a.get(TEMPLATE_GENERATION))
+                .and_then(Value::as_str)
+                .and_then(|g| g.parse::<i64>().ok())
+                .unwrap_or(1);
+            let changed = old.get("spec").and_then(|s| s.get("template"))
+                != obj.get("spec").and_then(|s| s.get("template"));
+            if changed { was + 1 } else { was }
+        }
+    };
+    let annotations = object_at(object_at(obj, "metadata"), "annotations");
+    annotations.insert(TEMPLATE_GENERATION.into(), json!(generation.to_string()));
 }
 
 fn default_job_spec(obj: &mut Object) {
@@ -526,7 +552,8 @@ fn validate_controller_revision(obj: &Object, old: Option<&Object>, causes: &mut
         _ => {}
     }
     if let Some(old) = old {
-        for field in ["data", "revision"] {
+        // Only the data: controllers renumber a revision they roll back to.
+        for field in ["data"] {
             let now = obj.get(field).unwrap_or(&Value::Null);
             if old.get(field).unwrap_or(&Value::Null) != now {
                 causes.push(immutable(field, now));
@@ -1781,6 +1808,17 @@ mod tests {
             json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}})
         );
         assert_eq!(ds["spec"]["revisionHistoryLimit"], 10);
+        let generation = |o: &Object| o["metadata"]["annotations"][TEMPLATE_GENERATION].clone();
+        assert_eq!(generation(&ds), "1");
+        let mut relabelled = ds.clone();
+        relabelled.insert("status".into(), json!({"numberReady": 1}));
+        default_and_validate(&res("daemonsets"), &mut relabelled, Some(&ds)).unwrap();
+        assert_eq!(generation(&relabelled), "1");
+        let mut changed = ds.clone();
+        changed["spec"]["template"]["metadata"]["labels"]["v"] = json!("2");
+        changed["spec"]["selector"]["matchLabels"]["v"] = json!("2");
+        let _ = default_and_validate(&res("daemonsets"), &mut changed, Some(&ds));
+        assert_eq!(generation(&changed), "2");
         let mut sts = obj(workload(|v| {
             v["spec"]["volumeClaimTemplates"] = json!([{"metadata": {"name": "data"},
                 "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]);
@@ -1872,8 +1910,10 @@ mod tests {
         let changed = json!({"metadata": {"name": "web-1"}, "revision": 2, "data": {"a": 2}});
         assert_eq!(
             fields("controllerrevisions", changed, Some(&stored)),
-            ["data", "revision"]
+            ["data"]
         );
+        let renumbered = json!({"metadata": {"name": "web-1"}, "revision": 3, "data": {"a": 1}});
+        assert!(fields("controllerrevisions", renumbered, Some(&stored)).is_empty());
         let relabelled = json!({"metadata": {"name": "web-1", "labels": {"x": "y"}}, "revision": 1, "data": {"a": 1}});
         assert!(fields("controllerrevisions", relabelled, Some(&stored)).is_empty());
     }
