@@ -3,7 +3,11 @@
 //! # Layout
 //! - `apiserver`: the API server end to end, driven by the real kubectl (tables,
 //!   apply, selectors, conflicts, validation, finalizers, namespaces, watch, paging,
-//!   the status subresource, authentication and authorization, Pod Security).
+//!   the status subresource, authentication and authorization, Pod Security, the
+//!   workload, batch, storage and autoscaling APIs).
+//! - `autoscaling`: HorizontalPodAutoscalers made by `kubectl autoscale` (current and
+//!   1.20, `autoscaling/v2` and `/v1`) held within their bounds by the bundled
+//!   autoscaler, through the scale subresource, with its conditions and events.
 //! - `cgroups`: a process container's memory and CPU limits through the runtime's
 //!   cgroups, measured by its CRI stats.
 //! - `churn`: pods on the pod network come and go through a node and leave nothing of
@@ -15,6 +19,9 @@
 //!   long-running container is probed, then stopped gracefully when its pod is deleted.
 //! - `controllers`: controller plugins run by `trellis-controllers`: informers, the
 //!   key mapping, batched writes under the controller's identity, events.
+//! - `daemonsets`: the DaemonSet controller on hollow nodes driven by kubectl: one pod
+//!   per node that fits, a node that joins or is tainted, rolling update and roll back,
+//!   failed pods replaced, `kubectl drain --ignore-daemonsets` (current and 1.20).
 //! - `dns`: the cluster DNS server's records (ClusterIP, headless, ExternalName, PTR,
 //!   pods, NXDOMAIN, TTL) over UDP and TCP from a server's Services and EndpointSlices,
 //!   and forwarding of other names.
@@ -25,9 +32,13 @@
 //! - `hollow`: hollow nodes (the agent on fake runtimes) running a Deployment.
 //! - `incluster`: the `kubernetes` and `kube-dns` Services and every API server's
 //!   address in the `kubernetes` Endpoints and EndpointSlice, the certificate's names.
+//! - `jobs`: Jobs, the TTL controller and CronJobs on a real node, by Kubernetes'
+//!   conformance names, with kubectl current and 1.20.
 //! - `join`: bootstrap tokens and CertificateSigningRequests: authentication,
 //!   requester, auto-approval, manual approval, signing, validation.
 //! - `layout`: no import circle between the modules of any crate, host or plugin.
+//! - `metrics`: the aggregation layer (APIServices proxied, discovery, availability)
+//!   and the metrics server behind `kubectl top nodes|pods` (current and 1.20).
 //! - `multinode`: two test hosts in network namespaces of their own, joined by a
 //!   bridge: pods across nodes over host-gw and VXLAN without NAT, the Granular Checks.
 //! - `node`: the node agent and the runtime over CRI: pods' lifecycle and status,
@@ -55,8 +66,14 @@
 //! - `scheduler`: the scheduler with the bundled default plugins against a server.
 //! - `services`: Services and cluster DNS on three test hosts: Kubernetes' Service and
 //!   DNS conformance checks, hairpin, reject, UDP, traffic policies, an agent restart.
+//! - `statefulsets`: the StatefulSet controller, with the garbage collector and the
+//!   disruption controller, driven by kubectl: ordered and burst scaling, rolling
+//!   update, roll back, partition, claims and their retention.
 //! - `stats`: the node's Summary API and resource metrics through the API server's
 //!   node proxy; `nodes/proxy` needed.
+//! - `storage`: claims of the default `local-path` class provisioned on their first
+//!   pod's node (two test hosts), bound, kept across pods; static volumes bound and
+//!   released.
 //! - `store`: the store conformance suite on both backends, the embedded backend's
 //!   own checks (bad files, limits, reopen) and the crash test.
 //! - `tokens`: projected ServiceAccount tokens refreshed in a running pod's volume, and
