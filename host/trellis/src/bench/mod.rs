@@ -34,6 +34,7 @@ mod controller;
 mod controllers;
 mod dns;
 mod flow;
+mod hpa;
 mod informer;
 mod pod_start;
 mod proxy;

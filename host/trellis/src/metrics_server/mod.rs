@@ -94,6 +94,24 @@ pub async fn start(
     config: Config,
     stopped: Shutdown,
 ) -> anyhow::Result<MetricsServer> {
+    let store = Arc::new(scrape::Store::default());
+    tokio::spawn(scrape::run(
+        client.clone(),
+        store.clone(),
+        config.clone(),
+        stopped.clone(),
+    ));
+    serve_store(client, config, store, stopped).await
+}
+
+/// Serves what `store` holds, filled by someone else (a benchmark's made-up usage),
+/// until `stopped`.
+pub async fn serve_store(
+    client: kube::Client,
+    config: Config,
+    store: Arc<scrape::Store>,
+    stopped: Shutdown,
+) -> anyhow::Result<MetricsServer> {
     let authentication = serve::Authentication::read(&client)
         .await
         .context("read the extension-apiserver-authentication ConfigMap")?;
@@ -106,13 +124,6 @@ pub async fn start(
     let identity =
         serve::ServingIdentity::generate(addr.ip()).context("make the serving certificate")?;
     let ca_pem = identity.ca_pem.clone();
-    let store = Arc::new(scrape::Store::default());
-    let scraper = tokio::spawn(scrape::run(
-        client.clone(),
-        store.clone(),
-        config.clone(),
-        stopped.clone(),
-    ));
     let server = serve::Server {
         client,
         store,
@@ -123,7 +134,6 @@ pub async fn start(
         if let Err(e) = serve::serve(Arc::new(server), listener, identity, stopped).await {
             tracing::warn!(error = %format!("{e:#}"), "the metrics server stopped");
         }
-        let _ = scraper.await;
     });
     tracing::info!(%addr, "metrics server ready");
     Ok(MetricsServer { addr, ca_pem, task })
@@ -278,7 +288,18 @@ pub async fn grant(client: &kube::Client, user: &str) -> anyhow::Result<()> {
 /// backend of `metrics.k8s.io` ([`register`]).
 pub async fn start_in_process(
     in_process: &trellis_client::InProcess,
+    config: Config,
+    stopped: Shutdown,
+) -> anyhow::Result<MetricsServer> {
+    start_in_process_with(in_process, config, None, stopped).await
+}
+
+/// [`start_in_process`], serving `store` as it is filled elsewhere when given rather
+/// than reading nodes.
+pub async fn start_in_process_with(
+    in_process: &trellis_client::InProcess,
     mut config: Config,
+    store: Option<Arc<scrape::Store>>,
     stopped: Shutdown,
 ) -> anyhow::Result<MetricsServer> {
     let admin = in_process.client(trellis_api::UserInfo::new(
@@ -291,7 +312,11 @@ pub async fn start_in_process(
     if ip.is_unspecified() || std::net::TcpListener::bind((ip, 0)).is_err() {
         config.listen = SocketAddr::from(([127, 0, 0, 1], config.listen.port()));
     }
-    let server = start(in_process.client(user), config, stopped).await?;
+    let client = in_process.client(user);
+    let server = match store {
+        Some(store) => serve_store(client, config, store, stopped).await?,
+        None => start(client, config, stopped).await?,
+    };
     register(&admin, &server, server.addr.ip()).await?;
     Ok(server)
 }

@@ -56,6 +56,16 @@ impl Store {
     pub fn pods(&self) -> Arc<BTreeMap<(String, String), PodMetrics>> {
         self.pods.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    /// Replaces what is served.
+    pub fn set(
+        &self,
+        nodes: BTreeMap<String, NodeMetrics>,
+        pods: BTreeMap<(String, String), PodMetrics>,
+    ) {
+        *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(nodes);
+        *self.pods.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pods);
+    }
 }
 
 /// A cumulative CPU reading: when, and the nanoseconds used since the start.
@@ -184,8 +194,7 @@ async fn scrape(
     }
     // What was not read this time is forgotten: gone, or to be read twice again.
     *previous = seen;
-    *store.nodes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node_metrics);
-    *store.pods.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(pod_metrics);
+    store.set(node_metrics, pod_metrics);
     Ok(())
 }
 
