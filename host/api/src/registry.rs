@@ -500,6 +500,11 @@ pub fn builtins() -> Vec<ResourceInfo> {
             "SelfSubjectRulesReview",
             "selfsubjectrulesreviews",
         ),
+        create_only(
+            "authorization.k8s.io",
+            "SubjectAccessReview",
+            "subjectaccessreviews",
+        ),
         resource(
             "apiextensions.k8s.io",
             "CustomResourceDefinition",

@@ -231,6 +231,10 @@ pub fn validate_owner_references(obj: &Object) -> Vec<StatusCause> {
 pub fn validate_name(res: &ResourceInfo, name: &str) -> Vec<StatusCause> {
     let problem = if res.plural == "namespaces" {
         dns1123_label(name)
+    } else if res.group == "rbac.authorization.k8s.io" {
+        // Roles and bindings take any name a URL path segment can carry, as
+        // Kubernetes' ValidateRBACName (`system:auth-delegator`).
+        path_segment(name)
     } else {
         dns1123_subdomain(name)
     };
@@ -238,6 +242,17 @@ pub fn validate_name(res: &ResourceInfo, name: &str) -> Vec<StatusCause> {
         .map(|p| StatusCause::invalid("metadata.name", name, &p))
         .into_iter()
         .collect()
+}
+
+/// Kubernetes' `ValidatePathSegmentName`.
+fn path_segment(name: &str) -> Option<String> {
+    if name == "." || name == ".." {
+        return Some(format!("may not be '{name}'"));
+    }
+    ["/", "%"]
+        .into_iter()
+        .find(|bad| name.contains(bad))
+        .map(|bad| format!("may not contain '{bad}'"))
 }
 
 /// A random suffix for `generateName`, as Kubernetes: 5 characters of consonants and
@@ -261,6 +276,9 @@ mod tests {
         assert!(dns1123_subdomain(&"a".repeat(254)).unwrap().contains("253"));
         assert!(dns1123_label("a.b").is_some());
         assert!(dns1123_label(&"a".repeat(64)).is_some());
+        assert!(path_segment("system:metrics-server").is_none());
+        assert_eq!(path_segment("a/b").unwrap(), "may not contain '/'");
+        assert!(path_segment("..").is_some());
     }
 
     #[test]

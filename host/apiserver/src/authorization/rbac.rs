@@ -647,6 +647,24 @@ pub fn bootstrap_objects() -> Vec<(String, Value)> {
             "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
             group(groups::NODES),
         ),
+        // What an extension API server binds its account to, as Kubernetes' bootstrap
+        // policy has it: delegated authentication and authorization, and the
+        // front proxy's CA and names in the authentication ConfigMap.
+        cluster_role(
+            "system:auth-delegator",
+            json!([
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
+            ]),
+        ),
+        (
+            format!("{RBAC}roles/kube-system/extension-apiserver-authentication-reader"),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                   "metadata": {"name": "extension-apiserver-authentication-reader", "namespace": "kube-system",
+                                "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["extension-apiserver-authentication"], "verbs": ["get", "list", "watch"]}]}),
+        ),
     ];
     // The built-in controllers, each as its ServiceAccount in kube-system bound to
     // `system:controller:NAME`, with Kubernetes' rules; status and annotations are

@@ -176,7 +176,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_only_the_self_reviews() {
+    fn answers_the_reviews_and_only_them() {
         let all = trellis_api::registry::builtins();
         let answered: Vec<String> = all
             .iter()
@@ -189,6 +189,7 @@ mod tests {
                 "selfsubjectreviews.authentication.k8s.io",
                 "selfsubjectaccessreviews.authorization.k8s.io",
                 "selfsubjectrulesreviews.authorization.k8s.io",
+                "subjectaccessreviews.authorization.k8s.io",
             ]
         );
         assert!(

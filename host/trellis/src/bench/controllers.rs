@@ -53,6 +53,8 @@ pub enum Case {
     Daemonset,
     /// Many Jobs of one completion run to completion.
     Jobs,
+    /// Many HorizontalPodAutoscalers scaling their Deployments.
+    Hpa,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +83,10 @@ pub struct ControllersArgs {
     /// Jobs of the jobs case.
     #[arg(long, default_value_t = 1000)]
     jobs: usize,
+
+    /// Autoscalers (each with its Deployment) of the hpa case.
+    #[arg(long, default_value_t = 1000)]
+    hpas: usize,
 
     /// Pods of the Deployment.
     #[arg(long, default_value_t = 1000)]
@@ -111,6 +117,7 @@ pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
         Case::Deployment => {}
         Case::Daemonset => return daemonset(&args).await,
         Case::Jobs => return jobs(args.jobs, args.json).await,
+        Case::Hpa => return super::hpa::run(args.hpas, args.json).await,
     }
     let cluster = LocalCluster::start().await?;
     let measured = measure(&cluster, &args).await;

@@ -41,7 +41,6 @@ struct Report {
 }
 
 /// `--case hpa` with `count` autoscalers.
-#[allow(dead_code)] // Until `bench controllers --case hpa` calls it.
 pub(super) async fn run(count: usize, json: bool) -> anyhow::Result<()> {
     let cluster = LocalCluster::start().await?;
     let (stop, stopped) = Shutdown::new();

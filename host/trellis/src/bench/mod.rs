@@ -17,7 +17,8 @@
 //! - [`controller`]: a controller plugin's writes, batched against one host call each.
 //! - [`controllers`]: the built-in controllers: a Deployment's pods, a rollout, one
 //!   reconcile at the WASM boundary; `--case daemonset` a DaemonSet over many nodes
-//!   and its rollout, `--case jobs` many Jobs run to completion.
+//!   and its rollout, `--case jobs` many Jobs run to completion, `--case hpa` many
+//!   autoscalers scaling their Deployments on the resource metrics API.
 //! - [`scheduler`]: scheduling throughput and latency with the default WASM plugins.
 //! - [`pod_start`]: how soon a bound pod runs, per runtime handler.
 //! - [`up`]: how soon `trellis up` is ready on an empty store.
@@ -87,7 +88,7 @@ enum BenchCommand {
     Controller(controller::ControllerArgs),
     /// The built-in controllers: a Deployment's pods created, a rollout, and the cost
     /// of one reconcile at the WASM boundary (`--case`: a DaemonSet on many nodes,
-    /// many Jobs).
+    /// many Jobs, many autoscalers).
     Controllers(controllers::ControllersArgs),
     /// The scheduler with the default plugins (WASM): pods bound per second, the
     /// attempt latency and the share of it in WASM, in scheduler_perf's cases.

@@ -42,10 +42,9 @@ use crate::flags::seconds;
 pub const NAMESPACE: &str = "kube-system";
 pub const SERVICE: &str = "metrics-server";
 pub const APISERVICE: &str = "v1beta1.metrics.k8s.io";
-/// The ClusterRole and ClusterRoleBinding [`grant`] applies: metrics-server's
-/// manifests call them `system:metrics-server`, a name this server's validation of
-/// object names refuses for now.
-const ROLE: &str = "metrics-server";
+/// The ClusterRole and ClusterRoleBinding [`grant`] applies, named as
+/// metrics-server's manifests name them.
+const ROLE: &str = "system:metrics-server";
 /// The field manager of what [`register`] and [`grant`] apply.
 const MANAGER: &str = "metrics-server";
 

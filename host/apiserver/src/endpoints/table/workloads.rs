@@ -808,10 +808,11 @@ pub(super) fn cells(res: &ResourceInfo, obj: &Object) -> Option<Vec<Value>> {
                 .map_or_else(
                     || "Unknown".to_owned(),
                     |c| {
+                        // kube-aggregator's printer: the reason only when not True.
                         let status = c["status"].as_str().unwrap_or("Unknown");
                         match c["reason"].as_str().filter(|r| !r.is_empty()) {
-                            Some(reason) => format!("{status} ({reason})"),
-                            None => status.to_owned(),
+                            Some(reason) if status != "True" => format!("{status} ({reason})"),
+                            _ => status.to_owned(),
                         }
                     },
                 );
@@ -1020,7 +1021,7 @@ mod tests {
         let local = row(
             "apiservices",
             json!({"metadata": {"name": "v1.apps"}, "spec": {"group": "apps", "version": "v1"},
-                "status": {"conditions": [{"type": "Available", "status": "True"}]}}),
+                "status": {"conditions": [{"type": "Available", "status": "True", "reason": "Passed"}]}}),
         );
         assert_eq!(local[1..3], [json!("Local"), json!("True")]);
         let down = row(
