@@ -138,8 +138,10 @@ pub struct AppState {
     pub kubelet: crate::kubelet::KubeletClient,
     /// What this server believes taken in the Service ranges.
     pub services: crate::registry::service::Allocators,
-    /// The APIServices served by other servers, once the aggregation layer started.
-    pub aggregator: std::sync::OnceLock<Arc<crate::aggregator::Aggregator>>,
+    /// The APIServices served by other servers, once the aggregation layer started:
+    /// a `crate::aggregator::Aggregator`, read through `aggregator::of` (held by
+    /// type here, the state would import the aggregator that reads it).
+    pub aggregator: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// What the server's state is made from, as [`crate::server::start`] prepares it.

@@ -28,7 +28,7 @@ const ENDPOINTS: &str = "/registry/core/endpoints/";
 /// Runs the controller until `stopped`.
 pub fn start(state: Arc<AppState>, stopped: Shutdown) {
     tokio::spawn(async move {
-        let Some(aggregator) = state.aggregator.get().cloned() else {
+        let Some(aggregator) = super::of(&state) else {
             return;
         };
         let mut subscriptions: Vec<Option<Subscription>> = vec![None, None, None];

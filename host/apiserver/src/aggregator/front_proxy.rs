@@ -140,15 +140,44 @@ fn ca_params() -> CertificateParams {
     params
 }
 
-/// Writes the ConfigMap, creating it or bringing its data up to date.
-pub async fn publish(state: &AppState, configmap: Object) -> anyhow::Result<()> {
-    super::put(
-        state,
-        "",
-        "v1",
-        "configmaps",
-        Some("kube-system"),
-        configmap,
-    )
-    .await
+/// Writes the ConfigMap, creating it or bringing its data up to date. Straight to
+/// the store, as the bootstrap objects are: it is the server's own, and admission
+/// (an initializer that holds ConfigMaps) must not keep the server from starting.
+pub async fn publish(state: &AppState, mut configmap: Object) -> anyhow::Result<()> {
+    let configmaps = state.resource("", "v1", "configmaps")?;
+    let name = crate::object::name(&configmap)
+        .unwrap_or_default()
+        .to_owned();
+    let key = configmaps.key(Some("kube-system"), &name);
+    let metadata = configmap.entry("metadata").or_insert_with(|| json!({}));
+    metadata["namespace"] = json!("kube-system");
+    metadata["uid"] = json!(uuid::Uuid::new_v4().to_string());
+    metadata["creationTimestamp"] = json!(crate::object::now_timestamp());
+    let encoded = bytes::Bytes::from(serde_json::to_vec(&configmap)?);
+    match state.store.create(&key, encoded).await {
+        Ok(_) => return Ok(()),
+        Err(trellis_store::Error::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let Some(kv) = state.store.get(&key).await? else {
+        return Ok(());
+    };
+    let mut stored: Object = serde_json::from_slice(&kv.value)?;
+    if stored.get("data") == configmap.get("data") {
+        return Ok(());
+    }
+    stored.insert("data".into(), configmap["data"].clone());
+    match state
+        .store
+        .update(
+            &key,
+            bytes::Bytes::from(serde_json::to_vec(&stored)?),
+            Some(kv.mod_revision),
+        )
+        .await
+    {
+        // Another server wrote it meanwhile, with the same data.
+        Ok(_) | Err(trellis_store::Error::Conflict { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }

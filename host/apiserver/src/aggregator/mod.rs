@@ -38,9 +38,8 @@ use axum::response::Response;
 use serde_json::Value;
 use trellis_api::{ApiError, UserInfo};
 
-use crate::endpoints::request::{ApiRequest, BodyFormat, Query, RequestInfo};
+use crate::endpoints::request::RequestInfo;
 use crate::endpoints::response::ErrorResponse;
-use crate::object::Object;
 use crate::state::AppState;
 use crate::storage::lister::Lister;
 
@@ -277,10 +276,15 @@ pub async fn start(
     Ok(())
 }
 
+/// The server's aggregator, once [`start`] set it.
+pub fn of(state: &AppState) -> Option<Arc<Aggregator>> {
+    state.aggregator.get()?.clone().downcast().ok()
+}
+
 /// The remote route a request's path falls under (`/apis/{group}/{version}[/…]`),
 /// if any.
 pub fn route_for(state: &AppState, path: &str) -> Option<Route> {
-    let aggregator = state.aggregator.get()?;
+    let aggregator = of(state)?;
     if read(&aggregator.routes).is_empty() {
         return None;
     }
@@ -345,77 +349,16 @@ pub async fn handle(
             crate::authorization::rbac::authorize(&state.rbac, user, &attributes).await?;
         }
     }
-    let Some(aggregator) = state.aggregator.get() else {
+    let Some(aggregator) = of(state) else {
         return Err(ApiError::unavailable("service unavailable").into());
     };
     // As kube-aggregator: a group-version whose last check failed is not tried.
     if !route.available {
         return Err(ApiError::unavailable("service unavailable").into());
     }
-    proxy::forward(aggregator, &route, user, method, uri, headers, body)
+    proxy::forward(&aggregator, &route, user, method, uri, headers, body)
         .await
         .map_err(|e| ApiError::unavailable(format!("error trying to reach service: {e}")).into())
-}
-
-/// A request the server makes itself (as [`crate::registry::status::INTERNAL_USER`]).
-fn internal_request(
-    state: &AppState,
-    group: &str,
-    version: &str,
-    plural: &str,
-    namespace: Option<&str>,
-    verb: &'static str,
-) -> Result<ApiRequest, ApiError> {
-    Ok(ApiRequest {
-        resource: state.resource(group, version, plural)?,
-        namespace: namespace.map(str::to_owned),
-        name: None,
-        subresource: None,
-        verb,
-        query: Query::default(),
-        user: UserInfo::new(
-            crate::registry::status::INTERNAL_USER,
-            [trellis_api::user::groups::AUTHENTICATED],
-        ),
-        content_type: None,
-        user_agent: Some("kube-aggregator".to_owned()),
-        body_format: BodyFormat::Json,
-        table: None,
-        dry_run: false,
-        include_uninitialized: true,
-    })
-}
-
-/// Creates `obj`, or brings the stored one's fields other than its metadata to it.
-async fn put(
-    state: &AppState,
-    group: &str,
-    version: &str,
-    plural: &str,
-    namespace: Option<&str>,
-    obj: Object,
-) -> anyhow::Result<()> {
-    let name = crate::object::name(&obj).unwrap_or_default().to_owned();
-    let req = internal_request(state, group, version, plural, namespace, "create")
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    match crate::registry::create_object(state, &req, obj.clone()).await {
-        Ok(_) => return Ok(()),
-        Err(e) if e.0.code == 409 => {}
-        Err(e) => anyhow::bail!("create {plural} {name}: {}", e.0.message),
-    }
-    let req = internal_request(state, group, version, plural, namespace, "update")
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    crate::registry::guaranteed_update(state, &req, &name, |_, new| {
-        for (k, v) in &obj {
-            if !matches!(k.as_str(), "metadata" | "apiVersion" | "kind") {
-                new.insert(k.clone(), v.clone());
-            }
-        }
-        Ok(())
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("update {plural} {name}: {}", e.0.message))?;
-    Ok(())
 }
 
 #[cfg(test)]

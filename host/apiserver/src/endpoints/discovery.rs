@@ -65,7 +65,7 @@ fn group_json(name: &str, versions: &[String]) -> Value {
 /// layer bring (and their versions this server does not serve).
 fn all_groups(state: &AppState) -> Vec<(String, Vec<String>)> {
     let mut all = groups(&state.resources());
-    if let Some(aggregator) = state.aggregator.get() {
+    if let Some(aggregator) = crate::aggregator::of(state) {
         for (group, versions) in aggregator.groups() {
             match all.iter_mut().find(|(g, _)| *g == group) {
                 Some((_, known)) => {
@@ -205,7 +205,7 @@ pub fn aggregated(state: &AppState, core: bool, version: &str) -> Value {
             let versions: Vec<Value> = versions
                 .iter()
                 .filter_map(|v| {
-                    if let Some(aggregator) = state.aggregator.get()
+                    if let Some(aggregator) = crate::aggregator::of(state)
                         && aggregator.route(group, v).is_some()
                     {
                         let (list, current) = aggregator.discovered(group, v)?;

@@ -553,11 +553,9 @@ fn validate_controller_revision(obj: &Object, old: Option<&Object>, causes: &mut
     }
     if let Some(old) = old {
         // Only the data: controllers renumber a revision they roll back to.
-        for field in ["data"] {
-            let now = obj.get(field).unwrap_or(&Value::Null);
-            if old.get(field).unwrap_or(&Value::Null) != now {
-                causes.push(immutable(field, now));
-            }
+        let now = obj.get("data").unwrap_or(&Value::Null);
+        if old.get("data").unwrap_or(&Value::Null) != now {
+            causes.push(immutable("data", now));
         }
     }
 }
