@@ -96,8 +96,8 @@ impl Env {
                 }
             });
         }
-        for mut rx in [sets.subscribe()] {
-            let tx = tx.clone();
+        {
+            let (tx, mut rx) = (tx.clone(), sets.subscribe());
             tokio::spawn(async move {
                 while rx.recv().await.is_some() {
                     let _ = tx.send(());
@@ -279,7 +279,7 @@ fn kubelet(pods: Arc<Informer<Pod>>, admin: kube::Client) -> tokio::sync::onesho
                     "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}});
             // A pod deleted meanwhile is no failure of the test.
             let _ = api
-                .patch_status(name(&pod), &PatchParams::default(), &Patch::Merge(status))
+                .patch_status(name(pod), &PatchParams::default(), &Patch::Merge(status))
                 .await;
         }
     });
