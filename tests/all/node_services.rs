@@ -524,6 +524,8 @@ async fn a_node_serves_cluster_dns_and_cluster_ips_to_its_pods() -> Result<()> {
         "client-kube-dns",
         "wasm-lookup",
         "client-after",
+        "udp-a",
+        "udp-b",
     ];
     let work = async {
         let services: Api<Service> = Api::namespaced(cluster.admin.clone(), "default");
