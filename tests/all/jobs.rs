@@ -50,16 +50,19 @@ where
         + 'static,
 {
     let mut changes = informer.subscribe();
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if let Some(found) = check(informer) {
-            return Ok(found);
+    let found = async {
+        loop {
+            if let Some(found) = check(informer) {
+                return Ok(found);
+            }
+            if changes.recv().await.is_none() {
+                bail!("the informer ended");
+            }
         }
-        tokio::select! {
-            change = changes.recv() => if change.is_none() { bail!("the informer ended") },
-            _ = tokio::time::sleep_until(deadline) => bail!("{what}: not within {limit:?}"),
-        }
-    }
+    };
+    tokio::time::timeout(limit, found)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what}: not within {limit:?}"))?
 }
 
 /// One check of the module, run beside the others.

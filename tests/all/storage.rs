@@ -260,14 +260,14 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
             writer.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&*selected),
             "the pod runs where its claim's volume was made"
         );
-        // A bounded probe of the node's directory: the pod writes once it runs.
+        // The pod writes once it runs: woken by the directory's inotify events.
         let file = dir.join("file");
-        for _ in 0..100 {
-            if std::fs::read_to_string(&file).is_ok_and(|s| s == "kept\n") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        trellis_tests::wait_written(
+            &dir,
+            || std::fs::read_to_string(&file).is_ok_and(|s| s == "kept\n").then_some(()),
+            Duration::from_secs(5),
+        )
+        .await?;
         ensure!(
             std::fs::read_to_string(&file).ok().as_deref() == Some("kept\n"),
             "the pod wrote into the volume's directory; its log: {:?}",
@@ -295,14 +295,18 @@ async fn a_claim_of_the_default_class_keeps_its_data_on_its_node_across_pods() -
             "the second pod follows the volume to {selected}, not {:?}",
             reader.spec.as_ref().and_then(|s| s.node_name.as_deref())
         );
-        let mut log = String::new();
-        for _ in 0..100 {
-            log = kubectl.ok(&["logs", "reader"]).await?;
-            if !log.is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // Its first line of log, as `kubectl logs -f` streams it.
+        let mut follow = kubectl
+            .command(&["logs", "-f", "reader"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = follow.stdout.take().context("kubectl's output")?;
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        let first = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
+            .await
+            .context("the second pod logged nothing within 5 s")??;
+        let log = first.map(|l| format!("{l}\n")).unwrap_or_default();
         ensure!(log == "kept\n", "the second pod read {log:?}");
 
         // kubectl's columns, as Kubernetes lists them.

@@ -37,7 +37,9 @@ WEB = ("import http.server, os, socket\n"
        "        self.end_headers()\n"
        "        self.wfile.write(body)\n"
        "http.server.ThreadingHTTPServer(('', 8080), H).serve_forever()\n")
-# Asks each pod by its own DNS name until it answers; prints the answers.
+# Asks each pod by its own DNS name until it answers; prints the answers. It runs in a
+# pod, where nothing tells it when the node's DNS server has the new record: a bounded
+# retry of the real request, as Kubernetes' e2e dig loops.
 CLIENT = ("import sys, time, urllib.request\n"
           "opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
           "for name in sys.argv[1:]:\n"

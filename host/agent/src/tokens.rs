@@ -107,12 +107,18 @@ pub fn track(
     node.added.notify_waiters();
 }
 
-/// The token files kept fresh under `root` (a node's [`crate::AgentConfig::root`]).
+/// The token files kept fresh under `root` (a node's [`crate::AgentConfig::root`]):
+/// those tracked whose file is still there, since the refresher drops the others
+/// before it refreshes anything.
 pub fn tracked(root: &Path) -> Vec<PathBuf> {
     let Some(node) = lock(&NODES).get(&root.join("pods")).cloned() else {
         return Vec::new();
     };
-    lock(&node.files).keys().cloned().collect()
+    lock(&node.files)
+        .keys()
+        .filter(|path| path.exists())
+        .cloned()
+        .collect()
 }
 
 /// Writes `content` to `target` whole: under another name in the same directory, then
