@@ -42,12 +42,12 @@ pub fn start(state: Arc<AppState>, stopped: Shutdown) {
                     *slot = state.cache.subscribe(prefix, state.cache.revision()).ok();
                 }
             }
-            if let Err(e) = check_all(&state, &aggregator).await {
+            if let Err(e) = check_all(&state, aggregator).await {
                 warn!(error = %format!("{e:#}"), "checking the APIServices failed");
             }
             tokio::select! {
                 () = tokio::time::sleep(aggregator.config.check_interval) => {}
-                () = relevant_change(&aggregator, &mut subscriptions) => {}
+                () = relevant_change(aggregator, &mut subscriptions) => {}
                 () = stopped.wait() => return,
             }
         }

@@ -277,8 +277,8 @@ pub async fn start(
 }
 
 /// The server's aggregator, once [`start`] set it.
-pub fn of(state: &AppState) -> Option<Arc<Aggregator>> {
-    state.aggregator.get()?.clone().downcast().ok()
+pub fn of(state: &AppState) -> Option<&Aggregator> {
+    state.aggregator.get()?.downcast_ref()
 }
 
 /// The remote route a request's path falls under (`/apis/{group}/{version}[/…]`),
@@ -356,7 +356,7 @@ pub async fn handle(
     if !route.available {
         return Err(ApiError::unavailable("service unavailable").into());
     }
-    proxy::forward(&aggregator, &route, user, method, uri, headers, body)
+    proxy::forward(aggregator, &route, user, method, uri, headers, body)
         .await
         .map_err(|e| ApiError::unavailable(format!("error trying to reach service: {e}")).into())
 }
