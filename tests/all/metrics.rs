@@ -14,14 +14,12 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use trellis::metrics_server::{self, MetricsServer};
-use trellis_agent::AgentConfig;
-use trellis_api::{Shutdown, Stop};
-use trellis_client::identity;
+use trellis_api::Shutdown;
 use trellis_client::informer::SharedInformers;
-use trellis_runtime::{Runtime, RuntimeConfig};
 use trellis_tests::TestCluster;
 
 use super::node::wait_pod;
+use super::stats::StatsNode;
 
 const NODE: &str = "metrics-node";
 /// How long metrics may take to appear: two readings a resolution apart, with builds
@@ -270,7 +268,7 @@ async fn kubectl_top_shows_the_nodes_and_a_busy_pods_usage() -> Result<()> {
     let started = tokio::time::Instant::now();
     let cluster = TestCluster::start().await?;
     let dir = trellis_tests::test_dir()?;
-    let node = MetricsNode::start(&cluster, dir.path()).await?;
+    let node = StatsNode::start(&cluster, dir.path(), NODE).await?;
     let (stop, stopped) = Shutdown::new();
     let server = start_metrics_server(&cluster, stopped).await?;
     let admin = cluster.kube_admin().await?;
@@ -414,64 +412,4 @@ fn millicores(table: &str, pod: &str) -> Result<u64> {
     cpu.trim_end_matches('m')
         .parse()
         .with_context(|| format!("CPU {cpu:?}"))
-}
-
-/// The module's node: Trellis' runtime on a socket (with the process handler) and the
-/// agent, on 127.0.0.1.
-struct MetricsNode {
-    stop: Stop,
-    agent: tokio::task::JoinHandle<Result<()>>,
-    server: tokio::task::JoinHandle<Result<()>>,
-}
-
-impl MetricsNode {
-    async fn start(cluster: &TestCluster, root: &std::path::Path) -> Result<MetricsNode> {
-        let (stop, stopped) = Shutdown::new();
-        // The defaults stand for the fields the runtime may grow.
-        #[allow(clippy::needless_update)]
-        let runtime = Runtime::new(RuntimeConfig {
-            root: root.join("runtime"),
-            cache_dir: Some(root.join("compiled")),
-            process_handler: true,
-            node_ip: "127.0.0.1".parse()?,
-            init_program: Some(trellis_tests::init_program()),
-            ..Default::default()
-        })?;
-        let socket = root.join("cri.sock");
-        let listener = trellis_runtime::listen(&socket)?;
-        let server_stop = stopped.clone();
-        let server = tokio::spawn(async move {
-            trellis_runtime::serve_on(runtime, listener, async move {
-                server_stop.wait().await;
-            })
-            .await
-        });
-        let cri = trellis_runtime::connect(&socket).await?;
-        let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
-        config.relist_period = Duration::from_millis(50);
-        config.port = 0;
-        config.client_ca_pem = Some(cluster.ca_pem.clone());
-        // No pressure wherever the test runs: the usage is what is checked.
-        config.eviction_hard = None;
-        let client = cluster.in_process().client(identity::node(NODE));
-        let agent = tokio::spawn(trellis_agent::run(
-            config,
-            client,
-            cri,
-            SharedInformers::new(),
-            stopped,
-        ));
-        Ok(MetricsNode {
-            stop,
-            agent,
-            server,
-        })
-    }
-
-    async fn stop(self) -> Result<()> {
-        self.stop.stop();
-        self.agent.await??;
-        self.server.await??;
-        Ok(())
-    }
 }

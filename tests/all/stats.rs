@@ -37,7 +37,7 @@ async fn node_stats_through_the_api_server_show_the_pods_usage() -> Result<()> {
     let started = tokio::time::Instant::now();
     let cluster = TestCluster::start().await?;
     let dir = trellis_tests::test_dir()?;
-    let node = StatsNode::start(&cluster, dir.path()).await?;
+    let node = StatsNode::start(&cluster, dir.path(), NODE).await?;
     let admin = cluster.kube_admin().await?;
     let watching = SharedInformers::new();
     let pods = watching.informer::<Pod>(Api::all(admin.clone()), watcher::Config::default());
@@ -358,9 +358,10 @@ fn parse_prometheus_text(text: &str) -> Result<HashMap<String, f64>> {
     Ok(samples)
 }
 
-/// The module's node: Trellis' runtime on a socket (with the process handler) and the
-/// agent serving its routes with the cluster CA, on 127.0.0.1.
-struct StatsNode {
+/// A node of its own for a module (also `metrics`): Trellis' runtime on a socket (with
+/// the process handler) and the agent serving its routes with the cluster CA, on
+/// 127.0.0.1.
+pub(crate) struct StatsNode {
     stop: Stop,
     /// Where the runtime keeps its sandbox records (`sandboxes/ID.json`).
     runtime_root: std::path::PathBuf,
@@ -369,7 +370,11 @@ struct StatsNode {
 }
 
 impl StatsNode {
-    async fn start(cluster: &TestCluster, root: &std::path::Path) -> Result<StatsNode> {
+    pub(crate) async fn start(
+        cluster: &TestCluster,
+        root: &std::path::Path,
+        name: &str,
+    ) -> Result<StatsNode> {
         let (stop, stopped) = Shutdown::new();
         // The defaults stand for the fields the runtime may grow.
         #[allow(clippy::needless_update)]
@@ -391,13 +396,13 @@ impl StatsNode {
             .await
         });
         let cri = trellis_runtime::connect(&socket).await?;
-        let mut config = AgentConfig::new(NODE, "127.0.0.1".parse()?, root.join("agent"));
+        let mut config = AgentConfig::new(name, "127.0.0.1".parse()?, root.join("agent"));
         config.relist_period = Duration::from_millis(50);
         config.port = 0;
         config.client_ca_pem = Some(cluster.ca_pem.clone());
-        // No pressure wherever the test runs: the stats are what is checked.
+        // No pressure wherever the test runs: the usage is what is checked.
         config.eviction_hard = None;
-        let client = cluster.in_process().client(identity::node(NODE));
+        let client = cluster.in_process().client(identity::node(name));
         let agent = tokio::spawn(trellis_agent::run(
             config,
             client,
@@ -428,7 +433,7 @@ impl StatsNode {
         trellis_tests::wait_removed(&records, left, limit).await
     }
 
-    async fn stop(self) -> Result<()> {
+    pub(crate) async fn stop(self) -> Result<()> {
         self.stop.stop();
         self.agent.await??;
         self.server.await??;
